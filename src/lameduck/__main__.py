@@ -1,0 +1,3 @@
+from lameduck.cli import main
+
+raise SystemExit(main())
