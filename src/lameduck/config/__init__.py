@@ -1,0 +1,54 @@
+"""Config: one YAML file, validated into a frozen model, with errors that name the field.
+
+A leaf package: it imports nothing else of lameduck, so every layer may depend on it.
+"""
+
+from lameduck.config.durations import Duration, format_duration, parse_duration
+from lameduck.config.load import (
+    ConfigError,
+    default_config,
+    format_loc,
+    load_config,
+    load_config_text,
+)
+from lameduck.config.schema import (
+    AdminConfig,
+    ClusterConfig,
+    Config,
+    Direction,
+    DrainConfig,
+    DrainType,
+    EndpointAddress,
+    HostPort,
+    ListenAddress,
+    ListenerConfig,
+    RouteConfig,
+    ShutdownConfig,
+    StopAccepting,
+    Strategy,
+)
+
+__all__ = [
+    "AdminConfig",
+    "ClusterConfig",
+    "Config",
+    "ConfigError",
+    "Direction",
+    "DrainConfig",
+    "DrainType",
+    "Duration",
+    "EndpointAddress",
+    "HostPort",
+    "ListenAddress",
+    "ListenerConfig",
+    "RouteConfig",
+    "ShutdownConfig",
+    "StopAccepting",
+    "Strategy",
+    "default_config",
+    "format_duration",
+    "format_loc",
+    "load_config",
+    "load_config_text",
+    "parse_duration",
+]

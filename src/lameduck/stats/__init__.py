@@ -1,0 +1,45 @@
+"""Stats: plain ints bumped on the hot path, named like Envoy's, rendered only on demand.
+
+A leaf package: it imports nothing else of lameduck, so every layer may depend on it.
+"""
+
+from lameduck.stats.registry import COUNTER, GAUGE, Stat, StatKind, StatsRegistry, merge
+from lameduck.stats.render import (
+    escape_label_value,
+    prometheus_name,
+    render_json,
+    render_prometheus,
+    render_text,
+    select,
+)
+from lameduck.stats.scopes import (
+    SCOPE_CLASSES,
+    ClusterStats,
+    DrainStats,
+    HttpStats,
+    ListenerManagerStats,
+    ServerStats,
+    stat_fields,
+)
+
+__all__ = [
+    "COUNTER",
+    "GAUGE",
+    "SCOPE_CLASSES",
+    "ClusterStats",
+    "DrainStats",
+    "HttpStats",
+    "ListenerManagerStats",
+    "ServerStats",
+    "Stat",
+    "StatKind",
+    "StatsRegistry",
+    "escape_label_value",
+    "merge",
+    "prometheus_name",
+    "render_json",
+    "render_prometheus",
+    "render_text",
+    "select",
+    "stat_fields",
+]

@@ -1,0 +1,99 @@
+"""The admin endpoints (DESIGN.md §5), Envoy's names and semantics.
+
+Each handler takes the query and returns (status, content type, body). Anything that changes
+state is POST-only; a wrong method is 405 with ``Allow``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from urllib.parse import parse_qs
+
+from lameduck.admin.control import AdminControl
+from lameduck.stats import render_json, render_prometheus, render_text
+
+Query = dict[str, list[str]]
+Reply = tuple[int, str, bytes]
+TEXT = "text/plain; charset=utf-8"
+JSON = "application/json"
+
+
+def parse_query(raw: str) -> Query:
+    return parse_qs(raw, keep_blank_values=True)
+
+
+class AdminHandlers:
+    def __init__(self, control: AdminControl) -> None:
+        self.c = control
+        # path -> (method, handler)
+        self.routes: dict[str, tuple[str, Callable[[Query], Reply]]] = {
+            "/": ("GET", self.home),
+            "/drain_listeners": ("POST", self.drain_listeners),
+            "/healthcheck/fail": ("POST", self.healthcheck_fail),
+            "/healthcheck/ok": ("POST", self.healthcheck_ok),
+            "/ready": ("GET", self.ready),
+            "/server_info": ("GET", self.server_info),
+            "/stats": ("GET", self.stats),
+            "/stats/prometheus": ("GET", self.prometheus),
+            "/quitquitquit": ("POST", self.quit),
+        }
+
+    def handle(self, method: str, path: str, query: str) -> tuple[int, str, bytes, str | None]:
+        """Returns (status, content type, body, Allow header or None)."""
+        route = self.routes.get(path)
+        if route is None:
+            return 404, TEXT, b"not found\n", None
+        want, fn = route
+        if method != want and not (want == "GET" and method == "HEAD"):
+            allow = "GET, HEAD" if want == "GET" else want
+            return 405, TEXT, f"method {method} not allowed; use {want}\n".encode(), allow
+        try:
+            status, ctype, body = fn(parse_query(query))
+        except ValueError as e:
+            return 400, TEXT, f"{e}\n".encode(), None
+        return status, ctype, body, None
+
+    def home(self, q: Query) -> Reply:
+        lines = [f"{m:5} {p}" for p, (m, _) in sorted(self.routes.items())]
+        return 200, TEXT, ("lameduck admin\n" + "\n".join(lines) + "\n").encode()
+
+    def drain_listeners(self, q: Query) -> Reply:
+        skip_exit = "skip_exit" in q
+        graceful = "graceful" in q
+        if skip_exit and not graceful:
+            raise ValueError("skip_exit must be used with graceful")
+        self.c.drain_listeners(graceful, skip_exit, "inboundonly" in q)
+        return 200, TEXT, b"OK\n"
+
+    def healthcheck_fail(self, q: Query) -> Reply:
+        self.c.healthcheck_fail()
+        return 200, TEXT, b"OK\n"
+
+    def healthcheck_ok(self, q: Query) -> Reply:
+        self.c.healthcheck_ok()
+        return 200, TEXT, b"OK\n"
+
+    def ready(self, q: Query) -> Reply:
+        state = self.c.state_name()
+        return (200 if state == "LIVE" else 503), TEXT, f"{state}\n".encode()
+
+    def server_info(self, q: Query) -> Reply:
+        return 200, JSON, (json.dumps(self.c.server_info(), indent=2) + "\n").encode()
+
+    def stats(self, q: Query) -> Reply:
+        flt = q.get("filter", [None])[0] or None
+        snap = self.c.stats_snapshot()
+        if q.get("format", [""])[0] == "json":
+            return 200, JSON, render_json(snap, flt).encode()
+        if q.get("format", [""])[0] == "prometheus":
+            return self.prometheus(q)
+        return 200, TEXT, render_text(snap, flt).encode()
+
+    def prometheus(self, q: Query) -> Reply:
+        body = render_prometheus(self.c.stats_snapshot())
+        return 200, "text/plain; version=0.0.4; charset=utf-8", body.encode()
+
+    def quit(self, q: Query) -> Reply:
+        self.c.quit()
+        return 200, TEXT, b"OK\n"

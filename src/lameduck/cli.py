@@ -1,0 +1,124 @@
+"""The ``lameduck`` command: one function per subcommand, thin; the work is in server.py."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from lameduck import __version__
+from lameduck.config import Config, ConfigError, default_config, load_config
+
+EXIT_CONFIG = 2
+
+
+def _run_loop(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """uvloop when present: it is most of the speed of the I/O shell."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main())
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main())
+
+
+def _load(path: str | None) -> Config:
+    return default_config() if path is None else load_config(path)
+
+
+def _banner(cfg: Config, demo: bool) -> str:
+    admin = cfg.admin.address
+    lines = ["", "lameduck is running" + (" on its embedded default config" if demo else "")]
+    for ls in cfg.listeners:
+        base = f"http://{ls.address}"
+        lines.append(f"  listener {ls.name}: {base}/")
+        if demo:
+            lines.append(f"    try:  curl -i {base}/   |   curl -i '{base}/sleep?ms=3000'"
+                         f"   |   curl -N {base}/stream")
+        if ls.health_check_path:
+            lines.append(f"    health check: {base}{ls.health_check_path}")
+    lines += [
+        f"  admin: http://{admin}/   (stats: http://{admin}/stats, ready: http://{admin}/ready)",
+        "  start a graceful drain:",
+        f"    curl -X POST 'http://{admin}/drain_listeners?graceful&skip_exit'",
+        "  or stop it the way Kubernetes does: kill -TERM <pid> (drains, then exits)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        cfg = _load(args.config)
+    except ConfigError as e:
+        print(f"lameduck: invalid config\n{e}", file=sys.stderr)
+        return EXIT_CONFIG
+    demo = args.config is None
+
+    async def main() -> int:
+        from lameduck.server import Server
+
+        origin = None
+        if demo:
+            from lameduck.demo.origin import serve as serve_origin
+            from lameduck.demo.origin import shutdown as shutdown_origin
+
+            ep = cfg.clusters[0].endpoints[0]
+            origin = await serve_origin(ep.host, ep.port)
+            logging.getLogger("lameduck").info("demo origin on %s", ep)
+        server = Server(cfg)
+        try:
+            await server.start()
+        except OSError as e:
+            print(f"lameduck: cannot listen: {e}", file=sys.stderr)
+            return 1
+        server.install_signal_handlers()
+        print(_banner(cfg, demo), file=sys.stderr, flush=True)
+        code = await server.done
+        if origin is not None:
+            await shutdown_origin(origin, grace=0.2)
+        return code
+
+    return _run_loop(main)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    try:
+        cfg = _load(args.config)
+    except ConfigError as e:
+        print(f"{e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"{args.config or '<embedded default>'}: OK ({len(cfg.listeners)} listeners, "
+          f"{len(cfg.clusters)} clusters)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lameduck",
+        description="A drain-aware HTTP proxy: take an instance out of a fleet without a "
+                    "single failed request.")
+    p.add_argument("--version", action="version", version=f"lameduck {__version__}")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"])
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the proxy (no -c: the embedded default with a demo "
+                                     "origin)")
+    run.add_argument("-c", "--config", help="YAML config file")
+    run.set_defaults(func=cmd_run)
+    val = sub.add_parser("validate", help="check a config file and exit")
+    val.add_argument("-c", "--config", help="YAML config file (default: the embedded one)")
+    val.set_defaults(func=cmd_validate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S", stream=sys.stderr)
+    return int(args.func(args))

@@ -1,0 +1,434 @@
+"""The config model: one frozen pydantic tree, validated once at load time.
+
+Every model forbids unknown keys (a typo must not silently fall back to a default) and is frozen
+(the running proxy shares one Config; a reload builds a new one). Cross-field rules report the
+exact field path so `ConfigError` can say `shutdown.deadline: ...` rather than "invalid config".
+Defaults fit Kubernetes' 30 s grace period: drain 20 s inside a 25 s shutdown deadline.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Final, Self, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from lameduck.config.durations import Duration, format_duration
+
+__all__ = [
+    "AdminConfig",
+    "ClusterConfig",
+    "Config",
+    "Direction",
+    "DrainConfig",
+    "DrainType",
+    "EndpointAddress",
+    "HostPort",
+    "ListenAddress",
+    "ListenerConfig",
+    "RouteConfig",
+    "ShutdownConfig",
+    "StopAccepting",
+    "Strategy",
+]
+
+
+# --- enums -------------------------------------------------------------------------------------
+
+
+class Strategy(StrEnum):
+    """How responses drain connections (DESIGN §2): a linear ramp to T/2, or every response."""
+
+    GRADUAL = "gradual"
+    IMMEDIATE = "immediate"
+
+
+class Direction(StrEnum):
+    """Listener direction; `/drain_listeners?inboundonly` drains only inbound ones."""
+
+    INBOUND = "inbound"
+    OUTBOUND = "outbound"
+
+
+class DrainType(StrEnum):
+    """`modify_only` listeners ignore health-check-fail and /drain_listeners (Envoy semantics)."""
+
+    DEFAULT = "default"
+    MODIFY_ONLY = "modify_only"
+
+
+class StopAccepting(StrEnum):
+    """When a shutting-down process closes its listening sockets."""
+
+    AT_DRAIN_END = "at_drain_end"
+    IMMEDIATELY = "immediately"
+
+
+# --- addresses ---------------------------------------------------------------------------------
+
+_LABEL_RE: Final = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?")
+_IPV4_LIKE_RE: Final = re.compile(r"[0-9.]+")
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    """A `host:port` socket address; IPv6 hosts are stored bare and printed in brackets."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @classmethod
+    def parse(cls, text: str, *, min_port: int = 0) -> HostPort:
+        """Parse "127.0.0.1:10000", "[::1]:10000" or "app.internal:8080"; ValueError says why."""
+        bad = f"invalid address {text!r}"
+        if text.startswith("["):
+            host, sep, port_text = text[1:].partition("]:")
+            if not sep:
+                raise ValueError(f"{bad}: expected '[IPv6]:port', e.g. [::1]:10000")
+            try:
+                ipaddress.IPv6Address(host)
+            except ValueError:
+                raise ValueError(f"{bad}: {host!r} is not an IPv6 address") from None
+        else:
+            host, sep, port_text = text.rpartition(":")
+            if not sep:
+                raise ValueError(f"{bad}: expected 'host:port', e.g. 127.0.0.1:10000")
+            if ":" in host:
+                raise ValueError(f"{bad}: IPv6 hosts need brackets, e.g. [::1]:10000")
+            _check_host(bad, host)
+        if not port_text.isascii() or not port_text.isdigit():
+            raise ValueError(f"{bad}: port {port_text!r} is not a number")
+        port = int(port_text)
+        if not min_port <= port <= 65535:
+            raise ValueError(f"{bad}: port must be {min_port}..65535")
+        return cls(host, port)
+
+    @property
+    def is_loopback(self) -> bool:
+        """True for 127.0.0.0/8, ::1 (also IPv4-mapped) and "localhost"."""
+        if self.host.lower().rstrip(".") == "localhost":
+            return True
+        try:
+            ip = ipaddress.ip_address(self.host)
+        except ValueError:
+            return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            return ip.ipv4_mapped.is_loopback
+        return ip.is_loopback
+
+
+def _check_host(bad: str, host: str) -> None:
+    if not host:
+        raise ValueError(f"{bad}: host is empty (use 0.0.0.0 or [::] for all interfaces)")
+    if _IPV4_LIKE_RE.fullmatch(host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(f"{bad}: {host!r} is not an IPv4 address") from None
+        return
+    name = host[:-1] if host.endswith(".") else host
+    if len(name) > 253 or not all(_LABEL_RE.fullmatch(label) for label in name.split(".")):
+        raise ValueError(f"{bad}: {host!r} is not a valid host name")
+
+
+def _address_validator(min_port: int) -> PlainValidator:
+    def validate(value: object) -> HostPort:
+        if isinstance(value, HostPort):
+            value = str(value)  # re-check: a HostPort built in code may carry port 0
+        if not isinstance(value, str):
+            raise ValueError(f"expected a 'host:port' string, got {value!r}")
+        return HostPort.parse(value, min_port=min_port)
+
+    return PlainValidator(validate)
+
+
+_ADDRESS_SCHEMA: Final = {"type": "string", "examples": ["127.0.0.1:10000", "[::1]:10000"]}
+
+ListenAddress = Annotated[
+    HostPort,
+    _address_validator(min_port=0),
+    PlainSerializer(str, return_type=str, when_used="json"),
+    WithJsonSchema(_ADDRESS_SCHEMA),
+]
+"""An address to bind: port 0 asks the kernel for an ephemeral port (tests use it)."""
+
+EndpointAddress = Annotated[
+    HostPort,
+    _address_validator(min_port=1),
+    PlainSerializer(str, return_type=str, when_used="json"),
+    WithJsonSchema(_ADDRESS_SCHEMA),
+]
+"""An address to connect to: port 0 is meaningless there."""
+
+
+# --- field helpers -----------------------------------------------------------------------------
+
+_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.-]+")
+T = TypeVar("T")
+
+
+def _check_name(value: str) -> str:
+    if not _NAME_RE.fullmatch(value):
+        raise ValueError(
+            f"invalid name {value!r}: use only letters, digits, '_', '.' and '-' "
+            "(it becomes a stat prefix)"
+        )
+    return value
+
+
+def _check_path(value: str | None) -> str | None:
+    if value is not None and not value.startswith("/"):
+        raise ValueError(f"invalid path {value!r}: must start with '/'")
+    return value
+
+
+def _check_route_host(value: str | None) -> str | None:
+    if value is None:
+        return None
+    host = value.strip().lower()
+    if not host or any(c.isspace() or c in "/?#@" for c in host):
+        raise ValueError(f"invalid host {value!r}: expected a host name such as example.com")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ValueError(
+            f"invalid host {value!r}: leave the port out (the Host header's port is ignored "
+            "when matching)"
+        )
+    return host
+
+
+def _positive(value: float) -> float:
+    if value <= 0:
+        raise ValueError(f"must be greater than 0s, got {format_duration(value)}")
+    return value
+
+
+def _non_empty(what: str) -> Callable[[tuple[T, ...]], tuple[T, ...]]:
+    """min_length, but checked only once the items are valid (no second error for one bad item)."""
+
+    def check(value: tuple[T, ...]) -> tuple[T, ...]:
+        if not value:
+            raise ValueError(f"at least one {what} is required")
+        return value
+
+    return check
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
+PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
+
+
+def _fail(title: str, problems: list[tuple[tuple[str | int, ...], str, object]]) -> None:
+    """Raise one ValidationError carrying each cross-field problem at its own field path."""
+    if problems:
+        raise ValidationError.from_exception_data(
+            title,
+            [
+                InitErrorDetails(
+                    type=PydanticCustomError("config_rule", "{detail}", {"detail": message}),
+                    loc=loc,
+                    input=value,
+                )
+                for loc, message, value in problems
+            ],
+        )
+
+
+# --- sections ----------------------------------------------------------------------------------
+
+
+class AdminConfig(BaseModel):
+    """The admin API endpoint; it can drain and kill the process, so loopback unless opted out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: ListenAddress = HostPort("127.0.0.1", 9901)
+    allow_non_loopback: bool = False
+
+    @model_validator(mode="after")
+    def _loopback_only(self) -> Self:
+        if not self.allow_non_loopback and not self.address.is_loopback:
+            _fail(
+                "AdminConfig",
+                [
+                    (
+                        ("address",),
+                        f"{self.address} is not a loopback address (127.0.0.0/8, ::1, "
+                        "localhost); whoever reaches the admin API can drain or stop the proxy. "
+                        "Set admin.allow_non_loopback: true to expose it anyway",
+                        str(self.address),
+                    )
+                ],
+            )
+        return self
+
+
+class DrainConfig(BaseModel):
+    """Drain event parameters: T (`time`), the strategy, and G (`connection_grace`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    time: Duration = 20.0
+    strategy: Strategy = Strategy.GRADUAL
+    connection_grace: Duration = 5.0
+
+
+class ShutdownConfig(BaseModel):
+    """Process exit: the hard deadline (below the supervisor's kill timeout) and when to stop."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    deadline: Duration = 25.0
+    min_drain: Duration = 0.0
+    stop_accepting: StopAccepting = StopAccepting.AT_DRAIN_END
+
+    @model_validator(mode="after")
+    def _min_drain_fits(self) -> Self:
+        if self.min_drain > self.deadline:
+            _fail(
+                "ShutdownConfig",
+                [
+                    (
+                        ("min_drain",),
+                        f"must be <= shutdown.deadline ({format_duration(self.deadline)}), "
+                        f"got {format_duration(self.min_drain)}",
+                        format_duration(self.min_drain),
+                    )
+                ],
+            )
+        return self
+
+
+class RouteConfig(BaseModel):
+    """A prefix (and optional Host) match sending requests to a cluster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prefix: Annotated[str, AfterValidator(_check_path)] = "/"
+    cluster: str
+    host: Annotated[str | None, AfterValidator(_check_route_host)] = None
+    timeout: Duration = 15.0  # upstream response timeout; 0 = none
+
+
+class ListenerConfig(BaseModel):
+    """A downstream listening socket and its HTTP connection manager settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Name
+    address: ListenAddress
+    direction: Direction = Direction.INBOUND
+    drain_type: DrainType = DrainType.DEFAULT
+    health_check_path: Annotated[str | None, AfterValidator(_check_path)] = None
+    request_headers_timeout: Duration = 10.0  # 0 = none
+    idle_timeout: Duration = 60.0  # downstream keep-alive idle timeout; 0 = none
+    max_request_headers_kb: int = Field(60, ge=1, le=8192)
+    routes: Annotated[tuple[RouteConfig, ...], AfterValidator(_non_empty("route"))]
+
+
+class ClusterConfig(BaseModel):
+    """A named set of upstream endpoints and their connection pool settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Name
+    endpoints: Annotated[tuple[EndpointAddress, ...], AfterValidator(_non_empty("endpoint"))]
+    connect_timeout: PositiveDuration = 1.0
+    max_idle_connections: int = Field(256, ge=0)  # per endpoint; 0 = no pooling
+    idle_timeout: Duration = 30.0  # pooled upstream connection idle timeout; 0 = none
+
+
+class Config(BaseModel):
+    """The whole config file. Cross-section rules live here because they need both sections."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    admin: AdminConfig = AdminConfig()
+    drain: DrainConfig = DrainConfig()
+    shutdown: ShutdownConfig = ShutdownConfig()
+    listeners: tuple[ListenerConfig, ...] = ()
+    clusters: tuple[ClusterConfig, ...] = ()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Self:
+        problems: list[tuple[tuple[str | int, ...], str, object]] = []
+        if self.shutdown.deadline < self.drain.time:
+            problems.append(
+                (
+                    ("shutdown", "deadline"),
+                    f"must be >= drain.time ({format_duration(self.drain.time)}), got "
+                    f"{format_duration(self.shutdown.deadline)}: the drain has to fit before "
+                    "the deadline cuts what is left",
+                    format_duration(self.shutdown.deadline),
+                )
+            )
+        cluster_seen: dict[str, int] = {}
+        for i, cluster in enumerate(self.clusters):
+            if cluster.name in cluster_seen:
+                problems.append(
+                    (
+                        ("clusters", i, "name"),
+                        f"duplicate cluster name {cluster.name!r} "
+                        f"(also clusters[{cluster_seen[cluster.name]}])",
+                        cluster.name,
+                    )
+                )
+            else:
+                cluster_seen[cluster.name] = i
+        names: dict[str, int] = {}
+        addresses: dict[HostPort, str] = {}
+        if self.admin.address.port != 0:
+            addresses[self.admin.address] = "admin.address"
+        for i, listener in enumerate(self.listeners):
+            if listener.name in names:
+                problems.append(
+                    (
+                        ("listeners", i, "name"),
+                        f"duplicate listener name {listener.name!r} "
+                        f"(also listeners[{names[listener.name]}])",
+                        listener.name,
+                    )
+                )
+            else:
+                names[listener.name] = i
+            if listener.address.port != 0:  # port 0: each bind gets its own ephemeral port
+                if listener.address in addresses:
+                    problems.append(
+                        (
+                            ("listeners", i, "address"),
+                            f"duplicate address {listener.address} "
+                            f"(also {addresses[listener.address]})",
+                            str(listener.address),
+                        )
+                    )
+                else:
+                    addresses[listener.address] = f"listeners[{i}].address"
+            for j, route in enumerate(listener.routes):
+                if route.cluster not in cluster_seen:
+                    known = ", ".join(sorted(cluster_seen)) or "none defined"
+                    problems.append(
+                        (
+                            ("listeners", i, "routes", j, "cluster"),
+                            f"unknown cluster {route.cluster!r} (clusters: {known})",
+                            route.cluster,
+                        )
+                    )
+        _fail("Config", problems)
+        return self

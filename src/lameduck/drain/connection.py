@@ -1,0 +1,152 @@
+"""Per-connection drain state: open -> draining -> closing -> closed.
+
+Rules kept here (DESIGN.md §2):
+- A connection is drained by a response (the policy says so), proactively (its moment in
+  [2T/3, T-G) came), or at the end (the deadline).
+- Once draining, every later response drains too (HTTP/1: ``Connection: close``).
+- A draining connection is closed once G has elapsed and no request is in flight.
+- The proactive moment is drawn once per drain event, when the event reaches the connection
+  (at the start of the drain, or at accept for later connections); the earliest moment wins.
+
+The shell asks ``next_deadline()`` for the one timer it must keep, and reports time with
+``on_timer``; the answer is a ``ConnAction`` for the shell to carry out.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from lameduck.drain.event import DrainEvent
+from lameduck.drain.listener import ListenerDrain
+from lameduck.drain.policy import Rng, proactive_moment
+
+
+class ConnState(Enum):
+    OPEN = "open"
+    DRAINING = "draining"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class Input(Enum):
+    DRAIN = "drain"  # by a response, proactively, or at the end
+    CLOSE = "close"  # the shell starts the staged close
+    CLOSED = "closed"  # the socket is gone
+
+
+class DrainedBy(Enum):
+    RESPONSE = "response"
+    PROACTIVE = "proactive"
+    END = "end"
+
+
+class ConnAction(Enum):
+    NONE = "none"
+    DRAIN = "drain"  # drained proactively now: H2 sends GOAWAY, H1 tunnels end
+    CLOSE = "close"  # close now (staged)
+
+
+# state x input -> next state. Anything missing is a no-op for a connection already past it.
+TRANSITIONS: dict[tuple[ConnState, Input], ConnState] = {
+    (ConnState.OPEN, Input.DRAIN): ConnState.DRAINING,
+    (ConnState.OPEN, Input.CLOSE): ConnState.CLOSING,
+    (ConnState.OPEN, Input.CLOSED): ConnState.CLOSED,
+    (ConnState.DRAINING, Input.CLOSE): ConnState.CLOSING,
+    (ConnState.DRAINING, Input.CLOSED): ConnState.CLOSED,
+    (ConnState.CLOSING, Input.CLOSED): ConnState.CLOSED,
+}
+
+
+class ConnectionDrain:
+    """The drain side of one downstream connection; the shell owns the socket."""
+
+    __slots__ = ("accepted_at", "drained_at", "drained_by", "grace_elapsed", "listener",
+                 "proactive_at", "state")
+
+    def __init__(self, listener: ListenerDrain, accepted_at: float, rng: Rng) -> None:
+        self.listener = listener
+        self.accepted_at = accepted_at
+        self.state = ConnState.OPEN
+        self.proactive_at: float | None = None
+        self.drained_at: float | None = None
+        self.drained_by: DrainedBy | None = None
+        self.grace_elapsed = False
+        for event in listener.events:  # replay events that started before this accept
+            self.on_drain_event(event, rng)
+
+    def _go(self, inp: Input) -> bool:
+        nxt = TRANSITIONS.get((self.state, inp))
+        if nxt is None:
+            return False
+        self.state = nxt
+        return True
+
+    def on_drain_event(self, event: DrainEvent, rng: Rng) -> None:
+        """Draw this connection's proactive moment for a new event (the earliest one wins)."""
+        if self.state is not ConnState.OPEN or self.listener.hc_failed:
+            return
+        moment = proactive_moment(event, self.accepted_at, rng)
+        if moment is not None and (self.proactive_at is None or moment < self.proactive_at):
+            self.proactive_at = moment
+
+    def _drain(self, now: float, by: DrainedBy) -> None:
+        if self._go(Input.DRAIN):
+            self.drained_at = now
+            self.drained_by = by
+
+    def on_response(self, now: float, rng: Rng) -> bool:
+        """Called as a response starts; True means this response drains the connection."""
+        if self.state is ConnState.OPEN:
+            if not self.listener.response_drains(now, rng):
+                return False
+            self._drain(now, DrainedBy.RESPONSE)
+        return True
+
+    def next_deadline(self) -> float | None:
+        """The one moment the shell must call ``on_timer`` at, or None."""
+        if self.state is ConnState.OPEN:
+            return self.proactive_at
+        if self.state is ConnState.DRAINING and not self.grace_elapsed:
+            assert self.drained_at is not None
+            return self.drained_at + self.listener.grace
+        return None
+
+    def on_timer(self, now: float, idle: bool) -> ConnAction:
+        """Advance time; ``idle`` means no request is in flight on the connection."""
+        if self.state is ConnState.OPEN:
+            if self.proactive_at is None or now < self.proactive_at:
+                return ConnAction.NONE
+            self._drain(now, DrainedBy.PROACTIVE)
+            return self._close_if_graced(now, idle) or ConnAction.DRAIN
+        return self._close_if_graced(now, idle) or ConnAction.NONE
+
+    def _close_if_graced(self, now: float, idle: bool) -> ConnAction | None:
+        if self.state is not ConnState.DRAINING:
+            return None
+        assert self.drained_at is not None
+        if now >= self.drained_at + self.listener.grace:
+            self.grace_elapsed = True
+            if idle:
+                self._go(Input.CLOSE)
+                return ConnAction.CLOSE
+        return None
+
+    def on_idle(self, now: float) -> ConnAction:
+        """The last in-flight request ended: a draining connection past its grace closes now."""
+        if self.state is ConnState.DRAINING and self.grace_elapsed:
+            self._go(Input.CLOSE)
+            return ConnAction.CLOSE
+        return ConnAction.NONE
+
+    def drain_at_end(self, now: float) -> bool:
+        """The deadline came: drain whatever is left. True if this call drained it."""
+        if self.state is ConnState.OPEN:
+            self._drain(now, DrainedBy.END)
+            return True
+        return False
+
+    def close(self) -> None:
+        self._go(Input.CLOSE)
+
+    def closed(self) -> None:
+        self._go(Input.CLOSED)

@@ -1,0 +1,47 @@
+"""The in-flight ledger (seed 002 step 3): count first, then check.
+
+A request increments the count before it tests whether new work is still taken; one that loses
+that race takes itself back out and is answered "going away". So the drain loop, which waits for
+the count to reach zero, can never miss a request that slipped in, and no request is both counted
+and refused.
+"""
+
+from __future__ import annotations
+
+
+class Ledger:
+    """Requests in flight across the process, and what a drain did with them."""
+
+    __slots__ = ("accepting", "active", "completed", "cut", "draining", "refused")
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.accepting = True  # False once the process takes no new work
+        self.draining = False  # while True, completions are counted for the drain report
+        self.completed = 0
+        self.refused = 0
+        self.cut = 0
+
+    def begin(self) -> bool:
+        """Admit a request. False: it was refused and must be answered "going away"."""
+        self.active += 1
+        if self.accepting:
+            return True
+        self.active -= 1
+        self.refused += 1
+        return False
+
+    def end(self) -> None:
+        """A request admitted by ``begin`` finished (its response is complete)."""
+        self.active -= 1
+        if self.draining:
+            self.completed += 1
+
+    def cut_one(self) -> None:
+        """A request admitted by ``begin`` was cut at the deadline."""
+        self.active -= 1
+        self.cut += 1
+
+    @property
+    def idle(self) -> bool:
+        return self.active == 0

@@ -1,0 +1,178 @@
+"""The process drain: server state, the listeners' drain tree, and the shutdown sequence.
+
+Rules kept here (DESIGN.md §2, seed 001, seed 002):
+- ``state`` is Envoy's ``server_info`` state: LIVE, or DRAINING once health-check-failed or
+  shutting down. ``/ready`` and every health-check path answer 503 unless LIVE.
+- Health-check fail makes every response of a ``default`` listener drain; it has no T, so
+  nothing is drained proactively.
+- ``drain_listeners``: graceful keeps accepting until T then stops unless skip_exit; not graceful
+  stops accepting at once; both drain existing connections; inboundonly filters by direction.
+- Shutdown (SIGTERM): not ready at once; one event over every listener; accept until T
+  (``at_drain_end``) or stop at once (``immediately``); from T on no new work; exit when no
+  request is in flight and either no connection is left (after min_drain) or T has passed, and
+  never later than the deadline, where what is left is cut.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+
+from lameduck.drain.event import Cause, DrainEvent, Strategy
+from lameduck.drain.ledger import Ledger
+from lameduck.drain.listener import ListenerDrain
+
+
+class ServerState(IntEnum):
+    """Envoy's ``server.state`` values, in Envoy's numbering."""
+
+    LIVE = 0
+    DRAINING = 1
+    PRE_INITIALIZING = 2
+    INITIALIZING = 3
+
+
+@dataclass(frozen=True, slots=True)
+class DrainSettings:
+    time: float = 20.0
+    strategy: Strategy = Strategy.GRADUAL
+    grace: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownSettings:
+    deadline: float = 25.0
+    min_drain: float = 0.0
+    stop_accepting_at_drain_end: bool = True
+
+    def __post_init__(self) -> None:
+        if self.deadline < 0 or self.min_drain < 0:
+            raise ValueError("shutdown deadline and min_drain must be >= 0")
+
+
+class Step(Enum):
+    """What the shell does next during a shutdown."""
+
+    WAIT = "wait"  # nothing yet: call again at ``next_deadline``
+    EXIT = "exit"  # close what is idle and exit: nothing is lost
+    CUT = "cut"  # the deadline: cut what is in flight, then exit
+
+
+class ProcessDrain:
+    """Pure drain control for one process. Times are the caller's monotonic seconds."""
+
+    def __init__(
+        self,
+        drain: DrainSettings | None = None,
+        shutdown: ShutdownSettings | None = None,
+    ) -> None:
+        self.settings = drain or DrainSettings()
+        self.shutdown_settings = shutdown or ShutdownSettings()
+        self.listeners: dict[str, ListenerDrain] = {}
+        self.ledger = Ledger()
+        self.initializing = True
+        self.hc_failed = False
+        self.shutdown: DrainEvent | None = None
+        self.last_event: DrainEvent | None = None
+
+    # -- the tree ---------------------------------------------------------------------------
+    def add_listener(self, listener: ListenerDrain) -> ListenerDrain:
+        listener.grace = self.settings.grace
+        listener.set_health_check_failed(self.hc_failed)
+        self.listeners[listener.name] = listener
+        return listener
+
+    def _event(self, now: float, cause: Cause, inbound_only: bool = False) -> DrainEvent:
+        s = self.settings
+        event = DrainEvent(now, s.strategy, s.time, s.grace, cause, inbound_only)
+        self.last_event = event
+        return event
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def state(self) -> ServerState:
+        if self.hc_failed or self.shutdown is not None:
+            return ServerState.DRAINING
+        if self.initializing:
+            return ServerState.INITIALIZING
+        return ServerState.LIVE
+
+    @property
+    def live(self) -> bool:
+        return self.state is ServerState.LIVE
+
+    def initialized(self) -> None:
+        self.initializing = False
+
+    def healthcheck_fail(self) -> None:
+        self.hc_failed = True
+        for listener in self.listeners.values():
+            listener.set_health_check_failed(True)
+
+    def healthcheck_ok(self) -> None:
+        self.hc_failed = False
+        for listener in self.listeners.values():
+            listener.set_health_check_failed(False)
+
+    # -- drains -----------------------------------------------------------------------------
+    def drain_listeners(
+        self, now: float, graceful: bool, skip_exit: bool, inbound_only: bool
+    ) -> tuple[DrainEvent, list[ListenerDrain]]:
+        """Admin ``/drain_listeners``; returns the event and the listeners it reached."""
+        event = self._event(now, Cause.DRAIN_LISTENERS, inbound_only)
+        reached = [ls for ls in self.listeners.values() if ls.add_event(event)]
+        for listener in reached:
+            if not graceful:
+                listener.stop_accepting(now)
+            elif not skip_exit:
+                listener.stop_accepting(event.ends_at)
+        return event, reached
+
+    def start_shutdown(self, now: float) -> tuple[DrainEvent, list[ListenerDrain]]:
+        """SIGTERM: not ready at once, one event over every listener. Idempotent."""
+        if self.shutdown is not None:
+            return self.shutdown, []
+        event = self._event(now, Cause.SHUTDOWN)
+        self.shutdown = event
+        self.ledger.draining = True
+        stop = event.ends_at if self.shutdown_settings.stop_accepting_at_drain_end else now
+        reached = [ls for ls in self.listeners.values() if ls.add_event(event)]
+        for listener in self.listeners.values():
+            listener.stop_accepting(stop)
+        self.tick(now)
+        return event, reached
+
+    @property
+    def deadline(self) -> float | None:
+        return None if self.shutdown is None else (
+            self.shutdown.start + self.shutdown_settings.deadline)
+
+    def tick(self, now: float) -> None:
+        """Apply time: from T on a shutting-down process takes no new work."""
+        if self.shutdown is not None and now >= self.shutdown.ends_at:
+            self.ledger.accepting = False
+
+    def shutdown_step(self, now: float, connections: int) -> Step:
+        """The exit decision; ``connections`` is the number of downstream connections open."""
+        ev = self.shutdown
+        if ev is None:
+            return Step.WAIT
+        self.tick(now)
+        if now >= ev.start + self.shutdown_settings.deadline:
+            return Step.EXIT if self.ledger.idle else Step.CUT
+        if now < ev.start + self.shutdown_settings.min_drain:
+            return Step.WAIT
+        # Completion counts requests, not connections (DESIGN §2): no EXIT while any is active.
+        if self.ledger.idle and (connections == 0 or now >= ev.ends_at):
+            return Step.EXIT
+        return Step.WAIT
+
+    def next_deadline(self, now: float) -> float | None:
+        """When ``shutdown_step`` may next change its answer without other input."""
+        ev = self.shutdown
+        if ev is None:
+            return None
+        marks = (ev.start + self.shutdown_settings.min_drain, ev.ends_at,
+                 ev.start + self.shutdown_settings.deadline)
+        future = [m for m in marks if m > now]
+        return min(future) if future else None

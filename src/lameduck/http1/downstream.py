@@ -1,0 +1,793 @@
+"""HTTP/1.1 downstream connection: parse with httptools, proxy each request through an
+``Exchange``, and carry out the drain core's decisions for this connection.
+
+Requests are answered in order: only the head of the queue talks to an upstream; pipelined
+requests behind it wait with reading paused. Bodies stream both ways with flow control
+(pause_reading / resume_reading); nothing buffers a whole body.
+
+Drain (DESIGN.md §2): ``ConnectionDrain.on_response`` decides per response whether to add
+``Connection: close``; one lazily re-armed timer covers the header timeout, the idle timeout
+and the drain moments; a close is staged (shutdown write, drain reads briefly, close) so the
+last response is not lost to a reset (RFC 9112 §9.6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import socket
+from collections import deque
+from typing import TYPE_CHECKING, Protocol
+
+import httptools
+
+from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
+from lameduck.http1.upstream import H1Upstream, UpstreamError
+from lameduck.http1.wire import HOP_BY_HOP, LAST_CHUNK, chunk, simple_response, status_line
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from lameduck.stats import ClusterStats, DrainStats, HttpStats
+    from lameduck.upstream.cluster import Cluster
+    from lameduck.upstream.pool import Endpoint
+    from lameduck.upstream.router import Router
+
+log = logging.getLogger("lameduck.http1")
+
+# Reasons reading is paused; reading resumes when none is left.
+PAUSE_PIPELINE = 1  # a request waits behind the one being answered
+PAUSE_UPSTREAM = 2  # the upstream cannot take the request body faster
+PAUSE_BUFFER = 4  # body bytes wait for an upstream connection
+PAUSE_CLOSING = 8
+
+BODY_BUFFER_LIMIT = 256 * 1024
+LINGER = 2.0  # seconds a staged close keeps reading before it closes
+GOING_AWAY = simple_response(503, b"going away\n", close=True, extra=((b"retry-after", b"1"),))
+IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+
+
+class ListenerContext(Protocol):
+    """What a downstream connection needs from its listener (wired in ``listeners``)."""
+
+    loop: asyncio.AbstractEventLoop
+    name: str
+    stats: HttpStats
+    drain_stats: DrainStats
+    drain: ListenerDrain
+    process: ProcessDrain
+    router: Router
+    rng: Callable[[], float]
+    connections: set[H1Downstream]
+    health_check_path: bytes | None
+    request_headers_timeout: float
+    idle_timeout: float
+    max_request_headers: int
+    scheme: bytes
+
+    def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[H1Upstream]: ...
+    def on_connection_closed(self, conn: H1Downstream) -> None: ...
+    def on_request_done(self) -> None: ...
+
+
+class HeaderTooLarge(Exception):
+    pass
+
+
+class Exchange:
+    """One request and its response, from headers-complete to the last response byte."""
+
+    __slots__ = (
+        "admitted", "buffered", "buffered_size", "chunked_req", "close", "cluster", "cstats",
+        "down", "endpoint", "head", "is_head", "keep_alive", "local", "method", "req_done",
+        "resp_chunked", "resp_done", "resp_started", "retried", "reused", "route_timeout",
+        "sent_body", "status", "up", "v10",
+    )
+
+    def __init__(self, down: H1Downstream, method: bytes, keep_alive: bool, v10: bool) -> None:
+        self.down = down
+        self.method = method
+        self.is_head = method == b"HEAD"
+        self.keep_alive = keep_alive
+        self.v10 = v10
+        self.head = b""
+        self.local: bytes | None = None
+        self.close = False  # the connection closes after this response
+        self.admitted = False
+        self.chunked_req = False
+        self.req_done = False
+        self.buffered: list[bytes] | None = None
+        self.buffered_size = 0
+        self.sent_body = False
+        self.cluster: Cluster | None = None
+        self.cstats: ClusterStats | None = None
+        self.endpoint: Endpoint | None = None
+        self.route_timeout = 0.0
+        self.up: H1Upstream | None = None
+        self.reused = False
+        self.retried = False
+        self.status = 0
+        self.resp_started = False
+        self.resp_chunked = False
+        self.resp_done = False
+
+    # -- request body -----------------------------------------------------------------------
+    def request_body(self, data: bytes) -> None:
+        if self.local is not None:
+            return  # answered locally: the body is read and dropped
+        if self.chunked_req:
+            data = chunk(data)
+        up = self.up
+        if up is not None and up.sink is self:
+            self.sent_body = True
+            up.write(data)
+            return
+        if self.buffered is None:
+            self.buffered = []
+        self.buffered.append(data)
+        self.buffered_size += len(data)
+        if self.buffered_size > BODY_BUFFER_LIMIT:
+            self.down.pause(PAUSE_BUFFER)
+
+    def request_complete(self) -> None:
+        self.req_done = True
+        if self.chunked_req and self.local is None:
+            self.request_body_raw(LAST_CHUNK)
+
+    def request_body_raw(self, data: bytes) -> None:
+        up = self.up
+        if up is not None and up.sink is self:
+            up.write(data)
+        else:
+            if self.buffered is None:
+                self.buffered = []
+            self.buffered.append(data)
+
+    # -- upstream ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """This exchange reached the head of the queue: answer it or send it upstream."""
+        down = self.down
+        if self.local is not None:
+            down.write(self.local)
+            self.resp_started = True
+            self.finish()
+            return
+        cluster = self.cluster
+        assert cluster is not None
+        ep = cluster.pick()
+        self.endpoint = ep
+        conn = ep.acquire()
+        if conn is not None:
+            self.reused = True
+            self.attach(conn)  # type: ignore[arg-type]
+        else:
+            self.reused = False
+            down.ctx.connect(cluster, ep).add_done_callback(self._connected)
+
+    def _connected(self, fut: asyncio.Future[H1Upstream]) -> None:
+        if self.resp_done or self.down.gone:
+            if not fut.cancelled() and fut.exception() is None:
+                fut.result().close()
+            return
+        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        if exc is not None:
+            self.local_error(UpstreamError.CONNECT, b"upstream connect error\n")
+            return
+        self.attach(fut.result())
+
+    def attach(self, up: H1Upstream) -> None:
+        self.up = up
+        cs = self.cstats
+        assert cs is not None
+        cs.upstream_rq_total += 1
+        cs.upstream_rq_active += 1
+        up.start(self, self.head, self.is_head, self.route_timeout)
+        if self.buffered:
+            self.sent_body = True
+            for piece in self.buffered:
+                up.write(piece)
+            self.buffered = None
+            self.buffered_size = 0
+            self.down.resume(PAUSE_BUFFER)
+
+    def _detach(self, reusable: bool) -> None:
+        up = self.up
+        if up is None:
+            return
+        self.up = None
+        cs = self.cstats
+        assert cs is not None
+        cs.upstream_rq_active -= 1
+        if up.sink is self:
+            up.sink = None
+        ep = self.endpoint
+        if (reusable and self.req_done and ep is not None and up.reusable
+                and ep.release(up, self.down.ctx.loop.time())):
+            return
+        up.close()
+
+    # -- ExchangeSink: what the upstream reports ----------------------------------------------
+    def on_informational(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        if not self.v10 and not self.resp_started:
+            self.down.write(status_line(status) + b"\r\n")
+
+    def on_response_head(
+        self, status: int, headers: list[tuple[bytes, bytes]], length: int | None,
+        chunked: bool,
+    ) -> None:
+        down = self.down
+        self.status = status
+        cs = self.cstats
+        assert cs is not None
+        cs.count_status(status)
+        bodyless = self.is_head or status in (204, 304)
+        close = self.close or not self.keep_alive or down.response_drains()
+        out = [status_line(status)]
+        drop: set[bytes] | None = None
+        for name, value in headers:
+            n = name.lower()
+            if n in HOP_BY_HOP:
+                if n == b"connection":
+                    drop = drop or set()
+                    drop.update(t.strip().lower() for t in value.split(b","))
+                continue
+            out.append(b"%s: %s\r\n" % (name, value))
+        if drop:
+            out = [out[0]] + [h for h in out[1:] if h.split(b":", 1)[0].lower() not in drop]
+        if not bodyless and length is None:
+            if self.v10:
+                close = True  # close-delimited for an HTTP/1.0 client
+            else:
+                self.resp_chunked = True
+                out.append(b"transfer-encoding: chunked\r\n")
+        if close:
+            out.append(b"connection: close\r\n")
+            self.close = True
+        elif self.v10:
+            out.append(b"connection: keep-alive\r\n")
+        out.append(b"\r\n")
+        self.resp_started = True
+        down.count_status(status)
+        down.write(b"".join(out))
+
+    def on_response_body(self, data: bytes) -> None:
+        if self.resp_chunked:
+            data = chunk(data)
+        self.down.write(data)
+
+    def on_response_complete(self) -> None:
+        if self.resp_chunked:
+            self.down.write(LAST_CHUNK)
+        self._detach(reusable=True)
+        self.finish()
+
+    def on_upstream_error(self, status: int, after_head: bool) -> None:
+        cs = self.cstats
+        assert cs is not None
+        up_was = self.up
+        reused = self.reused
+        self._detach(reusable=False)
+        if status == UpstreamError.TIMEOUT:
+            cs.upstream_rq_timeout += 1
+        else:
+            cs.upstream_rq_rx_reset += 1
+        if after_head or self.resp_started:
+            # Bytes of this response already went out: the client can only see a reset.
+            self.down.abort_with_active_request()
+            return
+        if (status == UpstreamError.RESET and reused and not self.retried and not self.sent_body
+                and up_was is not None and (up_was.requests == 1 or self.method in IDEMPOTENT)
+                and not up_was.got_bytes):
+            # A pooled connection the upstream had already closed: retry once on a fresh one.
+            self.retried = True
+            cs.upstream_rq_retry += 1
+            assert self.cluster is not None and self.endpoint is not None
+            self.down.ctx.connect(self.cluster, self.endpoint).add_done_callback(self._connected)
+            return
+        body = {502: b"upstream reset before response\n", 503: b"upstream connect error\n",
+                504: b"upstream request timeout\n"}[status]
+        self.local_error(status, body)
+
+    def local_error(self, status: int, body: bytes) -> None:
+        """Answer with a local error response, unless the response already started."""
+        if status == UpstreamError.CONNECT:
+            assert self.cstats is not None
+            self.cstats.upstream_cx_connect_fail += 1
+        close = self.close or not self.keep_alive or not self.req_done
+        self.close = close
+        self.local = b""
+        self.resp_started = True
+        self.down.count_status(status)
+        self.down.write(simple_response(status, body, close=close, head_only=self.is_head))
+        self.finish()
+
+    def pause_request_body(self) -> None:
+        self.down.pause(PAUSE_UPSTREAM)
+
+    def resume_request_body(self) -> None:
+        self.down.resume(PAUSE_UPSTREAM)
+
+    # -- end --------------------------------------------------------------------------------
+    def finish(self) -> None:
+        if self.resp_done:
+            return
+        self.resp_done = True
+        self.down.exchange_done(self)
+
+
+class H1Downstream(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, ctx: ListenerContext) -> None:
+        self.ctx = ctx
+        self.loop = ctx.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.queue: deque[Exchange] = deque()
+        self.reading: Exchange | None = None  # the exchange whose request is being received
+        self.paused = 0
+        self.write_paused = False
+        self.closing = False
+        self.gone = False
+        self.peer = b""
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.header_bytes = 0
+        self.in_headers = False
+        self.req_started = 0.0
+        self.idle_since = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0
+        self.drain: ConnectionDrain = None  # type: ignore[assignment]  # set at connection_made
+
+    # -- asyncio ----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        ctx = self.ctx
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0].encode() if peer else b""
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        now = self.loop.time()
+        self.idle_since = now
+        self.drain = ConnectionDrain(ctx.drain, now, ctx.rng)
+        ctx.connections.add(self)
+        st = ctx.stats
+        st.downstream_cx_total += 1
+        st.downstream_cx_active += 1
+        st.downstream_cx_http1_active += 1
+        self.arm(now + ctx.idle_timeout)
+        self.arm_drain()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return  # a staged close drains what the client still sends
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as e:
+            # The request was complete (a stripped Upgrade or a refused CONNECT); what
+            # follows is either a new request or tunnel bytes we do not relay.
+            offset = e.args[0] if e.args else len(data)
+            self.parser = httptools.HttpRequestParser(self)
+            rest = data[offset:]
+            if rest and not self.closing:
+                self.data_received(rest)
+        except httptools.HttpParserCallbackError as e:
+            if isinstance(e.__context__, HeaderTooLarge):
+                self.protocol_error(431, b"request header fields too large\n")
+            else:
+                log.exception("error in request handling")
+                self.protocol_error(400, b"bad request\n")
+        except httptools.HttpParserError:
+            self.protocol_error(400, b"bad request\n")
+
+    def eof_received(self) -> bool:
+        # A client half-close: finish what is in flight, then close (HTTP/1 has no half-open
+        # use). Keeping the transport lets the responses still go out.
+        if not self.queue:
+            return False
+        self.closing_after_queue()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gone = True
+        self.closing = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        ctx = self.ctx
+        ctx.connections.discard(self)
+        st = ctx.stats
+        st.downstream_cx_active -= 1
+        st.downstream_cx_http1_active -= 1
+        if self.queue:
+            st.downstream_cx_destroy_remote_active_rq += 1
+            for ex in list(self.queue):
+                ex._detach(reusable=False)
+                self._settle(ex)
+            self.queue.clear()
+        self.drain.closed()
+        ctx.on_connection_closed(self)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        if self.queue:
+            up = self.queue[0].up
+            if up is not None and up.transport is not None:
+                up.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.queue:
+            up = self.queue[0].up
+            if up is not None and up.transport is not None:
+                up.transport.resume_reading()
+
+    # -- flow control -----------------------------------------------------------------------
+    def pause(self, reason: int) -> None:
+        if not self.paused and self.transport is not None and not self.gone:
+            self.transport.pause_reading()
+        self.paused |= reason
+
+    def resume(self, reason: int) -> None:
+        if not self.paused & reason:
+            return
+        self.paused &= ~reason
+        if not self.paused and self.transport is not None and not self.gone:
+            self.transport.resume_reading()
+
+    def write(self, data: bytes) -> None:
+        if not self.gone:
+            assert self.transport is not None
+            self.transport.write(data)
+
+    # -- httptools callbacks ----------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.headers = []
+        self.header_bytes = 0
+        self.in_headers = True
+        self.req_started = now = self.loop.time()
+        self.arm(now + self.ctx.request_headers_timeout)
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self.header_bytes += len(url)
+        if self.header_bytes > self.ctx.max_request_headers:
+            raise HeaderTooLarge
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value) + 4
+        if self.header_bytes > self.ctx.max_request_headers:
+            raise HeaderTooLarge
+        if self.in_headers:
+            self.headers.append((name, value))
+        # else: a trailer field after a chunked body; not forwarded
+
+    def on_headers_complete(self) -> None:
+        self.in_headers = False
+        ctx = self.ctx
+        parser = self.parser
+        method = parser.get_method()
+        v10 = parser.get_http_version() == "1.0"
+        ex = Exchange(self, method, parser.should_keep_alive(), v10)
+        self.reading = ex
+        self.queue.append(ex)
+        st = ctx.stats
+        st.downstream_rq_total += 1
+        st.downstream_rq_http1_total += 1
+        st.downstream_rq_active += 1
+        self._prepare(ex, method)
+        if len(self.queue) == 1:
+            ex.start()
+        else:
+            self.pause(PAUSE_PIPELINE)
+
+    def _prepare(self, ex: Exchange, method: bytes) -> None:
+        """Route the request and build the head sent upstream, or a local answer."""
+        ctx = self.ctx
+        url = self.url
+        host: bytes | None = None
+        xff: bytes | None = None
+        conn_tokens: bytes = b""
+        te: bytes | None = None
+        out: list[bytes] = []
+        for name, value in self.headers:
+            n = name.lower()
+            if n in HOP_BY_HOP:
+                if n == b"connection":
+                    conn_tokens += b"," + value.lower()
+                elif n == b"transfer-encoding":
+                    te = value
+                continue
+            if n == b"host":
+                host = value
+            elif n == b"x-forwarded-for":
+                xff = value
+                continue
+            elif n == b"x-forwarded-proto":
+                continue
+            out.append(b"%s: %s\r\n" % (name, value))
+        if conn_tokens:
+            drop = {t.strip() for t in conn_tokens.split(b",") if t.strip()}
+            drop -= {b"close", b"keep-alive", b"upgrade"}
+            if drop:
+                out = [h for h in out if h.split(b":", 1)[0].lower() not in drop]
+        if method == b"CONNECT":
+            ex.close = True
+            ex.local = simple_response(403, b"CONNECT not allowed\n", close=True)
+            return
+        if te is not None:
+            if te.strip().lower() != b"chunked":
+                ex.close = True
+                ex.local = simple_response(501, b"transfer coding not implemented\n", close=True)
+                return
+            ex.chunked_req = True
+            out.append(b"transfer-encoding: chunked\r\n")
+        if url[:1] != b"/" and url != b"*":
+            try:
+                parsed = httptools.parse_url(url)
+            except httptools.HttpParserInvalidURLError:
+                ex.close = True
+                ex.local = simple_response(400, b"bad request target\n", close=True)
+                return
+            url = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
+            if host is None and parsed.host:
+                host = parsed.host
+        path = url
+        if ctx.health_check_path is not None and path.partition(b"?")[0] == ctx.health_check_path:
+            live = ctx.process.live
+            ex.local = simple_response(
+                200 if live else 503, b"OK\n" if live else b"DRAINING\n",
+                close=not ex.keep_alive, head_only=ex.is_head)
+            self.count_status(200 if live else 503)
+            return
+        route = ctx.router.match(host, path.partition(b"?")[0])
+        if route is None:
+            ex.local = simple_response(404, b"no route\n", close=not ex.keep_alive,
+                                       head_only=ex.is_head)
+            self.count_status(404)
+            return
+        if not ctx.process.ledger.begin():
+            ex.close = True
+            ex.local = GOING_AWAY
+            ctx.stats.downstream_rq_going_away += 1
+            ctx.drain_stats.refused += 1
+            self.count_status(503)
+            return
+        ex.admitted = True
+        ex.cluster = route.cluster
+        ex.cstats = route.cluster.stats
+        ex.route_timeout = route.timeout
+        xff = xff + b", " + self.peer if xff else self.peer
+        out.append(b"x-forwarded-for: %s\r\nx-forwarded-proto: %s\r\n" % (xff, ctx.scheme))
+        ex.head = b"%s %s HTTP/1.1\r\n%s\r\n" % (method, url, b"".join(out))
+
+    def on_body(self, body: bytes) -> None:
+        ex = self.reading
+        if ex is not None:
+            ex.request_body(body)
+
+    def on_message_complete(self) -> None:
+        ex = self.reading
+        self.reading = None
+        if ex is not None:
+            ex.request_complete()
+
+    # -- response side ----------------------------------------------------------------------
+    def count_status(self, status: int) -> None:
+        self.ctx.stats.count_status(status)
+
+    def response_drains(self) -> bool:
+        """The drain core's per-response decision (``Connection: close``)."""
+        d = self.drain
+        was_open = d.drained_by is None
+        if not d.on_response(self.loop.time(), self.ctx.rng):
+            return False
+        if was_open:
+            self.ctx.stats.downstream_cx_drain_close += 1
+            if d.drained_by is DrainedBy.RESPONSE:
+                self.ctx.drain_stats.cx_drained_by_response += 1
+        return True
+
+    def _settle(self, ex: Exchange) -> None:
+        """Take a finished (or abandoned) exchange off the books."""
+        st = self.ctx.stats
+        st.downstream_rq_active -= 1
+        if ex.admitted:
+            ex.admitted = False
+            self.ctx.process.ledger.end()
+            if self.ctx.process.ledger.draining:
+                self.ctx.drain_stats.completed += 1
+            self.ctx.on_request_done()
+        if ex.resp_done and ex.resp_started:
+            st.downstream_rq_completed += 1
+
+    def exchange_done(self, ex: Exchange) -> None:
+        """The response of the head exchange is complete."""
+        if self.gone:
+            return
+        queue = self.queue
+        if not queue or queue[0] is not ex:
+            return
+        queue.popleft()
+        self._settle(ex)
+        if ex.close:
+            self.staged_close()
+            return
+        if not ex.req_done:
+            # The response finished before the request body: the stream cannot be resynced.
+            self.staged_close()
+            return
+        if queue:
+            queue[0].start()
+            if len(queue) == 1:
+                self.resume(PAUSE_PIPELINE)
+            return
+        self.resume(PAUSE_PIPELINE)
+        now = self.loop.time()
+        self.idle_since = now
+        self.arm(now + self.ctx.idle_timeout)
+        if self.drain.on_idle(now) is ConnAction.CLOSE:
+            self.staged_close()
+
+    # -- errors and cuts ----------------------------------------------------------------------
+    def protocol_error(self, status: int, body: bytes) -> None:
+        """Malformed input: answer in order if we can, then close."""
+        st = self.ctx.stats
+        st.downstream_cx_protocol_error += 1
+        self.reading = None
+        self.in_headers = False
+        self.pause(PAUSE_CLOSING)
+        resp = simple_response(status, body, close=True)
+        if not self.queue:
+            st.downstream_rq_total += 1
+            self.count_status(status)
+            self.write(resp)
+            self.staged_close()
+            return
+        # Behind requests still being answered: answer it when its turn comes.
+        ex = Exchange(self, b"", False, False)
+        ex.local = resp
+        ex.close = True
+        ex.req_done = True
+        st.downstream_rq_total += 1
+        st.downstream_rq_active += 1
+        self.count_status(status)
+        last = self.queue[-1]
+        if not last.req_done:
+            # the broken request is the one being read: its answer replaces it
+            last.close = True
+        self.queue.append(ex)
+
+    def abort_with_active_request(self) -> None:
+        """An upstream failed after this response started: the client can only see a reset."""
+        self.ctx.stats.downstream_cx_destroy_local_active_rq += 1
+        if self.transport is not None and not self.gone:
+            self.transport.abort()
+
+    def closing_after_queue(self) -> None:
+        if self.queue:
+            self.queue[-1].close = True
+        else:
+            self.staged_close()
+
+    def cut(self) -> None:
+        """The shutdown deadline: a 503 where no response byte was sent, else a reset."""
+        ds = self.ctx.drain_stats
+        reset = False
+        for ex in list(self.queue):
+            if not ex.admitted:
+                continue
+            ds.cut += 1
+            self.ctx.process.ledger.cut_one()
+            ex.admitted = False
+            ex._detach(reusable=False)
+            if ex.resp_started:
+                ds.cut_reset += 1
+                reset = True
+            else:
+                ds.cut_before_response += 1
+        if reset or self.transport is None:
+            if self.transport is not None and not self.gone:
+                self.transport.abort()
+            return
+        if self.queue and self.queue[0].resp_started:
+            # a local response in progress is complete already; nothing to add
+            pass
+        elif self.queue:
+            self.count_status(503)
+            self.write(GOING_AWAY)
+        self.staged_close()
+
+    # -- closing ------------------------------------------------------------------------------
+    def staged_close(self) -> None:
+        """Shut down writing, keep reading briefly, then close (RFC 9112 §9.6)."""
+        if self.closing:
+            return
+        self.closing = True
+        self.drain.close()
+        t = self.transport
+        if t is None or self.gone:
+            return
+        if self.paused:
+            self.paused = 0
+            t.resume_reading()
+        if t.can_write_eof():
+            t.write_eof()
+            self.arm(self.loop.time() + LINGER)
+        else:
+            t.close()
+
+    def close_at_end(self) -> None:
+        """The drain is over: an idle connection is closed now."""
+        if self.drain.drain_at_end(self.loop.time()):
+            self.ctx.drain_stats.cx_closed_at_end += 1
+        self.staged_close()
+
+    # -- timers ---------------------------------------------------------------------------------
+    def arm(self, at: float) -> None:
+        if at == math.inf:
+            return
+        if self.timer is not None:
+            if self.timer_at <= at:
+                return
+            self.timer.cancel()
+        self.timer_at = at
+        self.timer = self.loop.call_at(at, self.on_timer)
+
+    def arm_drain(self) -> None:
+        at = self.drain.next_deadline()
+        if at is not None:
+            self.arm(at)
+
+    def on_drain_event(self, event: object) -> None:
+        """A drain started on this connection's listener: draw the moment, arm the timer."""
+        self.drain.on_drain_event(event, self.ctx.rng)  # type: ignore[arg-type]
+        self.arm_drain()
+
+    def on_timer(self) -> None:
+        self.timer = None
+        if self.gone:
+            return
+        t = self.transport
+        now = self.loop.time()
+        ctx = self.ctx
+        if self.closing:
+            if t is not None:
+                t.close()
+            return
+        nxt: list[float] = []
+        busy = bool(self.queue)
+        if self.in_headers:
+            at = self.req_started + ctx.request_headers_timeout
+            if now >= at:
+                ctx.stats.downstream_rq_header_timeout += 1
+                self.protocol_error(408, b"request header timeout\n")
+                return
+            nxt.append(at)
+        elif not busy:
+            at = self.idle_since + ctx.idle_timeout
+            if now >= at:
+                ctx.stats.downstream_cx_idle_timeout += 1
+                self.staged_close()
+                return
+            nxt.append(at)
+        d = self.drain
+        dl = d.next_deadline()
+        if dl is not None and now >= dl:
+            was_open = d.drained_by is None
+            action = d.on_timer(now, idle=not busy and not self.in_headers)
+            if was_open and d.drained_by is DrainedBy.PROACTIVE:
+                ctx.stats.downstream_cx_drain_close += 1
+                ctx.drain_stats.cx_drained_proactive += 1
+            if action is ConnAction.CLOSE:
+                self.staged_close()
+                return
+            dl = d.next_deadline()
+        if dl is not None:
+            nxt.append(dl)
+        if nxt:
+            self.arm(min(nxt))

@@ -1,0 +1,224 @@
+"""HTTP/1.1 upstream connection: one exchange at a time, kept alive in the endpoint's pool.
+
+The protocol parses responses with httptools and hands them to the exchange it carries; it
+owns the upstream response timeout with one lazily re-armed timer, so a steady keep-alive load
+does not allocate a timer per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Protocol
+
+import httptools
+
+if TYPE_CHECKING:
+    from lameduck.upstream.pool import Endpoint
+
+
+class UpstreamError:
+    """Why an upstream exchange failed: the status the client gets if nothing was sent yet."""
+
+    CONNECT = 503  # connect refused or timed out
+    RESET = 502  # reset or bad response before the response completed
+    TIMEOUT = 504  # no response within the route timeout
+
+
+class ExchangeSink(Protocol):
+    """What an upstream connection reports to (the downstream exchange)."""
+
+    def on_informational(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+    def on_response_head(
+        self, status: int, headers: list[tuple[bytes, bytes]], length: int | None,
+        chunked: bool,
+    ) -> None: ...
+    def on_response_body(self, data: bytes) -> None: ...
+    def on_response_complete(self) -> None: ...
+    def on_upstream_error(self, status: int, after_head: bool) -> None: ...
+    def pause_request_body(self) -> None: ...
+    def resume_request_body(self) -> None: ...
+
+
+class H1Upstream(asyncio.Protocol):
+    """One keep-alive connection to one endpoint."""
+
+    def __init__(self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> None:
+        self.endpoint = endpoint
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.sink: ExchangeSink | None = None
+        self.alive = True
+        self.keep_alive = True
+        self.idle_since = 0.0
+        self.requests = 0
+        self.on_closed: list = []  # callbacks(conn) run once when the connection is lost
+        # response state
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.status = 0
+        self.head_seen = False
+        self.got_bytes = False
+        self.no_body = False  # HEAD request: llhttp cannot be told, so we end it ourselves
+        self.close_delimited = False
+        # timeout: a lazily re-armed timer
+        self.deadline = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0
+
+    # -- pool interface ---------------------------------------------------------------------
+    @property
+    def reusable(self) -> bool:
+        return self.alive and self.keep_alive and self.sink is None
+
+    def close(self) -> None:
+        self.alive = False
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.alive = False
+        self.sink = None
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- sending ----------------------------------------------------------------------------
+    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float) -> None:
+        self.sink = sink
+        self.requests += 1
+        self.headers = []
+        self.head_seen = False
+        self.got_bytes = False
+        self.no_body = no_body
+        self.close_delimited = False
+        if timeout > 0:
+            self.deadline = self.loop.time() + timeout
+            self._arm(self.deadline)
+        else:
+            self.deadline = 0.0
+        assert self.transport is not None
+        self.transport.write(head)
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and self.alive:
+            self.transport.write(data)
+
+    def _arm(self, at: float) -> None:
+        if self.timer is not None:
+            if self.timer_at <= at:
+                return
+            self.timer.cancel()
+        self.timer_at = at
+        self.timer = self.loop.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        if self.sink is None or self.deadline == 0.0 or self.head_seen:
+            return
+        if self.loop.time() < self.deadline:
+            self._arm(self.deadline)
+            return
+        sink = self.sink
+        self.abort()
+        sink.on_upstream_error(UpstreamError.TIMEOUT, False)
+
+    # -- asyncio ----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.sink is None:  # bytes with no request outstanding: not HTTP we can trust
+            self.abort()
+            return
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamError.RESET)  # 101 without an Upgrade request: not relayable
+        except httptools.HttpParserError:
+            self._fail(UpstreamError.RESET)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.alive = False
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        sink = self.sink
+        if sink is not None:
+            self.sink = None
+            if self.head_seen and self.close_delimited:
+                sink.on_response_complete()
+            else:
+                sink.on_upstream_error(UpstreamError.RESET, self.head_seen)
+        for cb in self.on_closed:
+            cb(self)
+        self.on_closed = []
+
+    def pause_writing(self) -> None:
+        if self.sink is not None:
+            self.sink.pause_request_body()
+
+    def resume_writing(self) -> None:
+        if self.sink is not None:
+            self.sink.resume_request_body()
+
+    def _fail(self, status: int) -> None:
+        sink = self.sink
+        head_seen = self.head_seen
+        self.abort()
+        if sink is not None:
+            sink.on_upstream_error(status, head_seen)
+
+    # -- httptools callbacks ----------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.headers = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        sink = self.sink
+        if sink is None:
+            return
+        if status < 200:
+            if status != 101:
+                sink.on_informational(status, self.headers)
+            return
+        self.status = status
+        self.head_seen = True
+        length: int | None = None
+        chunked = False
+        for name, value in self.headers:
+            n = name.lower()
+            if n == b"content-length":
+                length = int(value)
+            elif n == b"transfer-encoding":
+                chunked = value.lower().rstrip().endswith(b"chunked")
+        bodyless = self.no_body or status in (204, 304)
+        self.close_delimited = not bodyless and length is None and not chunked
+        if not self.parser.should_keep_alive() or self.close_delimited:
+            self.keep_alive = False
+        sink.on_response_head(status, self.headers, length, chunked)
+        if self.no_body and self.sink is sink:
+            # llhttp would wait for a HEAD response's Content-Length bytes; end it here and
+            # give the next response a fresh parser.
+            self.parser = httptools.HttpResponseParser(self)
+            self._complete()
+
+    def on_body(self, body: bytes) -> None:
+        if self.sink is not None:
+            self.sink.on_response_body(body)
+
+    def on_message_complete(self) -> None:
+        if self.head_seen and self.sink is not None and not self.no_body:
+            self._complete()
+
+    def _complete(self) -> None:
+        sink = self.sink
+        self.sink = None
+        self.head_seen = False
+        if sink is not None:
+            sink.on_response_complete()

@@ -1,0 +1,51 @@
+"""HTTP/1.1 wire pieces shared by both directions: status lines, hop-by-hop names, framing.
+
+Everything here is bytes in, bytes out, precomputed where it is on the hot path.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+# RFC 9110 §7.6.1: connection-specific fields a proxy must not forward. Transfer-Encoding and
+# Content-Length are handled by the framing code, not copied.
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
+    b"transfer-encoding", b"upgrade",
+})
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+STATUS_LINES: dict[int, bytes] = {
+    code: b"HTTP/1.1 %d %s\r\n" % (code, phrase) for code, phrase in _REASONS.items()
+}
+
+
+def status_line(code: int) -> bytes:
+    line = STATUS_LINES.get(code)
+    if line is None:
+        line = b"HTTP/1.1 %d Unknown\r\n" % code
+    return line
+
+
+def chunk(data: bytes) -> bytes:
+    """One chunk of a chunked body (RFC 9112 §7.1)."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+def simple_response(
+    status: int, body: bytes, *, close: bool, extra: tuple[tuple[bytes, bytes], ...] = (),
+    head_only: bool = False,
+) -> bytes:
+    """A whole locally generated response (errors, going-away, health checks)."""
+    parts = [status_line(status), b"content-type: text/plain\r\n",
+             b"content-length: %d\r\n" % len(body)]
+    parts.extend(b"%s: %s\r\n" % kv for kv in extra)
+    if close:
+        parts.append(b"connection: close\r\n")
+    parts.append(b"\r\n")
+    if not head_only:
+        parts.append(body)
+    return b"".join(parts)

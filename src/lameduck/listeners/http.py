@@ -1,0 +1,160 @@
+"""An HTTP listener: owns the listening socket and the set of its downstream connections.
+
+It is the ``ListenerContext`` the HTTP/1 codec talks to, and the node that fans a drain event
+out to its connections (the drain core's ``ListenerDrain`` holds the decision; this holds the
+sockets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import socket
+from collections.abc import Callable
+
+from lameduck.config import ListenerConfig
+from lameduck.drain import DrainEvent, ListenerDrain, ProcessDrain
+from lameduck.http1.downstream import H1Downstream
+from lameduck.http1.upstream import H1Upstream
+from lameduck.stats import DrainStats, HttpStats
+from lameduck.upstream.cluster import Cluster
+from lameduck.upstream.pool import Endpoint
+from lameduck.upstream.router import Router
+
+log = logging.getLogger("lameduck.listener")
+
+
+def _timeout(seconds: float) -> float:
+    """Config says 0 = none."""
+    return seconds if seconds > 0 else math.inf
+
+
+async def _connect(
+    loop: asyncio.AbstractEventLoop, cluster: Cluster, endpoint: Endpoint
+) -> H1Upstream:
+    stats = cluster.stats
+    try:
+        _, proto = await asyncio.wait_for(
+            loop.create_connection(lambda: H1Upstream(endpoint, loop), endpoint.host,
+                                   endpoint.port),
+            cluster.connect_timeout,
+        )
+    except TimeoutError:
+        stats.upstream_cx_connect_timeout += 1
+        raise
+    stats.upstream_cx_total += 1
+    stats.upstream_cx_active += 1
+
+    def closed(conn: H1Upstream) -> None:
+        stats.upstream_cx_active -= 1
+        endpoint.forget(conn)
+
+    proto.on_closed.append(closed)
+    return proto
+
+
+def open_upstream(
+    loop: asyncio.AbstractEventLoop, cluster: Cluster, endpoint: Endpoint
+) -> asyncio.Future[H1Upstream]:
+    """The connection factory the pool and codec use (wired here, so upstream/ stays codec-free)."""
+    return asyncio.ensure_future(_connect(loop, cluster, endpoint))
+
+
+class HttpListener:
+    """One configured HTTP listener."""
+
+    def __init__(
+        self,
+        cfg: ListenerConfig,
+        loop: asyncio.AbstractEventLoop,
+        process: ProcessDrain,
+        drain: ListenerDrain,
+        router: Router,
+        stats: HttpStats,
+        drain_stats: DrainStats,
+        on_change: Callable[[], None],
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.loop = loop
+        self.process = process
+        self.drain = drain
+        self.router = router
+        self.stats = stats
+        self.drain_stats = drain_stats
+        self.rng = rng
+        self.connections: set[H1Downstream] = set()
+        hc = cfg.health_check_path
+        self.health_check_path = hc.encode() if hc else None
+        self.request_headers_timeout = _timeout(cfg.request_headers_timeout)
+        self.idle_timeout = _timeout(cfg.idle_timeout)
+        self.max_request_headers = cfg.max_request_headers_kb * 1024
+        self.scheme = b"http"
+        self.server: asyncio.AbstractServer | None = None
+        self.sockname: tuple = ()
+        self.stop_handle: asyncio.TimerHandle | None = None
+        self._on_change = on_change
+
+    # -- ListenerContext --------------------------------------------------------------------
+    def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[H1Upstream]:
+        return open_upstream(self.loop, cluster, endpoint)
+
+    def on_connection_closed(self, conn: H1Downstream) -> None:
+        self._on_change()
+
+    def on_request_done(self) -> None:
+        self._on_change()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self, sock: socket.socket | None = None) -> None:
+        if sock is None:
+            addr = self.cfg.address
+            family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((addr.host, addr.port))
+            sock.listen(1024)
+            sock.setblocking(False)
+        self.sockname = sock.getsockname()
+        self.server = await self.loop.create_server(lambda: H1Downstream(self), sock=sock)
+
+    @property
+    def accepting(self) -> bool:
+        return self.server is not None
+
+    @property
+    def port(self) -> int:
+        return self.sockname[1]
+
+    def stop_accepting(self) -> None:
+        """Close the listening socket; connections already accepted carry on."""
+        if self.stop_handle is not None:
+            self.stop_handle.cancel()
+            self.stop_handle = None
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+            log.info("listener %s stopped accepting", self.name)
+            self._on_change()
+
+    def schedule_stop(self) -> None:
+        """Follow the drain core's ``stop_at`` for this listener."""
+        at = self.drain.stop_at
+        if at is None or self.server is None:
+            return
+        delay = at - self.loop.time()
+        if delay <= 0:
+            self.stop_accepting()
+            return
+        if self.stop_handle is not None:
+            self.stop_handle.cancel()
+        self.stop_handle = self.loop.call_later(delay, self.stop_accepting)
+
+    def broadcast(self, event: DrainEvent) -> None:
+        """A drain event reached this listener: every connection draws its moment."""
+        for conn in list(self.connections):
+            conn.on_drain_event(event)
+        self.schedule_stop()

@@ -1,0 +1,336 @@
+"""Wiring and lifecycle: config -> drain core, stats, clusters, listeners, admin; signals; exit.
+
+The server is the only place that knows every part. It drives the drain core's ``ProcessDrain``
+(pure decisions) with the loop's monotonic clock and carries out what it decides: tell the
+listeners, stop accepting, cut, exit. The admin API reaches it through ``AdminControl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import time
+from typing import Any
+
+from lameduck import __version__
+from lameduck.admin import AdminHandlers, start_admin
+from lameduck.config import Config, format_duration
+from lameduck.drain import (
+    Direction,
+    DrainEvent,
+    DrainSettings,
+    DrainType,
+    ListenerDrain,
+    ProcessDrain,
+    ShutdownSettings,
+    Step,
+    Strategy,
+)
+from lameduck.listeners import HttpListener
+from lameduck.stats import (
+    DrainStats,
+    HttpStats,
+    ListenerManagerStats,
+    ServerStats,
+    Stat,
+    StatsRegistry,
+)
+from lameduck.upstream.cluster import Cluster
+from lameduck.upstream.pool import Endpoint
+from lameduck.upstream.router import Route, Router
+
+log = logging.getLogger("lameduck")
+
+EXIT_OK = 0
+EXIT_CUT = 3  # the drain had to cut requests at the deadline
+EXIT_FLUSH = 0.25  # seconds the last writes get to leave before the process exits
+
+
+class Server:
+    """One lameduck process: data plane and control in one event loop (one worker)."""
+
+    def __init__(self, cfg: Config, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.cfg = cfg
+        self.loop = loop or asyncio.get_running_loop()
+        self.rng = random.random
+        self.process = ProcessDrain(
+            DrainSettings(cfg.drain.time, Strategy(cfg.drain.strategy),
+                          cfg.drain.connection_grace),
+            ShutdownSettings(cfg.shutdown.deadline, cfg.shutdown.min_drain,
+                             cfg.shutdown.stop_accepting == "at_drain_end"),
+        )
+        self.registry = StatsRegistry()
+        self.server_stats = self.registry.add("server", ServerStats())
+        self.drain_stats = self.registry.add("server.drain", DrainStats())
+        self.lm_stats = self.registry.add("listener_manager", ListenerManagerStats())
+        self.clusters: dict[str, Cluster] = {}
+        for cc in cfg.clusters:
+            eps = [Endpoint(e.host, e.port, cc.max_idle_connections) for e in cc.endpoints]
+            cluster = Cluster(cc.name, eps, cc.connect_timeout, cc.idle_timeout)
+            self.registry.add(f"cluster.{cc.name}", cluster.stats)
+            self.clusters[cc.name] = cluster
+        self.listeners: list[HttpListener] = []
+        for lc in cfg.listeners:
+            ld = self.process.add_listener(ListenerDrain(
+                lc.name, Direction(lc.direction), DrainType(lc.drain_type)))
+            router = Router([Route(r.prefix, self.clusters[r.cluster], r.host, r.timeout)
+                             for r in lc.routes])
+            stats = self.registry.add(f"http.{lc.name}", HttpStats())
+            self.listeners.append(HttpListener(lc, self.loop, self.process, ld, router, stats,
+                                               self.drain_stats, self._changed, self.rng))
+        self.started_mono = self.loop.time()
+        self.started_wall = time.time()
+        self.admin: asyncio.AbstractServer | None = None
+        self.admin_port = 0
+        self.done: asyncio.Future[int] = self.loop.create_future()
+        self._check_pending = False
+        self._shutdown_timer: asyncio.TimerHandle | None = None
+        self._housekeeping: asyncio.TimerHandle | None = None
+        self._sigint_count = 0
+        self._quitting = False
+        self._no_new_work_logged = False
+
+    # -- start ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        for listener in self.listeners:
+            await listener.start()
+            log.info("listener %s on %s", listener.name, _fmt_addr(listener.sockname))
+        self.lm_stats.total_listeners_active = len(self.listeners)
+        a = self.cfg.admin.address
+        self.admin = await start_admin(self.loop, AdminHandlers(self), a.host, a.port)
+        self.admin_port = self.admin.sockets[0].getsockname()[1]
+        log.info("admin on %s", _fmt_addr(self.admin.sockets[0].getsockname()))
+        self.process.initialized()
+        self._housekeeping = self.loop.call_later(1.0, self._housekeep)
+
+    def install_signal_handlers(self) -> None:
+        self.loop.add_signal_handler(signal.SIGTERM, self.begin_shutdown, "SIGTERM")
+        self.loop.add_signal_handler(signal.SIGINT, self._sigint)
+
+    def _sigint(self) -> None:
+        self._sigint_count += 1
+        if self._sigint_count == 1:
+            self.begin_shutdown("SIGINT (again for immediate exit)")
+        else:
+            log.warning("second SIGINT: exiting now")
+            self.quit()
+
+    def _housekeep(self) -> None:
+        now = self.loop.time()
+        for cluster in self.clusters.values():
+            cluster.expire_idle(now)
+        self._housekeeping = self.loop.call_later(1.0, self._housekeep)
+
+    # -- AdminControl -----------------------------------------------------------------------
+    def drain_listeners(self, graceful: bool, skip_exit: bool, inbound_only: bool) -> None:
+        now = self.loop.time()
+        event, reached = self.process.drain_listeners(now, graceful, skip_exit, inbound_only)
+        self._log_event(event, f"graceful={graceful} skip_exit={skip_exit} "
+                               f"inboundonly={inbound_only} listeners={len(reached)}")
+        self._broadcast(event, reached)
+
+    def healthcheck_fail(self) -> None:
+        if not self.process.hc_failed:
+            log.info("health check failed by admin: every response now drains its connection")
+        self.process.healthcheck_fail()
+
+    def healthcheck_ok(self) -> None:
+        if self.process.hc_failed:
+            log.info("health check ok by admin")
+        self.process.healthcheck_ok()
+
+    def state_name(self) -> str:
+        return self.process.state.name
+
+    def stats_snapshot(self) -> list[Stat]:
+        self._refresh_gauges()
+        return self.registry.snapshot()
+
+    def server_info(self) -> dict[str, Any]:
+        now = self.loop.time()
+        uptime = now - self.started_mono
+        d = self.cfg.drain
+        ev = self.process.last_event
+        drain: dict[str, Any] = {"active": self._drain_active(now)}
+        if ev is not None:
+            drain.update(
+                cause=ev.cause.value,
+                started=round(self.started_wall + (ev.start - self.started_mono), 3),
+                elapsed=round(now - ev.start, 3),
+                strategy=ev.strategy.value,
+                time=ev.time,
+                connection_grace=ev.grace,
+            )
+            if self.process.shutdown is not None:
+                drain["deadline"] = self.cfg.shutdown.deadline
+        return {
+            "version": f"lameduck/{__version__}",
+            "state": self.process.state.name,
+            "uptime_current_epoch": f"{int(uptime)}s",
+            "uptime_all_epochs": f"{int(uptime)}s",
+            "command_line_options": {
+                "drain_time": format_duration(d.time),
+                "drain_strategy": d.strategy.value.capitalize(),
+            },
+            "drain": drain,
+            "listeners": [
+                {"name": ls.name, "address": _fmt_addr(ls.sockname), "accepting": ls.accepting,
+                 "draining": ls.drain.draining, "connections": len(ls.connections)}
+                for ls in self.listeners
+            ],
+        }
+
+    def quit(self) -> None:
+        """Admin ``/quitquitquit`` and a second SIGINT: exit now, cutting what is in flight."""
+        if self._quitting:
+            return
+        self._quitting = True
+        log.info("quit requested: exiting without a drain")
+        self.loop.call_soon(self._finish, Step.CUT if not self.process.ledger.idle else Step.EXIT)
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def begin_shutdown(self, why: str = "SIGTERM") -> None:
+        """Not ready at once (seed 002 step 1), then one drain event over every listener."""
+        if self.process.shutdown is not None:
+            return
+        now = self.loop.time()
+        event, reached = self.process.start_shutdown(now)
+        s = self.cfg.shutdown
+        self._log_event(event, f"{why}: not ready; deadline={format_duration(s.deadline)} "
+                               f"stop_accepting={s.stop_accepting.value}")
+        self._broadcast(event, reached)
+        for ls in self.listeners:
+            ls.schedule_stop()
+        self._schedule_shutdown_check(now)
+        self._changed()
+
+    def _broadcast(self, event: DrainEvent, reached: list[ListenerDrain]) -> None:
+        names = {ld.name for ld in reached}
+        for ls in self.listeners:
+            if ls.name in names:
+                ls.broadcast(event)
+            else:
+                ls.schedule_stop()
+
+    def _log_event(self, event: DrainEvent, detail: str) -> None:
+        log.info("drain started (%s): strategy=%s T=%s G=%s %s", event.cause.value,
+                 event.strategy.value, format_duration(event.time),
+                 format_duration(event.grace), detail)
+
+    def _schedule_shutdown_check(self, now: float) -> None:
+        nxt = self.process.next_deadline(now)
+        if self._shutdown_timer is not None:
+            self._shutdown_timer.cancel()
+            self._shutdown_timer = None
+        if nxt is not None:
+            self._shutdown_timer = self.loop.call_at(nxt, self._shutdown_check)
+
+    def _changed(self) -> None:
+        """A connection closed or a request ended: maybe the drain is over (coalesced)."""
+        if self.process.shutdown is None or self._check_pending or self._quitting:
+            return
+        self._check_pending = True
+        self.loop.call_soon(self._shutdown_check)
+
+    def _connections(self) -> int:
+        return sum(len(ls.connections) for ls in self.listeners)
+
+    def _shutdown_check(self) -> None:
+        self._check_pending = False
+        if self._quitting or self.done.done():
+            return
+        now = self.loop.time()
+        ev = self.process.shutdown
+        assert ev is not None
+        if now >= ev.ends_at and not self._no_new_work_logged:
+            self._no_new_work_logged = True
+            log.info("drain time reached: no new work; %d requests in flight, %d connections",
+                     self.process.ledger.active, self._connections())
+        step = self.process.shutdown_step(now, self._connections())
+        if step is Step.WAIT:
+            self._schedule_shutdown_check(now)
+            return
+        self._finish(step)
+
+    def _finish(self, step: Step) -> None:
+        if self.done.done() or getattr(self, "_finishing", False):
+            return
+        self._finishing = True
+        if self._shutdown_timer is not None:
+            self._shutdown_timer.cancel()
+        for ls in self.listeners:
+            ls.stop_accepting()
+        if step is Step.CUT:
+            log.warning("deadline: cutting %d requests still in flight",
+                        self.process.ledger.active)
+            for ls in self.listeners:
+                for conn in list(ls.connections):
+                    conn.cut()
+        else:
+            log.info("drain complete: no request in flight")
+        for ls in self.listeners:
+            for conn in list(ls.connections):
+                conn.close_at_end()
+        self.loop.create_task(self._exit_after_flush())
+
+    async def _exit_after_flush(self) -> None:
+        deadline = self.loop.time() + EXIT_FLUSH
+        while self._connections() and self.loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        for ls in self.listeners:
+            for conn in list(ls.connections):
+                if conn.transport is not None:
+                    conn.transport.abort()
+        for cluster in self.clusters.values():
+            cluster.close_idle()
+        ds = self.drain_stats
+        log.info(
+            "drain report: requests completed=%d refused=%d cut=%d (503=%d reset=%d); "
+            "connections drained by response=%d proactively=%d at end=%d",
+            ds.completed, ds.refused, ds.cut, ds.cut_before_response, ds.cut_reset,
+            ds.cx_drained_by_response, ds.cx_drained_proactive, ds.cx_closed_at_end)
+        if self.admin is not None:
+            self.admin.close()
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+        if not self.done.done():
+            self.done.set_result(EXIT_CUT if ds.cut else EXIT_OK)
+
+    # -- stats ------------------------------------------------------------------------------
+    def _drain_active(self, now: float) -> bool:
+        ev = self.process.last_event
+        if ev is None:
+            return False
+        return now < ev.ends_at or not self.process.ledger.idle
+
+    def _refresh_gauges(self) -> None:
+        now = self.loop.time()
+        ss = self.server_stats
+        state = self.process.state
+        ss.state = int(state)
+        ss.live = 1 if state.name == "LIVE" else 0
+        ss.uptime = int(now - self.started_mono)
+        ss.total_connections = self._connections()
+        self.drain_stats.active = 1 if self._drain_active(now) else 0
+        self.lm_stats.total_listeners_active = sum(1 for ls in self.listeners if ls.accepting)
+        self.lm_stats.total_listeners_draining = sum(
+            1 for ls in self.listeners if ls.drain.draining)
+
+
+def _fmt_addr(sockname: tuple) -> str:
+    if not sockname:
+        return "-"
+    host, port = sockname[0], sockname[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def serve(cfg: Config) -> int:
+    """Run one lameduck process until it exits; returns the exit code."""
+    server = Server(cfg)
+    await server.start()
+    server.install_signal_handlers()
+    log.info("lameduck %s ready (pid %d)", __version__, os.getpid())
+    return await server.done

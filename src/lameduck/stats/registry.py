@@ -1,0 +1,114 @@
+"""The stats registry: knows where the scopes live and turns them into a snapshot on demand.
+
+Nothing here runs per request. A snapshot is a plain sorted list of `Stat` values, so the snapshots
+of several worker processes can be summed by name (`merge`) before rendering (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import is_dataclass
+from typing import Final, Literal, NamedTuple, TypeVar
+
+from lameduck.stats.scopes import stat_fields
+
+__all__ = ["COUNTER", "GAUGE", "Stat", "StatKind", "StatsRegistry", "merge"]
+
+StatKind = Literal["counter", "gauge"]
+COUNTER: Final = "counter"
+GAUGE: Final = "gauge"
+
+S = TypeVar("S")
+
+
+class Stat(NamedTuple):
+    """One stat's value at snapshot time; `name` is the full dotted Envoy-style name."""
+
+    name: str
+    value: int
+    kind: StatKind
+
+
+class StatsRegistry:
+    """Scopes registered under a dotted prefix, plus computed gauges, read only when rendering."""
+
+    def __init__(self) -> None:
+        # prefix -> (scope object, ((full name, attribute, kind), ...))
+        self._scopes: dict[str, tuple[object, tuple[tuple[str, str, StatKind], ...]]] = {}
+        self._gauge_fns: dict[str, Callable[[], int]] = {}
+        self._names: set[str] = set()
+
+    def add(self, prefix: str, scope: S) -> S:
+        """Register a scope (e.g. an HttpStats under "http.ingress"); returns it for chaining."""
+        if not prefix or prefix.startswith(".") or prefix.endswith("."):
+            raise ValueError(f"invalid stats prefix {prefix!r}")
+        if prefix in self._scopes:
+            raise ValueError(f"stats prefix {prefix!r} is already registered")
+        if not is_dataclass(scope) or isinstance(scope, type):
+            raise TypeError(f"a stats scope must be a dataclass instance, got {scope!r}")
+        attrs = stat_fields(scope)
+        gauges: frozenset[str] = getattr(scope, "GAUGES", frozenset())
+        if not gauges <= set(attrs):
+            raise ValueError(
+                f"{type(scope).__name__}.GAUGES names unknown fields: {gauges - set(attrs)}"
+            )
+        entries = tuple(
+            (f"{prefix}.{attr}", attr, GAUGE if attr in gauges else COUNTER) for attr in attrs
+        )
+        self._claim([name for name, _, _ in entries])
+        self._scopes[prefix] = (scope, entries)
+        return scope
+
+    def remove(self, prefix: str) -> None:
+        """Forget a scope (a listener or cluster gone for good); unknown prefixes are ignored."""
+        found = self._scopes.pop(prefix, None)
+        if found is not None:
+            self._names.difference_update(name for name, _, _ in found[1])
+
+    def add_gauge_fn(self, name: str, fn: Callable[[], int]) -> None:
+        """Register a gauge computed at snapshot time (uptime, pool sizes, ...)."""
+        self._claim([name])
+        self._gauge_fns[name] = fn
+
+    def remove_gauge_fn(self, name: str) -> None:
+        """Forget a computed gauge; unknown names are ignored."""
+        if self._gauge_fns.pop(name, None) is not None:
+            self._names.discard(name)
+
+    def snapshot(self) -> list[Stat]:
+        """Every stat's current value, sorted by name."""
+        out = [
+            Stat(name, getattr(scope, attr), kind)
+            for scope, entries in self._scopes.values()
+            for name, attr, kind in entries
+        ]
+        out.extend(Stat(name, int(fn()), GAUGE) for name, fn in self._gauge_fns.items())
+        out.sort()
+        return out
+
+    def _claim(self, names: list[str]) -> None:
+        taken = self._names.intersection(names)
+        if taken:
+            raise ValueError(f"stat names already registered: {', '.join(sorted(taken))}")
+        self._names.update(names)
+
+
+def merge(snapshots: Iterable[Iterable[Stat]]) -> list[Stat]:
+    """Sum several processes' snapshots by name (counters and gauges alike), sorted by name.
+
+    Summing suits per-worker data-plane stats; process-wide gauges such as server.state belong
+    to the main process only and should not be reported by workers.
+    """
+    totals: dict[str, Stat] = {}
+    for snapshot in snapshots:
+        for stat in snapshot:
+            seen = totals.get(stat.name)
+            if seen is None:
+                totals[stat.name] = stat
+            elif seen.kind != stat.kind:
+                raise ValueError(
+                    f"stat {stat.name!r} is a {seen.kind} in one snapshot, a {stat.kind} in another"
+                )
+            else:
+                totals[stat.name] = Stat(stat.name, seen.value + stat.value, stat.kind)
+    return sorted(totals.values())

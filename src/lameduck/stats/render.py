@@ -1,0 +1,121 @@
+"""Renderers: pure functions from a snapshot to the text the admin API serves.
+
+Formats follow Envoy's admin so existing scripts and dashboards work unchanged: `/stats` text
+(`name: value`), `/stats?format=json`, and `/stats/prometheus` with Envoy's tag extraction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Final
+
+from lameduck.stats.registry import Stat
+
+__all__ = [
+    "escape_label_value",
+    "prometheus_name",
+    "render_json",
+    "render_prometheus",
+    "render_text",
+    "select",
+]
+
+# (stat name prefix, Prometheus family prefix, label holding the scope's name), as Envoy does.
+_TAGGED: Final = (
+    ("http.", "envoy_http_", "envoy_http_conn_manager_prefix"),
+    ("cluster.", "envoy_cluster_", "envoy_cluster_name"),
+)
+_INVALID_METRIC_CHARS: Final = re.compile(r"[^a-zA-Z0-9_:]")
+_CODE_CLASS: Final = re.compile(r"_rq_(\d)xx$")  # Envoy's RESPONSE_CODE_CLASS extractor
+
+
+def select(stats: Iterable[Stat], filter: str | None = None) -> list[Stat]:
+    """The stats whose name matches `filter` (a regex, `re.search`), sorted by name.
+
+    Raises ValueError for an invalid regex so the admin API can answer 400 with the reason.
+    """
+    ordered = sorted(stats, key=_by_name)
+    if not filter:
+        return ordered
+    try:
+        pattern = re.compile(filter)
+    except re.error as error:
+        raise ValueError(f"invalid filter regex {filter!r}: {error}") from None
+    return [stat for stat in ordered if pattern.search(stat.name)]
+
+
+def render_text(stats: Iterable[Stat], filter: str | None = None) -> str:
+    """Envoy's /stats text: one `name: value` line per stat, sorted by name."""
+    return "".join(f"{stat.name}: {stat.value}\n" for stat in select(stats, filter))
+
+
+def render_json(stats: Iterable[Stat], filter: str | None = None) -> str:
+    """Envoy's /stats?format=json: {"stats": [{"name": ..., "value": ...}, ...]}."""
+    return json.dumps(
+        {"stats": [{"name": stat.name, "value": stat.value} for stat in select(stats, filter)]}
+    )
+
+
+def prometheus_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """Map a stat name to its Prometheus family and labels, with Envoy's default tag extraction.
+
+    `http.<L>.X` -> envoy_http_X{envoy_http_conn_manager_prefix="<L>"}; `cluster.<C>.X` ->
+    envoy_cluster_X{envoy_cluster_name="<C>"}; `*_rq_<N>xx` -> `*_rq_xx` with
+    envoy_response_code_class="<N>" (so Envoy dashboards' `envoy_cluster_upstream_rq_xx` work);
+    anything else -> envoy_<name, dots as _>. Stat fields never contain dots, so <L>/<C> is all up
+    to the last dot: a listener named "api.v2" keeps its whole name (Envoy would split it).
+    """
+    labels: list[tuple[str, str]] = []
+    match = _CODE_CLASS.search(name)
+    if match is not None:
+        labels.append(("envoy_response_code_class", match.group(1)))
+        name = name[: match.start(1)] + name[match.end(1) :]
+    family = ""
+    for prefix, family_prefix, label in _TAGGED:
+        if name.startswith(prefix):
+            scope, dot, stat = name[len(prefix) :].rpartition(".")
+            if dot and scope and stat:
+                labels.append((label, scope))
+                family = family_prefix + stat
+                break
+    if not family:
+        family = "envoy_" + name.replace(".", "_")
+    return _INVALID_METRIC_CHARS.sub("_", family), tuple(labels)
+
+
+def render_prometheus(stats: Iterable[Stat], filter: str | None = None) -> str:
+    """Prometheus text exposition 0.0.4, shaped like Envoy's /stats/prometheus.
+
+    One `# TYPE` line per family with all its samples under it. A family that mixes counters and
+    gauges is typed `untyped`; a sample that repeats a family and labels is dropped (the first
+    wins), since a duplicate series would make Prometheus reject the whole scrape.
+    """
+    families: dict[str, tuple[str, dict[str, int]]] = {}
+    for stat in select(stats, filter):
+        family, labels = prometheus_name(stat.name)
+        rendered = (
+            "{" + ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels) + "}"
+            if labels
+            else ""
+        )
+        kind, samples = families.setdefault(family, (stat.kind, {}))
+        if kind != stat.kind:
+            families[family] = ("untyped", samples)
+        samples.setdefault(rendered, stat.value)
+    lines: list[str] = []
+    for family in sorted(families):
+        kind, samples = families[family]
+        lines.append(f"# TYPE {family} {kind}\n")
+        lines.extend(f"{family}{labels} {samples[labels]}\n" for labels in sorted(samples))
+    return "".join(lines)
+
+
+def escape_label_value(value: str) -> str:
+    """Escape a label value per the exposition format: backslash, double quote, newline."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _by_name(stat: Stat) -> str:
+    return stat.name

@@ -1,0 +1,169 @@
+"""Stat scopes: slotted objects whose int attributes are the stats (Envoy's names).
+
+The hot path bumps them as `stats.downstream_rq_total += 1`: one attribute store, no dict, no
+lock, no allocation. Names and kinds are only looked at when someone asks for /stats.
+Every field not named in `GAUGES` is a counter (monotonic); gauges go up and down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+__all__ = [
+    "SCOPE_CLASSES",
+    "ClusterStats",
+    "DrainStats",
+    "HttpStats",
+    "ListenerManagerStats",
+    "ServerStats",
+    "stat_fields",
+]
+
+
+def stat_fields(scope: Any) -> tuple[str, ...]:
+    """The stat names of a scope instance or class, in declaration order."""
+    return tuple(f.name for f in fields(scope))
+
+
+@dataclass(slots=True)
+class HttpStats:
+    """One per listener's HTTP connection manager, rendered under `http.<listener>.`."""
+
+    GAUGES: ClassVar[frozenset[str]] = frozenset(
+        {"downstream_cx_active", "downstream_cx_http1_active", "downstream_rq_active"}
+    )
+
+    downstream_cx_total: int = 0
+    downstream_cx_active: int = 0
+    downstream_cx_http1_active: int = 0
+    downstream_cx_drain_close: int = 0
+    downstream_cx_idle_timeout: int = 0
+    downstream_cx_protocol_error: int = 0
+    downstream_cx_destroy_remote_active_rq: int = 0
+    downstream_cx_destroy_local_active_rq: int = 0
+    downstream_rq_total: int = 0
+    downstream_rq_active: int = 0
+    downstream_rq_http1_total: int = 0
+    downstream_rq_1xx: int = 0
+    downstream_rq_2xx: int = 0
+    downstream_rq_3xx: int = 0
+    downstream_rq_4xx: int = 0
+    downstream_rq_5xx: int = 0
+    downstream_rq_completed: int = 0
+    downstream_rq_header_timeout: int = 0
+    downstream_rq_rx_reset: int = 0
+    downstream_rq_going_away: int = 0  # lameduck's: answered 503 "going away" while draining
+
+    def count_status(self, status: int) -> None:
+        """Bump downstream_rq_<N>xx for a response status; statuses outside 100..599 are ignored."""
+        klass = status // 100
+        if klass == 2:
+            self.downstream_rq_2xx += 1
+        elif klass == 5:
+            self.downstream_rq_5xx += 1
+        elif klass == 4:
+            self.downstream_rq_4xx += 1
+        elif klass == 3:
+            self.downstream_rq_3xx += 1
+        elif klass == 1:
+            self.downstream_rq_1xx += 1
+
+
+@dataclass(slots=True)
+class ClusterStats:
+    """One per upstream cluster, rendered under `cluster.<name>.`."""
+
+    GAUGES: ClassVar[frozenset[str]] = frozenset({"upstream_cx_active", "upstream_rq_active"})
+
+    upstream_cx_total: int = 0
+    upstream_cx_active: int = 0
+    upstream_cx_connect_fail: int = 0
+    upstream_cx_connect_timeout: int = 0
+    upstream_cx_destroy_remote: int = 0
+    upstream_cx_idle_timeout: int = 0
+    upstream_cx_pool_overflow: int = 0
+    upstream_rq_total: int = 0
+    upstream_rq_active: int = 0
+    upstream_rq_1xx: int = 0
+    upstream_rq_2xx: int = 0
+    upstream_rq_3xx: int = 0
+    upstream_rq_4xx: int = 0
+    upstream_rq_5xx: int = 0
+    upstream_rq_timeout: int = 0
+    upstream_rq_rx_reset: int = 0
+    upstream_rq_retry: int = 0
+    upstream_rq_pending_failure_eject: int = 0
+
+    def count_status(self, status: int) -> None:
+        """Bump upstream_rq_<N>xx for an upstream status; statuses outside 100..599 are ignored."""
+        klass = status // 100
+        if klass == 2:
+            self.upstream_rq_2xx += 1
+        elif klass == 5:
+            self.upstream_rq_5xx += 1
+        elif klass == 4:
+            self.upstream_rq_4xx += 1
+        elif klass == 3:
+            self.upstream_rq_3xx += 1
+        elif klass == 1:
+            self.upstream_rq_1xx += 1
+
+
+@dataclass(slots=True)
+class ServerStats:
+    """Process-wide, rendered under `server.`.
+
+    `state` uses Envoy's numbering (0 LIVE, 1 DRAINING, 2 PRE_INITIALIZING, 3 INITIALIZING) so
+    existing alerts keep working; `live` is 1 while LIVE; `uptime` is in seconds.
+    """
+
+    GAUGES: ClassVar[frozenset[str]] = frozenset({"live", "state", "uptime", "total_connections"})
+
+    live: int = 0
+    state: int = 0
+    uptime: int = 0
+    total_connections: int = 0
+    envoy_bug_failures: int = 0
+
+
+@dataclass(slots=True)
+class DrainStats:
+    """What draining did, rendered under `server.drain.`: the proof of "no failed request"."""
+
+    GAUGES: ClassVar[frozenset[str]] = frozenset({"active"})
+
+    active: int = 0  # 1 while a drain is in progress
+    completed: int = 0  # requests that completed normally during a drain
+    refused: int = 0  # requests answered "going away" (503 + close, or REFUSED_STREAM)
+    cut: int = 0  # requests still in flight at the deadline, all cut
+    cut_before_response: int = 0  # ... of which got a 503 instead of a response
+    cut_reset: int = 0  # ... of which had their connection reset mid-response
+    cx_drained_by_response: int = 0  # connections closed via a response (Connection: close)
+    cx_drained_proactive: int = 0  # connections drained at their proactive moment
+    cx_closed_at_end: int = 0  # connections still open when the drain ended
+
+
+@dataclass(slots=True)
+class ListenerManagerStats:
+    """Listener lifecycle, rendered under `listener_manager.`."""
+
+    GAUGES: ClassVar[frozenset[str]] = frozenset(
+        {"total_listeners_active", "total_listeners_draining"}
+    )
+
+    listener_added: int = 0
+    listener_removed: int = 0
+    listener_modified: int = 0
+    total_listeners_active: int = 0
+    total_listeners_draining: int = 0
+
+
+SCOPE_CLASSES: tuple[type, ...] = (
+    HttpStats,
+    ClusterStats,
+    ServerStats,
+    DrainStats,
+    ListenerManagerStats,
+)
+"""Every scope class, so tests can check each one's GAUGES against its fields."""

@@ -1,0 +1,42 @@
+"""A cluster: named group of endpoints, a balancer over them, and its stats."""
+
+from __future__ import annotations
+
+from lameduck.stats import ClusterStats
+from lameduck.upstream.pool import Endpoint
+
+
+class Cluster:
+    """Static endpoints balanced round robin (health and admin states come later, issue 5)."""
+
+    __slots__ = ("connect_timeout", "endpoints", "idle_timeout", "name", "next_index", "stats")
+
+    def __init__(
+        self,
+        name: str,
+        endpoints: list[Endpoint],
+        connect_timeout: float,
+        idle_timeout: float,
+    ) -> None:
+        if not endpoints:
+            raise ValueError(f"cluster {name!r} has no endpoints")
+        self.name = name
+        self.endpoints = endpoints
+        self.connect_timeout = connect_timeout
+        self.idle_timeout = idle_timeout
+        self.stats = ClusterStats()
+        self.next_index = 0
+
+    def pick(self) -> Endpoint:
+        eps = self.endpoints
+        i = self.next_index
+        self.next_index = (i + 1) % len(eps)
+        return eps[i]
+
+    def expire_idle(self, now: float) -> None:
+        for ep in self.endpoints:
+            ep.expire(now, self.idle_timeout)
+
+    def close_idle(self) -> None:
+        for ep in self.endpoints:
+            ep.close_all()

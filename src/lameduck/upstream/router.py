@@ -1,0 +1,35 @@
+"""Routes: (optional Host, path prefix) -> cluster. First match wins, as in Envoy's route table."""
+
+from __future__ import annotations
+
+from lameduck.upstream.cluster import Cluster
+
+
+class Route:
+    __slots__ = ("cluster", "host", "prefix", "timeout")
+
+    def __init__(self, prefix: str, cluster: Cluster, host: str | None, timeout: float) -> None:
+        self.prefix = prefix.encode()
+        self.cluster = cluster
+        self.host = host.lower().encode() if host else None
+        self.timeout = timeout  # upstream response timeout; 0 = none
+
+
+class Router:
+    __slots__ = ("routes",)
+
+    def __init__(self, routes: list[Route]) -> None:
+        self.routes = routes
+
+    def match(self, host: bytes | None, path: bytes) -> Route | None:
+        """``host`` as sent (port and case ignored); ``path`` in origin form."""
+        if host is not None:
+            host = host.lower()
+            # [v6]:port keeps the brackets; name:port loses the port
+            host = host[: host.find(b"]") + 1] if host[:1] == b"[" else host.partition(b":")[0]
+        for route in self.routes:
+            if route.host is not None and route.host != host:
+                continue
+            if path.startswith(route.prefix):
+                return route
+        return None

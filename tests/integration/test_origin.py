@@ -1,0 +1,399 @@
+"""The demo origin, run as a real process, checked with httpx and raw sockets.
+
+Raw sockets are used wherever framing matters (pipelining, HEAD, close-delimited bodies),
+since httpx would hide exactly what these tests need to see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import httpx
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PATTERN = bytes(range(251))
+
+
+def pattern(n: int) -> bytes:
+    return (PATTERN * (n // 251 + 1))[:n]
+
+
+def start_origin(stderr: IO[bytes] | int = subprocess.DEVNULL) -> tuple[subprocess.Popen, int]:
+    """Start `python -m lameduck.demo --port 0` and read the bound port from its stdout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lameduck.demo", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        env=env,
+    )
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 10)
+    if not ready:
+        proc.kill()
+        proc.wait()
+        pytest.fail("demo origin did not report its port within 10 s")
+    line = proc.stdout.readline().decode()
+    if not line.startswith("listening on 127.0.0.1:"):
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"unexpected startup line: {line!r}")
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, int]]:
+    errlog = tmp_path_factory.mktemp("origin") / "stderr.log"
+    with errlog.open("wb") as err:
+        proc, port = start_origin(err)
+    try:
+        yield proc, port
+    finally:
+        stop(proc)
+    # Handler bugs surface as tracebacks on stderr, even when the client saw nothing odd.
+    assert "Traceback" not in errlog.read_text(errors="replace")
+
+
+@pytest.fixture
+def port(origin: tuple[subprocess.Popen, int]) -> int:
+    return origin[1]
+
+
+@pytest.fixture
+def base(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def connect(port: int, timeout: float = 5.0) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def read_response(f: IO[bytes], head: bool = False) -> tuple[int, list[tuple[str, str]], bytes]:
+    """Read one response off a socket file: status, headers (lower-cased names), body."""
+    status_line = f.readline()
+    assert status_line.startswith(b"HTTP/1.1 "), status_line
+    status = int(status_line.split()[1])
+    headers: list[tuple[str, str]] = []
+    while (line := f.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers.append((name.strip().lower(), value.strip()))
+    h = dict(headers)
+    if head or status in (204, 304) or 100 <= status < 200:
+        return status, headers, b""
+    if h.get("transfer-encoding") == "chunked":
+        body = b""
+        while (size := int(f.readline().split(b";")[0], 16)) != 0:
+            body += f.read(size)
+            assert f.read(2) == b"\r\n"
+        assert f.readline() == b"\r\n"
+        return status, headers, body
+    if "content-length" in h:
+        return status, headers, f.read(int(h["content-length"]))
+    return status, headers, f.read()
+
+
+def read_response_head(f: IO[bytes]) -> tuple[int, list[tuple[str, str]], None]:
+    status = int(f.readline().split()[1])
+    headers = []
+    while (line := f.readline()) != b"\r\n":
+        name, _, value = line.decode("latin-1").partition(":")
+        headers.append((name.strip().lower(), value.strip()))
+    return status, headers, None
+
+
+def test_root(base: str, port: int) -> None:
+    r = httpx.get(base + "/")
+    assert r.status_code == 200
+    assert r.text == "hello from the lameduck demo origin\n"
+    assert r.headers["content-type"].startswith("text/plain")
+    assert r.headers["content-length"] == "36"
+    assert r.headers["server"] == "lameduck-demo"
+    assert r.headers["x-origin-port"] == str(port)
+
+
+def test_keep_alive_reuses_connection(port: int) -> None:
+    with connect(port) as sock, sock.makefile("rb") as f:
+        for path in ("/", "/status/404", "/"):
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            status, headers, _ = read_response(f)
+            assert status == (404 if "404" in path else 200)
+            assert ("connection", "close") not in headers
+
+
+def test_pipelined_requests_answered_in_order(port: int) -> None:
+    with connect(port) as sock, sock.makefile("rb") as f:
+        # The slow one goes first: later, faster answers must wait their turn.
+        sock.sendall(
+            b"GET /sleep?ms=100 HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+        )
+        assert read_response(f)[::2] == (200, b"slept 100 ms\n")
+        assert read_response(f)[::2] == (200, b"hello from the lameduck demo origin\n")
+        assert read_response(f)[::2] == (200, b"hello")
+
+
+def test_head_has_get_length_but_no_body(port: int) -> None:
+    with connect(port) as sock, sock.makefile("rb") as f:
+        sock.sendall(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, _ = read_response(f, head=True)
+        assert status == 200
+        assert dict(headers)["content-length"] == "36"
+        sock.sendall(b"HEAD /bytes?n=123456 HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, _ = read_response(f, head=True)
+        assert dict(headers)["content-length"] == "123456"
+        # Any stray body bytes would be misread as this response's status line.
+        sock.sendall(b"GET /status/503 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(f)[0] == 503
+
+
+def test_chunked_echo(base: str) -> None:
+    parts = [b"a" * 1000, b"b" * 70000, b"c"]
+    r = httpx.post(base + "/echo", content=iter(parts))
+    assert r.status_code == 200
+    assert r.headers["transfer-encoding"] == "chunked"
+    assert r.content == b"".join(parts)
+
+
+def test_content_length_echo_5mb(base: str) -> None:
+    body = os.urandom(5 * 1024 * 1024)
+    r = httpx.put(base + "/echo", content=body, timeout=10)
+    assert r.status_code == 200
+    assert r.headers["content-length"] == str(len(body))
+    assert r.content == body
+
+
+def test_large_echo_with_concurrent_reader(port: int) -> None:
+    size = 40 * 1024 * 1024
+    got = hashlib.sha256()
+    received = 0
+
+    with connect(port, timeout=10) as sock, sock.makefile("rb") as f:
+
+        def reader() -> None:
+            nonlocal received
+            status, headers, _ = read_response_head(f)
+            assert status == 200 and dict(headers)["content-length"] == str(size)
+            while received < size:
+                chunk = f.read1(1 << 20)
+                assert chunk
+                got.update(chunk)
+                received += len(chunk)
+
+        t = threading.Thread(target=reader)
+        t.start()
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
+        block = pattern(1 << 20)
+        for _ in range(size // len(block)):
+            sock.sendall(block)
+        t.join(10)
+    assert received == size
+    assert got.hexdigest() == hashlib.sha256(block * (size // len(block))).hexdigest()
+
+
+def test_echo_stops_reading_when_client_does_not_read(port: int) -> None:
+    """A client that uploads without reading gets stalled instead of buffered whole."""
+    size = 256 * 1024 * 1024
+    sent = 0
+    with connect(port, timeout=0.5) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size)
+        block = bytes(1 << 20)
+        with pytest.raises(TimeoutError):
+            while sent < size:
+                sent += sock.send(block)
+    assert sent < 128 * 1024 * 1024
+
+
+def test_stream(base: str) -> None:
+    t0 = time.monotonic()
+    with httpx.stream("GET", base + "/stream?chunks=5&size=100&interval_ms=20") as r:
+        assert r.headers["transfer-encoding"] == "chunked"
+        body = r.read()
+    assert body == b"x" * 500
+    assert time.monotonic() - t0 >= 0.08
+
+
+def test_stream_defaults_framing(port: int) -> None:
+    with connect(port) as sock, sock.makefile("rb") as f:
+        sock.sendall(b"GET /stream?interval_ms=0 HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _, body = read_response(f)
+        assert status == 200 and len(body) == 10 * 1024
+
+
+def test_bytes_10mb_integrity(base: str) -> None:
+    n = 10_000_000
+    digest = hashlib.sha256()
+    with httpx.stream("GET", base + f"/bytes?n={n}", timeout=10) as r:
+        assert r.headers["content-length"] == str(n)
+        for chunk in r.iter_raw():
+            digest.update(chunk)
+    assert digest.hexdigest() == hashlib.sha256(pattern(n)).hexdigest()
+
+
+def test_close_delimited(port: int) -> None:
+    n = 300_000
+    with connect(port) as sock, sock.makefile("rb") as f:
+        sock.sendall(b"GET /close-delimited?n=%d HTTP/1.1\r\nHost: x\r\n\r\n" % n)
+        status, headers, body = read_response(f)  # reads to EOF
+    names = dict(headers)
+    assert status == 200
+    assert "content-length" not in names and "transfer-encoding" not in names
+    assert body == pattern(n)
+
+
+def test_status(base: str) -> None:
+    r = httpx.get(base + "/status/503")
+    assert r.status_code == 503 and r.text == "status 503\n"
+    r = httpx.get(base + "/status/204")
+    assert r.status_code == 204 and r.content == b""
+    assert httpx.get(base + "/nope").status_code == 404
+
+
+def test_headers_reports_request(base: str) -> None:
+    r = httpx.get(
+        base + "/headers?a=1", headers={"X-Forwarded-For": "1.2.3.4", "X-Mixed-Case": "Yes"}
+    )
+    doc = r.json()
+    assert doc["method"] == "GET"
+    assert doc["path"] == "/headers"
+    assert doc["query"] == "a=1"
+    assert doc["http_version"] == "1.1"
+    assert ["x-forwarded-for", "1.2.3.4"] in doc["headers"]
+    assert ["x-mixed-case", "Yes"] in doc["headers"]
+
+
+def test_info(origin: tuple[subprocess.Popen, int], base: str) -> None:
+    proc, port = origin
+    first = httpx.get(base + "/info").json()
+    second = httpx.get(base + "/info").json()
+    assert first["pid"] == proc.pid and first["port"] == port
+    assert second["requests"] > first["requests"]
+
+
+def test_sleep_does_not_block_other_connections(base: str) -> None:
+    async def run() -> float:
+        async with httpx.AsyncClient() as client:
+            t0 = time.monotonic()
+            rs = await asyncio.gather(
+                client.get(base + "/sleep?ms=300"), client.get(base + "/sleep?ms=300")
+            )
+            elapsed = time.monotonic() - t0
+        assert [r.text for r in rs] == ["slept 300 ms\n"] * 2
+        return elapsed
+
+    elapsed = asyncio.run(run())
+    assert 0.3 <= elapsed < 0.55
+
+
+def test_reset_is_a_connection_error(base: str) -> None:
+    with pytest.raises(httpx.TransportError):
+        httpx.get(base + "/reset")
+
+
+def test_partial_body_is_cut(base: str) -> None:
+    with pytest.raises(httpx.RemoteProtocolError):
+        httpx.get(base + "/partial?n=1000")
+
+
+def test_hang_never_answers(base: str) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.get(base + "/hang", timeout=0.2)
+
+
+def test_close_endpoint_and_http10(port: int) -> None:
+    with connect(port) as sock, sock.makefile("rb") as f:
+        sock.sendall(b"GET /close HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, _ = read_response(f)
+        assert status == 200 and ("connection", "close") in headers
+        assert f.read() == b""
+    with connect(port) as sock, sock.makefile("rb") as f:
+        sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        assert read_response(f)[0] == 200
+        assert f.read() == b""
+
+
+def test_expect_100_continue(port: int) -> None:
+    with connect(port) as sock, sock.makefile("rb") as f:
+        sock.sendall(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n"
+        )
+        assert f.readline() == b"HTTP/1.1 100 Continue\r\n"
+        assert f.readline() == b"\r\n"
+        sock.sendall(b"abc")
+        assert read_response(f)[::2] == (200, b"abc")
+
+
+def test_garbage_gets_400_and_close(port: int) -> None:
+    with connect(port) as sock, sock.makefile("rb") as f:
+        sock.sendall(b"\x00\x01 this is not http\r\n\r\n")
+        status, headers, _ = read_response(f)
+        assert status == 400 and ("connection", "close") in headers
+        assert f.read() == b""
+
+
+def test_sigterm_exits_zero() -> None:
+    proc, port = start_origin()
+    try:
+        # An idle keep-alive connection must not hold up the exit.
+        with connect(port) as sock, sock.makefile("rb") as f:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_response(f)[0] == 200
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=5) == 0
+    finally:
+        stop(proc)
+
+
+def test_info_json_is_valid_over_http10(port: int) -> None:
+    with connect(port) as sock, sock.makefile("rb") as f:
+        sock.sendall(b"GET /info HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        status, headers, body = read_response(f)
+        assert status == 200
+        assert ("connection", "keep-alive") in headers
+        assert json.loads(body)["port"] == port
+
+
+def test_serve_in_process_on_plain_asyncio() -> None:
+    """`lameduck run` embeds the origin via serve()/shutdown(); also covers the non-uvloop path."""
+    if str(SRC) not in sys.path:
+        sys.path.insert(0, str(SRC))
+    from lameduck.demo import origin as demo
+
+    async def run() -> None:
+        server = await demo.serve("127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            r = await client.get("/")
+            assert r.headers["x-origin-port"] == str(port)
+            r = await client.post("/echo", content=b"z" * 300_000)
+            assert r.content == b"z" * 300_000
+            slow = asyncio.ensure_future(client.get("/sleep?ms=100"))
+            await asyncio.sleep(0.03)
+            await demo.shutdown(server, grace=2.0)
+            r = await slow  # in flight at shutdown: still answered, then closed
+            assert r.text == "slept 100 ms\n" and r.headers["connection"] == "close"
+
+    asyncio.run(run())

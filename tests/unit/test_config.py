@@ -1,0 +1,531 @@
+"""lameduck.config: durations, the packaged default, and errors that name the field to fix."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import BaseModel, ValidationError
+
+from lameduck.config import (
+    AdminConfig,
+    ClusterConfig,
+    Config,
+    ConfigError,
+    Direction,
+    DrainType,
+    HostPort,
+    StopAccepting,
+    Strategy,
+    default_config,
+    format_duration,
+    load_config,
+    load_config_text,
+    parse_duration,
+)
+
+# --- durations ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("150ms", 0.15),
+        ("5s", 5.0),
+        ("2m", 120.0),
+        ("1h", 3600.0),
+        ("1.5s", 1.5),
+        ("0s", 0.0),
+        ("0ms", 0.0),
+        ("250us", 0.00025),
+        (".5s", 0.5),
+        ("90s", 90.0),
+        (" 5s ", 5.0),
+        (5, 5.0),
+        (0, 0.0),
+        (1.5, 1.5),
+    ],
+)
+def test_parse_duration_valid(text: str | float, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", " ", "-5s", -1, -0.5, "5", "20", "5 s", "5x", "5sec", "1d", "s", "ms", "1.s", "5S",
+     "1m30s", "nan", float("nan"), float("inf"), True, None, [], "5s5"],
+)  # fmt: skip
+def test_parse_duration_invalid_says_what_is_accepted(text: object) -> None:
+    with pytest.raises(ValueError, match=r"invalid duration .*150ms, 5s.*units: us, ms, s, m, h"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (0.15, "150ms"),
+        (5, "5s"),
+        (5.0, "5s"),
+        (120, "2m"),
+        (90, "90s"),
+        (3600, "1h"),
+        (5400, "90m"),
+        (1.5, "1.5s"),
+        (0.00025, "250us"),
+        (0.001, "1ms"),
+    ],
+)
+def test_format_duration(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("seconds", [-1, float("nan"), float("inf")])
+def test_format_duration_rejects(seconds: float) -> None:
+    with pytest.raises(ValueError):
+        format_duration(seconds)
+
+
+@given(st.floats(min_value=0, max_value=1e7, allow_nan=False, allow_infinity=False))
+def test_format_duration_round_trips(seconds: float) -> None:
+    text = format_duration(seconds)
+    if seconds >= 1e-6:
+        assert parse_duration(text) == pytest.approx(seconds, rel=1e-9, abs=1e-9)
+
+
+@given(st.integers(min_value=0, max_value=10**6), st.sampled_from(["us", "ms", "s", "m", "h"]))
+def test_format_parse_exact_for_whole_units(n: int, unit: str) -> None:
+    seconds = parse_duration(f"{n}{unit}")
+    assert parse_duration(format_duration(seconds)) == seconds
+
+
+# --- HostPort ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "port", "loopback"),
+    [
+        ("127.0.0.1:10000", "127.0.0.1", 10000, True),
+        ("127.1.2.3:1", "127.1.2.3", 1, True),
+        ("[::1]:10000", "::1", 10000, True),
+        ("[::]:80", "::", 80, False),
+        ("[::ffff:127.0.0.1]:80", "::ffff:127.0.0.1", 80, True),
+        ("localhost:9901", "localhost", 9901, True),
+        ("0.0.0.0:0", "0.0.0.0", 0, False),
+        ("app.default.svc.cluster.local:8080", "app.default.svc.cluster.local", 8080, False),
+    ],
+)
+def test_hostport_parse(text: str, host: str, port: int, loopback: bool) -> None:
+    address = HostPort.parse(text)
+    assert (address.host, address.port, address.is_loopback) == (host, port, loopback)
+    assert str(address) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("127.0.0.1", "expected 'host:port'"),
+        (":80", "host is empty"),
+        ("::1:80", "IPv6 hosts need brackets"),
+        ("[::1]", r"expected '\[IPv6\]:port'"),
+        ("[nope]:80", "is not an IPv6 address"),
+        ("127.0.0.1:http", "is not a number"),
+        ("127.0.0.1:65536", r"port must be 0\.\.65535"),
+        ("127.0.0.1:-1", "is not a number"),
+        ("999.0.0.1:80", "is not an IPv4 address"),
+        ("bad host:80", "is not a valid host name"),
+        ("-bad.example:80", "is not a valid host name"),
+    ],
+)
+def test_hostport_parse_errors(text: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        HostPort.parse(text)
+
+
+def test_endpoint_port_zero_rejected() -> None:
+    with pytest.raises(ValueError, match=r"port must be 1\.\.65535"):
+        HostPort.parse("127.0.0.1:0", min_port=1)
+
+
+# --- the packaged default ----------------------------------------------------------------------
+
+
+def test_default_config_matches_the_documented_values() -> None:
+    config = default_config()
+    assert config.admin.address == HostPort("127.0.0.1", 9901)
+    assert config.admin.allow_non_loopback is False
+    assert config.drain.time == 20.0
+    assert config.drain.strategy is Strategy.GRADUAL
+    assert config.drain.connection_grace == 5.0
+    assert config.shutdown.deadline == 25.0
+    assert config.shutdown.min_drain == 0.0
+    assert config.shutdown.stop_accepting is StopAccepting.AT_DRAIN_END
+    [listener] = config.listeners
+    assert listener.name == "ingress"
+    assert listener.address == HostPort("127.0.0.1", 10000)
+    assert listener.direction is Direction.INBOUND
+    assert listener.drain_type is DrainType.DEFAULT
+    assert listener.health_check_path == "/health_check.html"
+    assert listener.request_headers_timeout == 10.0
+    assert listener.idle_timeout == 60.0
+    assert listener.max_request_headers_kb == 60
+    [route] = listener.routes
+    assert (route.prefix, route.cluster, route.host, route.timeout) == ("/", "demo", None, 15.0)
+    [cluster] = config.clusters
+    assert cluster.name == "demo"
+    assert cluster.endpoints == (HostPort("127.0.0.1", 8080),)
+    assert cluster.connect_timeout == 1.0
+    assert cluster.max_idle_connections == 256
+    assert cluster.idle_timeout == 30.0
+
+
+def test_model_defaults_equal_the_yaml_defaults() -> None:
+    """The model's defaults and default.yaml must not drift apart (the YAML documents them)."""
+    config = default_config()
+    assert config.admin == AdminConfig()
+    assert config.drain == Config().drain
+    assert config.shutdown == Config().shutdown
+    listener = config.listeners[0]
+    minimal = load_config_text(
+        "listeners: [{name: ingress, address: 127.0.0.1:10000,"
+        " health_check_path: /health_check.html, routes: [{cluster: demo}]}]\n"
+        "clusters: [{name: demo, endpoints: [127.0.0.1:8080]}]\n"
+    )
+    assert minimal == config
+    assert minimal.listeners[0] == listener
+
+
+def test_default_config_is_frozen() -> None:
+    config = default_config()
+    with pytest.raises(ValidationError):
+        config.drain.time = 1.0  # type: ignore[misc]
+    assert isinstance(config.listeners, tuple)
+
+
+def test_every_model_forbids_extra_keys_and_is_frozen() -> None:
+    def walk(model: type[BaseModel]) -> list[type[BaseModel]]:
+        found = [model]
+        for field in model.model_fields.values():
+            for candidate in (field.annotation, *getattr(field.annotation, "__args__", ())):
+                if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                    found += walk(candidate)
+        return found
+
+    models = set(walk(Config))
+    assert len(models) == 7
+    for model in models:
+        assert model.model_config.get("extra") == "forbid", model
+        assert model.model_config.get("frozen") is True, model
+
+
+def test_json_dump_round_trips() -> None:
+    config = default_config()
+    dumped = config.model_dump(mode="json")
+    assert dumped["drain"]["time"] == "20s"
+    assert dumped["listeners"][0]["address"] == "127.0.0.1:10000"
+    assert dumped["listeners"][0]["idle_timeout"] == "1m"
+    assert Config.model_validate(dumped) == config
+
+
+def test_load_config_from_file(tmp_path: Path) -> None:
+    path = tmp_path / "lameduck.yaml"
+    path.write_text("drain: {time: 10s, strategy: immediate}\n")
+    config = load_config(path)
+    assert config.drain.time == 10.0
+    assert config.drain.strategy is Strategy.IMMEDIATE
+    assert config.listeners == ()
+    assert load_config(str(path)) == config
+
+
+def test_load_config_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=r"nope\.yaml: cannot read"):
+        load_config(path)
+
+
+# --- errors name the field ---------------------------------------------------------------------
+
+VALID = """
+admin: {address: 127.0.0.1:9901}
+drain: {time: 20s}
+shutdown: {deadline: 25s}
+listeners:
+  - name: ingress
+    address: 127.0.0.1:10000
+    routes:
+      - {prefix: /, cluster: app}
+clusters:
+  - name: app
+    endpoints: [127.0.0.1:8080]
+"""
+
+
+def error_lines(text: str, source: str = "lameduck.yaml") -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config_text(textwrap.dedent(text), source)
+    return str(info.value).splitlines()
+
+
+def test_valid_fixture_loads() -> None:
+    config = load_config_text(VALID)
+    assert config.listeners[0].routes[0].cluster == "app"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        (  # unknown key, with the allowed ones
+            "drain: {time: 20s}",
+            "drain: {time: 20s, tyme: 3s}",
+            "lameduck.yaml: drain.tyme: unknown key (allowed: time, strategy, connection_grace)",
+        ),
+        (  # unknown top-level section
+            "drain: {time: 20s}",
+            "drain: {time: 20s}\ndrian: {}",
+            "lameduck.yaml: drian: unknown key (allowed: admin, drain, shutdown, listeners, "
+            "clusters)",
+        ),
+        (  # unknown key inside a list item
+            "{prefix: /, cluster: app}",
+            "{prefix: /, cluster: app, retries: 3}",
+            "lameduck.yaml: listeners[0].routes[0].retries: unknown key (allowed: prefix, "
+            "cluster, host, timeout)",
+        ),
+        (  # bad address
+            "address: 127.0.0.1:10000",
+            "address: 127.0.0.1",
+            "lameduck.yaml: listeners[0].address: invalid address '127.0.0.1': expected "
+            "'host:port', e.g. 127.0.0.1:10000",
+        ),
+        (  # bad endpoint
+            "endpoints: [127.0.0.1:8080]",
+            "endpoints: [127.0.0.1:8080, '127.0.0.1:0']",
+            "lameduck.yaml: clusters[0].endpoints[1]: invalid address '127.0.0.1:0': port must "
+            "be 1..65535",
+        ),
+        (  # bad duration
+            "drain: {time: 20s}",
+            "drain: {time: 20 seconds}",
+            "lameduck.yaml: drain.time: invalid duration '20 seconds': expected a non-negative "
+            "duration such as 250us, 150ms, 5s, 1.5s, 2m or 1h (units: us, ms, s, m, h), or a "
+            "plain number of seconds",
+        ),
+        (  # bad enum, with the offending value
+            "drain: {time: 20s}",
+            "drain: {time: 20s, strategy: fast}",
+            "lameduck.yaml: drain.strategy: Input should be 'gradual' or 'immediate' (got 'fast')",
+        ),
+        (  # missing required key
+            "    address: 127.0.0.1:10000\n",
+            "",
+            "lameduck.yaml: listeners[0].address: required key is missing",
+        ),
+        (  # unknown cluster in a route
+            "{prefix: /, cluster: app}",
+            "{prefix: /, cluster: ap}",
+            "lameduck.yaml: listeners[0].routes[0].cluster: unknown cluster 'ap' (clusters: app)",
+        ),
+        (  # deadline shorter than the drain
+            "shutdown: {deadline: 25s}",
+            "shutdown: {deadline: 15s}",
+            "lameduck.yaml: shutdown.deadline: must be >= drain.time (20s), got 15s: the drain "
+            "has to fit before the deadline cuts what is left",
+        ),
+        (
+            "shutdown: {deadline: 25s}",
+            "shutdown: {deadline: 25s, min_drain: 30s}",
+            "lameduck.yaml: shutdown.min_drain: must be <= shutdown.deadline (25s), got 30s",
+        ),
+        (  # non-loopback admin without opt-in
+            "admin: {address: 127.0.0.1:9901}",
+            "admin: {address: 0.0.0.0:9901}",
+            "lameduck.yaml: admin.address: 0.0.0.0:9901 is not a loopback address (127.0.0.0/8, "
+            "::1, localhost); whoever reaches the admin API can drain or stop the proxy. Set "
+            "admin.allow_non_loopback: true to expose it anyway",
+        ),
+        (
+            "- name: ingress",
+            "- name: in gress",
+            "lameduck.yaml: listeners[0].name: invalid name 'in gress': use only letters, "
+            "digits, '_', '.' and '-' (it becomes a stat prefix)",
+        ),
+        (
+            "{prefix: /, cluster: app}",
+            "{prefix: api, cluster: app}",
+            "lameduck.yaml: listeners[0].routes[0].prefix: invalid path 'api': must start with '/'",
+        ),
+        (
+            "    address: 127.0.0.1:10000",
+            "    address: 127.0.0.1:10000\n    health_check_path: health",
+            "lameduck.yaml: listeners[0].health_check_path: invalid path 'health': must start "
+            "with '/'",
+        ),
+        (
+            "    address: 127.0.0.1:10000",
+            "    address: 127.0.0.1:10000\n    max_request_headers_kb: 9000",
+            "lameduck.yaml: listeners[0].max_request_headers_kb: Input should be less than or "
+            "equal to 8192 (got 9000)",
+        ),
+        (
+            "    routes:\n      - {prefix: /, cluster: app}",
+            "    routes: []",
+            "lameduck.yaml: listeners[0].routes: at least one route is required",
+        ),
+        (
+            "{prefix: /, cluster: app}",
+            "{prefix: /, cluster: app, host: 'example.com:80'}",
+            "lameduck.yaml: listeners[0].routes[0].host: invalid host 'example.com:80': leave "
+            "the port out (the Host header's port is ignored when matching)",
+        ),
+        (
+            "endpoints: [127.0.0.1:8080]",
+            "endpoints: [127.0.0.1:8080]\n    connect_timeout: 0s",
+            "lameduck.yaml: clusters[0].connect_timeout: must be greater than 0s, got 0s",
+        ),
+    ],
+)
+def test_error_names_the_field(old: str, new: str, expected: str) -> None:
+    assert old in VALID
+    assert error_lines(VALID.replace(old, new, 1)) == [expected]
+
+
+def test_duplicate_listener_name_and_address() -> None:
+    lines = error_lines(
+        """
+        listeners:
+          - {name: ingress, address: 127.0.0.1:10000, routes: [{cluster: app}]}
+          - {name: ingress, address: 127.0.0.1:10000, routes: [{cluster: app}]}
+        clusters:
+          - {name: app, endpoints: [127.0.0.1:8080]}
+        """
+    )
+    assert lines == [
+        "lameduck.yaml: listeners[1].name: duplicate listener name 'ingress' (also listeners[0])",
+        "lameduck.yaml: listeners[1].address: duplicate address 127.0.0.1:10000 "
+        "(also listeners[0].address)",
+    ]
+
+
+def test_duplicates_are_listed_one_line_each() -> None:
+    lines = error_lines(
+        """
+        listeners:
+          - {name: a, address: 127.0.0.1:9901, routes: [{cluster: app}]}
+          - {name: b, address: 127.0.0.1:0, routes: [{cluster: app}]}
+          - {name: c, address: 127.0.0.1:0, routes: [{cluster: app}]}
+        clusters:
+          - {name: app, endpoints: [127.0.0.1:8080]}
+          - {name: app, endpoints: [127.0.0.1:8081]}
+        """,
+        "x.yaml",
+    )
+    assert lines == [
+        "x.yaml: clusters[1].name: duplicate cluster name 'app' (also clusters[0])",
+        "x.yaml: listeners[0].address: duplicate address 127.0.0.1:9901 (also admin.address)",
+    ]  # port 0 twice is fine: each bind gets its own ephemeral port
+
+
+def test_several_problems_are_all_reported() -> None:
+    lines = error_lines(
+        """
+        drain: {time: soon, strategy: fast}
+        listeners:
+          - {name: a, address: nowhere, routes: [{cluster: app}]}
+        """
+    )
+    assert [line.split(": ")[1] for line in lines] == [
+        "drain.time",
+        "drain.strategy",
+        "listeners[0].address",
+    ]
+
+
+def test_non_loopback_admin_with_opt_in() -> None:
+    config = load_config_text(
+        VALID.replace(
+            "admin: {address: 127.0.0.1:9901}",
+            "admin: {address: '[::]:9901', allow_non_loopback: true}",
+        )
+    )
+    assert str(config.admin.address) == "[::]:9901"
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:9901", "127.9.9.9:1", "[::1]:9901", "localhost:0"])
+def test_loopback_admin_addresses(address: str) -> None:
+    config = load_config_text(f"admin: {{address: '{address}'}}")
+    assert config.admin.address.is_loopback
+
+
+def test_ipv6_addresses() -> None:
+    config = load_config_text(
+        """
+        listeners:
+          - name: v6
+            address: "[::1]:10000"
+            routes: [{cluster: app, host: "[::1]"}]
+        clusters:
+          - name: app
+            endpoints: ["[::1]:8080", "[2001:db8::1]:80"]
+        """
+    )
+    assert config.listeners[0].address == HostPort("::1", 10000)
+    assert str(config.listeners[0].address) == "[::1]:10000"
+    assert [str(e) for e in config.clusters[0].endpoints] == ["[::1]:8080", "[2001:db8::1]:80"]
+
+
+def test_route_host_is_lowercased() -> None:
+    config = load_config_text(VALID.replace("cluster: app}", "cluster: app, host: API.Example}"))
+    assert config.listeners[0].routes[0].host == "api.example"
+
+
+def test_durations_accept_numbers_as_seconds() -> None:
+    config = load_config_text("drain: {time: 12, connection_grace: 0.5}\nshutdown: {deadline: 30}")
+    assert (config.drain.time, config.drain.connection_grace) == (12.0, 0.5)
+
+
+# --- YAML-level problems -----------------------------------------------------------------------
+
+
+def test_yaml_syntax_error_has_line_and_column() -> None:
+    [line] = error_lines("drain:\n  time: 20s\n   strategy: [gradual\n", "bad.yaml")
+    assert line.startswith("bad.yaml: line 3, column ")
+    assert "invalid YAML" in line
+
+
+def test_yaml_duplicate_key_is_an_error() -> None:
+    [line] = error_lines("drain: {time: 20s}\ndrain: {time: 5s}\n", "dup.yaml")
+    assert line == "dup.yaml: line 2, column 1: invalid YAML: duplicate key 'drain'"
+
+
+@pytest.mark.parametrize("text", ["", "   \n", "# only a comment\n", "~\n"])
+def test_empty_file_is_an_error(text: str) -> None:
+    assert error_lines(text, "empty.yaml") == [
+        "empty.yaml: config is empty (expected a mapping of sections)"
+    ]
+
+
+@pytest.mark.parametrize(("text", "kind"), [("- a\n- b\n", "list"), ("hello\n", "str")])
+def test_non_mapping_top_level_is_an_error(text: str, kind: str) -> None:
+    assert error_lines(text, "x.yaml") == [
+        f"x.yaml: top level must be a mapping of sections, got {kind}"
+    ]
+
+
+def test_config_error_keeps_structured_problems() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config_text("drain: {tyme: 1s}", "f.yaml")
+    assert info.value.source == "f.yaml"
+    assert info.value.problems == (
+        ("drain.tyme", "unknown key (allowed: time, strategy, connection_grace)"),
+    )
+
+
+def test_models_built_in_code_validate_too() -> None:
+    with pytest.raises(ValidationError):
+        ClusterConfig(name="c", endpoints=("127.0.0.1:0",))  # type: ignore[arg-type]
+    cluster = ClusterConfig(name="c", endpoints=("127.0.0.1:80",))  # type: ignore[arg-type]
+    assert cluster.endpoints == (HostPort("127.0.0.1", 80),)

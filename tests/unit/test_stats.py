@@ -1,0 +1,394 @@
+"""lameduck.stats: scopes, registry snapshots, merge, and the three admin renderings."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import fields
+
+import pytest
+
+from lameduck.stats import (
+    SCOPE_CLASSES,
+    ClusterStats,
+    DrainStats,
+    HttpStats,
+    ListenerManagerStats,
+    ServerStats,
+    Stat,
+    StatsRegistry,
+    merge,
+    prometheus_name,
+    render_json,
+    render_prometheus,
+    render_text,
+)
+
+
+def make_registry() -> tuple[StatsRegistry, HttpStats, ClusterStats, DrainStats]:
+    registry = StatsRegistry()
+    http = registry.add("http.ingress", HttpStats())
+    cluster = registry.add("cluster.app", ClusterStats())
+    registry.add("server", ServerStats())
+    drain = registry.add("server.drain", DrainStats())
+    registry.add("listener_manager", ListenerManagerStats())
+    return registry, http, cluster, drain
+
+
+# --- scopes ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", SCOPE_CLASSES)
+def test_scope_fields_are_zero_ints_and_gauges_are_fields(cls: type) -> None:
+    scope = cls()
+    names = [f.name for f in fields(scope)]
+    assert names, cls
+    assert all(getattr(scope, name) == 0 for name in names)
+    assert set(names) >= cls.GAUGES
+    assert not hasattr(scope, "__dict__")  # slotted: no per-instance dict on the hot path
+
+
+def test_scope_field_names_match_envoy() -> None:
+    http = {f.name for f in fields(HttpStats)}
+    assert {"downstream_rq_active", "downstream_cx_drain_close", "downstream_rq_going_away"} <= http
+    assert {
+        "downstream_cx_active",
+        "downstream_cx_http1_active",
+        "downstream_rq_active",
+    } == HttpStats.GAUGES
+    assert {"upstream_cx_active", "upstream_rq_active"} == ClusterStats.GAUGES
+    assert {"live", "state", "uptime", "total_connections"} == ServerStats.GAUGES
+    assert {"active"} == DrainStats.GAUGES
+    assert {f.name for f in fields(DrainStats)} == {
+        "active",
+        "completed",
+        "refused",
+        "cut",
+        "cut_before_response",
+        "cut_reset",
+        "cx_drained_by_response",
+        "cx_drained_proactive",
+        "cx_closed_at_end",
+    }
+    assert {"total_listeners_active", "total_listeners_draining"} == ListenerManagerStats.GAUGES
+
+
+def test_slotted_scope_rejects_typos() -> None:
+    http = HttpStats()
+    with pytest.raises(AttributeError):
+        http.downstream_rq_totl = 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("status", "field"),
+    [(100, "1xx"), (101, "1xx"), (200, "2xx"), (204, "2xx"), (302, "3xx"), (404, "4xx"),
+     (499, "4xx"), (500, "5xx"), (503, "5xx"), (599, "5xx")],
+)  # fmt: skip
+def test_count_status(status: int, field: str) -> None:
+    http, cluster = HttpStats(), ClusterStats()
+    http.count_status(status)
+    cluster.count_status(status)
+    for klass in ("1xx", "2xx", "3xx", "4xx", "5xx"):
+        expected = 1 if klass == field else 0
+        assert getattr(http, f"downstream_rq_{klass}") == expected
+        assert getattr(cluster, f"upstream_rq_{klass}") == expected
+
+
+@pytest.mark.parametrize("status", [0, 99, 600, 999, -1])
+def test_count_status_ignores_out_of_range(status: int) -> None:
+    http = HttpStats()
+    http.count_status(status)
+    assert http == HttpStats()
+
+
+# --- registry ----------------------------------------------------------------------------------
+
+
+def test_snapshot_names_kinds_values_sorted() -> None:
+    registry, http, cluster, drain = make_registry()
+    http.downstream_rq_total += 3
+    http.downstream_rq_active += 1
+    cluster.upstream_rq_active += 2
+    drain.cut += 1
+    snapshot = registry.snapshot()
+    names = [s.name for s in snapshot]
+    assert names == sorted(names)
+    assert len(names) == len(set(names))
+    by_name = {s.name: s for s in snapshot}
+    assert by_name["http.ingress.downstream_rq_total"] == Stat(
+        "http.ingress.downstream_rq_total", 3, "counter"
+    )
+    assert by_name["http.ingress.downstream_rq_active"] == Stat(
+        "http.ingress.downstream_rq_active", 1, "gauge"
+    )
+    assert by_name["cluster.app.upstream_rq_active"].value == 2
+    assert by_name["server.drain.cut"] == Stat("server.drain.cut", 1, "counter")
+    assert by_name["server.drain.active"].kind == "gauge"
+    assert by_name["server.state"].kind == "gauge"
+    assert by_name["listener_manager.total_listeners_draining"].kind == "gauge"
+
+
+def test_snapshot_is_a_copy() -> None:
+    registry, http, _, _ = make_registry()
+    before = registry.snapshot()
+    http.downstream_rq_total += 1
+    after = registry.snapshot()
+    name = "http.ingress.downstream_rq_total"
+    assert {s.name: s.value for s in before}[name] == 0
+    assert {s.name: s.value for s in after}[name] == 1
+
+
+def test_gauge_fn_is_read_at_snapshot_time() -> None:
+    registry = StatsRegistry()
+    value = [5]
+    registry.add_gauge_fn("cluster.app.membership_total", lambda: value[0])
+    assert registry.snapshot() == [Stat("cluster.app.membership_total", 5, "gauge")]
+    value[0] = 7
+    assert registry.snapshot()[0].value == 7
+    registry.remove_gauge_fn("cluster.app.membership_total")
+    assert registry.snapshot() == []
+
+
+def test_registry_rejects_duplicates_and_bad_prefixes() -> None:
+    registry = StatsRegistry()
+    registry.add("http.ingress", HttpStats())
+    with pytest.raises(ValueError, match="already registered"):
+        registry.add("http.ingress", HttpStats())
+    with pytest.raises(ValueError, match="already registered"):
+        registry.add_gauge_fn("http.ingress.downstream_rq_active", lambda: 0)
+    for prefix in ("", ".x", "x."):
+        with pytest.raises(ValueError, match="invalid stats prefix"):
+            registry.add(prefix, HttpStats())
+    with pytest.raises(TypeError):
+        registry.add("cluster.app", object())
+
+
+def test_remove_frees_the_names() -> None:
+    registry = StatsRegistry()
+    registry.add("cluster.app", ClusterStats())
+    registry.remove("cluster.app")
+    registry.remove("cluster.never")  # ignored
+    assert registry.snapshot() == []
+    registry.add("cluster.app", ClusterStats())  # may be registered again
+
+
+def test_merge_sums_by_name() -> None:
+    a = [
+        Stat("http.l.downstream_rq_active", 2, "gauge"),
+        Stat("http.l.downstream_rq_total", 5, "counter"),
+    ]
+    b = [
+        Stat("http.l.downstream_rq_total", 7, "counter"),
+        Stat("http.l.downstream_rq_active", 1, "gauge"),
+        Stat("cluster.c.upstream_rq_total", 1, "counter"),
+    ]
+    assert merge([a, b, []]) == [
+        Stat("cluster.c.upstream_rq_total", 1, "counter"),
+        Stat("http.l.downstream_rq_active", 3, "gauge"),
+        Stat("http.l.downstream_rq_total", 12, "counter"),
+    ]
+    assert merge([]) == []
+
+
+def test_merge_rejects_kind_mismatch() -> None:
+    with pytest.raises(ValueError, match="counter"):
+        merge([[Stat("x", 1, "counter")], [Stat("x", 1, "gauge")]])
+
+
+# --- text and JSON -----------------------------------------------------------------------------
+
+
+SAMPLE = [
+    Stat("http.ingress.downstream_rq_active", 3, "gauge"),
+    Stat("cluster.app.upstream_rq_active", 2, "gauge"),
+    Stat("http.ingress.downstream_rq_total", 10, "counter"),
+    Stat("server.drain.cut", 0, "counter"),
+    Stat("cluster.app.upstream_rq_5xx", 4, "counter"),
+]
+
+
+def test_render_text_sorted_name_value_lines() -> None:
+    assert render_text(SAMPLE, None) == (
+        "cluster.app.upstream_rq_5xx: 4\n"
+        "cluster.app.upstream_rq_active: 2\n"
+        "http.ingress.downstream_rq_active: 3\n"
+        "http.ingress.downstream_rq_total: 10\n"
+        "server.drain.cut: 0\n"
+    )
+    assert render_text([], None) == ""
+
+
+def test_render_text_seed_001_filter() -> None:
+    # The exact query of seed 001's drain script: ?filter=downstream_rq_active|upstream_rq_active
+    text = render_text(SAMPLE, "downstream_rq_active|upstream_rq_active")
+    assert text == "cluster.app.upstream_rq_active: 2\nhttp.ingress.downstream_rq_active: 3\n"
+
+
+def test_filter_is_a_search_not_a_full_match() -> None:
+    assert render_text(SAMPLE, r"drain\.") == "server.drain.cut: 0\n"
+    assert render_text(SAMPLE, "^server") == "server.drain.cut: 0\n"
+    assert render_text(SAMPLE, "no_such_stat") == ""
+    assert render_text(SAMPLE, "") == render_text(SAMPLE, None)
+
+
+@pytest.mark.parametrize("render", [render_text, render_json, render_prometheus])
+def test_invalid_filter_regex_is_a_clear_value_error(render: Callable[..., str]) -> None:
+    with pytest.raises(ValueError, match=r"invalid filter regex '\(unclosed'"):
+        render(SAMPLE, "(unclosed")
+
+
+def test_render_json_envoy_shape() -> None:
+    data = json.loads(render_json(SAMPLE, None))
+    assert list(data) == ["stats"]
+    assert data["stats"][0] == {"name": "cluster.app.upstream_rq_5xx", "value": 4}
+    assert [s["name"] for s in data["stats"]] == sorted(s.name for s in SAMPLE)
+    filtered = json.loads(render_json(SAMPLE, "downstream_rq_active|upstream_rq_active"))
+    assert filtered == {
+        "stats": [
+            {"name": "cluster.app.upstream_rq_active", "value": 2},
+            {"name": "http.ingress.downstream_rq_active", "value": 3},
+        ]
+    }
+    assert json.loads(render_json([], None)) == {"stats": []}
+
+
+# --- Prometheus --------------------------------------------------------------------------------
+
+_METRIC = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\\\|\\"|\\n)*"'
+_SAMPLE_RE = re.compile(rf"({_METRIC})(\{{{_LABEL}(?:,{_LABEL})*\}})? (-?\d+)")
+_TYPE_RE = re.compile(rf"# TYPE ({_METRIC}) (counter|gauge|untyped)")
+_LABEL_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> dict[str, tuple[str, dict[tuple[tuple[str, str], ...], int]]]:
+    """A strict little 0.0.4 parser: family -> (type, {labels: value}); fails on anything odd."""
+    assert text.endswith("\n")
+    families: dict[str, tuple[str, dict[tuple[tuple[str, str], ...], int]]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            match = _TYPE_RE.fullmatch(line)
+            assert match, line
+            family, kind = match.groups()
+            assert family not in families, f"second TYPE line for {family}"
+            families[family] = (kind, {})
+            current = family
+            continue
+        match = _SAMPLE_RE.fullmatch(line)
+        assert match, line
+        family, labels, value = match.groups()
+        assert family == current, f"{family} sample outside its TYPE group"
+        pairs = tuple(
+            (k, v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\"))
+            for k, v in _LABEL_PAIR_RE.findall(labels or "")
+        )
+        assert pairs not in families[family][1], f"duplicate series {line}"
+        families[family][1][pairs] = int(value)
+    return families
+
+
+def test_prometheus_envoy_tag_extraction() -> None:
+    assert prometheus_name("http.ingress.downstream_rq_active") == (
+        "envoy_http_downstream_rq_active",
+        (("envoy_http_conn_manager_prefix", "ingress"),),
+    )
+    assert prometheus_name("cluster.app.upstream_cx_total") == (
+        "envoy_cluster_upstream_cx_total",
+        (("envoy_cluster_name", "app"),),
+    )
+    assert prometheus_name("server.drain.cut") == ("envoy_server_drain_cut", ())
+    assert prometheus_name("listener_manager.total_listeners_draining") == (
+        "envoy_listener_manager_total_listeners_draining",
+        (),
+    )
+    # Envoy's RESPONSE_CODE_CLASS extractor: *_rq_<N>xx -> *_rq_xx{envoy_response_code_class=N}
+    assert prometheus_name("cluster.app.upstream_rq_5xx") == (
+        "envoy_cluster_upstream_rq_xx",
+        (("envoy_response_code_class", "5"), ("envoy_cluster_name", "app")),
+    )
+    # Names with dots keep their whole name: the stat field itself never has a dot.
+    assert prometheus_name("http.api.v2.downstream_rq_total") == (
+        "envoy_http_downstream_rq_total",
+        (("envoy_http_conn_manager_prefix", "api.v2"),),
+    )
+    # Not the tagged forms: plain.
+    assert prometheus_name("http.foo") == ("envoy_http_foo", ())
+    assert prometheus_name("cluster_manager.active_clusters")[1] == ()
+
+
+def test_prometheus_sanitizes_metric_names() -> None:
+    family, labels = prometheus_name("server.weird-name/x")
+    assert family == "envoy_server_weird_name_x"
+    assert labels == ()
+    family, labels = prometheus_name("http.my-listener.downstream_rq_total")
+    assert family == "envoy_http_downstream_rq_total"
+    assert labels == (("envoy_http_conn_manager_prefix", "my-listener"),)
+
+
+def test_prometheus_full_registry_parses_with_one_type_per_family() -> None:
+    registry = StatsRegistry()
+    for name in ("ingress", "egress"):
+        registry.add(f"http.{name}", HttpStats()).downstream_rq_total += len(name)
+    registry.add("cluster.app", ClusterStats()).count_status(503)
+    registry.add("cluster.db", ClusterStats()).upstream_rq_active = 4
+    registry.add("server", ServerStats()).live = 1
+    registry.add("server.drain", DrainStats())
+    registry.add("listener_manager", ListenerManagerStats())
+    text = render_prometheus(registry.snapshot())
+    families = parse_prometheus(text)
+    assert text.count("# TYPE envoy_http_downstream_rq_total ") == 1
+    kind, samples = families["envoy_http_downstream_rq_total"]
+    assert kind == "counter"
+    assert samples == {
+        (("envoy_http_conn_manager_prefix", "egress"),): 6,
+        (("envoy_http_conn_manager_prefix", "ingress"),): 7,
+    }
+    assert families["envoy_cluster_upstream_rq_active"] == (
+        "gauge",
+        {(("envoy_cluster_name", "app"),): 0, (("envoy_cluster_name", "db"),): 4},
+    )
+    kind, samples = families["envoy_cluster_upstream_rq_xx"]
+    assert kind == "counter"
+    assert samples[(("envoy_response_code_class", "5"), ("envoy_cluster_name", "app"))] == 1
+    assert len(samples) == 10  # 5 classes x 2 clusters
+    assert families["envoy_server_live"] == ("gauge", {(): 1})
+    assert families["envoy_server_drain_cut"] == ("counter", {(): 0})
+    assert families["envoy_listener_manager_total_listeners_active"][0] == "gauge"
+    # Families come out sorted, every sample right under its own TYPE line.
+    type_lines = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+    assert type_lines == sorted(type_lines)
+
+
+def test_prometheus_label_escaping() -> None:
+    name = 'we\\ird"na\nme'
+    text = render_prometheus([Stat(f"cluster.{name}.upstream_rq_total", 1, "counter")])
+    assert text == (
+        "# TYPE envoy_cluster_upstream_rq_total counter\n"
+        'envoy_cluster_upstream_rq_total{envoy_cluster_name="we\\\\ird\\"na\\nme"} 1\n'
+    )
+    families = parse_prometheus(text)
+    assert families["envoy_cluster_upstream_rq_total"][1] == {(("envoy_cluster_name", name),): 1}
+
+
+def test_prometheus_never_emits_duplicate_series_or_mixed_types() -> None:
+    stats = [
+        Stat("server.a-b", 1, "counter"),
+        Stat("server.a_b", 2, "counter"),  # same family after sanitizing: first wins
+        Stat("server.c", 1, "counter"),
+        Stat("server.c-", 0, "gauge"),  # sanitizes to a different name: its own family
+        Stat("server.m-x", 1, "counter"),
+        Stat("server.m_x", 1, "gauge"),  # same family, mixed kinds -> untyped
+    ]
+    families = parse_prometheus(render_prometheus(stats))
+    assert families["envoy_server_a_b"] == ("counter", {(): 1})
+    assert families["envoy_server_c"] == ("counter", {(): 1})
+    assert families["envoy_server_c_"] == ("gauge", {(): 0})
+    assert families["envoy_server_m_x"][0] == "untyped"
+
+
+def test_prometheus_filter_and_empty() -> None:
+    assert render_prometheus([]) == ""
+    text = render_prometheus(SAMPLE, "drain")
+    assert text == "# TYPE envoy_server_drain_cut counter\nenvoy_server_drain_cut 0\n"
