@@ -10,69 +10,24 @@ import asyncio
 import hashlib
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import IO
 
 import httpx
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+from tests.procs import SRC, start_origin, stop
+
 PATTERN = bytes(range(251))
 
 
 def pattern(n: int) -> bytes:
     return (PATTERN * (n // 251 + 1))[:n]
-
-
-def start_origin(stderr: IO[bytes] | int = subprocess.DEVNULL) -> tuple[subprocess.Popen, int]:
-    """Start `python -m lameduck.demo --port 0` and read the bound port from its stdout."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lameduck.demo", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        env=env,
-    )
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], 10)
-    if not ready:
-        proc.kill()
-        proc.wait()
-        pytest.fail("demo origin did not report its port within 10 s")
-    line = proc.stdout.readline().decode()
-    if not line.startswith("listening on 127.0.0.1:"):
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"unexpected startup line: {line!r}")
-    return proc, int(line.rsplit(":", 1)[1])
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=5)
-
-
-@pytest.fixture(scope="module")
-def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, int]]:
-    errlog = tmp_path_factory.mktemp("origin") / "stderr.log"
-    with errlog.open("wb") as err:
-        proc, port = start_origin(err)
-    try:
-        yield proc, port
-    finally:
-        stop(proc)
-    # Handler bugs surface as tracebacks on stderr, even when the client saw nothing odd.
-    assert "Traceback" not in errlog.read_text(errors="replace")
 
 
 @pytest.fixture

@@ -1,0 +1,49 @@
+"""Fixtures: a real origin process and real lameduck processes, stopped by pid."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.procs import Lameduck, base_config, start_origin, stop
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, int]]:
+    errlog = tmp_path_factory.mktemp("origin") / "stderr.log"
+    with errlog.open("wb") as err:
+        proc, port = start_origin(err)
+    try:
+        yield proc, port
+    finally:
+        stop(proc)
+    # Handler bugs surface as tracebacks on stderr, even when the client saw nothing odd.
+    assert "Traceback" not in errlog.read_text(errors="replace")
+
+
+@pytest.fixture
+def origin_port(origin: tuple[subprocess.Popen, int]) -> int:
+    return origin[1]
+
+
+@pytest.fixture
+def lameduck(
+    origin_port: int, tmp_path: Path
+) -> Iterator[Callable[..., Lameduck]]:
+    """``lameduck(**overrides)`` starts a lameduck in front of the origin (see base_config)."""
+    started: list[Lameduck] = []
+
+    def make(cfg: dict[str, Any] | None = None, **over: Any) -> Lameduck:
+        ld = Lameduck(cfg or base_config(origin_port, **over), tmp_path)
+        started.append(ld)
+        return ld.start()
+
+    yield make
+    for ld in started:
+        ld.kill()
+        # A traceback in lameduck's log is a bug even if every client check passed.
+        assert "Traceback" not in ld.log(), ld.log()

@@ -1,0 +1,453 @@
+"""The in-flight ledger (seed 002 step 3) and the process drain: server state, /drain_listeners,
+shutdown, and the exit decision (DESIGN §2: Listeners, Completion, In-flight accounting,
+Process exit).
+
+Drain settings T = 12, G = 1; shutdown deadline 20, min_drain 2; SIGTERM at 100 unless said.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lameduck.drain import (
+    Cause,
+    ConnAction,
+    ConnectionDrain,
+    Direction,
+    DrainSettings,
+    DrainType,
+    Ledger,
+    ListenerDrain,
+    ProcessDrain,
+    ServerState,
+    ShutdownSettings,
+    Step,
+    Strategy,
+)
+from tests.drainplay import FakeClock, ScriptedRng
+
+BELOW = math.nextafter
+T, G = 12.0, 1.0
+SIGTERM = 100.0
+
+
+def process(
+    deadline: float = 20.0,
+    min_drain: float = 2.0,
+    at_drain_end: bool = True,
+    time: float = T,
+    strategy: Strategy = Strategy.GRADUAL,
+    grace: float = G,
+) -> ProcessDrain:
+    pd = ProcessDrain(
+        DrainSettings(time=time, strategy=strategy, grace=grace),
+        ShutdownSettings(deadline=deadline, min_drain=min_drain,
+                         stop_accepting_at_drain_end=at_drain_end),
+    )
+    pd.add_listener(ListenerDrain("ingress", Direction.INBOUND))
+    pd.add_listener(ListenerDrain("egress", Direction.OUTBOUND))
+    pd.add_listener(ListenerDrain("sidecar-out", Direction.OUTBOUND, DrainType.MODIFY_ONLY))
+    pd.initialized()
+    return pd
+
+
+# -- the ledger -----------------------------------------------------------------------------------
+
+
+class _SpyLedger(Ledger):
+    """Records the count at the moment ``begin`` tests the flag."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+        self._accepting = True
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def accepting(self) -> bool:
+        self.seen.append(self.active)
+        return self._accepting
+
+    @accepting.setter
+    def accepting(self, value: bool) -> None:
+        self._accepting = value
+
+
+class TestLedger:
+    def test_admit_and_end(self) -> None:
+        ledger = Ledger()
+        assert ledger.idle
+        assert ledger.begin() is True
+        assert ledger.begin() is True
+        assert ledger.active == 2
+        assert not ledger.idle
+        ledger.end()
+        ledger.end()
+        assert ledger.idle
+        assert ledger.completed == 0  # not draining: completions are not the drain's business
+
+    def test_count_first_then_check(self) -> None:
+        ledger = _SpyLedger()
+        ledger.begin()
+        ledger.accepting = False
+        ledger.begin()
+        # both requests were already counted when the flag was tested
+        assert ledger.seen == [1, 2]
+        assert ledger.active == 1
+        assert ledger.refused == 1
+
+    def test_refused_is_never_counted_active(self) -> None:
+        ledger = Ledger()
+        assert ledger.begin() is True
+        ledger.accepting = False
+        assert [ledger.begin() for _ in range(3)] == [False, False, False]
+        assert ledger.active == 1
+        assert ledger.refused == 3
+        ledger.end()
+        assert ledger.idle
+
+    def test_completed_counted_only_while_draining(self) -> None:
+        ledger = Ledger()
+        ledger.begin()
+        ledger.begin()
+        ledger.begin()
+        ledger.end()
+        ledger.draining = True
+        ledger.end()
+        assert ledger.completed == 1
+        assert ledger.active == 1
+
+    def test_cut_one(self) -> None:
+        ledger = Ledger()
+        ledger.begin()
+        ledger.begin()
+        ledger.cut_one()
+        assert (ledger.active, ledger.cut, ledger.completed) == (1, 1, 0)
+        ledger.cut_one()
+        assert ledger.idle
+        assert ledger.cut == 2
+
+
+# -- server state ---------------------------------------------------------------------------------
+
+
+class TestServerState:
+    def test_initializing_then_live(self) -> None:
+        pd = ProcessDrain()
+        assert pd.state is ServerState.INITIALIZING
+        assert not pd.live
+        pd.initialized()
+        assert pd.state is ServerState.LIVE
+        assert pd.live
+
+    def test_envoy_numbering(self) -> None:
+        assert [int(s) for s in (ServerState.LIVE, ServerState.DRAINING,
+                                 ServerState.PRE_INITIALIZING, ServerState.INITIALIZING)] == [
+            0, 1, 2, 3]
+
+    def test_health_check_fail_and_ok(self) -> None:
+        pd = process()
+        pd.healthcheck_fail()
+        assert pd.state is ServerState.DRAINING
+        assert pd.listeners["ingress"].hc_failed
+        assert pd.listeners["egress"].hc_failed
+        assert not pd.listeners["sidecar-out"].hc_failed  # modify_only ignores it
+        pd.healthcheck_ok()
+        assert pd.state is ServerState.LIVE
+        assert not any(ls.hc_failed for ls in pd.listeners.values())
+
+    def test_health_check_fail_while_initializing_is_draining(self) -> None:
+        pd = ProcessDrain()
+        pd.healthcheck_fail()
+        assert pd.state is ServerState.DRAINING
+        pd.healthcheck_ok()
+        assert pd.state is ServerState.INITIALIZING
+
+    def test_listener_added_while_health_check_failed_inherits_it(self) -> None:
+        pd = process()
+        pd.healthcheck_fail()
+        late = pd.add_listener(ListenerDrain("late", grace=99.0))
+        assert late.hc_failed
+        assert late.grace == G  # the process's G wins
+
+    def test_health_check_failed_connection_drains_on_response_never_proactively(self) -> None:
+        pd = process()
+        pd.healthcheck_fail()
+        pd.start_shutdown(SIGTERM)
+        conn = ConnectionDrain(pd.listeners["ingress"], SIGTERM, ScriptedRng())  # no draw
+        assert conn.proactive_at is None
+        assert conn.on_response(SIGTERM, ScriptedRng()) is True
+
+    def test_shutdown_is_draining_even_after_health_check_ok(self) -> None:
+        pd = process()
+        pd.start_shutdown(SIGTERM)
+        assert pd.state is ServerState.DRAINING
+        pd.healthcheck_ok()
+        assert pd.state is ServerState.DRAINING
+
+
+# -- /drain_listeners -----------------------------------------------------------------------------
+
+
+class TestDrainListeners:
+    def test_graceful_keeps_accepting_until_t_then_stops(self) -> None:
+        pd = process()
+        event, reached = pd.drain_listeners(50.0, graceful=True, skip_exit=False,
+                                            inbound_only=False)
+        assert event.cause is Cause.DRAIN_LISTENERS
+        assert (event.start, event.time, event.grace) == (50.0, T, G)
+        assert [ls.name for ls in reached] == ["ingress", "egress"]  # not the modify_only one
+        for ls in reached:
+            assert ls.events == (event,)
+            assert ls.accepting(BELOW(62.0, 0.0))
+            assert not ls.accepting(62.0)
+        sidecar = pd.listeners["sidecar-out"]
+        assert not sidecar.draining
+        assert sidecar.accepting(1e9)
+        assert pd.last_event is event
+
+    def test_graceful_skip_exit_never_stops(self) -> None:
+        pd = process()
+        _, reached = pd.drain_listeners(50.0, graceful=True, skip_exit=True, inbound_only=False)
+        assert len(reached) == 2
+        for ls in reached:
+            assert ls.draining
+            assert ls.stop_at is None
+            assert ls.accepting(1e9)
+
+    @pytest.mark.parametrize("skip_exit", [False, True])
+    def test_not_graceful_stops_at_once_and_still_drains(self, skip_exit: bool) -> None:
+        pd = process()
+        _, reached = pd.drain_listeners(50.0, graceful=False, skip_exit=skip_exit,
+                                        inbound_only=False)
+        for ls in reached:
+            assert ls.draining
+            assert ls.stop_at == 50.0
+            assert not ls.accepting(50.0)
+        assert pd.listeners["sidecar-out"].accepting(50.0)
+
+    def test_inbound_only(self) -> None:
+        pd = process()
+        event, reached = pd.drain_listeners(50.0, graceful=False, skip_exit=False,
+                                            inbound_only=True)
+        assert event.inbound_only
+        assert [ls.name for ls in reached] == ["ingress"]
+        assert not pd.listeners["egress"].draining
+        assert pd.listeners["egress"].accepting(50.0)
+
+    def test_is_not_a_shutdown(self) -> None:
+        pd = process()
+        pd.drain_listeners(50.0, graceful=False, skip_exit=False, inbound_only=False)
+        assert pd.state is ServerState.LIVE
+        assert pd.shutdown is None
+        pd.tick(1000.0)
+        assert pd.ledger.begin() is True
+        assert pd.shutdown_step(1000.0, connections=0) is Step.WAIT
+        assert pd.next_deadline(1000.0) is None
+
+
+# -- shutdown -------------------------------------------------------------------------------------
+
+
+class TestShutdown:
+    def test_sigterm_reaches_every_listener_and_stops_accepting_at_t(self) -> None:
+        pd = process()
+        event, reached = pd.start_shutdown(SIGTERM)
+        assert event.cause is Cause.SHUTDOWN
+        assert event.start == SIGTERM
+        assert pd.shutdown is event
+        assert pd.state is ServerState.DRAINING
+        assert [ls.name for ls in reached] == ["ingress", "egress", "sidecar-out"]
+        for ls in pd.listeners.values():
+            assert ls.events == (event,)
+            assert ls.accepting(BELOW(SIGTERM + T, 0.0))
+            assert not ls.accepting(SIGTERM + T)
+        assert pd.deadline == SIGTERM + 20.0
+
+    def test_stop_accepting_immediately(self) -> None:
+        pd = process(at_drain_end=False)
+        pd.start_shutdown(SIGTERM)
+        for ls in pd.listeners.values():
+            assert ls.draining
+            assert not ls.accepting(SIGTERM)
+
+    def test_earlier_drain_listeners_stop_is_kept(self) -> None:
+        pd = process()
+        pd.drain_listeners(50.0, graceful=False, skip_exit=False, inbound_only=True)
+        pd.start_shutdown(SIGTERM)
+        assert pd.listeners["ingress"].stop_at == 50.0
+        assert pd.listeners["egress"].stop_at == SIGTERM + T
+
+    def test_idempotent(self) -> None:
+        pd = process()
+        first, _ = pd.start_shutdown(SIGTERM)
+        again, reached = pd.start_shutdown(SIGTERM + 5.0)
+        assert again is first
+        assert reached == []
+        assert pd.listeners["ingress"].events == (first,)
+
+    def test_no_new_work_from_t_on(self) -> None:
+        pd = process()
+        ledger = pd.ledger
+        pd.start_shutdown(SIGTERM)
+        assert ledger.draining
+        pd.tick(BELOW(SIGTERM + T, 0.0))
+        assert ledger.begin() is True
+        pd.tick(SIGTERM + T)
+        assert ledger.begin() is False
+        assert (ledger.active, ledger.refused) == (1, 1)
+        ledger.end()
+        assert ledger.completed == 1
+
+    def test_tick_before_shutdown_does_nothing(self) -> None:
+        pd = process()
+        pd.tick(1e9)
+        assert pd.ledger.accepting
+
+
+class TestShutdownStep:
+    def test_wait_before_sigterm(self) -> None:
+        assert process().shutdown_step(SIGTERM, connections=0) is Step.WAIT
+
+    def test_min_drain_holds_even_without_connections(self) -> None:
+        pd = process()
+        pd.start_shutdown(SIGTERM)
+        assert pd.shutdown_step(SIGTERM, connections=0) is Step.WAIT
+        assert pd.shutdown_step(BELOW(SIGTERM + 2.0, 0.0), connections=0) is Step.WAIT
+
+    def test_exit_when_no_connections_after_min_drain(self) -> None:
+        pd = process()
+        pd.start_shutdown(SIGTERM)
+        assert pd.shutdown_step(SIGTERM + 2.0, connections=0) is Step.EXIT
+
+    def test_exit_at_once_without_min_drain(self) -> None:
+        pd = process(min_drain=0.0)
+        pd.start_shutdown(SIGTERM)
+        assert pd.shutdown_step(SIGTERM, connections=0) is Step.EXIT
+
+    def test_idle_keepalive_connections_wait_until_t(self) -> None:
+        pd = process()
+        pd.start_shutdown(SIGTERM)
+        assert pd.shutdown_step(SIGTERM + 5.0, connections=3) is Step.WAIT
+        assert pd.shutdown_step(BELOW(SIGTERM + T, 0.0), connections=3) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + T, connections=3) is Step.EXIT
+        assert pd.shutdown_step(SIGTERM + 15.0, connections=3) is Step.EXIT
+
+    def test_busy_after_t_waits_then_exits_when_idle(self) -> None:
+        pd = process()
+        pd.start_shutdown(SIGTERM)
+        assert pd.ledger.begin()
+        assert pd.shutdown_step(SIGTERM + T, connections=1) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + 15.0, connections=1) is Step.WAIT
+        pd.ledger.end()
+        assert pd.shutdown_step(SIGTERM + 15.0, connections=1) is Step.EXIT
+
+    def test_cut_at_the_deadline_when_busy(self) -> None:
+        pd = process()
+        pd.start_shutdown(SIGTERM)
+        pd.ledger.begin()
+        assert pd.shutdown_step(BELOW(SIGTERM + 20.0, 0.0), connections=1) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + 20.0, connections=1) is Step.CUT
+        assert pd.shutdown_step(SIGTERM + 30.0, connections=1) is Step.CUT
+        pd.ledger.cut_one()
+        assert pd.shutdown_step(SIGTERM + 30.0, connections=1) is Step.EXIT
+        assert pd.ledger.cut == 1
+
+    def test_exit_at_the_deadline_when_idle(self) -> None:
+        pd = process(deadline=1.0)  # deadline before min_drain and before T
+        pd.start_shutdown(SIGTERM)
+        assert pd.shutdown_step(SIGTERM + 0.5, connections=4) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + 1.0, connections=4) is Step.EXIT
+
+    def test_no_connections_but_requests_in_flight_is_not_complete(self) -> None:
+        """Completion counts requests, not connections (DESIGN §2, seed 001 §5)."""
+        pd = process()
+        pd.start_shutdown(SIGTERM)
+        pd.ledger.begin()  # e.g. an upstream request still finishing after the client left
+        assert pd.shutdown_step(SIGTERM + 5.0, connections=0) is Step.WAIT
+        pd.ledger.end()
+        assert pd.shutdown_step(SIGTERM + 5.0, connections=0) is Step.EXIT
+
+    def test_step_applies_the_t_tick(self) -> None:
+        pd = process()
+        pd.start_shutdown(SIGTERM)
+        pd.shutdown_step(SIGTERM + T, connections=1)
+        assert pd.ledger.begin() is False
+
+
+class TestNextDeadline:
+    def test_none_before_shutdown(self) -> None:
+        assert process().next_deadline(0.0) is None
+
+    def test_marks_in_order(self) -> None:
+        pd = process()  # min_drain 2, T 12, deadline 20
+        pd.start_shutdown(SIGTERM)
+        assert pd.next_deadline(SIGTERM) == SIGTERM + 2.0
+        assert pd.next_deadline(SIGTERM + 2.0) == SIGTERM + T
+        assert pd.next_deadline(SIGTERM + 5.0) == SIGTERM + T
+        assert pd.next_deadline(SIGTERM + T) == SIGTERM + 20.0
+        assert pd.next_deadline(SIGTERM + 20.0) is None
+
+    def test_zero_min_drain_is_not_a_future_mark(self) -> None:
+        pd = process(min_drain=0.0)
+        pd.start_shutdown(SIGTERM)
+        assert pd.next_deadline(SIGTERM) == SIGTERM + T
+
+
+# -- seed 002: drain time 0, immediate, a 150 ms deadline -----------------------------------------
+
+
+class TestSeed002:
+    """Two quick requests and one slow one are in flight when SIGTERM arrives; new work is refused
+    at once, the quick ones finish, the slow one is cut at 150 ms and counted."""
+
+    def make(self) -> ProcessDrain:
+        return process(deadline=0.150, min_drain=0.0, time=0.0, strategy=Strategy.IMMEDIATE,
+                       grace=0.0)
+
+    def test_new_work_refused_in_flight_finishes_straggler_cut(self) -> None:
+        clock = FakeClock(10.0)
+        pd = self.make()
+        ledger = pd.ledger
+        assert ledger.begin() and ledger.begin() and ledger.begin()  # q1, q2, slow
+        clock.advance(0.010)
+        start = clock()
+        pd.start_shutdown(start)
+        assert not pd.live
+        assert ledger.begin() is False  # refused at once: T = 0
+        assert ledger.active == 3
+        assert pd.shutdown_step(clock(), connections=3) is Step.WAIT
+        assert pd.next_deadline(clock()) == start + 0.150
+
+        clock.advance(0.010)
+        ledger.end()  # q1 (20 ms of work)
+        clock.advance(0.010)
+        ledger.end()  # q2 (30 ms)
+        assert pd.shutdown_step(clock(), connections=1) is Step.WAIT
+        assert ledger.begin() is False
+
+        clock.set(start + 0.150)
+        assert pd.shutdown_step(clock(), connections=1) is Step.CUT
+        ledger.cut_one()  # slow (2 s)
+        assert pd.shutdown_step(clock(), connections=0) is Step.EXIT
+        assert (ledger.completed, ledger.cut, ledger.refused, ledger.active) == (2, 1, 2, 0)
+
+    def test_no_straggler_exits_when_the_last_request_ends(self) -> None:
+        pd = self.make()
+        pd.ledger.begin()
+        pd.start_shutdown(0.0)
+        assert pd.shutdown_step(0.020, connections=1) is Step.WAIT
+        pd.ledger.end()
+        assert pd.shutdown_step(0.030, connections=1) is Step.EXIT
+
+    def test_every_connection_drains_on_its_next_response_and_closes_at_once(self) -> None:
+        pd = self.make()
+        listener = pd.listeners["ingress"]
+        conn = ConnectionDrain(listener, 0.0, ScriptedRng())
+        event, _ = pd.start_shutdown(0.010)
+        conn.on_drain_event(event, ScriptedRng())  # T = 0: no window, no draw
+        assert conn.proactive_at is None
+        assert conn.on_response(0.020, ScriptedRng()) is True
+        assert conn.next_deadline() == 0.020
+        assert conn.on_timer(0.020, idle=True) is ConnAction.CLOSE
