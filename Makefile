@@ -7,7 +7,10 @@ STAMP := $(VENV)/.installed
 .PHONY: run test lint bench clean
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
+	python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "lameduck needs Python >= 3.11 as python3" >&2; exit 1; }
+	test -x $(PY) || python3 -m venv $(VENV) || \
+	  { rm -rf $(VENV); bash scripts/ensure-debs.sh python3-venv && python3 -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)

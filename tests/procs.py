@@ -161,3 +161,321 @@ class Lameduck:
     def kill(self) -> None:
         if self.proc is not None:
             stop(self.proc)
+
+
+# -- helpers for the drain, admin and CLI integration tests -------------------------------------
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True if something listens on host:port (or the port cannot be bound)."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def wait_until(pred: Any, timeout: float = 5.0, interval: float = 0.005) -> bool:
+    """Poll ``pred()`` until it is true or ``timeout`` passes; returns its last truth."""
+    end = time.monotonic() + timeout
+    while True:
+        if pred():
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(interval)
+
+
+class RawResponse:
+    """A response read off a raw socket: status, lower-cased headers, body, and whether the
+    body arrived complete (a chunked body needs its last chunk, a sized one all its bytes)."""
+
+    def __init__(self, status: int, headers: list[tuple[str, str]], body: bytes,
+                 complete: bool) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.complete = complete
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        for n, v in self.headers:
+            if n == name:
+                return v
+        return None
+
+    @property
+    def closes(self) -> bool:
+        """The response says ``Connection: close``."""
+        v = self.header("connection")
+        return v is not None and "close" in v.lower()
+
+
+class RawConn:
+    """One HTTP/1.1 client connection over a plain socket, so a test sees exactly what went over
+    the wire: keep-alive reuse, ``Connection: close``, an EOF, a reset."""
+
+    def __init__(self, addr: str, timeout: float = 5.0) -> None:
+        host, port = addr.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+        self.host = addr
+        self.reset = False  # the server reset the connection
+
+    def send(self, path: str, method: str = "GET", headers: dict[str, str] | None = None) -> None:
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}"]
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+
+    def _more(self) -> bool:
+        """Read more; False at EOF or on a reset (``self.reset`` tells which)."""
+        try:
+            data = self.sock.recv(65536)
+        except (ConnectionResetError, BrokenPipeError):
+            self.reset = True
+            return False
+        if not data:
+            return False
+        self.buf += data
+        return True
+
+    def read_response(self, head_only: bool = False) -> RawResponse:
+        """Read one response. Raises ConnectionError when the connection ends before the head;
+        a body cut short (EOF or reset) gives ``complete=False``."""
+        while b"\r\n\r\n" not in self.buf:
+            if not self._more():
+                raise ConnectionError(f"EOF before a response head (got {self.buf!r})")
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        first, *lines = head.decode("latin-1").split("\r\n")
+        status = int(first.split()[1])
+        headers = [(n.strip().lower(), v.strip())
+                   for n, _, v in (ln.partition(":") for ln in lines)]
+        resp = RawResponse(status, headers, b"", True)
+        if head_only or status in (204, 304) or 100 <= status < 200:
+            return resp
+        if (resp.header("transfer-encoding") or "").lower() == "chunked":
+            resp.body, resp.complete = self._chunked()
+        elif resp.header("content-length") is not None:
+            n = int(resp.header("content-length") or 0)
+            while len(self.buf) < n:
+                if not self._more():
+                    break
+            resp.body, self.buf = self.buf[:n], self.buf[n:]
+            resp.complete = len(resp.body) == n
+        else:  # close-delimited
+            while self._more():
+                pass
+            resp.body, self.buf = self.buf, b""
+            resp.complete = not self.reset
+        return resp
+
+    def read_chunked(self) -> tuple[bytes, bool]:
+        """The rest of a chunked body after ``read_response(head_only=True)``: (body, complete)."""
+        return self._chunked()
+
+    def _chunked(self) -> tuple[bytes, bool]:
+        body = b""
+        while True:
+            while b"\r\n" not in self.buf:
+                if not self._more():
+                    return body, False
+            size_line, rest = self.buf.split(b"\r\n", 1)
+            size = int(size_line.split(b";")[0], 16)
+            while len(rest) < size + 2:
+                if not self._more():
+                    return body + rest[:size], False
+                size_line, rest = self.buf.split(b"\r\n", 1)
+            body += rest[:size]
+            self.buf = rest[size + 2:]
+            if size == 0:
+                return body, True
+
+    def request(self, path: str, method: str = "GET",
+                headers: dict[str, str] | None = None) -> RawResponse:
+        self.send(path, method, headers)
+        return self.read_response(head_only=method == "HEAD")
+
+    def wait_eof(self, timeout: float) -> bool:
+        """True when the server ends the connection (EOF or reset) within ``timeout``."""
+        self.sock.settimeout(timeout)
+        try:
+            while self._more():
+                pass
+        except TimeoutError:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# -- HTTP/1 data-plane test helpers: origin restarts, process memory, raw-socket responses ----
+
+
+def start_origin_at(port: int, stderr: IO[bytes] | int = subprocess.DEVNULL) -> subprocess.Popen:
+    """Start the demo origin on a given port (to restart one in place); waits until it listens."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lameduck.demo", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=stderr, env=_env(),
+    )
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 10)
+    line = proc.stdout.readline().decode() if ready else ""
+    if line.strip() != f"listening on 127.0.0.1:{port}":
+        stop(proc)
+        raise RuntimeError(f"demo origin did not start on port {port}: {line!r}")
+    return proc
+
+
+def rss_kb(pid: int) -> int:
+    """Resident set size of a process in KiB (VmRSS from /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def raw_connect(port: int, timeout: float = 5.0) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class WireResponse:
+    """One HTTP/1.x response as it came off the wire (see ``read_wire_response``)."""
+
+    def __init__(self, version: str, status: int, headers: list[tuple[str, str]]) -> None:
+        self.version = version
+        self.status = status
+        self.headers = headers  # names lower-cased, in wire order
+        self.body = b""
+        self.framing = "none"  # none | length | chunked | close
+        self.chunks: list[int] = []  # sizes of the chunks of a chunked body, as framed
+        self.complete = True  # False: the body ended early (EOF or reset)
+
+    def header(self, name: str) -> str | None:
+        for n, v in self.headers:
+            if n == name:
+                return v
+        return None
+
+    def has(self, name: str) -> bool:
+        return any(n == name for n, _ in self.headers)
+
+
+def read_wire_response(f: IO[bytes], *, head: bool = False) -> WireResponse:
+    """Read one response off a socket file, framing as RFC 9112 §6.3 says. A body cut short
+    (EOF or a reset) gives ``complete = False`` instead of an exception; a missing status line
+    raises ``EOFError``."""
+    line = f.readline()
+    if not line:
+        raise EOFError("connection closed before a status line")
+    version, status, *_ = line.decode("latin-1").split(" ", 2)
+    resp = WireResponse(version, int(status), [])
+    while (line := f.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        resp.headers.append((name.strip().lower(), value.strip()))
+    if head or resp.status in (204, 304) or resp.status < 200:
+        return resp
+    te = resp.header("transfer-encoding")
+    cl = resp.header("content-length")
+    body = bytearray()
+    try:
+        if te is not None and te.lower().endswith("chunked"):
+            resp.framing = "chunked"
+            while True:
+                size_line = f.readline()
+                if not size_line.endswith(b"\r\n"):
+                    resp.complete = False
+                    break
+                size = int(size_line.split(b";")[0], 16)
+                if size == 0:
+                    while (t := f.readline()) not in (b"\r\n", b""):
+                        pass
+                    resp.complete = t == b"\r\n"
+                    break
+                resp.chunks.append(size)
+                data = f.read(size)
+                body += data
+                if len(data) < size or f.read(2) != b"\r\n":
+                    resp.complete = False
+                    break
+        elif cl is not None:
+            resp.framing = "length"
+            want = int(cl)
+            while len(body) < want:
+                data = f.read(min(want - len(body), 1 << 20))
+                if not data:
+                    break
+                body += data
+            resp.complete = len(body) == want
+        else:
+            resp.framing = "close"
+            while data := f.read(1 << 20):
+                body += data
+    except (ConnectionResetError, TimeoutError, OSError):
+        resp.complete = False
+    resp.body = bytes(body)
+    return resp
+
+
+def wait_closed(sock: socket.socket, timeout: float = 5.0) -> bool:
+    """True once the peer closed (EOF or reset) within ``timeout``; bytes still arriving are
+    read and dropped."""
+    end = time.monotonic() + timeout
+    while (left := end - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            if not sock.recv(65536):
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+    return False
+
+
+
+class AdminPoller:
+    """A keep-alive raw connection to the admin API: polls in about a millisecond, fast enough
+    to catch a 20 ms request in flight (``httpx.get`` builds a client each call)."""
+
+    def __init__(self, admin_addr: str) -> None:
+        self.conn = RawConn(admin_addr)
+
+    def stats(self, filter: str | None = None) -> dict[str, int]:
+        from urllib.parse import quote
+
+        path = "/stats?format=json" + (f"&filter={quote(filter, safe='')}" if filter else "")
+        body = json.loads(self.conn.request(path).body)
+        return {s["name"]: s["value"] for s in body["stats"]}
+
+    def stat(self, name: str) -> int:
+        return self.stats("^" + name.replace(".", "\\.") + "$").get(name, -1)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class StatsDelta:
+    """Counters of a long-lived lameduck relative to a starting point, so tests can share one
+    process: ``d = StatsDelta(ld)`` ... ``d["http.x.downstream_rq_4xx"]`` (gauges read as is)."""
+
+    def __init__(self, ld: Lameduck) -> None:
+        self.ld = ld
+        self.before = ld.stats()
+        self.now = self.before
+
+    def refresh(self) -> StatsDelta:
+        self.now = self.ld.stats()
+        return self
+
+    def __getitem__(self, name: str) -> int:
+        return self.now[name] - self.before.get(name, 0)
+
+    def gauge(self, name: str) -> int:
+        return self.ld.stat(name)

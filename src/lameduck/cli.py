@@ -13,6 +13,7 @@ from lameduck import __version__
 from lameduck.config import Config, ConfigError, default_config, load_config
 
 EXIT_CONFIG = 2
+EXIT_LISTEN = 1  # an address could not be bound
 
 
 def _run_loop(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
@@ -59,22 +60,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     demo = args.config is None
 
     async def main() -> int:
+        from lameduck.demo.origin import serve as serve_origin
+        from lameduck.demo.origin import shutdown as shutdown_origin
         from lameduck.server import Server
 
         origin = None
         if demo:
-            from lameduck.demo.origin import serve as serve_origin
-            from lameduck.demo.origin import shutdown as shutdown_origin
-
             ep = cfg.clusters[0].endpoints[0]
-            origin = await serve_origin(ep.host, ep.port)
+            try:
+                origin = await serve_origin(ep.host, ep.port)
+            except OSError as e:
+                # A port already taken is an operator's problem, not a traceback.
+                print(f"lameduck: cannot start the demo origin on {ep}: {e}", file=sys.stderr)
+                return EXIT_LISTEN
             logging.getLogger("lameduck").info("demo origin on %s", ep)
         server = Server(cfg)
         try:
             await server.start()
         except OSError as e:
             print(f"lameduck: cannot listen: {e}", file=sys.stderr)
-            return 1
+            if origin is not None:
+                await shutdown_origin(origin, grace=0.0)
+            return EXIT_LISTEN
         server.install_signal_handlers()
         print(_banner(cfg, demo), file=sys.stderr, flush=True)
         code = await server.done

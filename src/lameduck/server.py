@@ -91,6 +91,7 @@ class Server:
         self._housekeeping: asyncio.TimerHandle | None = None
         self._sigint_count = 0
         self._quitting = False
+        self._finishing = False
         self._no_new_work_logged = False
 
     # -- start ------------------------------------------------------------------------------
@@ -256,7 +257,7 @@ class Server:
         self._finish(step)
 
     def _finish(self, step: Step) -> None:
-        if self.done.done() or getattr(self, "_finishing", False):
+        if self.done.done() or self._finishing:
             return
         self._finishing = True
         if self._shutdown_timer is not None:

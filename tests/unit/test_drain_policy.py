@@ -143,6 +143,17 @@ class TestProactiveWindow:
     def test_empty_when_grace_at_least_a_third(self, grace: float) -> None:
         assert proactive_window(gradual(grace=grace)) is None
 
+    @pytest.mark.parametrize(("time", "grace"), [(0.9, 0.3), (1.2, 0.4), (0.3, 0.1), (3.0, 1.0),
+                                                 (0.6, 0.2), (2.1, 0.7)])
+    @pytest.mark.parametrize("start", [0.0, 12345.678, 98765.4321, 1e9 + 0.1])
+    def test_empty_when_grace_is_a_third_in_config_units(
+        self, time: float, grace: float, start: float
+    ) -> None:
+        # G == T/3 as an operator writes it (900ms, 300ms) is not exact in floats; comparing the
+        # absolute bounds left a window a few ulps wide for some starts (found by the
+        # integration test: a connection was drained "proactively" with G == T/3).
+        assert proactive_window(gradual(start=start, time=time, grace=grace)) is None
+
     def test_not_empty_just_under_a_third(self) -> None:
         window = proactive_window(gradual(grace=3.5))
         assert window == (8.0, 8.5)

@@ -28,9 +28,20 @@ def response_drains(event: DrainEvent, now: float, rng: Rng) -> bool:
     return rng() < elapsed / half
 
 
+# Windows narrower than this are empty: G == T/3 written in config units (900ms and 300ms) is not
+# exact in floats, and must not leave a window a few ulps wide.
+WINDOW_EPSILON = 1e-9
+
+
 def proactive_window(event: DrainEvent) -> tuple[float, float] | None:
     """[start + 2T/3, start + T - G): late enough to let responses drain first, early enough
-    that G elapses before T. Empty when G >= T/3: then nothing is drained proactively."""
+    that G elapses before T. Empty when G >= T/3: then nothing is drained proactively.
+
+    The rule is decided on the durations, not on the absolute bounds: ``start + T - G`` and
+    ``start + 2T/3`` round differently for each start, so with G == T/3 (T = 900ms, G = 300ms)
+    comparing them would give a window one ulp wide for some starts and none for others."""
+    if event.time / 3.0 - event.grace <= WINDOW_EPSILON:
+        return None
     lo = event.start + event.time * 2.0 / 3.0
     hi = event.start + event.time - event.grace
     if hi <= lo:

@@ -3,7 +3,13 @@
 
 Requests are answered in order: only the head of the queue talks to an upstream; pipelined
 requests behind it wait with reading paused. Bodies stream both ways with flow control
-(pause_reading / resume_reading); nothing buffers a whole body.
+(pause_reading / resume_reading); nothing buffers a whole body. Once the request whose answer
+closes the connection has been read, nothing after it is parsed (no request smuggled behind a
+400, a 501 or a ``Connection: close`` reaches an upstream).
+
+A request sent on a reused pooled connection keeps its first bytes (``REPLAY_LIMIT``) until the
+upstream answers, so a connection the upstream had already closed is retried once on a fresh
+one — only for idempotent methods or requests with an ``Idempotency-Key`` (DESIGN.md §3).
 
 Drain (DESIGN.md §2): ``ConnectionDrain.on_response`` decides per response whether to add
 ``Connection: close``; one lazily re-armed timer covers the header timeout, the idle timeout
@@ -43,8 +49,13 @@ PAUSE_BUFFER = 4  # body bytes wait for an upstream connection
 PAUSE_CLOSING = 8
 
 BODY_BUFFER_LIMIT = 256 * 1024
+# Request bytes kept while a request rides a reused pooled connection and no response byte has
+# come back, so a connection the upstream had already closed can be retried on a fresh one.
+REPLAY_LIMIT = 64 * 1024
 LINGER = 2.0  # seconds a staged close keeps reading before it closes
 GOING_AWAY = simple_response(503, b"going away\n", close=True, extra=((b"retry-after", b"1"),))
+GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True,
+                                  extra=((b"retry-after", b"1"),), head_only=True)
 IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 
 
@@ -79,10 +90,10 @@ class Exchange:
     """One request and its response, from headers-complete to the last response byte."""
 
     __slots__ = (
-        "admitted", "buffered", "buffered_size", "chunked_req", "close", "cluster", "cstats",
-        "down", "endpoint", "head", "is_head", "keep_alive", "local", "method", "req_done",
-        "resp_chunked", "resp_done", "resp_started", "retried", "reused", "route_timeout",
-        "sent_body", "status", "up", "v10",
+        "admitted", "buffered", "buffered_size", "can_replay", "chunked_req", "close", "cluster",
+        "cstats", "down", "endpoint", "head", "is_head", "keep_alive", "local", "method",
+        "replay", "replay_size", "req_done", "resp_chunked", "resp_done", "resp_started",
+        "retried", "retryable", "reused", "route_timeout", "status", "up", "v10",
     )
 
     def __init__(self, down: H1Downstream, method: bytes, keep_alive: bool, v10: bool) -> None:
@@ -99,7 +110,6 @@ class Exchange:
         self.req_done = False
         self.buffered: list[bytes] | None = None
         self.buffered_size = 0
-        self.sent_body = False
         self.cluster: Cluster | None = None
         self.cstats: ClusterStats | None = None
         self.endpoint: Endpoint | None = None
@@ -107,6 +117,10 @@ class Exchange:
         self.up: H1Upstream | None = None
         self.reused = False
         self.retried = False
+        self.retryable = False  # idempotent method or Idempotency-Key (DESIGN.md §3)
+        self.can_replay = False
+        self.replay: list[bytes] | None = None
+        self.replay_size = 0
         self.status = 0
         self.resp_started = False
         self.resp_chunked = False
@@ -120,7 +134,8 @@ class Exchange:
             data = chunk(data)
         up = self.up
         if up is not None and up.sink is self:
-            self.sent_body = True
+            if self.can_replay:
+                self._keep(data)
             up.write(data)
             return
         if self.buffered is None:
@@ -132,17 +147,36 @@ class Exchange:
 
     def request_complete(self) -> None:
         self.req_done = True
-        if self.chunked_req and self.local is None:
+        if self.local is not None:
+            if self.resp_started:
+                self.finish()  # the local answer went out before the request had ended
+            return
+        if self.chunked_req:
             self.request_body_raw(LAST_CHUNK)
 
     def request_body_raw(self, data: bytes) -> None:
         up = self.up
         if up is not None and up.sink is self:
+            if self.can_replay:
+                self._keep(data)
             up.write(data)
         else:
             if self.buffered is None:
                 self.buffered = []
             self.buffered.append(data)
+
+    def _keep(self, data: bytes) -> None:
+        """Remember request bytes sent on a reused connection, for a retry (bounded)."""
+        size = self.replay_size + len(data)
+        if size > REPLAY_LIMIT:
+            self.can_replay = False
+            self.replay = None
+            return
+        self.replay_size = size
+        if self.replay is None:
+            self.replay = [data]
+        else:
+            self.replay.append(data)
 
     # -- upstream ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -151,7 +185,14 @@ class Exchange:
         if self.local is not None:
             down.write(self.local)
             self.resp_started = True
-            self.finish()
+            if self.req_done or self.close:
+                self.finish()
+            else:
+                # Finish when the rest of the request (its body, dropped) has been read, so the
+                # connection stays in sync for the next one; a client that stops sending it is
+                # idle, and the idle timeout closes it.
+                down.idle_since = now = down.loop.time()
+                down.arm(now + down.ctx.idle_timeout)
             return
         cluster = self.cluster
         assert cluster is not None
@@ -182,10 +223,14 @@ class Exchange:
         assert cs is not None
         cs.upstream_rq_total += 1
         cs.upstream_rq_active += 1
+        self.can_replay = self.reused and self.retryable and not self.retried
+        if self.down.write_paused:
+            up.pause_reading()  # the client is behind: this response waits for it too
         up.start(self, self.head, self.is_head, self.route_timeout)
         if self.buffered:
-            self.sent_body = True
             for piece in self.buffered:
+                if self.can_replay:
+                    self._keep(piece)
                 up.write(piece)
             self.buffered = None
             self.buffered_size = 0
@@ -201,6 +246,9 @@ class Exchange:
         cs.upstream_rq_active -= 1
         if up.sink is self:
             up.sink = None
+        # A flow-control pause on either side belongs to this exchange, not to what comes next.
+        self.down.resume(PAUSE_UPSTREAM)
+        up.resume_reading()
         ep = self.endpoint
         if (reusable and self.req_done and ep is not None and up.reusable
                 and ep.release(up, self.down.ctx.loop.time())):
@@ -218,6 +266,8 @@ class Exchange:
     ) -> None:
         down = self.down
         self.status = status
+        self.can_replay = False  # the upstream answered: no retry from here on
+        self.replay = None
         cs = self.cstats
         assert cs is not None
         cs.count_status(status)
@@ -266,7 +316,7 @@ class Exchange:
         cs = self.cstats
         assert cs is not None
         up_was = self.up
-        reused = self.reused
+        can_replay = self.can_replay
         self._detach(reusable=False)
         if status == UpstreamError.TIMEOUT:
             cs.upstream_rq_timeout += 1
@@ -276,12 +326,18 @@ class Exchange:
             # Bytes of this response already went out: the client can only see a reset.
             self.down.abort_with_active_request()
             return
-        if (status == UpstreamError.RESET and reused and not self.retried and not self.sent_body
-                and up_was is not None and (up_was.requests == 1 or self.method in IDEMPOTENT)
-                and not up_was.got_bytes):
-            # A pooled connection the upstream had already closed: retry once on a fresh one.
+        if (status == UpstreamError.RESET and can_replay and up_was is not None
+                and not up_was.got_bytes and not self.down.gone):
+            # A pooled connection the upstream had already closed: retry once on a fresh one,
+            # replaying what was sent (only safe requests get here: see ``attach``).
             self.retried = True
+            self.can_replay = False
             cs.upstream_rq_retry += 1
+            if self.replay:
+                self.buffered = self.replay + (self.buffered or [])
+                self.buffered_size += self.replay_size
+            self.replay = None
+            self.reused = False
             assert self.cluster is not None and self.endpoint is not None
             self.down.ctx.connect(self.cluster, self.endpoint).add_done_callback(self._connected)
             return
@@ -330,10 +386,13 @@ class H1Downstream(asyncio.Protocol):
         self.write_paused = False
         self.closing = False
         self.gone = False
+        self.last_read = False  # the last request this connection will answer has been read
+        self.aborted = False  # we reset the connection (not the client)
         self.peer = b""
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.header_bytes = 0
+        self.raw_head_bytes = 0  # bytes of a request head still incomplete after a read
         self.in_headers = False
         self.req_started = 0.0
         self.idle_since = 0.0
@@ -362,8 +421,8 @@ class H1Downstream(asyncio.Protocol):
         self.arm_drain()
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
-            return  # a staged close drains what the client still sends
+        if self.closing or self.last_read:
+            return  # a staged close drains what the client still sends; so does the tail
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as e:
@@ -372,8 +431,9 @@ class H1Downstream(asyncio.Protocol):
             offset = e.args[0] if e.args else len(data)
             self.parser = httptools.HttpRequestParser(self)
             rest = data[offset:]
-            if rest and not self.closing:
+            if rest and not self.closing and not self.last_read:
                 self.data_received(rest)
+            return
         except httptools.HttpParserCallbackError as e:
             if isinstance(e.__context__, HeaderTooLarge):
                 self.protocol_error(431, b"request header fields too large\n")
@@ -382,11 +442,27 @@ class H1Downstream(asyncio.Protocol):
                 self.protocol_error(400, b"bad request\n")
         except httptools.HttpParserError:
             self.protocol_error(400, b"bad request\n")
+            return
+        if self.in_headers:
+            # llhttp keeps a header that has not ended yet in its own buffer, out of sight of
+            # on_header: bound the head by the bytes that went in too (whole reads spent inside
+            # one head; the read it began in is not counted, so this errs by one read at most).
+            if self.raw_head_bytes < 0:
+                self.raw_head_bytes = 0  # began in this read
+            else:
+                self.raw_head_bytes += len(data)
+                if self.raw_head_bytes > self.ctx.max_request_headers:
+                    self.protocol_error(431, b"request header fields too large\n")
 
     def eof_received(self) -> bool:
         # A client half-close: finish what is in flight, then close (HTTP/1 has no half-open
         # use). Keeping the transport lets the responses still go out.
-        if not self.queue:
+        if self.closing or not self.queue:
+            return False
+        if self.reading is not None:
+            # The client ended the connection in the middle of a request body: the request
+            # can never complete, so nothing useful can be answered.
+            self.ctx.stats.downstream_rq_rx_reset += 1
             return False
         self.closing_after_queue()
         return True
@@ -403,7 +479,8 @@ class H1Downstream(asyncio.Protocol):
         st.downstream_cx_active -= 1
         st.downstream_cx_http1_active -= 1
         if self.queue:
-            st.downstream_cx_destroy_remote_active_rq += 1
+            if not self.aborted:
+                st.downstream_cx_destroy_remote_active_rq += 1
             for ex in list(self.queue):
                 ex._detach(reusable=False)
                 self._settle(ex)
@@ -415,15 +492,15 @@ class H1Downstream(asyncio.Protocol):
         self.write_paused = True
         if self.queue:
             up = self.queue[0].up
-            if up is not None and up.transport is not None:
-                up.transport.pause_reading()
+            if up is not None:
+                up.pause_reading()
 
     def resume_writing(self) -> None:
         self.write_paused = False
         if self.queue:
             up = self.queue[0].up
-            if up is not None and up.transport is not None:
-                up.transport.resume_reading()
+            if up is not None:
+                up.resume_reading()
 
     # -- flow control -----------------------------------------------------------------------
     def pause(self, reason: int) -> None:
@@ -448,6 +525,7 @@ class H1Downstream(asyncio.Protocol):
         self.url = b""
         self.headers = []
         self.header_bytes = 0
+        self.raw_head_bytes = -1
         self.in_headers = True
         self.req_started = now = self.loop.time()
         self.arm(now + self.ctx.request_headers_timeout)
@@ -468,10 +546,13 @@ class H1Downstream(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.in_headers = False
+        if self.last_read:
+            return  # pipelined behind the last request this connection answers: dropped
         ctx = self.ctx
         parser = self.parser
         method = parser.get_method()
-        v10 = parser.get_http_version() == "1.0"
+        version = parser.get_http_version()
+        v10 = version == "1.0"
         ex = Exchange(self, method, parser.should_keep_alive(), v10)
         self.reading = ex
         self.queue.append(ex)
@@ -479,20 +560,35 @@ class H1Downstream(asyncio.Protocol):
         st.downstream_rq_total += 1
         st.downstream_rq_http1_total += 1
         st.downstream_rq_active += 1
-        self._prepare(ex, method)
+        if v10 or version == "1.1":
+            self._prepare(ex, method)
+        else:
+            # llhttp takes HTTP/0.9 (no version) and 2.0 request lines; neither is HTTP/1.x.
+            ex.close = True
+            self._local(ex, 505 if version >= "2" else 400,
+                        b"http version not supported\n" if version >= "2" else b"bad request\n")
         if len(self.queue) == 1:
             ex.start()
         else:
             self.pause(PAUSE_PIPELINE)
+
+    def _local(self, ex: Exchange, status: int, body: bytes) -> None:
+        """Answer ``ex`` from here instead of an upstream (sent when its turn comes)."""
+        ex.local = simple_response(status, body, close=ex.close or not ex.keep_alive,
+                                   head_only=ex.is_head)
+        self.count_status(status)
 
     def _prepare(self, ex: Exchange, method: bytes) -> None:
         """Route the request and build the head sent upstream, or a local answer."""
         ctx = self.ctx
         url = self.url
         host: bytes | None = None
+        hosts = 0
         xff: bytes | None = None
         conn_tokens: bytes = b""
         te: bytes | None = None
+        retryable = method in IDEMPOTENT
+        expect = False
         out: list[bytes] = []
         for name, value in self.headers:
             n = name.lower()
@@ -500,15 +596,21 @@ class H1Downstream(asyncio.Protocol):
                 if n == b"connection":
                     conn_tokens += b"," + value.lower()
                 elif n == b"transfer-encoding":
-                    te = value
+                    # several fields are one list (RFC 9110 §5.3)
+                    te = value if te is None else te + b"," + value
                 continue
             if n == b"host":
                 host = value
+                hosts += 1
             elif n == b"x-forwarded-for":
-                xff = value
+                xff = value if xff is None else xff + b", " + value
                 continue
             elif n == b"x-forwarded-proto":
                 continue
+            elif n == b"idempotency-key":
+                retryable = True
+            elif n == b"expect":
+                expect = True
             out.append(b"%s: %s\r\n" % (name, value))
         if conn_tokens:
             drop = {t.strip() for t in conn_tokens.split(b",") if t.strip()}
@@ -517,47 +619,59 @@ class H1Downstream(asyncio.Protocol):
                 out = [h for h in out if h.split(b":", 1)[0].lower() not in drop]
         if method == b"CONNECT":
             ex.close = True
-            ex.local = simple_response(403, b"CONNECT not allowed\n", close=True)
+            self._local(ex, 403, b"CONNECT not allowed\n")
             return
         if te is not None:
             if te.strip().lower() != b"chunked":
+                # llhttp framed it (chunked last) or will reject it; either way we cannot
+                # forward a coding we do not know the end of (RFC 9112 §6.1).
                 ex.close = True
-                ex.local = simple_response(501, b"transfer coding not implemented\n", close=True)
+                self._local(ex, 501, b"transfer coding not implemented\n")
                 return
+            if ex.v10:
+                # RFC 9112 §6.1: Transfer-Encoding in HTTP/1.0 means faulty framing: answer this
+                # one, then close.
+                ex.close = True
             ex.chunked_req = True
             out.append(b"transfer-encoding: chunked\r\n")
         if url[:1] != b"/" and url != b"*":
             try:
                 parsed = httptools.parse_url(url)
             except httptools.HttpParserInvalidURLError:
+                parsed = None
+            if parsed is None or not parsed.host:
                 ex.close = True
-                ex.local = simple_response(400, b"bad request target\n", close=True)
+                self._local(ex, 400, b"bad request target\n")
                 return
             url = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
-            if host is None and parsed.host:
-                host = parsed.host
+            host = parsed.host  # RFC 9112 §3.2.2: the target's authority wins over Host
+        elif hosts != 1 and (hosts > 1 or not ex.v10):
+            # RFC 9112 §3.2: an HTTP/1.1 request without Host, or any with several, is a 400
+            ex.close = True
+            self._local(ex, 400, b"missing or repeated host\n")
+            return
         path = url
+        # Answered here, a client that sent "Expect: 100-continue" will not send the body it
+        # held back: the connection cannot be reused after the answer (RFC 9110 §10.1.1).
         if ctx.health_check_path is not None and path.partition(b"?")[0] == ctx.health_check_path:
             live = ctx.process.live
-            ex.local = simple_response(
-                200 if live else 503, b"OK\n" if live else b"DRAINING\n",
-                close=not ex.keep_alive, head_only=ex.is_head)
-            self.count_status(200 if live else 503)
+            ex.close = expect
+            self._local(ex, 200 if live else 503, b"OK\n" if live else b"DRAINING\n")
             return
         route = ctx.router.match(host, path.partition(b"?")[0])
         if route is None:
-            ex.local = simple_response(404, b"no route\n", close=not ex.keep_alive,
-                                       head_only=ex.is_head)
-            self.count_status(404)
+            ex.close = expect
+            self._local(ex, 404, b"no route\n")
             return
         if not ctx.process.ledger.begin():
             ex.close = True
-            ex.local = GOING_AWAY
+            ex.local = GOING_AWAY if not ex.is_head else GOING_AWAY_HEAD
             ctx.stats.downstream_rq_going_away += 1
             ctx.drain_stats.refused += 1
             self.count_status(503)
             return
         ex.admitted = True
+        ex.retryable = retryable
         ex.cluster = route.cluster
         ex.cstats = route.cluster.stats
         ex.route_timeout = route.timeout
@@ -574,6 +688,10 @@ class H1Downstream(asyncio.Protocol):
         ex = self.reading
         self.reading = None
         if ex is not None:
+            if ex.close or not ex.keep_alive:
+                # Its response closes the connection: requests pipelined behind it will not
+                # be answered, so they are not read (nor sent upstream).
+                self.last_read = True
             ex.request_complete()
 
     # -- response side ----------------------------------------------------------------------
@@ -614,11 +732,11 @@ class H1Downstream(asyncio.Protocol):
             return
         queue.popleft()
         self._settle(ex)
-        if ex.close:
-            self.staged_close()
-            return
-        if not ex.req_done:
-            # The response finished before the request body: the stream cannot be resynced.
+        if ex.close or not ex.req_done:
+            # Closing (or the response finished before the request body, so the stream cannot
+            # be resynced): requests pipelined behind are dropped unanswered, as HTTP/1.1
+            # allows (RFC 9112 §9.3.2), and off the books at once.
+            self._drop_queue()
             self.staged_close()
             return
         if queue:
@@ -633,18 +751,35 @@ class H1Downstream(asyncio.Protocol):
         if self.drain.on_idle(now) is ConnAction.CLOSE:
             self.staged_close()
 
+    def _drop_queue(self) -> None:
+        """Forget the requests still queued (never started): the connection is closing."""
+        self.reading = None
+        queue = self.queue
+        while queue:
+            ex = queue.popleft()
+            ex.resp_done = True  # a late callback finds it finished
+            ex._detach(reusable=False)
+            self._settle(ex)
+
     # -- errors and cuts ----------------------------------------------------------------------
     def protocol_error(self, status: int, body: bytes) -> None:
         """Malformed input: answer in order if we can, then close."""
+        if self.closing or self.last_read:
+            return  # nothing after the last answered request is read: no answer owed
         st = self.ctx.stats
         st.downstream_cx_protocol_error += 1
+        ex = self.reading
         self.reading = None
         self.in_headers = False
+        self.last_read = True
         self.pause(PAUSE_CLOSING)
+        if ex is not None:
+            self._broken_body(ex, status, body)
+            return
         resp = simple_response(status, body, close=True)
+        st.downstream_rq_total += 1
+        self.count_status(status)
         if not self.queue:
-            st.downstream_rq_total += 1
-            self.count_status(status)
             self.write(resp)
             self.staged_close()
             return
@@ -653,19 +788,35 @@ class H1Downstream(asyncio.Protocol):
         ex.local = resp
         ex.close = True
         ex.req_done = True
-        st.downstream_rq_total += 1
         st.downstream_rq_active += 1
-        self.count_status(status)
-        last = self.queue[-1]
-        if not last.req_done:
-            # the broken request is the one being read: its answer replaces it
-            last.close = True
         self.queue.append(ex)
+
+    def _broken_body(self, ex: Exchange, status: int, body: bytes) -> None:
+        """The body of the request being received is malformed (bad chunk framing): the
+        request can never complete. Answer it with the error if nothing was sent yet."""
+        ex.close = True
+        if ex.local is not None:
+            # already answered (or to be answered) from here: that answer stands
+            ex.req_done = True
+            if ex.resp_started:
+                ex.finish()
+            return
+        if self.queue and self.queue[0] is not ex:
+            # queued behind others: it never reaches the upstream
+            ex.req_done = True
+            self._local(ex, status, body)
+            return
+        if ex.resp_started:
+            self.abort_with_active_request()
+            return
+        ex._detach(reusable=False)
+        ex.local_error(status, body)
 
     def abort_with_active_request(self) -> None:
         """An upstream failed after this response started: the client can only see a reset."""
         self.ctx.stats.downstream_cx_destroy_local_active_rq += 1
         if self.transport is not None and not self.gone:
+            self.aborted = True
             self.transport.abort()
 
     def closing_after_queue(self) -> None:
@@ -708,6 +859,7 @@ class H1Downstream(asyncio.Protocol):
         if self.closing:
             return
         self.closing = True
+        self.last_read = True  # what the parser still holds of this read is not a request
         self.drain.close()
         t = self.transport
         if t is None or self.gone:
@@ -760,7 +912,9 @@ class H1Downstream(asyncio.Protocol):
                 t.close()
             return
         nxt: list[float] = []
-        busy = bool(self.queue)
+        queue = self.queue
+        # busy: a request is being answered (not just a local answer awaiting a request body)
+        busy = bool(queue) and (queue[0].local is None or not queue[0].resp_started)
         if self.in_headers:
             at = self.req_started + ctx.request_headers_timeout
             if now >= at:

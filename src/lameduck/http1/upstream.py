@@ -50,6 +50,8 @@ class H1Upstream(asyncio.Protocol):
         self.sink: ExchangeSink | None = None
         self.alive = True
         self.keep_alive = True
+        self.read_paused = False  # paused because the client side cannot take more
+        self.closed_here = False  # we closed it (else the upstream did, or the network)
         self.idle_since = 0.0
         self.requests = 0
         self.on_closed: list = []  # callbacks(conn) run once when the connection is lost
@@ -72,14 +74,29 @@ class H1Upstream(asyncio.Protocol):
 
     def close(self) -> None:
         self.alive = False
+        self.closed_here = True
         if self.transport is not None:
             self.transport.close()
 
     def abort(self) -> None:
         self.alive = False
+        self.closed_here = True
         self.sink = None
         if self.transport is not None:
             self.transport.abort()
+
+    def pause_reading(self) -> None:
+        if not self.read_paused and self.alive and self.transport is not None:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        """Also run when the exchange lets go: a pooled connection must be read (to see its
+        upstream close it) and the next exchange starts unpaused."""
+        if self.read_paused:
+            self.read_paused = False
+            if self.alive and self.transport is not None:
+                self.transport.resume_reading()
 
     # -- sending ----------------------------------------------------------------------------
     def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float) -> None:
@@ -148,8 +165,8 @@ class H1Upstream(asyncio.Protocol):
         sink = self.sink
         if sink is not None:
             self.sink = None
-            if self.head_seen and self.close_delimited:
-                sink.on_response_complete()
+            if self.head_seen and self.close_delimited and exc is None:
+                sink.on_response_complete()  # a FIN ends a close-delimited body; a reset does not
             else:
                 sink.on_upstream_error(UpstreamError.RESET, self.head_seen)
         for cb in self.on_closed:

@@ -49,6 +49,8 @@ async def _connect(
 
     def closed(conn: H1Upstream) -> None:
         stats.upstream_cx_active -= 1
+        if not conn.closed_here:
+            stats.upstream_cx_destroy_remote += 1
         endpoint.forget(conn)
 
     proto.on_closed.append(closed)

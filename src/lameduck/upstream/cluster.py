@@ -34,8 +34,11 @@ class Cluster:
         return eps[i]
 
     def expire_idle(self, now: float) -> None:
+        """Close pooled connections idle longer than ``idle_timeout`` (0 = keep them)."""
+        if self.idle_timeout <= 0:
+            return
         for ep in self.endpoints:
-            ep.expire(now, self.idle_timeout)
+            self.stats.upstream_cx_idle_timeout += ep.expire(now, self.idle_timeout)
 
     def close_idle(self) -> None:
         for ep in self.endpoints:

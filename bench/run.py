@@ -1,0 +1,795 @@
+#!/usr/bin/env python3
+"""lameduck vs HAProxy vs nginx: keep-alive GET / through each proxy to the same origin.
+
+Run with ``make bench`` (or ``.venv/bin/python bench/run.py --help``). Everything listens on
+127.0.0.1, every process it starts is stopped by pid before it returns (also on Ctrl-C and
+SIGTERM), and the default run takes well under two minutes. See bench/README.md.
+
+Layout on a 2-core machine:
+    CPU 0 (--proxy-cpu): the proxy under test (one of three, all pinned there)
+    CPU 1 (--load-cpu):  the demo origin and wrk
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import http.client
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+OUT_DIR = REPO / "bench" / "out"
+HELLO = b"hello from the lameduck demo origin\n"
+PROXIES = ("lameduck", "haproxy", "nginx")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# The issue's target (issue 2, item 8).
+TARGET_CPU_US = 50.0
+TARGET_RATIO = 0.6
+TARGET_LINE = (f"target: lameduck <= {TARGET_CPU_US:g} µs CPU per keep-alive GET, "
+               f">= {TARGET_RATIO:g}x HAProxy req/s (same run)")
+
+
+# --------------------------------------------------------------------------------------------
+# Processes: started pinned, tracked, stopped by pid.
+# --------------------------------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup() -> None:
+    """In the child before exec: own session (a terminal Ctrl-C reaches only run.py, which
+    then stops everything itself) and SIGKILL if run.py dies without cleaning up."""
+    os.setsid()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+    admin_port: int = 0
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text.rstrip().splitlines()[-lines:]) or "(empty log)"
+
+
+class Procs:
+    """Every process this run started, so that ``stop_all`` can end each one by its pid."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.procs: list[Proc] = []
+
+    def start(self, name: str, cpu: int, argv: list[str]) -> Proc:
+        log = self.workdir / f"{name}.log"
+        with log.open("wb") as fh:
+            popen = subprocess.Popen(
+                ["taskset", "-c", str(cpu), *argv],  # taskset execs argv: same pid
+                stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                cwd=self.workdir, preexec_fn=_child_setup,
+            )
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: Proc, grace: float = 3.0) -> None:
+        if proc.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.popen.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.popen.wait(timeout=5)
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in reversed(list(self.procs)):
+            try:
+                self.stop(proc)
+            except Exception as e:  # keep going: every other process must still be stopped
+                print(f"bench: could not stop {proc.name} (pid {proc.pid}): {e}", file=sys.stderr)
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 1.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def wait_until(proc: Proc, what: str, check, timeout: float = 15.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not proc.alive():
+            raise BenchError(f"{proc.name} exited (code {proc.popen.returncode}) before {what}; "
+                             f"log tail ({proc.log}):\n{proc.tail()}")
+        with contextlib.suppress(OSError, ValueError):
+            if check():
+                return
+        time.sleep(0.05)
+    raise BenchError(f"{proc.name}: no {what} within {timeout:g}s; log tail ({proc.log}):\n"
+                     f"{proc.tail()}")
+
+
+# --------------------------------------------------------------------------------------------
+# CPU accounting from /proc.
+# --------------------------------------------------------------------------------------------
+
+def _stat_fields(pid: int) -> list[str]:
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return raw[raw.rindex(")") + 2:].split()  # fields from 3 (state) on; comm may hold spaces
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and all its descendants (for proxies that fork workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                children.setdefault(int(_stat_fields(int(entry))[1]), []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def cpu_ticks(root: int) -> int:
+    """utime + stime (clock ticks) of ``root`` and its descendants, all threads included."""
+    total = 0
+    for pid in _tree(root):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            f = _stat_fields(pid)
+            total += int(f[11]) + int(f[12])  # fields 14 and 15: utime, stime
+    return total
+
+
+def cpu_busy() -> dict[int, tuple[int, int]]:
+    """Per CPU (busy, total) jiffies from /proc/stat, to see which side was saturated."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        m = re.match(r"cpu(\d+)\s+(.*)", line)
+        if m:
+            v = [int(x) for x in m.group(2).split()]
+            idle = v[3] + v[4]  # idle + iowait
+            out[int(m.group(1))] = (sum(v[:8]) - idle, sum(v[:8]))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The origin and the three proxies.
+# --------------------------------------------------------------------------------------------
+
+def start_origin(procs: Procs, cpu: int) -> tuple[Proc, int]:
+    proc = procs.start("origin", cpu, [sys.executable, "-m", "lameduck.demo", "--port", "0"])
+    port: list[int] = []
+
+    def reported() -> bool:
+        m = re.search(r"^listening on 127\.0\.0\.1:(\d+)$", proc.log.read_text(), re.M)
+        if m:
+            port.append(int(m.group(1)))
+        return bool(m)
+
+    wait_until(proc, "'listening on' line", reported, timeout=10)
+    return proc, port[0]
+
+
+def lameduck_bin() -> str:
+    here = Path(sys.executable).parent / "lameduck"
+    if here.exists():
+        return str(here)
+    venv = REPO / ".venv" / "bin" / "lameduck"
+    if venv.exists():
+        return str(venv)
+    found = shutil.which("lameduck")
+    if not found:
+        raise BenchError("lameduck is not installed (run `make bench`, which installs it)")
+    return found
+
+
+def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int) -> tuple[Proc, int]:
+    port, admin = free_port(), free_port()
+    cfg = {
+        "admin": {"address": f"127.0.0.1:{admin}"},
+        # Short drain so the SIGTERM at the end exits fast (no traffic is left by then anyway).
+        "drain": {"time": "1s", "strategy": "gradual", "connection_grace": "200ms"},
+        "shutdown": {"deadline": "2s", "min_drain": "0s", "stop_accepting": "at_drain_end"},
+        "listeners": [{
+            "name": "ingress",
+            "address": f"127.0.0.1:{port}",
+            "health_check_path": None,
+            "idle_timeout": "60s",
+            "routes": [{"prefix": "/", "cluster": "origin", "timeout": "30s"}],
+        }],
+        "clusters": [{"name": "origin", "endpoints": [f"127.0.0.1:{origin_port}"],
+                      "connect_timeout": "5s", "max_idle_connections": 256,
+                      "idle_timeout": "60s"}],
+    }
+    path = workdir / "lameduck.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    # Its log is its stderr (stdout too); both go to lameduck.log in the work dir.
+    proc = procs.start("lameduck", cpu, [lameduck_bin(), "run", "-c", str(path)])
+    wait_until(proc, "GET /ready == 200",
+               lambda: http_get(f"http://127.0.0.1:{admin}/ready")[0] == 200)
+    proc.admin_port = admin
+    return proc, port
+
+
+LAMEDUCK_STATS = re.compile(
+    r"(downstream_(cx|rq)_total|upstream_(cx|rq)_total|upstream_cx_destroy\w*|connect_fail"
+    r"|upstream_rq_(retry|timeout)\w*|rq_5xx|rq_4xx)$")
+
+
+def lameduck_counters(proc: Proc) -> dict[str, int]:
+    """Connection and request counters from lameduck's admin API (pool churn, errors)."""
+    status, body = http_get(f"http://127.0.0.1:{proc.admin_port}/stats?format=json", timeout=5)
+    if status != 200:
+        return {}
+    stats = json.loads(body)["stats"]
+    return {st["name"]: st["value"] for st in stats if LAMEDUCK_STATS.search(st["name"])}
+
+
+HAPROXY_CFG = """\
+# Generated by bench/run.py: HAProxy as a plain keep-alive HTTP/1.1 proxy, one thread, no logs.
+global
+    nbthread 1
+    maxconn 4096
+
+defaults
+    mode http
+    option http-keep-alive
+    option forwardfor           # lameduck adds X-Forwarded-For too: same work
+    http-reuse always
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    timeout http-request 10s
+    timeout http-keep-alive 60s
+
+frontend fe
+    bind 127.0.0.1:{port}
+    default_backend origin
+
+backend origin
+    server origin 127.0.0.1:{origin_port}
+"""
+
+
+def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int) -> tuple[Proc, int]:
+    port = free_port()
+    cfg = workdir / "haproxy.cfg"
+    cfg.write_text(HAPROXY_CFG.format(port=port, origin_port=origin_port))
+    check = subprocess.run(["haproxy", "-c", "-q", "-f", str(cfg)], capture_output=True,
+                           text=True)
+    if check.returncode != 0:
+        raise BenchError(f"haproxy rejected {cfg}:\n{check.stdout}{check.stderr}")
+    proc = procs.start("haproxy", cpu, ["haproxy", "-f", str(cfg), "-db"])
+    wait_until(proc, "listening socket", lambda: _proxied_ok(port))
+    return proc, port
+
+
+NGINX_CFG = """\
+# Generated by bench/run.py: nginx as a keep-alive HTTP/1.1 proxy, one process, no logs.
+worker_processes 1;
+daemon off;
+master_process off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+
+events {{
+    worker_connections 4096;
+}}
+
+http {{
+    access_log off;
+    {temp_paths}
+    keepalive_timeout 60s;
+    keepalive_requests 100000000;   # default 1000 would reconnect mid-round
+
+    upstream origin {{
+        server 127.0.0.1:{origin_port};
+        keepalive 64;
+        keepalive_requests 100000000;
+        keepalive_timeout 60s;
+    }}
+
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;  # as lameduck does
+            proxy_set_header X-Forwarded-Proto $scheme;
+        }}
+    }}
+}}
+"""
+
+
+def _nginx_temp_paths(tmp: Path) -> str:
+    """Temp paths inside ``tmp`` for every module compiled in (so nothing under /var)."""
+    build = subprocess.run(["nginx", "-V"], capture_output=True, text=True).stderr
+    lines = [f"client_body_temp_path {tmp}/client_body;", f"proxy_temp_path {tmp}/proxy;"]
+    for mod in ("fastcgi", "uwsgi", "scgi"):
+        if f"--without-http_{mod}_module" not in build:
+            lines.append(f"{mod}_temp_path {tmp}/{mod};")
+    return "\n    ".join(lines)
+
+
+def start_nginx(procs: Procs, cpu: int, workdir: Path, origin_port: int) -> tuple[Proc, int]:
+    port = free_port()
+    tmp = workdir / "nginx"
+    tmp.mkdir()
+    cfg = tmp / "nginx.conf"
+    cfg.write_text(NGINX_CFG.format(port=port, origin_port=origin_port, tmp=tmp,
+                                    temp_paths=_nginx_temp_paths(tmp)))
+    argv = ["nginx", "-p", str(tmp), "-e", str(tmp / "nginx-error.log"), "-c", str(cfg)]
+    check = subprocess.run([*argv, "-t", "-q"], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise BenchError(f"nginx rejected {cfg}:\n{check.stdout}{check.stderr}")
+    proc = procs.start("nginx", cpu, argv)
+    proc.log = tmp / "nginx-error.log"  # its stderr is empty: errors go to the error_log
+    wait_until(proc, "listening socket", lambda: _proxied_ok(port))
+    return proc, port
+
+
+def _proxied_ok(port: int) -> bool:
+    status, body = http_get(f"http://127.0.0.1:{port}/")
+    return status == 200 and body == HELLO
+
+
+def keepalive_check(port: int, requests: int = 3, timeout: float = 3.0) -> str | None:
+    """Several GETs on one connection, as wrk sends them. None when all are answered with the
+    origin's body on the same connection, else what went wrong: a proxy that stalls on the
+    second request of a connection would otherwise show up only as a tiny req/s figure."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        for i in range(1, requests + 1):
+            try:
+                conn.request("GET", "/")
+                r = conn.getresponse()
+                body = r.read()
+            except (OSError, http.client.HTTPException) as e:
+                return f"request {i} on one keep-alive connection: {type(e).__name__}: {e}"
+            if r.status != 200 or body != HELLO:
+                return f"request {i} on one keep-alive connection: {r.status} {body[:80]!r}"
+            if r.will_close:
+                return f"request {i}: the proxy closed the keep-alive connection"
+    finally:
+        conn.close()
+    return None
+
+
+STARTERS = {"lameduck": start_lameduck, "haproxy": start_haproxy, "nginx": start_nginx}
+
+
+# --------------------------------------------------------------------------------------------
+# wrk.
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Sample:
+    proxy: str
+    round: int
+    requests: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    cpu_us_per_req: float
+    proxy_cpu_pct: float
+    cpu_pct: dict[int, float] = field(default_factory=dict)
+
+
+_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
+
+
+def _ms(value: str, unit: str) -> float:
+    return float(value) * _UNIT[unit]
+
+
+def parse_wrk(out: str) -> dict[str, float]:
+    def grab(pattern: str) -> re.Match:
+        m = re.search(pattern, out, re.M)
+        if not m:
+            raise BenchError(f"unexpected wrk output (no match for {pattern!r}):\n{out}")
+        return m
+
+    lat = r"\s+([\d.]+)(us|ms|s|m)\s*$"
+    p50 = grab(r"^\s*50(?:\.0+)?%" + lat)
+    p99 = grab(r"^\s*99(?:\.0+)?%" + lat)
+    errors = 0
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    if sock:
+        errors += sum(int(x) for x in sock.groups())
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if non2xx:
+        errors += int(non2xx.group(1))
+    return {
+        "requests": int(grab(r"^\s*(\d+) requests in")[1]),
+        "rps": float(grab(r"^Requests/sec:\s+([\d.]+)")[1]),
+        "p50_ms": _ms(*p50.groups()),
+        "p99_ms": _ms(*p99.groups()),
+        "errors": errors,
+    }
+
+
+def run_wrk(procs: Procs, cpu: int, port: int, seconds: float, conns: int,
+            threads: int) -> str:
+    argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds:g}s", "--latency",
+            f"http://127.0.0.1:{port}/"]
+    proc = procs.start("wrk", cpu, argv)
+    try:
+        proc.popen.wait(timeout=seconds + 30)
+    finally:
+        procs.stop(proc)
+    out = proc.log.read_text(errors="replace")
+    if proc.popen.returncode != 0:
+        raise BenchError(f"wrk failed (code {proc.popen.returncode}):\n{out}")
+    return out
+
+
+def measure(procs: Procs, name: str, proxy: Proc, port: int, args: argparse.Namespace,
+            rnd: int) -> Sample:
+    busy0, ticks0, t0 = cpu_busy(), cpu_ticks(proxy.pid), time.monotonic()
+    out = run_wrk(procs, args.load_cpu, port, args.duration, args.connections, args.threads)
+    busy1, ticks1, wall = cpu_busy(), cpu_ticks(proxy.pid), time.monotonic() - t0
+    if not proxy.alive():
+        raise BenchError(f"{name} died during round {rnd}; log tail ({proxy.log}):\n"
+                         f"{proxy.tail()}")
+    w = parse_wrk(out)
+    cpu_s = (ticks1 - ticks0) / CLK_TCK
+    pct = {c: 100.0 * (busy1[c][0] - busy0[c][0]) / max(1, busy1[c][1] - busy0[c][1])
+           for c in (args.proxy_cpu, args.load_cpu)}
+    return Sample(
+        proxy=name, round=rnd, requests=int(w["requests"]), rps=w["rps"],
+        p50_ms=w["p50_ms"], p99_ms=w["p99_ms"], errors=int(w["errors"]),
+        cpu_us_per_req=cpu_s * 1e6 / max(1, w["requests"]),
+        proxy_cpu_pct=100.0 * cpu_s / wall, cpu_pct=pct,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Report.
+# --------------------------------------------------------------------------------------------
+
+def _versions() -> dict[str, str]:
+    def first_line(argv: list[str]) -> str:
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return "?"
+        return ((r.stdout or r.stderr).strip().splitlines() or ["?"])[0]
+
+    from lameduck import __version__
+
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        m = re.search(r"^model name\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+        cpu = m.group(1) if m else "?"
+    return {
+        "lameduck": __version__,
+        "python": platform.python_version(),
+        "haproxy": first_line(["haproxy", "-v"]),
+        "nginx": first_line(["nginx", "-v"]),
+        "wrk": first_line(["wrk", "--version"]),
+        "kernel": platform.release(),
+        "cpu": f"{cpu} x {os.cpu_count()}",
+    }
+
+
+def bound_by(proxy_pct: float, load_pct: float, load_cpu: int) -> str:
+    """Which side limited the round: a proxy at ~100% of its core, or the origin + wrk core."""
+    sides = [n for n, pct in (("proxy", proxy_pct), (f"cpu{load_cpu}", load_pct)) if pct >= 95]
+    return " + ".join(sides) or "neither"
+
+
+def summarize(samples: list[Sample], names: list[str],
+              load_cpu: int) -> tuple[list[list[str]], list[str]]:
+    med: dict[str, dict[str, float]] = {}
+    for n in names:
+        ss = [s for s in samples if s.proxy == n]
+        med[n] = {k: statistics.median(getattr(s, k) for s in ss)
+                  for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req", "proxy_cpu_pct")}
+        med[n]["errors"] = sum(s.errors for s in ss)
+        med[n]["load_pct"] = statistics.median(s.cpu_pct[load_cpu] for s in ss)
+    ha = med.get("haproxy", {}).get("rps")
+    rows = []
+    for n in names:
+        m = med[n]
+        rows.append([
+            n, f"{m['rps']:,.0f}", f"{m['p50_ms']:.2f} ms", f"{m['p99_ms']:.2f} ms",
+            f"{m['cpu_us_per_req']:.1f}", f"{m['proxy_cpu_pct']:.0f}%",
+            f"{m['rps'] / ha:.2f}x" if ha else "n/a", str(int(m["errors"])),
+            bound_by(m["proxy_cpu_pct"], m["load_pct"], load_cpu),
+        ])
+    verdict = []
+    if "lameduck" in med:
+        cpu = med["lameduck"]["cpu_us_per_req"]
+        verdict.append(f"lameduck CPU per request: {cpu:.1f} µs "
+                       f"({'met' if cpu <= TARGET_CPU_US else 'NOT met'}: <= {TARGET_CPU_US:g})")
+        if ha:
+            ratio = med["lameduck"]["rps"] / ha
+            verdict.append(f"lameduck req/s vs HAProxy: {ratio:.2f}x "
+                           f"({'met' if ratio >= TARGET_RATIO else 'NOT met'}: "
+                           f">= {TARGET_RATIO:g}x)")
+    return rows, verdict
+
+
+HEADERS = ["proxy", "req/s (median)", "p50", "p99", "CPU µs/req", "proxy CPU",
+           "vs HAProxy req/s", "errors", "saturated"]
+
+
+def text_table(rows: list[list[str]], headers: list[str] = HEADERS) -> str:
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def md_table(rows: list[list[str]], headers: list[str] = HEADERS) -> str:
+    out = ["| " + " | ".join(headers) + " |",
+           "|" + "|".join("---" if i == 0 else "---:" for i in range(len(headers))) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def round_rows(samples: list[Sample], args: argparse.Namespace) -> list[list[str]]:
+    return [[str(s.round), s.proxy, f"{s.rps:,.0f}", f"{s.p50_ms:.2f}", f"{s.p99_ms:.2f}",
+             f"{s.cpu_us_per_req:.1f}", f"{s.proxy_cpu_pct:.0f}%",
+             f"{s.cpu_pct[args.proxy_cpu]:.0f}%", f"{s.cpu_pct[args.load_cpu]:.0f}%",
+             str(s.errors)] for s in samples]
+
+
+def round_headers(args: argparse.Namespace) -> list[str]:
+    return ["round", "proxy", "req/s", "p50 ms", "p99 ms", "CPU µs/req", "proxy CPU",
+            f"cpu{args.proxy_cpu} busy", f"cpu{args.load_cpu} busy", "errors"]
+
+
+def write_markdown(path: Path, rows, verdict, samples, args, command: str,
+                   notes: list[str]) -> None:
+    v = _versions()
+    lines = [
+        "# lameduck benchmark results",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M:%S %Z')} with `{command}`: "
+        f"{args.rounds} interleaved rounds x {args.duration:g} s per proxy, wrk -t{args.threads} "
+        f"-c{args.connections} keep-alive GET / (after a {args.warmup:g} s warm-up each); "
+        f"proxies pinned to CPU {args.proxy_cpu}, demo origin and wrk to CPU {args.load_cpu}.",
+        "",
+        md_table(rows),
+        "",
+        TARGET_LINE + ":",
+        "",
+        *[f"- {x}" for x in verdict],
+        "",
+        "Medians over the rounds. *CPU µs/req* is the proxy's utime+stime over the round "
+        "divided by the requests wrk completed; *proxy CPU* is that CPU time over the round's "
+        "wall time (100% = the proxy saturates its core). *saturated* names the core(s) at "
+        f">= 95% busy: `proxy` (CPU {args.proxy_cpu}) means the proxy itself was the limit; "
+        f"`cpu{args.load_cpu}` means the origin + wrk core was, so that proxy's req/s is a "
+        "lower bound of what it could do and CPU µs/req is the fairer comparison.",
+        "",
+        *[f"Note: {n}.\n" for n in notes],
+        "## Rounds",
+        "",
+        md_table(round_rows(samples, args), round_headers(args)),
+        "",
+        "## Environment",
+        "",
+        *[f"- {k}: {val}" for k, val in v.items()],
+        "",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+
+
+# --------------------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/run.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--duration", type=float, default=5, help="seconds per proxy per round (5)")
+    p.add_argument("--warmup", type=float, default=2, help="warm-up seconds per proxy (2)")
+    p.add_argument("--connections", type=int, default=50, help="wrk connections (50)")
+    p.add_argument("--threads", type=int, default=1, help="wrk threads (1)")
+    p.add_argument("--proxies", default=",".join(PROXIES),
+                   help="comma-separated subset of lameduck,haproxy,nginx")
+    p.add_argument("--proxy-cpu", type=int, default=0, help="CPU for the proxies (0)")
+    p.add_argument("--load-cpu", type=int, default=1, help="CPU for origin and wrk (1)")
+    p.add_argument("--out", type=Path, default=OUT_DIR / "results.md",
+                   help="markdown results file (bench/out/results.md)")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (configs, logs)")
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.proxies.split(",") if n.strip()]
+    bad = [n for n in names if n not in PROXIES]
+    if bad or not names:
+        p.error(f"--proxies: unknown {bad}; choose from {', '.join(PROXIES)}")
+    args.names = names
+    if args.rounds < 1 or args.duration <= 0 or args.connections < 1 or args.threads < 1:
+        p.error("--rounds, --duration, --connections and --threads must be positive")
+    cpus = os.sched_getaffinity(0)
+    for flag, cpu in (("--proxy-cpu", args.proxy_cpu), ("--load-cpu", args.load_cpu)):
+        if cpu not in cpus:
+            p.error(f"{flag} {cpu}: not an allowed CPU here (allowed: {sorted(cpus)})")
+    if args.proxy_cpu == args.load_cpu:
+        print("bench: warning: proxy and load share one CPU; numbers will not be comparable "
+              "to the 2-core target", file=sys.stderr)
+    return args
+
+
+def background_load(cpus: tuple[int, ...], seconds: float = 1.0) -> dict[int, float]:
+    """How busy each CPU is before the bench starts anything (other jobs skew the numbers)."""
+    a = cpu_busy()
+    time.sleep(seconds)
+    b = cpu_busy()
+    return {c: 100.0 * (b[c][0] - a[c][0]) / max(1, b[c][1] - a[c][1]) for c in cpus}
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    for tool in ("taskset", "wrk", *(["haproxy"] if "haproxy" in args.names else []),
+                 *(["nginx"] if "nginx" in args.names else [])):
+        if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
+            print(f"bench: {tool} not found (make bench installs wrk, haproxy, nginx-light)",
+                  file=sys.stderr)
+            return 2
+    os.environ["PATH"] += os.pathsep + "/usr/sbin:/sbin"
+    exe = Path(sys.executable)
+    with contextlib.suppress(ValueError):
+        exe = exe.relative_to(REPO)
+    command = " ".join([str(exe), "bench/run.py", *(argv or sys.argv[1:])])
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGHUP, _on_sigterm)
+    workdir = Path(tempfile.mkdtemp(prefix="lameduck-bench-"))
+    procs = Procs(workdir)
+    keep = args.keep
+    samples: list[Sample] = []
+    counters: dict[str, int] = {}
+    idle = background_load((args.proxy_cpu, args.load_cpu))
+    notes = []
+    if max(idle.values()) > 10:
+        notes.append("machine not idle before the run: " + ", ".join(
+            f"cpu{c} {pct:.0f}% busy" for c, pct in idle.items())
+            + " (other jobs were running; expect noisy numbers)")
+        print(f"bench: warning: {notes[-1]}", file=sys.stderr)
+    try:
+        origin, origin_port = start_origin(procs, args.load_cpu)
+        print(f"origin: pid {origin.pid} on 127.0.0.1:{origin_port} (CPU {args.load_cpu})")
+        proxies: dict[str, tuple[Proc, int]] = {}
+        for name in args.names:
+            proc, port = STARTERS[name](procs, args.proxy_cpu, workdir, origin_port)
+            proxies[name] = (proc, port)
+            print(f"{name}: pid {proc.pid} on 127.0.0.1:{port} (CPU {args.proxy_cpu})")
+        for name, (proc, port) in proxies.items():
+            problem = keepalive_check(port)
+            if problem:
+                notes.append(f"{name} failed the keep-alive pre-check ({problem}); "
+                             "its numbers below measure that failure")
+                print(f"bench: warning: {notes[-1]}\n{name} log tail ({proc.log}):\n"
+                      f"{proc.tail()}", file=sys.stderr)
+                keep = True
+        if args.warmup > 0:
+            for name, (_, port) in proxies.items():
+                print(f"warm-up {name} {args.warmup:g}s", flush=True)
+                run_wrk(procs, args.load_cpu, port, args.warmup, args.connections, args.threads)
+        for rnd in range(1, args.rounds + 1):
+            k = (rnd - 1) % len(args.names)
+            order = args.names[k:] + args.names[:k]  # rotate so no proxy always goes first
+            for name in order:
+                proc, port = proxies[name]
+                s = measure(procs, name, proc, port, args, rnd)
+                samples.append(s)
+                print(f"round {rnd} {name:9} {s.rps:>10,.0f} req/s  p50 {s.p50_ms:6.2f} ms  "
+                      f"p99 {s.p99_ms:6.2f} ms  {s.cpu_us_per_req:6.1f} µs/req  "
+                      f"proxy CPU {s.proxy_cpu_pct:3.0f}%  cpu{args.load_cpu} "
+                      f"{s.cpu_pct[args.load_cpu]:3.0f}%  errors {s.errors}", flush=True)
+        for name, (proc, _) in proxies.items():
+            if not proc.alive():
+                raise BenchError(f"{name} exited; log tail:\n{proc.tail()}")
+        lameduck = proxies.get("lameduck")
+        if lameduck:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                counters = lameduck_counters(lameduck[0])
+            log = lameduck[0].tail(200)
+            if re.search(r"Traceback|ERROR|Exception", log):
+                print(f"bench: note: lameduck logged errors; tail of {lameduck[0].log}:\n"
+                      f"{lameduck[0].tail(40)}", file=sys.stderr)
+                keep = True
+    except BenchError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        keep = True
+        return 1
+    except KeyboardInterrupt:
+        print("bench: interrupted; stopping everything", file=sys.stderr)
+        return 130
+    finally:
+        procs.stop_all()
+        if keep:
+            print(f"bench: configs and logs kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    rows, verdict = summarize(samples, args.names, args.load_cpu)
+    print()
+    print(text_table(rows))
+    print()
+    print(TARGET_LINE)
+    for v in verdict:
+        print("  " + v)
+    best = max(statistics.median(x.rps for x in samples if x.proxy == n) for n in args.names)
+    for n in args.names:
+        rps = statistics.median(x.rps for x in samples if x.proxy == n)
+        if rps < 0.1 * best:
+            notes.append(f"{n} ran at {rps:,.0f} req/s, under a tenth of the best proxy: "
+                         "look for stalled connections rather than slowness")
+    if counters:
+        notes.append("lameduck counters after the run (warm-ups included): " + ", ".join(
+            f"{k}={v}" for k, v in counters.items()))
+    for n in notes:
+        print("note: " + n)
+    write_markdown(args.out, rows, verdict, samples, args, command, notes)
+    print(f"\nwritten {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""The admin API over real sockets (issue 2 §5, DESIGN §5): methods, /ready states, /server_info,
+/stats (text, filter, JSON, Prometheus), health-check fail/ok on a live keep-alive connection,
+/quitquitquit, Envoy's stat names, and the loopback-only rule."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import yaml
+
+from lameduck import cli
+from tests.procs import RawConn, base_config, free_port, wait_until
+
+GET_PATHS = ["/", "/ready", "/server_info", "/stats", "/stats/prometheus"]
+POST_PATHS = ["/drain_listeners", "/healthcheck/fail", "/healthcheck/ok", "/quitquitquit"]
+
+
+def test_every_endpoint_and_wrong_methods(lameduck) -> None:
+    ld = lameduck()
+    with httpx.Client(base_url=f"http://{ld.admin_addr}", timeout=5) as c:
+        for path in GET_PATHS:
+            r = c.get(path)
+            assert r.status_code == 200, path
+            head = c.head(path)
+            assert head.status_code == 200 and head.content == b"", path
+            for method in ("POST", "PUT", "DELETE"):
+                r = c.request(method, path)
+                assert r.status_code == 405, (method, path)
+                assert r.headers["allow"] == "GET, HEAD", (method, path)
+        for path in POST_PATHS:
+            for method in ("GET", "HEAD", "PUT"):
+                r = c.request(method, path)
+                assert r.status_code == 405, (method, path)
+                assert r.headers["allow"] == "POST", (method, path)
+        # None of the refused calls changed anything: still live, no drain, still running.
+        assert c.get("/ready").text == "LIVE\n"
+        assert c.get("/server_info").json()["drain"]["active"] is False
+        assert ld.proc is not None and ld.proc.poll() is None
+        assert c.get("/nope").status_code == 404
+        # The index lists every endpoint with its method.
+        index = c.get("/").text
+        for path in GET_PATHS:
+            assert re.search(rf"^GET\s+{re.escape(path)}$", index, re.M), path
+        for path in POST_PATHS:
+            assert re.search(rf"^POST\s+{re.escape(path)}$", index, re.M), path
+        # State-changing calls answer OK.
+        for path in ("/healthcheck/fail", "/healthcheck/ok",
+                     "/drain_listeners?graceful&skip_exit"):
+            r = c.post(path)
+            assert (r.status_code, r.text) == (200, "OK\n"), path
+
+
+def test_server_info_json(lameduck) -> None:
+    ld = lameduck(drain={"time": "2s", "strategy": "gradual", "connection_grace": "200ms"})
+    r = ld.admin("GET", "/server_info")
+    assert r.headers["content-type"].startswith("application/json")
+    info = r.json()
+    for key in ("version", "state", "uptime_current_epoch", "uptime_all_epochs",
+                "command_line_options", "drain", "listeners"):
+        assert key in info, key
+    assert info["version"].startswith("lameduck/")
+    assert info["state"] == "LIVE"
+    assert re.fullmatch(r"\d+s", info["uptime_current_epoch"])
+    assert info["command_line_options"] == {"drain_time": "2s", "drain_strategy": "Gradual"}
+    assert info["drain"] == {"active": False}
+    assert info["listeners"] == [{"name": "ingress", "address": ld.addr, "accepting": True,
+                                  "draining": False, "connections": 0}]
+    ld.admin("POST", "/drain_listeners?graceful&skip_exit")
+    d = ld.server_info()["drain"]
+    assert d["active"] is True
+    for key in ("cause", "started", "elapsed", "strategy", "time", "connection_grace"):
+        assert key in d, key
+    assert (d["strategy"], d["time"], d["connection_grace"]) == ("gradual", 2.0, 0.2)
+    assert abs(d["started"] - time.time()) < 5
+    assert "deadline" not in d  # only a shutdown has one
+
+
+def test_ready_healthcheck_fail_and_ok_on_a_keepalive_connection(lameduck) -> None:
+    ld = lameduck()
+    ready = ld.admin("GET", "/ready")
+    assert (ready.status_code, ready.text) == (200, "LIVE\n")
+    conn = RawConn(ld.addr)
+    r = conn.request("/")
+    assert r.status == 200 and not r.closes
+    assert httpx.get(ld.url("/health_check.html")).status_code == 200
+
+    assert ld.admin("POST", "/healthcheck/fail").text == "OK\n"
+    ready = ld.admin("GET", "/ready")
+    assert (ready.status_code, ready.text) == (503, "DRAINING\n")
+    assert ld.server_info()["state"] == "DRAINING"
+    stats = ld.stats()
+    assert (stats["server.state"], stats["server.live"]) == (1, 0)
+    # The next response on the live keep-alive connection carries Connection: close.
+    r = conn.request("/")
+    assert r.status == 200 and r.closes
+    assert conn.wait_eof(3)
+    conn.close()
+    # The listener's health-check path turns 503; a new connection is drained at once.
+    hc = httpx.get(ld.url("/health_check.html"))
+    assert (hc.status_code, hc.text) == (503, "DRAINING\n")
+    with httpx.Client() as c:
+        assert c.get(ld.url("/")).headers["connection"] == "close"
+    assert ld.stat("http.ingress.downstream_cx_drain_close") >= 2
+    assert ld.stat("server.drain.cx_drained_proactive") == 0  # no T: nothing proactive
+
+    assert ld.admin("POST", "/healthcheck/ok").text == "OK\n"
+    ready = ld.admin("GET", "/ready")
+    assert (ready.status_code, ready.text) == (200, "LIVE\n")
+    assert ld.stat("server.live") == 1
+    conn = RawConn(ld.addr)
+    for _ in range(3):
+        r = conn.request("/")
+        assert r.status == 200 and not r.closes
+    conn.close()
+    hc = httpx.get(ld.url("/health_check.html"))
+    assert (hc.status_code, hc.text) == (200, "OK\n")
+
+
+SEED001_FILTER = "downstream_rq_active|upstream_rq_active"
+
+
+def test_stats_text_filter_json_and_bad_regex(lameduck) -> None:
+    ld = lameduck()
+    assert httpx.get(ld.url("/")).status_code == 200
+    base = f"http://{ld.admin_addr}"
+    # Seed 001's exact command line.
+    out = subprocess.run(["curl", "-s", f"{base}/stats?filter={SEED001_FILTER}"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["cluster.app.upstream_rq_active: 0",
+                                "http.ingress.downstream_rq_active: 0"]
+    text = ld.admin("GET", "/stats").text
+    lines = text.splitlines()
+    assert lines == sorted(lines)
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+: -?\d+", ln) for ln in lines), lines
+    assert "http.ingress.downstream_rq_2xx: 1" in lines
+
+    r = httpx.get(f"{base}/stats", params={"filter": SEED001_FILTER, "format": "json"})
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json() == {"stats": [{"name": "cluster.app.upstream_rq_active", "value": 0},
+                                  {"name": "http.ingress.downstream_rq_active", "value": 0}]}
+    full = ld.admin("GET", "/stats?format=json").json()
+    assert set(full) == {"stats"}
+    assert all(set(s) == {"name", "value"} and isinstance(s["value"], int)
+               for s in full["stats"])
+
+    for fmt in ({}, {"format": "json"}):
+        bad = httpx.get(f"{base}/stats", params={"filter": "(unclosed", **fmt})
+        assert bad.status_code == 400, fmt
+        assert "invalid filter regex" in bad.text
+
+
+PROM_SAMPLE = re.compile(
+    r'[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'
+    r'(,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*")*\})? -?\d+(\.\d+)?')
+
+
+def test_prometheus_exposition(lameduck) -> None:
+    ld = lameduck()
+    assert httpx.get(ld.url("/")).status_code == 200
+    r = ld.admin("GET", "/stats/prometheus")
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    typed: set[str] = set()
+    samples: dict[str, str] = {}
+    for line in r.text.splitlines():
+        if line.startswith("#"):
+            m = re.fullmatch(r"# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|untyped)", line)
+            assert m, line
+            assert m.group(1) not in typed, f"family typed twice: {line}"
+            typed.add(m.group(1))
+            continue
+        assert PROM_SAMPLE.fullmatch(line), line
+        series, value = line.rsplit(" ", 1)
+        assert series not in samples, f"duplicate series {series}"
+        samples[series] = value
+        assert series.split("{", 1)[0] in typed, f"sample before its TYPE line: {line}"
+    key = 'envoy_http_downstream_rq_active{envoy_http_conn_manager_prefix="ingress"}'
+    assert samples[key] == "0"
+    assert samples['envoy_cluster_upstream_rq_active{envoy_cluster_name="app"}'] == "0"
+    assert samples['envoy_http_downstream_rq_xx{envoy_response_code_class="2",'
+                   'envoy_http_conn_manager_prefix="ingress"}'] == "1"
+    assert samples["envoy_server_live"] == "1"
+    # The same through ?format=prometheus.
+    assert ld.admin("GET", "/stats?format=prometheus").text == r.text
+
+
+STAT_NAMES = [
+    "http.ingress.downstream_cx_active",
+    "http.ingress.downstream_rq_active",
+    "http.ingress.downstream_cx_drain_close",
+    "http.ingress.downstream_rq_total",
+    *(f"http.ingress.downstream_rq_{n}xx" for n in range(1, 6)),
+    "cluster.app.upstream_rq_active",
+    "cluster.app.upstream_cx_active",
+    "server.live",
+    "server.state",
+    "listener_manager.total_listeners_draining",
+    "server.drain.active",
+    "server.drain.completed",
+    "server.drain.refused",
+    "server.drain.cut",
+    "server.drain.cut_reset",
+    "server.drain.cx_drained_proactive",
+]
+
+
+def test_stat_names_from_the_issue_exist_and_move(lameduck) -> None:
+    ld = lameduck()
+    stats = ld.stats()
+    missing = [n for n in STAT_NAMES if n not in stats]
+    assert not missing, missing
+    assert (stats["server.live"], stats["server.state"]) == (1, 0)
+    with httpx.Client() as c:
+        assert c.get(ld.url("/")).status_code == 200
+        assert c.get(ld.url("/status/404")).status_code == 404
+        stats = ld.stats()
+        assert stats["http.ingress.downstream_cx_active"] == 1
+        assert stats["cluster.app.upstream_cx_active"] == 1  # pooled keep-alive upstream
+    stats = ld.stats()
+    assert stats["http.ingress.downstream_rq_total"] == 2
+    assert stats["http.ingress.downstream_rq_2xx"] == 1
+    assert stats["http.ingress.downstream_rq_4xx"] == 1
+    assert stats["http.ingress.downstream_rq_active"] == 0
+
+
+def test_quitquitquit_exits(lameduck) -> None:
+    ld = lameduck()
+    assert httpx.get(ld.url("/")).status_code == 200
+    r = ld.admin("POST", "/quitquitquit")
+    assert (r.status_code, r.text) == (200, "OK\n")
+    assert ld.wait(5) == 0  # nothing was in flight
+    assert "quit requested" in ld.log()
+
+
+def _write(tmp_path, cfg: dict):
+    path = tmp_path / f"cfg-{free_port()}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_non_loopback_admin_refused_by_lameduck_validate(tmp_path) -> None:
+    cfg = base_config(8080)
+    cfg["admin"] = {"address": "0.0.0.0:9901"}
+    cmd = [sys.executable, "-m", "lameduck", "validate", "-c"]
+    out = subprocess.run([*cmd, str(_write(tmp_path, cfg))], capture_output=True, text=True,
+                         timeout=30, check=False)
+    assert out.returncode == 2, out
+    assert "admin.address" in out.stderr
+    assert "allow_non_loopback" in out.stderr
+    cfg["admin"]["allow_non_loopback"] = True
+    out = subprocess.run([*cmd, str(_write(tmp_path, cfg))], capture_output=True, text=True,
+                         timeout=30, check=False)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize(("host", "ok"), [
+    ("192.0.2.10", False), ("[::]", False), ("[2001:db8::1]", False), ("localhost", True),
+    ("127.0.0.2", True), ("[::1]", True), ("[::ffff:127.0.0.1]", True),
+])
+def test_loopback_rule_per_address(tmp_path, capsys: pytest.CaptureFixture, host: str,
+                                   ok: bool) -> None:
+    cfg = base_config(8080)
+    cfg["admin"] = {"address": f"{host}:9901"}
+    code = cli.main(["validate", "-c", str(_write(tmp_path, cfg))])
+    err = capsys.readouterr().err
+    assert code == (0 if ok else 2), err
+    if not ok:
+        assert "admin.address" in err
+
+
+def test_admin_keepalive_and_head(lameduck) -> None:
+    """One admin connection answers many requests (pollers such as drain.sh keep it)."""
+    ld = lameduck()
+    conn = RawConn(ld.admin_addr)
+    for _ in range(5):
+        r = conn.request("/ready")
+        assert (r.status, r.body) == (200, b"LIVE\n") and not r.closes
+    r = conn.request("/ready", "HEAD")
+    assert r.status == 200 and r.header("content-length") == "5"
+    r = conn.request("/ready", headers={"Connection": "close"})
+    assert r.status == 200 and r.closes
+    assert conn.wait_eof(2)
+    conn.close()
+    info = json.loads(RawConn(ld.admin_addr).request("/server_info").body)
+    assert info["state"] == "LIVE"
+    assert wait_until(lambda: ld.proc is not None and ld.proc.poll() is None, 0.1)

@@ -1,0 +1,179 @@
+"""The ``lameduck`` command (issue 2 §7): ``validate`` with exit codes and errors that name the
+field, and ``run`` with no file serving the embedded default through its demo origin."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from lameduck import cli
+from tests.procs import _env, base_config, free_port, port_in_use, stop, wait_until
+
+EXIT_CONFIG = 2
+DEFAULT_PORTS = (10000, 9901, 8080)
+
+
+def lameduck_cmd() -> list[str]:
+    """The installed entry point when there is one (``.venv/bin/lameduck``), else -m."""
+    exe = Path(sys.executable).with_name("lameduck")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "lameduck"]
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*lameduck_cmd(), *args], capture_output=True, text=True,
+                          timeout=timeout, env=_env(), check=False)
+
+
+def write(tmp_path: Path, cfg: dict | str) -> Path:
+    path = tmp_path / f"cfg-{free_port()}.yaml"
+    path.write_text(cfg if isinstance(cfg, str) else yaml.safe_dump(cfg))
+    return path
+
+
+def test_validate_good_config(tmp_path: Path) -> None:
+    out = run_cli("validate", "-c", str(write(tmp_path, base_config(8080))))
+    assert out.returncode == 0, out.stderr
+    assert "OK (1 listeners, 1 clusters)" in out.stdout
+
+
+def test_validate_embedded_default() -> None:
+    out = run_cli("validate")
+    assert out.returncode == 0, out.stderr
+    assert "<embedded default>: OK" in out.stdout
+
+
+@pytest.mark.parametrize(("change", "field", "words"), [
+    ({"drain": {"strategy": "sudden"}}, "drain.strategy", "gradual"),
+    ({"drain": {"time": "soon"}}, "drain.time", "soon"),
+    ({"shutdown": {"deadline": "1s"}}, "shutdown.deadline", "drain.time"),
+    ({"shutdown": {"stop_accepting": "never"}}, "shutdown.stop_accepting", "never"),
+    ({"listener": {"address": "127.0.0.1:99999"}}, "listeners[0].address", "port"),
+    ({"route": {"cluster": "nope"}}, "listeners[0].routes[0].cluster", "unknown cluster"),
+    ({"drain": {"tiem": "1s"}}, "drain.tiem", "unknown key"),
+])
+def test_validate_bad_config_names_the_field(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                             change: dict, field: str, words: str) -> None:
+    """In-process (``cli.main``) to keep the table fast; the real process is checked below."""
+    path = write(tmp_path, base_config(8080, **change))
+    assert cli.main(["validate", "-c", str(path)]) == EXIT_CONFIG
+    out, err = capsys.readouterr()
+    assert f"{path}: {field}:" in err, err
+    assert words in err
+    assert out == ""
+
+
+def test_validate_bad_config_as_a_process(tmp_path: Path) -> None:
+    path = write(tmp_path, base_config(8080, drain={"strategy": "sudden"},
+                                       shutdown={"deadline": "1s"}))
+    out = run_cli("validate", "-c", str(path))
+    assert out.returncode == EXIT_CONFIG, (out.stdout, out.stderr)
+    # every problem, one line each, each naming its field
+    assert f"{path}: drain.strategy:" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert out.stdout == ""
+
+
+def test_validate_unreadable_and_not_yaml(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["validate", "-c", str(tmp_path / "missing.yaml")]) == EXIT_CONFIG
+    assert "cannot read" in capsys.readouterr().err
+    assert cli.main(["validate", "-c", str(write(tmp_path, "admin: [unclosed\n"))]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "invalid YAML" in err and "line" in err
+
+
+def test_run_with_a_bad_config_exits_2(tmp_path: Path) -> None:
+    path = write(tmp_path, base_config(8080, drain={"strategy": "sudden"}))
+    out = run_cli("run", "-c", str(path), timeout=30)
+    assert out.returncode == EXIT_CONFIG
+    assert "drain.strategy" in out.stderr
+
+
+def test_version(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith("lameduck ")
+
+
+def test_run_embedded_default_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
+    busy = [p for p in DEFAULT_PORTS if port_in_use(p)]
+    if busy:
+        pytest.skip(f"the embedded default needs 127.0.0.1 ports {DEFAULT_PORTS}; in use: {busy}")
+    errlog = tmp_path / "run.log"
+    with errlog.open("wb") as err:
+        proc = subprocess.Popen([*lameduck_cmd(), "run"], stdout=err, stderr=subprocess.STDOUT,
+                                env=_env(), cwd=tmp_path)
+    try:
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"lameduck run exited early:\n{errlog.read_text()}")
+            try:
+                return httpx.get("http://127.0.0.1:9901/ready", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        assert wait_until(ready, 15, 0.05), errlog.read_text()
+        r = httpx.get("http://127.0.0.1:10000/", timeout=5)
+        assert r.status_code == 200
+        assert r.text == "hello from the lameduck demo origin\n"
+        r = subprocess.run(["curl", "-s", "--max-time", "5", "http://127.0.0.1:10000/sleep?ms=50"],
+                           capture_output=True, text=True, check=False)
+        assert r.stdout == "slept 50 ms\n"
+        banner = errlog.read_text()
+        assert "curl -X POST 'http://127.0.0.1:9901/drain_listeners?graceful&skip_exit'" in banner
+        assert "http://127.0.0.1:10000/" in banner
+
+        def stat(name: str) -> int:
+            body = httpx.get("http://127.0.0.1:9901/stats?format=json", timeout=2).json()
+            return {s["name"]: s["value"] for s in body["stats"]}[name]
+
+        assert stat("http.ingress.downstream_rq_2xx") == 2
+        # No client connection left: SIGTERM drains (nothing to wait for) and exits 0 at once,
+        # well before the default 20 s drain time.
+        assert wait_until(lambda: stat("http.ingress.downstream_cx_active") == 0, 3)
+        t0 = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0, errlog.read_text()
+        assert time.monotonic() - t0 < 5
+        log = errlog.read_text()
+        assert "drain started (shutdown)" in log
+        assert "cut=0" in log
+        assert "Traceback" not in log
+        for p in DEFAULT_PORTS:
+            assert wait_until(lambda p=p: not port_in_use(p), 3), f"port {p} still bound"
+    finally:
+        stop(proc)
+
+
+def test_run_on_an_address_in_use_exits_1_without_a_traceback(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cfg = base_config(8080, listener={"address": f"127.0.0.1:{taken.getsockname()[1]}"})
+        out = run_cli("run", "-c", str(write(tmp_path, cfg)))
+    assert out.returncode == 1, out.stderr
+    assert "cannot listen" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_run_embedded_default_with_the_demo_port_taken(tmp_path: Path) -> None:
+    busy = [p for p in DEFAULT_PORTS if port_in_use(p)]
+    if busy:
+        pytest.skip(f"the embedded default needs 127.0.0.1 ports {DEFAULT_PORTS}; in use: {busy}")
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", 8080))
+        taken.listen()
+        out = run_cli("run", timeout=30)
+    assert out.returncode == 1, out.stderr
+    assert "cannot start the demo origin on 127.0.0.1:8080" in out.stderr
+    assert "Traceback" not in out.stderr
