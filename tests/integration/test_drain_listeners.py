@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.procs import AdminPoller, RawConn, base_config, free_port, wait_until
 
@@ -284,11 +283,6 @@ def test_no_proactive_drain_when_the_window_is_empty(lameduck) -> None:
         c.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "http1/downstream.py: local answers (health-check path, 404 no route) are built in "
-    "_prepare/_local and written by Exchange.start without asking "
-    "H1Downstream.response_drains(), so a draining listener never adds Connection: close to "
-    "them and a keep-alive health-check connection is never drained by a response"))
 def test_local_answers_drain_their_connection_too(origin_port: int, lameduck) -> None:
     """DESIGN §2: every response the policy drains carries Connection: close, the ones lameduck
     answers itself included (a load balancer's keep-alive health-check connection)."""

@@ -316,11 +316,6 @@ def test_streaming_response_seen_by_httpx_as_incomplete(lameduck) -> None:
     assert ld.wait(5) == 3
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "http1/downstream.py H1Downstream.cut (and abort_with_active_request) call "
-    "transport.abort(), which closes with a FIN, not a RST: a close-delimited response (an "
-    "HTTP/1.0 client) then looks complete to the client. Needs SO_LINGER(1, 0) on the socket "
-    "before abort()."))
 def test_cut_close_delimited_response_is_a_real_reset(lameduck) -> None:
     """An HTTP/1.0 client gets a close-delimited body: only a TCP reset tells it the body was
     cut; a FIN would make the truncated body look complete."""

@@ -37,6 +37,10 @@ class Ledger:
         if self.draining:
             self.completed += 1
 
+    def abandon(self) -> None:
+        """A request admitted by ``begin`` ended without completing: its client went away."""
+        self.active -= 1
+
     def cut_one(self) -> None:
         """A request admitted by ``begin`` was cut at the deadline."""
         self.active -= 1

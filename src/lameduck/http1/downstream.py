@@ -20,9 +20,11 @@ last response is not lost to a reset (RFC 9112 §9.6).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import socket
+import struct
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
@@ -183,6 +185,10 @@ class Exchange:
         """This exchange reached the head of the queue: answer it or send it upstream."""
         down = self.down
         if self.local is not None:
+            if not self.close and self.keep_alive and down.response_drains():
+                # a local answer drains its connection like any other response
+                self.close = True
+                self.local = self.local.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n", 1)
             down.write(self.local)
             self.resp_started = True
             if self.req_done or self.close:
@@ -261,8 +267,7 @@ class Exchange:
             self.down.write(status_line(status) + b"\r\n")
 
     def on_response_head(
-        self, status: int, headers: list[tuple[bytes, bytes]], length: int | None,
-        chunked: bool,
+        self, status: int, lines: list[bytes], length: int | None, chunked: bool,
     ) -> None:
         down = self.down
         self.status = status
@@ -273,18 +278,8 @@ class Exchange:
         cs.count_status(status)
         bodyless = self.is_head or status in (204, 304)
         close = self.close or not self.keep_alive or down.response_drains()
-        out = [status_line(status)]
-        drop: set[bytes] | None = None
-        for name, value in headers:
-            n = name.lower()
-            if n in HOP_BY_HOP:
-                if n == b"connection":
-                    drop = drop or set()
-                    drop.update(t.strip().lower() for t in value.split(b","))
-                continue
-            out.append(b"%s: %s\r\n" % (name, value))
-        if drop:
-            out = [out[0]] + [h for h in out[1:] if h.split(b":", 1)[0].lower() not in drop]
+        out = lines
+        out.insert(0, status_line(status))
         if not bodyless and length is None:
             if self.v10:
                 close = True  # close-delimited for an HTTP/1.0 client
@@ -358,6 +353,12 @@ class Exchange:
         self.down.write(simple_response(status, body, close=close, head_only=self.is_head))
         self.finish()
 
+    def cork(self) -> None:
+        self.down.wbuf = []
+
+    def uncork(self) -> None:
+        self.down.flush()
+
     def pause_request_body(self) -> None:
         self.down.pause(PAUSE_UPSTREAM)
 
@@ -388,6 +389,7 @@ class H1Downstream(asyncio.Protocol):
         self.gone = False
         self.last_read = False  # the last request this connection will answer has been read
         self.aborted = False  # we reset the connection (not the client)
+        self.wbuf: list[bytes] | None = None  # writes held while corked (see flush)
         self.peer = b""
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -483,7 +485,7 @@ class H1Downstream(asyncio.Protocol):
                 st.downstream_cx_destroy_remote_active_rq += 1
             for ex in list(self.queue):
                 ex._detach(reusable=False)
-                self._settle(ex)
+                self._settle(ex, completed=False)
             self.queue.clear()
         self.drain.closed()
         ctx.on_connection_closed(self)
@@ -516,9 +518,35 @@ class H1Downstream(asyncio.Protocol):
             self.transport.resume_reading()
 
     def write(self, data: bytes) -> None:
-        if not self.gone:
+        if self.wbuf is not None:
+            self.wbuf.append(data)
+        elif not self.gone:
             assert self.transport is not None
             self.transport.write(data)
+
+    def flush(self) -> None:
+        """Send what was written while corked, in one write."""
+        buf = self.wbuf
+        if buf is None:
+            return
+        self.wbuf = None
+        if buf and not self.gone and self.transport is not None:
+            self.transport.write(buf[0] if len(buf) == 1 else b"".join(buf))
+
+    def reset(self) -> None:
+        """Abort with a TCP reset, not a FIN: a cut close-delimited body must not look whole."""
+        self.wbuf = None
+        t = self.transport
+        if t is None or self.gone or self.aborted:
+            return
+        self.aborted = True
+        self.closing = True  # no staged close after this: a write_eof would turn it into a FIN
+        self.last_read = True
+        sock = t.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        t.abort()
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -710,18 +738,22 @@ class H1Downstream(asyncio.Protocol):
                 self.ctx.drain_stats.cx_drained_by_response += 1
         return True
 
-    def _settle(self, ex: Exchange) -> None:
+    def _settle(self, ex: Exchange, completed: bool = True) -> None:
         """Take a finished (or abandoned) exchange off the books."""
-        st = self.ctx.stats
-        st.downstream_rq_active -= 1
+        ctx = self.ctx
+        ctx.stats.downstream_rq_active -= 1
         if ex.admitted:
             ex.admitted = False
-            self.ctx.process.ledger.end()
-            if self.ctx.process.ledger.draining:
-                self.ctx.drain_stats.completed += 1
-            self.ctx.on_request_done()
+            ledger = ctx.process.ledger
+            if completed and ex.resp_started:
+                ledger.end()
+                if ledger.draining:
+                    ctx.drain_stats.completed += 1
+            else:
+                ledger.abandon()
+            ctx.on_request_done()
         if ex.resp_done and ex.resp_started:
-            st.downstream_rq_completed += 1
+            ctx.stats.downstream_rq_completed += 1
 
     def exchange_done(self, ex: Exchange) -> None:
         """The response of the head exchange is complete."""
@@ -815,9 +847,7 @@ class H1Downstream(asyncio.Protocol):
     def abort_with_active_request(self) -> None:
         """An upstream failed after this response started: the client can only see a reset."""
         self.ctx.stats.downstream_cx_destroy_local_active_rq += 1
-        if self.transport is not None and not self.gone:
-            self.aborted = True
-            self.transport.abort()
+        self.reset()
 
     def closing_after_queue(self) -> None:
         if self.queue:
@@ -842,8 +872,7 @@ class H1Downstream(asyncio.Protocol):
             else:
                 ds.cut_before_response += 1
         if reset or self.transport is None:
-            if self.transport is not None and not self.gone:
-                self.transport.abort()
+            self.reset()
             return
         if self.queue and self.queue[0].resp_started:
             # a local response in progress is complete already; nothing to add
@@ -864,6 +893,7 @@ class H1Downstream(asyncio.Protocol):
         t = self.transport
         if t is None or self.gone:
             return
+        self.flush()
         if self.paused:
             self.paused = 0
             t.resume_reading()
