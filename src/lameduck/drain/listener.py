@@ -14,7 +14,8 @@ from lameduck.drain.policy import Rng, response_drains
 class ListenerDrain:
     """Drain state of one listener."""
 
-    __slots__ = ("direction", "drain_type", "events", "grace", "hc_failed", "name", "stop_at")
+    __slots__ = ("direction", "drain_type", "events", "grace", "hc_failed", "name", "quiet",
+                 "stop_at")
 
     def __init__(
         self,
@@ -30,6 +31,9 @@ class ListenerDrain:
         self.events: tuple[DrainEvent, ...] = ()
         self.hc_failed = False
         self.stop_at: float | None = None
+        # No event and no health-check fail: no response drains. Kept as a plain attribute so
+        # the shell can skip the per-response decision (and its clock read) in one test.
+        self.quiet = True
 
     @property
     def draining(self) -> bool:
@@ -40,11 +44,13 @@ class ListenerDrain:
         if not event.covers(self.direction, self.drain_type):
             return False
         self.events = (*self.events, event)
+        self.quiet = False
         return True
 
     def set_health_check_failed(self, failed: bool) -> None:
         """Envoy: while health-check-failed, every response of a ``default`` listener drains."""
         self.hc_failed = failed and self.drain_type is DrainType.DEFAULT
+        self.quiet = not self.events and not self.hc_failed
 
     def stop_accepting(self, at: float) -> None:
         if self.stop_at is None or at < self.stop_at:

@@ -32,7 +32,15 @@ import httptools
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
 from lameduck.http1.upstream import H1Upstream, UpstreamError
-from lameduck.http1.wire import HOP_BY_HOP, LAST_CHUNK, chunk, simple_response, status_line
+from lameduck.http1.wire import (
+    HOP_BY_HOP,
+    LAST_CHUNK,
+    STATUS_LINES,
+    chunk,
+    drop_nominated,
+    simple_response,
+    status_line,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,6 +66,10 @@ LINGER = 2.0  # seconds a staged close keeps reading before it closes
 GOING_AWAY = simple_response(503, b"going away\n", close=True, extra=((b"retry-after", b"1"),))
 GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True,
                                   extra=((b"retry-after", b"1"),), head_only=True)
+# Request fields the proxy looks at (the rest are forwarded as they come).
+REQUEST_SPECIAL = HOP_BY_HOP | {
+    b"host", b"x-forwarded-for", b"x-forwarded-proto", b"idempotency-key", b"expect",
+}
 IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 
 
@@ -89,14 +101,35 @@ class HeaderTooLarge(Exception):
 
 
 class Exchange:
-    """One request and its response, from headers-complete to the last response byte."""
+    """One request and its response, from headers-complete to the last response byte.
 
-    __slots__ = (
-        "admitted", "buffered", "buffered_size", "can_replay", "chunked_req", "close", "cluster",
-        "cstats", "down", "endpoint", "head", "is_head", "keep_alive", "local", "method",
-        "replay", "replay_size", "req_done", "resp_chunked", "resp_done", "resp_started",
-        "retried", "retryable", "reused", "route_timeout", "status", "up", "v10",
-    )
+    Defaults live on the class: a keep-alive GET sets five attributes, not thirty (this is
+    allocated once per request, on the hot path).
+    """
+
+    head = b""
+    local: bytes | None = None
+    close = False  # the connection closes after this response
+    admitted = False
+    chunked_req = False
+    req_done = False
+    buffered: list[bytes] | None = None
+    buffered_size = 0
+    cluster: Cluster | None = None
+    cstats: ClusterStats | None = None
+    endpoint: Endpoint | None = None
+    route_timeout = 0.0
+    up: H1Upstream | None = None
+    reused = False
+    retried = False
+    retryable = False  # idempotent method or Idempotency-Key (DESIGN.md §3)
+    can_replay = False
+    replay: list[bytes] | None = None
+    replay_size = 0
+    status = 0
+    resp_started = False
+    resp_chunked = False
+    resp_done = False
 
     def __init__(self, down: H1Downstream, method: bytes, keep_alive: bool, v10: bool) -> None:
         self.down = down
@@ -104,29 +137,6 @@ class Exchange:
         self.is_head = method == b"HEAD"
         self.keep_alive = keep_alive
         self.v10 = v10
-        self.head = b""
-        self.local: bytes | None = None
-        self.close = False  # the connection closes after this response
-        self.admitted = False
-        self.chunked_req = False
-        self.req_done = False
-        self.buffered: list[bytes] | None = None
-        self.buffered_size = 0
-        self.cluster: Cluster | None = None
-        self.cstats: ClusterStats | None = None
-        self.endpoint: Endpoint | None = None
-        self.route_timeout = 0.0
-        self.up: H1Upstream | None = None
-        self.reused = False
-        self.retried = False
-        self.retryable = False  # idempotent method or Idempotency-Key (DESIGN.md §3)
-        self.can_replay = False
-        self.replay: list[bytes] | None = None
-        self.replay_size = 0
-        self.status = 0
-        self.resp_started = False
-        self.resp_chunked = False
-        self.resp_done = False
 
     # -- request body -----------------------------------------------------------------------
     def request_body(self, data: bytes) -> None:
@@ -253,8 +263,10 @@ class Exchange:
         if up.sink is self:
             up.sink = None
         # A flow-control pause on either side belongs to this exchange, not to what comes next.
-        self.down.resume(PAUSE_UPSTREAM)
-        up.resume_reading()
+        if self.down.paused & PAUSE_UPSTREAM:
+            self.down.resume(PAUSE_UPSTREAM)
+        if up.read_paused:
+            up.resume_reading()
         ep = self.endpoint
         if (reusable and self.req_done and ep is not None and up.reusable
                 and ep.release(up, self.down.ctx.loop.time())):
@@ -262,7 +274,7 @@ class Exchange:
         up.close()
 
     # -- ExchangeSink: what the upstream reports ----------------------------------------------
-    def on_informational(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    def on_informational(self, status: int) -> None:
         if not self.v10 and not self.resp_started:
             self.down.write(status_line(status) + b"\r\n")
 
@@ -271,15 +283,21 @@ class Exchange:
     ) -> None:
         down = self.down
         self.status = status
-        self.can_replay = False  # the upstream answered: no retry from here on
-        self.replay = None
+        if self.can_replay:
+            self.can_replay = False  # the upstream answered: no retry from here on
+            self.replay = None
         cs = self.cstats
         assert cs is not None
-        cs.count_status(status)
-        bodyless = self.is_head or status in (204, 304)
+        if 200 <= status < 300:
+            cs.upstream_rq_2xx += 1
+            down.stats.downstream_rq_2xx += 1
+        else:
+            cs.count_status(status)
+            down.stats.count_status(status)
+        bodyless = self.is_head or status == 204 or status == 304
         close = self.close or not self.keep_alive or down.response_drains()
         out = lines
-        out.insert(0, status_line(status))
+        out.insert(0, STATUS_LINES.get(status) or status_line(status))
         if not bodyless and length is None:
             if self.v10:
                 close = True  # close-delimited for an HTTP/1.0 client
@@ -293,7 +311,6 @@ class Exchange:
             out.append(b"connection: keep-alive\r\n")
         out.append(b"\r\n")
         self.resp_started = True
-        down.count_status(status)
         down.write(b"".join(out))
 
     def on_response_body(self, data: bytes) -> None:
@@ -379,6 +396,9 @@ class H1Downstream(asyncio.Protocol):
     def __init__(self, ctx: ListenerContext) -> None:
         self.ctx = ctx
         self.loop = ctx.loop
+        self.stats = ctx.stats
+        self.headers_timeout = ctx.request_headers_timeout
+        self.max_headers = ctx.max_request_headers
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[Exchange] = deque()
@@ -392,7 +412,8 @@ class H1Downstream(asyncio.Protocol):
         self.wbuf: list[bytes] | None = None  # writes held while corked (see flush)
         self.peer = b""
         self.url = b""
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.lines: list[bytes] = []  # request fields forwarded as they are, formatted
+        self.special: list[tuple[bytes, bytes]] = []  # (lower-case name, value) to look at
         self.header_bytes = 0
         self.raw_head_bytes = 0  # bytes of a request head still incomplete after a read
         self.in_headers = False
@@ -551,26 +572,33 @@ class H1Downstream(asyncio.Protocol):
     # -- httptools callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:
         self.url = b""
-        self.headers = []
+        self.lines = []
+        self.special = []
         self.header_bytes = 0
         self.raw_head_bytes = -1
         self.in_headers = True
         self.req_started = now = self.loop.time()
-        self.arm(now + self.ctx.request_headers_timeout)
+        at = now + self.headers_timeout
+        if self.timer is None or at < self.timer_at:
+            self.arm(at)
 
     def on_url(self, url: bytes) -> None:
         self.url += url
         self.header_bytes += len(url)
-        if self.header_bytes > self.ctx.max_request_headers:
+        if self.header_bytes > self.max_headers:
             raise HeaderTooLarge
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.header_bytes += len(name) + len(value) + 4
-        if self.header_bytes > self.ctx.max_request_headers:
+        if self.header_bytes > self.max_headers:
             raise HeaderTooLarge
-        if self.in_headers:
-            self.headers.append((name, value))
-        # else: a trailer field after a chunked body; not forwarded
+        if not self.in_headers:
+            return  # a trailer field after a chunked body; not forwarded
+        n = name.lower()
+        if n in REQUEST_SPECIAL:
+            self.special.append((n, value))
+        else:
+            self.lines.append(b"%s: %s\r\n" % (name, value))
 
     def on_headers_complete(self) -> None:
         self.in_headers = False
@@ -617,34 +645,29 @@ class H1Downstream(asyncio.Protocol):
         te: bytes | None = None
         retryable = method in IDEMPOTENT
         expect = False
-        out: list[bytes] = []
-        for name, value in self.headers:
-            n = name.lower()
-            if n in HOP_BY_HOP:
+        out = self.lines
+        for n, value in self.special:
+            if n == b"host":
+                host = value
+                hosts += 1
+                out.append(b"host: %s\r\n" % value)
+            elif n in HOP_BY_HOP:
                 if n == b"connection":
                     conn_tokens += b"," + value.lower()
                 elif n == b"transfer-encoding":
                     # several fields are one list (RFC 9110 §5.3)
                     te = value if te is None else te + b"," + value
-                continue
-            if n == b"host":
-                host = value
-                hosts += 1
             elif n == b"x-forwarded-for":
                 xff = value if xff is None else xff + b", " + value
-                continue
-            elif n == b"x-forwarded-proto":
-                continue
             elif n == b"idempotency-key":
                 retryable = True
+                out.append(b"idempotency-key: %s\r\n" % value)
             elif n == b"expect":
                 expect = True
-            out.append(b"%s: %s\r\n" % (name, value))
+                out.append(b"expect: %s\r\n" % value)
+            # x-forwarded-proto: replaced below
         if conn_tokens:
-            drop = {t.strip() for t in conn_tokens.split(b",") if t.strip()}
-            drop -= {b"close", b"keep-alive", b"upgrade"}
-            if drop:
-                out = [h for h in out if h.split(b":", 1)[0].lower() not in drop]
+            out = drop_nominated(out, conn_tokens)
         if method == b"CONNECT":
             ex.close = True
             self._local(ex, 403, b"CONNECT not allowed\n")
@@ -729,6 +752,8 @@ class H1Downstream(asyncio.Protocol):
     def response_drains(self) -> bool:
         """The drain core's per-response decision (``Connection: close``)."""
         d = self.drain
+        if d.drained_by is None and d.listener.quiet:
+            return False  # the common case: no drain anywhere, no clock read needed
         was_open = d.drained_by is None
         if not d.on_response(self.loop.time(), self.ctx.rng):
             return False
@@ -741,19 +766,21 @@ class H1Downstream(asyncio.Protocol):
     def _settle(self, ex: Exchange, completed: bool = True) -> None:
         """Take a finished (or abandoned) exchange off the books."""
         ctx = self.ctx
-        ctx.stats.downstream_rq_active -= 1
+        st = self.stats
+        st.downstream_rq_active -= 1
         if ex.admitted:
             ex.admitted = False
             ledger = ctx.process.ledger
             if completed and ex.resp_started:
                 ledger.end()
-                if ledger.draining:
-                    ctx.drain_stats.completed += 1
             else:
                 ledger.abandon()
-            ctx.on_request_done()
+            if ledger.draining:  # a shutdown is waiting for the ledger to empty
+                if completed and ex.resp_started:
+                    ctx.drain_stats.completed += 1
+                ctx.on_request_done()
         if ex.resp_done and ex.resp_started:
-            ctx.stats.downstream_rq_completed += 1
+            st.downstream_rq_completed += 1
 
     def exchange_done(self, ex: Exchange) -> None:
         """The response of the head exchange is complete."""
@@ -776,11 +803,13 @@ class H1Downstream(asyncio.Protocol):
             if len(queue) == 1:
                 self.resume(PAUSE_PIPELINE)
             return
-        self.resume(PAUSE_PIPELINE)
-        now = self.loop.time()
-        self.idle_since = now
-        self.arm(now + self.ctx.idle_timeout)
-        if self.drain.on_idle(now) is ConnAction.CLOSE:
+        if self.paused:
+            self.resume(PAUSE_PIPELINE)
+        self.idle_since = now = self.loop.time()
+        at = now + self.ctx.idle_timeout
+        if self.timer is None or at < self.timer_at:
+            self.arm(at)
+        if self.drain.drained_by is not None and self.drain.on_idle(now) is ConnAction.CLOSE:
             self.staged_close()
 
     def _drop_queue(self) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import httptools
 
-from lameduck.http1.wire import response_head_fields
+from lameduck.http1.wire import HOP_BY_HOP, drop_nominated
 
 if TYPE_CHECKING:
     from lameduck.upstream.pool import Endpoint
@@ -29,7 +29,7 @@ class UpstreamError:
 class ExchangeSink(Protocol):
     """What an upstream connection reports to (the downstream exchange)."""
 
-    def on_informational(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+    def on_informational(self, status: int) -> None: ...
     def on_response_head(
         self, status: int, lines: list[bytes], length: int | None, chunked: bool,
     ) -> None: ...
@@ -59,7 +59,10 @@ class H1Upstream(asyncio.Protocol):
         self.requests = 0
         self.on_closed: list = []  # callbacks(conn) run once when the connection is lost
         # response state
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.lines: list[bytes] = []  # response fields to forward, formatted
+        self.length: int | None = None
+        self.chunked = False
+        self.nominated = b""  # field names listed in Connection
         self.status = 0
         self.head_seen = False
         self.got_bytes = False
@@ -105,7 +108,6 @@ class H1Upstream(asyncio.Protocol):
     def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float) -> None:
         self.sink = sink
         self.requests += 1
-        self.headers = []
         self.head_seen = False
         self.got_bytes = False
         self.no_body = no_body
@@ -199,10 +201,23 @@ class H1Upstream(asyncio.Protocol):
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:
-        self.headers = []
+        self.lines = []
+        self.length = None
+        self.chunked = False
+        self.nominated = b""
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        # Classified as they arrive: the lines to forward, and what frames the body.
+        n = name.lower()
+        if n in HOP_BY_HOP:
+            if n == b"transfer-encoding":
+                self.chunked = value.lower().rstrip().endswith(b"chunked")
+            elif n == b"connection":
+                self.nominated += b"," + value.lower()
+            return
+        if n == b"content-length":
+            self.length = int(value)
+        self.lines.append(b"%s: %s\r\n" % (name, value))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
@@ -211,11 +226,15 @@ class H1Upstream(asyncio.Protocol):
             return
         if status < 200:
             if status != 101:
-                sink.on_informational(status, self.headers)
+                sink.on_informational(status)
             return
         self.status = status
         self.head_seen = True
-        lines, length, chunked = response_head_fields(self.headers)
+        lines = self.lines
+        if self.nominated:
+            lines = drop_nominated(lines, self.nominated)
+        length = self.length
+        chunked = self.chunked
         bodyless = self.no_body or status in (204, 304)
         self.close_delimited = not bodyless and length is None and not chunked
         if not self.parser.should_keep_alive() or self.close_delimited:

@@ -27,31 +27,12 @@ def status_line(code: int) -> bytes:
     return line
 
 
-def response_head_fields(
-    headers: list[tuple[bytes, bytes]],
-) -> tuple[list[bytes], int | None, bool]:
-    """One pass over an upstream response's fields: the lines to forward (hop-by-hop and the
-    fields its Connection names removed), its Content-Length, and whether it is chunked."""
-    lines: list[bytes] = []
-    length: int | None = None
-    chunked = False
-    nominated: bytes = b""
-    for name, value in headers:
-        n = name.lower()
-        if n in HOP_BY_HOP:
-            if n == b"transfer-encoding":
-                chunked = value.lower().rstrip().endswith(b"chunked")
-            elif n == b"connection":
-                nominated += b"," + value.lower()
-            continue
-        if n == b"content-length":
-            length = int(value)
-        lines.append(b"%s: %s\r\n" % (name, value))
-    if nominated:
-        drop = {t.strip() for t in nominated.split(b",")} - {b""}
-        if drop:
-            lines = [h for h in lines if h.split(b":", 1)[0].lower() not in drop]
-    return lines, length, chunked
+def drop_nominated(lines: list[bytes], nominated: bytes) -> list[bytes]:
+    """Remove the fields a Connection header names (RFC 9110 §7.6.1) from formatted lines."""
+    drop = {t.strip() for t in nominated.split(b",")} - {b"", b"close", b"keep-alive"}
+    if not drop:
+        return lines
+    return [h for h in lines if h.split(b":", 1)[0].lower() not in drop]
 
 
 def chunk(data: bytes) -> bytes:
