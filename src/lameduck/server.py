@@ -99,6 +99,7 @@ class Server:
         for listener in self.listeners:
             await listener.start()
             log.info("listener %s on %s", listener.name, _fmt_addr(listener.sockname))
+            self.lm_stats.listener_added += 1
         self.lm_stats.total_listeners_active = len(self.listeners)
         a = self.cfg.admin.address
         self.admin = await start_admin(self.loop, AdminHandlers(self), a.host, a.port)

@@ -82,7 +82,6 @@ class ClusterStats:
     upstream_cx_connect_timeout: int = 0
     upstream_cx_destroy_remote: int = 0
     upstream_cx_idle_timeout: int = 0
-    upstream_cx_pool_overflow: int = 0
     upstream_rq_total: int = 0
     upstream_rq_active: int = 0
     upstream_rq_1xx: int = 0
@@ -93,7 +92,6 @@ class ClusterStats:
     upstream_rq_timeout: int = 0
     upstream_rq_rx_reset: int = 0
     upstream_rq_retry: int = 0
-    upstream_rq_pending_failure_eject: int = 0
 
     def count_status(self, status: int) -> None:
         """Bump upstream_rq_<N>xx for an upstream status; statuses outside 100..599 are ignored."""
@@ -124,7 +122,6 @@ class ServerStats:
     state: int = 0
     uptime: int = 0
     total_connections: int = 0
-    envoy_bug_failures: int = 0
 
 
 @dataclass(slots=True)
