@@ -19,15 +19,12 @@ from lameduck import __version__
 from lameduck.admin import AdminHandlers, start_admin
 from lameduck.config import Config, format_duration
 from lameduck.drain import (
-    Direction,
     DrainEvent,
     DrainSettings,
-    DrainType,
     ListenerDrain,
     ProcessDrain,
     ShutdownSettings,
     Step,
-    Strategy,
 )
 from lameduck.listeners import HttpListener
 from lameduck.stats import (
@@ -57,8 +54,7 @@ class Server:
         self.loop = loop or asyncio.get_running_loop()
         self.rng = random.random
         self.process = ProcessDrain(
-            DrainSettings(cfg.drain.time, Strategy(cfg.drain.strategy),
-                          cfg.drain.connection_grace),
+            DrainSettings(cfg.drain.time, cfg.drain.strategy, cfg.drain.connection_grace),
             ShutdownSettings(cfg.shutdown.deadline, cfg.shutdown.min_drain,
                              cfg.shutdown.stop_accepting == "at_drain_end"),
         )
@@ -74,8 +70,7 @@ class Server:
             self.clusters[cc.name] = cluster
         self.listeners: list[HttpListener] = []
         for lc in cfg.listeners:
-            ld = self.process.add_listener(ListenerDrain(
-                lc.name, Direction(lc.direction), DrainType(lc.drain_type)))
+            ld = self.process.add_listener(ListenerDrain(lc.name, lc.direction, lc.drain_type))
             router = Router([Route(r.prefix, self.clusters[r.cluster], r.host, r.timeout)
                              for r in lc.routes])
             stats = self.registry.add(f"http.{lc.name}", HttpStats())

@@ -1,6 +1,7 @@
 """Config: one YAML file, validated into a frozen model, with errors that name the field.
 
-A leaf package: it imports nothing else of lameduck, so every layer may depend on it.
+It imports nothing of lameduck but the drain core's enums (``drain/`` imports nothing of the
+project), so every layer may depend on it.
 """
 
 from lameduck.config.durations import Duration, format_duration, parse_duration

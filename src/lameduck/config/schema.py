@@ -29,6 +29,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from lameduck.config.durations import Duration, format_duration
+from lameduck.drain.event import Direction, DrainType, Strategy
 
 __all__ = [
     "AdminConfig",
@@ -51,25 +52,8 @@ __all__ = [
 # --- enums -------------------------------------------------------------------------------------
 
 
-class Strategy(StrEnum):
-    """How responses drain connections (DESIGN §2): a linear ramp to T/2, or every response."""
-
-    GRADUAL = "gradual"
-    IMMEDIATE = "immediate"
-
-
-class Direction(StrEnum):
-    """Listener direction; `/drain_listeners?inboundonly` drains only inbound ones."""
-
-    INBOUND = "inbound"
-    OUTBOUND = "outbound"
-
-
-class DrainType(StrEnum):
-    """`modify_only` listeners ignore health-check-fail and /drain_listeners (Envoy semantics)."""
-
-    DEFAULT = "default"
-    MODIFY_ONLY = "modify_only"
+# Strategy, Direction and DrainType are the drain core's own enums (it imports nothing of the
+# project, so the config may use them): one definition, no conversion in the wiring.
 
 
 class StopAccepting(StrEnum):

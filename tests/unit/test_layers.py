@@ -1,0 +1,79 @@
+"""Imports flow one way (DESIGN.md §4): cli -> server -> admin/listeners/http1/upstream ->
+drain, stats, config. Checked on the source, so an upward import fails the suite."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "src" / "lameduck"
+
+# part -> the parts of lameduck it may import
+ALLOWED: dict[str, set[str]] = {
+    "drain": set(),
+    "stats": set(),
+    "config": {"drain"},
+    "upstream": {"stats", "config", "drain"},
+    "http1": {"upstream", "drain", "stats", "config"},
+    "admin": {"stats", "config", "drain"},
+    "listeners": {"http1", "upstream", "drain", "stats", "config"},
+    "demo": set(),
+    "server": {"admin", "listeners", "http1", "upstream", "drain", "stats", "config"},
+    "cli": {"server", "config", "demo"},
+}
+
+
+def _part(path: Path) -> str:
+    rel = path.relative_to(PKG)
+    return rel.parts[0].removesuffix(".py") if rel.parts else ""
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "lameduck" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+SOURCES = sorted(p for p in PKG.rglob("*.py") if _part(p) in ALLOWED)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PKG)))
+def test_imports_flow_one_way(path: Path) -> None:
+    part = _part(path)
+    bad = _imports(path) - ALLOWED[part] - {part}
+    assert not bad, f"{path.relative_to(PKG)} ({part}) imports {sorted(bad)}"
+
+
+def test_every_part_is_covered() -> None:
+    parts = {_part(p) for p in PKG.rglob("*.py")} - {"__init__", "__main__"}
+    assert parts <= set(ALLOWED), f"parts without a layer rule: {sorted(parts - set(ALLOWED))}"
+
+
+def _all_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((PKG / "drain").glob("*.py")), ids=lambda p: p.name)
+def test_drain_core_is_sans_io(path: Path) -> None:
+    """The core gets its clock and randomness from the caller and never touches a socket."""
+    assert not _all_imports(path) & {"asyncio", "socket", "time", "random", "selectors",
+                                     "threading", "uvloop"}
