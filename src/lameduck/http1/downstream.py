@@ -313,6 +313,34 @@ class Exchange:
         self.resp_started = True
         down.write(b"".join(out))
 
+    def on_whole_response(self, status: int, data: bytes, end: int) -> bool:
+        """The fast path: a complete plain response (see ``wire.whole_response``) forwarded as
+        it came, head and body in one write. False: the caller parses it instead."""
+        if self.is_head or self.v10 or self.close or not self.keep_alive or not self.req_done:
+            return False
+        down = self.down
+        cs = self.cstats
+        assert cs is not None
+        if 200 <= status < 300:
+            cs.upstream_rq_2xx += 1
+            down.stats.downstream_rq_2xx += 1
+        else:
+            cs.count_status(status)
+            down.stats.count_status(status)
+        self.status = status
+        self.resp_started = True
+        if self.can_replay:
+            self.can_replay = False
+            self.replay = None
+        if down.response_drains():
+            self.close = True
+            down.write(data[:end] + b"\r\nconnection: close" + data[end:])
+        else:
+            down.write(data)
+        self._detach(reusable=True)
+        self.finish()
+        return True
+
     def on_response_body(self, data: bytes) -> None:
         if self.resp_chunked:
             data = chunk(data)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import httptools
 
-from lameduck.http1.wire import HOP_BY_HOP, drop_nominated
+from lameduck.http1.wire import HOP_BY_HOP, drop_nominated, whole_response
 
 if TYPE_CHECKING:
     from lameduck.upstream.pool import Endpoint
@@ -36,6 +36,7 @@ class ExchangeSink(Protocol):
     def on_response_body(self, data: bytes) -> None: ...
     def on_response_complete(self) -> None: ...
     def on_upstream_error(self, status: int, after_head: bool) -> None: ...
+    def on_whole_response(self, status: int, data: bytes, end: int) -> bool: ...
     def pause_request_body(self) -> None: ...
     def cork(self) -> None: ...
     def uncork(self) -> None: ...
@@ -66,6 +67,7 @@ class H1Upstream(asyncio.Protocol):
         self.status = 0
         self.head_seen = False
         self.got_bytes = False
+        self.fresh = False
         self.no_body = False  # HEAD request: llhttp cannot be told, so we end it ourselves
         self.close_delimited = False
         # timeout: a lazily re-armed timer
@@ -108,6 +110,7 @@ class H1Upstream(asyncio.Protocol):
     def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float) -> None:
         self.sink = sink
         self.requests += 1
+        self.fresh = True  # no byte of this response read yet: the parser is at a boundary
         self.head_seen = False
         self.got_bytes = False
         self.no_body = no_body
@@ -153,6 +156,11 @@ class H1Upstream(asyncio.Protocol):
             self.abort()
             return
         self.got_bytes = True
+        if self.fresh:
+            self.fresh = False
+            end = whole_response(data)
+            if end and sink.on_whole_response(int(data[9:12]), data, end):
+                return  # forwarded as it came; the exchange is complete and let go of us
         # What one read produces downstream (head, body, end) leaves in one write: one
         # syscall instead of three for a small response.
         sink.cork()

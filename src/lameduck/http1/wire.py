@@ -5,6 +5,7 @@ Everything here is bytes in, bytes out, precomputed where it is on the hot path.
 
 from __future__ import annotations
 
+import re
 from http import HTTPStatus
 
 # RFC 9110 §7.6.1: connection-specific fields a proxy must not forward. Transfer-Encoding and
@@ -18,6 +19,40 @@ _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 STATUS_LINES: dict[int, bytes] = {
     code: b"HTTP/1.1 %d %s\r\n" % (code, phrase) for code, phrase in _REASONS.items()
 }
+
+
+# A field whose name is hop-by-hop, or merely starts with "t" (te, trailer, transfer-encoding):
+# such a head takes the parser's way.
+_HOP_START = re.compile(rb"\r\n(?:connection|keep-alive|proxy-connection|t|upgrade)")
+
+
+def whole_response(data: bytes) -> int:
+    """The end of the head of a complete, plain 2xx/3xx/4xx/5xx response that fills ``data``
+    exactly: HTTP/1.1, one Content-Length that matches the bytes after the head, CRLF line
+    ends only, nothing hop-by-hop. Such a response can be forwarded as it came, without the
+    parser (the common keep-alive case). Returns 0 for anything else: the caller parses it."""
+    if data[:9] != b"HTTP/1.1 ":
+        return 0
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return 0
+    head = data[:end]
+    lower = head.lower()
+    i = lower.find(b"\r\ncontent-length:")
+    if i < 0 or lower.find(b"\r\ncontent-length:", i + 17) >= 0:
+        return 0
+    j = lower.find(b"\r\n", i + 17)
+    value = head[i + 17 : j if j >= 0 else end].strip()
+    if not value.isdigit() or int(value) != len(data) - end - 4:
+        return 0
+    code = data[9:12]
+    if not code.isdigit() or code < b"200" or code == b"204" or code == b"304":
+        return 0
+    if head.count(b"\n") != head.count(b"\r\n") or head.count(b"\r") != head.count(b"\n"):
+        return 0  # a bare CR or LF: let the parser judge it
+    if _HOP_START.search(lower):
+        return 0
+    return end
 
 
 def status_line(code: int) -> bytes:
