@@ -163,15 +163,22 @@ class TestProactiveDrain:
         assert play.run(until=100.0) == []
         assert play.state is ConnState.OPEN
 
-    def test_no_moment_while_health_check_failed(self) -> None:
+    def test_health_check_fail_alone_draws_no_moment(self) -> None:
+        listener = listener_with(grace=G)
+        listener.set_health_check_failed(True)
+        play = Play.accept(listener, at=0.0)  # no rng draw allowed: no event, no T
+        assert play.conn.proactive_at is None
+        assert play.run(until=100.0) == []
+        assert play.response(at=100.0) is True  # but every response drains
+
+    def test_an_event_while_health_check_failed_still_spreads_its_closes(self) -> None:
         listener = listener_with(grace=G)
         listener.set_health_check_failed(True)
         play = Play.accept(listener, at=0.0)
         play.run(until=START)
-        play.drain_event(EV)  # no rng draw allowed
-        assert play.conn.proactive_at is None
-        assert play.run(until=100.0) == []
-        assert play.response(at=100.0) is True  # but every response drains
+        play.rng.push(0.5)
+        play.drain_event(EV)  # the event has its T: a moment is drawn
+        assert play.conn.proactive_at is not None
 
     def test_no_second_moment_once_draining(self) -> None:
         play = Play.through(EV, 0.0, 0.5)

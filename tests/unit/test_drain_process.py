@@ -171,13 +171,19 @@ class TestServerState:
         assert late.hc_failed
         assert late.grace == G  # the process's G wins
 
-    def test_health_check_failed_connection_drains_on_response_never_proactively(self) -> None:
+    def test_health_check_failed_connection_drains_on_response(self) -> None:
+        pd = process()
+        pd.healthcheck_fail()
+        conn = ConnectionDrain(pd.listeners["ingress"], SIGTERM, ScriptedRng())  # no draw
+        assert conn.proactive_at is None  # health-check fail alone has no T
+        assert conn.on_response(SIGTERM, ScriptedRng()) is True
+
+    def test_a_shutdown_while_health_check_failed_still_has_proactive_moments(self) -> None:
         pd = process()
         pd.healthcheck_fail()
         pd.start_shutdown(SIGTERM)
-        conn = ConnectionDrain(pd.listeners["ingress"], SIGTERM, ScriptedRng())  # no draw
-        assert conn.proactive_at is None
-        assert conn.on_response(SIGTERM, ScriptedRng()) is True
+        conn = ConnectionDrain(pd.listeners["ingress"], SIGTERM, ScriptedRng(0.5))
+        assert conn.proactive_at is not None
 
     def test_shutdown_is_draining_even_after_health_check_ok(self) -> None:
         pd = process()

@@ -82,8 +82,13 @@ class ConnectionDrain:
         return True
 
     def on_drain_event(self, event: DrainEvent, rng: Rng) -> None:
-        """Draw this connection's proactive moment for a new event (the earliest one wins)."""
-        if self.state is not ConnState.OPEN or self.listener.hc_failed:
+        """Draw this connection's proactive moment for a new event (the earliest one wins).
+
+        Health-check fail alone has no T, so it never draws a moment; but a drain event that
+        runs while health-check-failed (a prestop that fails the check, then SIGTERM) has its
+        T, and its moments spread the closes as always instead of leaving them all for T.
+        """
+        if self.state is not ConnState.OPEN:
             return
         moment = proactive_moment(event, self.accepted_at, rng)
         if moment is not None and (self.proactive_at is None or moment < self.proactive_at):
