@@ -47,8 +47,10 @@ class TestDrainEvent:
         assert ev.elapsed(103.5) == 3.5
         assert ev.elapsed(99.0) == 0.0  # never negative
 
-    @pytest.mark.parametrize(("time", "grace"), [(-1.0, 1.0), (1.0, -0.5)])
-    def test_negative_times_cannot_exist(self, time: float, grace: float) -> None:
+    @pytest.mark.parametrize(("time", "grace"), [
+        (-1.0, 1.0), (1.0, -0.5), (float("nan"), 1.0), (1.0, float("nan")),
+        (float("inf"), 1.0)])
+    def test_negative_or_non_finite_times_cannot_exist(self, time: float, grace: float) -> None:
         with pytest.raises(ValueError):
             DrainEvent(0.0, Strategy.GRADUAL, time, grace)
 

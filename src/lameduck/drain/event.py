@@ -6,6 +6,7 @@ cannot exist. Time is a float on the caller's monotonic clock; the core never re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -52,6 +53,9 @@ class DrainEvent:
     inbound_only: bool = False
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.start) and math.isfinite(self.time)
+                and math.isfinite(self.grace)):
+            raise ValueError("drain start, time and grace must be finite numbers")
         if self.time < 0:
             raise ValueError(f"drain time must be >= 0, got {self.time}")
         if self.grace < 0:
