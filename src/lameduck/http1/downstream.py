@@ -457,6 +457,8 @@ class H1Downstream(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = peer[0].encode() if peer else b""
+        self.forwarded = b"x-forwarded-for: %s\r\nx-forwarded-proto: %s\r\n\r\n" % (
+            self.peer, ctx.scheme)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -729,15 +731,15 @@ class H1Downstream(asyncio.Protocol):
             ex.close = True
             self._local(ex, 400, b"missing or repeated host\n")
             return
-        path = url
+        path = url.partition(b"?")[0]
         # Answered here, a client that sent "Expect: 100-continue" will not send the body it
         # held back: the connection cannot be reused after the answer (RFC 9110 §10.1.1).
-        if ctx.health_check_path is not None and path.partition(b"?")[0] == ctx.health_check_path:
+        if ctx.health_check_path is not None and path == ctx.health_check_path:
             live = ctx.process.live
             ex.close = expect
             self._local(ex, 200 if live else 503, b"OK\n" if live else b"DRAINING\n")
             return
-        route = ctx.router.match(host, path.partition(b"?")[0])
+        route = ctx.router.match(host, path)
         if route is None:
             ex.close = expect
             self._local(ex, 404, b"no route\n")
@@ -754,9 +756,12 @@ class H1Downstream(asyncio.Protocol):
         ex.cluster = route.cluster
         ex.cstats = route.cluster.stats
         ex.route_timeout = route.timeout
-        xff = xff + b", " + self.peer if xff else self.peer
-        out.append(b"x-forwarded-for: %s\r\nx-forwarded-proto: %s\r\n" % (xff, ctx.scheme))
-        ex.head = b"%s %s HTTP/1.1\r\n%s\r\n" % (method, url, b"".join(out))
+        if xff:
+            out.append(b"x-forwarded-for: %s, %s\r\nx-forwarded-proto: %s\r\n\r\n"
+                       % (xff, self.peer, ctx.scheme))
+        else:
+            out.append(self.forwarded)  # this connection's peer, formatted once
+        ex.head = method + b" " + url + b" HTTP/1.1\r\n" + b"".join(out)
 
     def on_body(self, body: bytes) -> None:
         ex = self.reading
