@@ -271,11 +271,28 @@ class Server:
         for ls in self.listeners:
             for conn in list(ls.connections):
                 conn.close_at_end()
-        self.loop.create_task(self._exit_after_flush())
+        # A clean exit lets the last responses reach slow readers, up to the deadline; after a
+        # cut (the deadline itself) or a quit, only a short flush.
+        limit = self.loop.time() + EXIT_FLUSH
+        deadline = self.process.deadline
+        if step is Step.EXIT and deadline is not None and not self._quitting:
+            limit = max(limit, deadline)
+        self.loop.create_task(self._exit_after_flush(limit))
 
-    async def _exit_after_flush(self) -> None:
-        deadline = self.loop.time() + EXIT_FLUSH
-        while self._connections() and self.loop.time() < deadline:
+    def _unsent(self) -> bool:
+        """Response bytes still waiting in a connection's write buffer."""
+        for ls in self.listeners:
+            for conn in ls.connections:
+                t = conn.transport
+                if t is not None and not conn.gone and t.get_write_buffer_size():
+                    return True
+        return False
+
+    async def _exit_after_flush(self, limit: float) -> None:
+        short = self.loop.time() + EXIT_FLUSH
+        while self._connections() and self.loop.time() < limit:
+            if self.loop.time() >= short and not self._unsent():
+                break  # what is left has been written; its clients may linger
             await asyncio.sleep(0.01)
         for ls in self.listeners:
             for conn in list(ls.connections):

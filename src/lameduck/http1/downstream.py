@@ -234,12 +234,18 @@ class Exchange:
         self.attach(fut.result())
 
     def attach(self, up: H1Upstream) -> None:
+        if self.resp_done or self.down.closing:
+            up.close()  # cut or answered meanwhile: this request is not sent
+            return
         self.up = up
         cs = self.cstats
         assert cs is not None
         cs.upstream_rq_total += 1
         cs.upstream_rq_active += 1
         self.can_replay = self.reused and self.retryable and not self.retried
+        if not up.alive:  # lost between the pool (or the connect) and now
+            self.on_upstream_error(UpstreamError.RESET, False)
+            return
         if self.down.write_paused:
             up.pause_reading()  # the client is behind: this response waits for it too
         up.start(self, self.head, self.is_head, self.route_timeout)
@@ -274,9 +280,9 @@ class Exchange:
         up.close()
 
     # -- ExchangeSink: what the upstream reports ----------------------------------------------
-    def on_informational(self, status: int) -> None:
+    def on_informational(self, status: int, lines: list[bytes]) -> None:
         if not self.v10 and not self.resp_started:
-            self.down.write(status_line(status) + b"\r\n")
+            self.down.write(status_line(status) + b"".join(lines) + b"\r\n")
 
     def on_response_head(
         self, status: int, lines: list[bytes], length: int | None, chunked: bool,
@@ -390,7 +396,10 @@ class Exchange:
         if status == UpstreamError.CONNECT:
             assert self.cstats is not None
             self.cstats.upstream_cx_connect_fail += 1
-        close = self.close or not self.keep_alive or not self.req_done
+        if self.down.closing:
+            return  # cut at the deadline meanwhile: its answer went out already
+        close = (self.close or not self.keep_alive or not self.req_done
+                 or self.down.response_drains())
         self.close = close
         self.local = b""
         self.resp_started = True
@@ -927,6 +936,7 @@ class H1Downstream(asyncio.Protocol):
             ds.cut += 1
             self.ctx.process.ledger.cut_one()
             ex.admitted = False
+            ex.resp_done = True  # a connect still pending finds it finished and sends nothing
             ex._detach(reusable=False)
             if ex.resp_started:
                 ds.cut_reset += 1
@@ -941,7 +951,7 @@ class H1Downstream(asyncio.Protocol):
             pass
         elif self.queue:
             self.count_status(503)
-            self.write(GOING_AWAY)
+            self.write(GOING_AWAY_HEAD if self.queue[0].is_head else GOING_AWAY)
         self.staged_close()
 
     # -- closing ------------------------------------------------------------------------------
@@ -961,6 +971,9 @@ class H1Downstream(asyncio.Protocol):
             t.resume_reading()
         if t.can_write_eof():
             t.write_eof()
+            if self.timer is not None:  # an earlier timer (a drain moment) must not end it early
+                self.timer.cancel()
+                self.timer = None
             self.arm(self.loop.time() + LINGER)
         else:
             t.close()

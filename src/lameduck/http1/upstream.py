@@ -8,6 +8,7 @@ does not allocate a timer per request.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import httptools
@@ -29,7 +30,7 @@ class UpstreamError:
 class ExchangeSink(Protocol):
     """What an upstream connection reports to (the downstream exchange)."""
 
-    def on_informational(self, status: int) -> None: ...
+    def on_informational(self, status: int, lines: list[bytes]) -> None: ...
     def on_response_head(
         self, status: int, lines: list[bytes], length: int | None, chunked: bool,
     ) -> None: ...
@@ -58,6 +59,7 @@ class H1Upstream(asyncio.Protocol):
         self.closed_here = False  # we closed it (else the upstream did, or the network)
         self.idle_since = 0.0
         self.requests = 0
+        self.on_opened: Callable[[H1Upstream], None] | None = None  # run at connection_made
         self.on_closed: list = []  # callbacks(conn) run once when the connection is lost
         # response state
         self.lines: list[bytes] = []  # response fields to forward, formatted
@@ -149,6 +151,8 @@ class H1Upstream(asyncio.Protocol):
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self.on_opened is not None:
+            self.on_opened(self)
 
     def data_received(self, data: bytes) -> None:
         sink = self.sink
@@ -220,6 +224,10 @@ class H1Upstream(asyncio.Protocol):
         if n in HOP_BY_HOP:
             if n == b"transfer-encoding":
                 self.chunked = value.lower().rstrip().endswith(b"chunked")
+                if value.strip().lower() != b"chunked":
+                    # gzip, chunked: we re-frame chunks but do not forward the other coding,
+                    # so the body would reach the client corrupted; refuse it (502) instead
+                    raise ValueError("transfer coding other than chunked")
             elif n == b"connection":
                 self.nominated += b"," + value.lower()
             return
@@ -234,7 +242,7 @@ class H1Upstream(asyncio.Protocol):
             return
         if status < 200:
             if status != 101:
-                sink.on_informational(status)
+                sink.on_informational(status, self.lines)
             return
         self.status = status
         self.head_seen = True

@@ -35,17 +35,6 @@ async def _connect(
     loop: asyncio.AbstractEventLoop, cluster: Cluster, endpoint: Endpoint
 ) -> H1Upstream:
     stats = cluster.stats
-    try:
-        _, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: H1Upstream(endpoint, loop), endpoint.host,
-                                   endpoint.port),
-            cluster.connect_timeout,
-        )
-    except TimeoutError:
-        stats.upstream_cx_connect_timeout += 1
-        raise
-    stats.upstream_cx_total += 1
-    stats.upstream_cx_active += 1
 
     def closed(conn: H1Upstream) -> None:
         stats.upstream_cx_active -= 1
@@ -53,7 +42,28 @@ async def _connect(
             stats.upstream_cx_destroy_remote += 1
         endpoint.forget(conn)
 
-    proto.on_closed.append(closed)
+    def opened(conn: H1Upstream) -> None:
+        stats.upstream_cx_total += 1
+        stats.upstream_cx_active += 1
+
+    def factory() -> H1Upstream:
+        # The callbacks exist before the connection can be lost: an upstream that closes
+        # right after accepting may do so before this coroutine resumes.
+        proto = H1Upstream(endpoint, loop)
+        proto.on_opened = opened
+        proto.on_closed.append(closed)
+        return proto
+
+    try:
+        _, proto = await asyncio.wait_for(
+            loop.create_connection(factory, endpoint.host, endpoint.port),
+            cluster.connect_timeout,
+        )
+    except TimeoutError:
+        stats.upstream_cx_connect_timeout += 1
+        raise
+    if not proto.alive:
+        raise ConnectionResetError("upstream closed the connection at once")
     return proto
 
 
