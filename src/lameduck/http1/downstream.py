@@ -288,18 +288,7 @@ class Exchange:
         self, status: int, lines: list[bytes], length: int | None, chunked: bool,
     ) -> None:
         down = self.down
-        self.status = status
-        if self.can_replay:
-            self.can_replay = False  # the upstream answered: no retry from here on
-            self.replay = None
-        cs = self.cstats
-        assert cs is not None
-        if 200 <= status < 300:
-            cs.upstream_rq_2xx += 1
-            down.stats.downstream_rq_2xx += 1
-        else:
-            cs.count_status(status)
-            down.stats.count_status(status)
+        self._answered(status)
         bodyless = self.is_head or status == 204 or status == 304
         close = self.close or not self.keep_alive or down.response_drains()
         out = lines
@@ -319,25 +308,29 @@ class Exchange:
         self.resp_started = True
         down.write(b"".join(out))
 
+    def _answered(self, status: int) -> None:
+        """The upstream answered: count the status; no retry from here on."""
+        self.status = status
+        if self.can_replay:
+            self.can_replay = False
+            self.replay = None
+        cs = self.cstats
+        assert cs is not None
+        if 200 <= status < 300:
+            cs.upstream_rq_2xx += 1
+            self.down.stats.downstream_rq_2xx += 1
+        else:
+            cs.count_status(status)
+            self.down.stats.count_status(status)
+
     def on_whole_response(self, status: int, data: bytes, end: int) -> bool:
         """The fast path: a complete plain response (see ``wire.whole_response``) forwarded as
         it came, head and body in one write. False: the caller parses it instead."""
         if self.is_head or self.v10 or self.close or not self.keep_alive or not self.req_done:
             return False
         down = self.down
-        cs = self.cstats
-        assert cs is not None
-        if 200 <= status < 300:
-            cs.upstream_rq_2xx += 1
-            down.stats.downstream_rq_2xx += 1
-        else:
-            cs.count_status(status)
-            down.stats.count_status(status)
-        self.status = status
+        self._answered(status)
         self.resp_started = True
-        if self.can_replay:
-            self.can_replay = False
-            self.replay = None
         if down.response_drains():
             self.close = True
             down.write(data[:end] + b"\r\nconnection: close" + data[end:])
