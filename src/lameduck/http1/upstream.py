@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 import httptools
 
@@ -22,9 +22,9 @@ if TYPE_CHECKING:
 class UpstreamError:
     """Why an upstream exchange failed: the status the client gets if nothing was sent yet."""
 
-    CONNECT = 503  # connect refused or timed out
-    RESET = 502  # reset or bad response before the response completed
-    TIMEOUT = 504  # no response within the route timeout
+    CONNECT: Final = 503  # connect refused or timed out
+    RESET: Final = 502  # reset or bad response before the response completed
+    TIMEOUT: Final = 504  # no response within the route timeout
 
 
 class ExchangeSink(Protocol):
