@@ -21,7 +21,10 @@ $(STAMP): pyproject.toml
 
 $(FAST): $(STAMP) $(addprefix src/,$(HOT))
 	rm -f src/*__mypyc*.so src/lameduck/http1/*.so
-	cd src && ../$(VENV)/bin/mypyc $(HOT) > ../$(VENV)/mypyc.log 2>&1 || \
+	# mypyc relinks only what changed and copies with the old time: stamp the result as new,
+	# or the stale-build check in lameduck/http1 would (rightly) refuse a per-module shim.
+	cd src && { ../$(VENV)/bin/mypyc $(HOT) > ../$(VENV)/mypyc.log 2>&1 && \
+	  touch *__mypyc*.so lameduck/http1/*.so; } || \
 	  { echo "mypyc failed (see $(VENV)/mypyc.log): using the pure-Python HTTP/1 path"; \
 	    rm -f *__mypyc*.so lameduck/http1/*.so; }
 	touch $(FAST)

@@ -479,3 +479,13 @@ class StatsDelta:
 
     def gauge(self, name: str) -> int:
         return self.ld.stat(name)
+
+
+def refused(addr: str) -> bool:
+    """Whether a TCP connect to ``host:port`` is refused (the listener is closed)."""
+    host, port = addr.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return False
+    except ConnectionRefusedError:
+        return True

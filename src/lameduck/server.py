@@ -300,7 +300,7 @@ class Server:
                     conn.transport.abort()
         for cluster in self.clusters.values():
             cluster.close_idle()
-        ds = self.drain_stats
+        ds = self._sync_drain_counts()
         log.info(
             "drain report: requests completed=%d refused=%d cut=%d (503=%d reset=%d); "
             "connections drained by response=%d proactively=%d at end=%d",
@@ -312,6 +312,12 @@ class Server:
             self._housekeeping.cancel()
         if not self.done.done():
             self.done.set_result(EXIT_CUT if ds.cut else EXIT_OK)
+
+    def _sync_drain_counts(self) -> DrainStats:
+        """``server.drain.completed/refused/cut`` are the ledger's own counts, not kept twice."""
+        ds, ledger = self.drain_stats, self.process.ledger
+        ds.completed, ds.refused, ds.cut = ledger.completed, ledger.refused, ledger.cut
+        return ds
 
     # -- stats ------------------------------------------------------------------------------
     def _drain_active(self, now: float) -> bool:
@@ -329,6 +335,7 @@ class Server:
         ss.uptime = int(now - self.started_mono)
         ss.total_connections = self._connections()
         self.drain_stats.active = 1 if self._drain_active(now) else 0
+        self._sync_drain_counts()
         self.lm_stats.total_listeners_active = sum(1 for ls in self.listeners if ls.accepting)
         self.lm_stats.total_listeners_draining = sum(
             1 for ls in self.listeners if ls.drain.draining)

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from tests.procs import AdminPoller, RawConn, base_config, free_port, wait_until
+from tests.procs import AdminPoller, RawConn, base_config, free_port, refused, wait_until
 
 
 def curl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -85,7 +85,7 @@ def test_not_graceful_stops_accepting_at_once_and_drains_existing(lameduck) -> N
     busy.send("/sleep?ms=600")
     assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 1)
     assert ld.admin("POST", "/drain_listeners").text == "OK\n"
-    assert wait_until(lambda: _refused(ld.addr), 1)
+    assert wait_until(lambda: refused(ld.addr), 1)
     assert ld.server_info()["listeners"][0]["accepting"] is False
     r = busy.read_response()
     assert r.status == 200 and r.complete
@@ -106,8 +106,8 @@ def test_graceful_without_skip_exit_stops_accepting_at_t(lameduck) -> None:
     ld = lameduck(drain={"time": "800ms", "strategy": "gradual", "connection_grace": "200ms"})
     t0 = time.monotonic()
     ld.admin("POST", "/drain_listeners?graceful")
-    assert not _refused(ld.addr)
-    assert wait_until(lambda: _refused(ld.addr), 2)
+    assert not refused(ld.addr)
+    assert wait_until(lambda: refused(ld.addr), 2)
     assert time.monotonic() - t0 >= 0.75
     assert ld.proc is not None and ld.proc.poll() is None
 
@@ -132,15 +132,6 @@ def test_inboundonly_drains_only_inbound_listeners(origin_port: int, lameduck) -
         assert r.status_code == 200 and "connection" not in r.headers
 
 
-def _refused(addr: str) -> bool:
-    import socket
-
-    host, port = addr.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=1):
-            return False
-    except ConnectionRefusedError:
-        return True
 
 
 # -- the gradual ramp -------------------------------------------------------------------------

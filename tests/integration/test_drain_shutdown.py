@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import threading
 import time
 
 import httpx
 import pytest
 
-from tests.procs import AdminPoller, Lameduck, RawConn, wait_until
+from tests.procs import AdminPoller, Lameduck, RawConn, refused, wait_until
 
 
 class ExitWatch:
@@ -53,14 +52,6 @@ def drain_report(log: str) -> str:
     assert len(lines) == 1, log
     return lines[0]
 
-
-def refused(addr: str) -> bool:
-    host, port = addr.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=1):
-            return False
-    except ConnectionRefusedError:
-        return True
 
 
 # -- seed 002 ---------------------------------------------------------------------------------

@@ -35,7 +35,6 @@ from lameduck.http1.upstream import H1Upstream, UpstreamError
 from lameduck.http1.wire import (
     HOP_BY_HOP,
     LAST_CHUNK,
-    STATUS_LINES,
     chunk,
     drop_nominated,
     simple_response,
@@ -142,8 +141,19 @@ class Exchange:
     def request_body(self, data: bytes) -> None:
         if self.local is not None:
             return  # answered locally: the body is read and dropped
+        self._send(chunk(data) if self.chunked_req else data)
+
+    def request_complete(self) -> None:
+        self.req_done = True
+        if self.local is not None:
+            if self.resp_started:
+                self.finish()  # the local answer went out before the request had ended
+            return
         if self.chunked_req:
-            data = chunk(data)
+            self._send(LAST_CHUNK)
+
+    def _send(self, data: bytes) -> None:
+        """Request bytes to the upstream, or held (bounded) until one is attached."""
         up = self.up
         if up is not None and up.sink is self:
             if self.can_replay:
@@ -156,26 +166,6 @@ class Exchange:
         self.buffered_size += len(data)
         if self.buffered_size > BODY_BUFFER_LIMIT:
             self.down.pause(PAUSE_BUFFER)
-
-    def request_complete(self) -> None:
-        self.req_done = True
-        if self.local is not None:
-            if self.resp_started:
-                self.finish()  # the local answer went out before the request had ended
-            return
-        if self.chunked_req:
-            self.request_body_raw(LAST_CHUNK)
-
-    def request_body_raw(self, data: bytes) -> None:
-        up = self.up
-        if up is not None and up.sink is self:
-            if self.can_replay:
-                self._keep(data)
-            up.write(data)
-        else:
-            if self.buffered is None:
-                self.buffered = []
-            self.buffered.append(data)
 
     def _keep(self, data: bytes) -> None:
         """Remember request bytes sent on a reused connection, for a retry (bounded)."""
@@ -292,7 +282,7 @@ class Exchange:
         bodyless = self.is_head or status == 204 or status == 304
         close = self.close or not self.keep_alive or down.response_drains()
         out = lines
-        out.insert(0, STATUS_LINES.get(status) or status_line(status))
+        out.insert(0, status_line(status))
         if not bodyless and length is None:
             if self.v10:
                 close = True  # close-delimited for an HTTP/1.0 client
@@ -750,7 +740,6 @@ class H1Downstream(asyncio.Protocol):
             ex.close = True
             ex.local = GOING_AWAY if not ex.is_head else GOING_AWAY_HEAD
             ctx.stats.downstream_rq_going_away += 1
-            ctx.drain_stats.refused += 1
             self.count_status(503)
             return
         ex.admitted = True
@@ -811,8 +800,6 @@ class H1Downstream(asyncio.Protocol):
             else:
                 ledger.abandon()
             if ledger.draining:  # a shutdown is waiting for the ledger to empty
-                if completed and ex.resp_started:
-                    ctx.drain_stats.completed += 1
                 ctx.on_request_done()
         if ex.resp_done and ex.resp_started:
             st.downstream_rq_completed += 1
@@ -926,7 +913,6 @@ class H1Downstream(asyncio.Protocol):
         for ex in list(self.queue):
             if not ex.admitted:
                 continue
-            ds.cut += 1
             self.ctx.process.ledger.cut_one()
             ex.admitted = False
             ex.resp_done = True  # a connect still pending finds it finished and sends nothing
