@@ -1,0 +1,298 @@
+"""A lean HPACK codec (RFC 7541) for the server side of lameduck's HTTP/2.
+
+Why not ``hpack.Encoder``/``hpack.Decoder`` as they are: on the proxy's hot path they cost
+~17 µs per header block each way (a tuple subclass and a logging call per field, Huffman
+encoding in pure Python). This module keeps the parts of the ``hpack`` package that are
+data — the static table and the Huffman decoder — and does the rest in a few tight loops.
+
+Rules it keeps:
+
+- Decoding: integers with bounded continuation; indices 1..61 static, 62.. dynamic, 0 or
+  beyond the table is an error; a dynamic table size update only at the start of a block,
+  at most two, never above the size we advertised; strings bounded by the block; Huffman
+  strings decoded (padding and EOS checked by ``hpack``). Any failure raises
+  ``DecodeError``: the connection answers COMPRESSION_ERROR, since the shared table can no
+  longer be trusted. The decoded list is never cut short for size — the caller judges it
+  against SETTINGS_MAX_HEADER_LIST_SIZE and still keeps the table in step — except above a
+  hard cap (``HeaderBomb``), where a small block would expand into a large allocation.
+- Encoding: exact matches (static or dynamic) are indexed; other fields are literals with
+  incremental indexing, except volatile or sensitive names (never indexed for credentials,
+  as RFC 7541 §7.1 advises). Strings are sent raw, not Huffman coded: bytes on the wire are
+  cheaper here than Python cycles. A table size the peer lowers is signalled at the start of
+  the next block (RFC 7541 §4.2).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from hpack.exceptions import HPACKDecodingError
+from hpack.huffman_table import decode_huffman
+from hpack.table import HeaderTable
+
+STATIC: tuple[tuple[bytes, bytes], ...] = tuple(HeaderTable.STATIC_TABLE)
+_STATIC_FULL: dict[tuple[bytes, bytes], int] = {}
+_STATIC_NAME: dict[bytes, int] = {}
+for _i, _entry in enumerate(STATIC, 1):
+    _STATIC_FULL.setdefault(_entry, _i)
+    _STATIC_NAME.setdefault(_entry[0], _i)
+
+DEFAULT_TABLE_SIZE = 4096
+
+# Fields whose values change per message or carry secrets: indexing them only churns the
+# table (or, for secrets, opens it to CRIME-style probing).
+_NEVER_INDEX = frozenset({b"authorization", b"proxy-authorization", b"cookie", b"set-cookie"})
+_NO_INDEX = frozenset({
+    b":path", b"content-length", b"etag", b"last-modified", b"location", b"age",
+    b"if-modified-since", b"if-none-match", b"link", b"content-range", b"x-request-id",
+})
+
+
+class DecodeError(Exception):
+    """The header block cannot be decoded: COMPRESSION_ERROR for the connection."""
+
+
+class HeaderBomb(DecodeError):
+    """The decoded list passed the hard cap: decoding stopped, the table is lost."""
+
+
+def _encode_int(value: int, prefix_bits: int, first: int) -> bytes:
+    """An HPACK integer (RFC 7541 §5.1) whose first octet carries ``first`` above the prefix."""
+    cached = _INT_CACHE.get((value, prefix_bits, first))
+    if cached is not None:
+        return cached
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_INT_CACHE: dict[tuple[int, int, int], bytes] = {}
+
+
+def _string(value: bytes) -> bytes:
+    """A raw (not Huffman-coded) string literal."""
+    n = len(value)
+    if n < 127:
+        return bytes((n,)) + value
+    return _encode_int(n, 7, 0) + value
+
+
+class Decoder:
+    """Decodes the client's header blocks; one per connection, fed blocks in wire order."""
+
+    __slots__ = ("_dyn", "_max", "_size", "max_allowed")
+
+    def __init__(self, max_allowed: int = DEFAULT_TABLE_SIZE) -> None:
+        self._dyn: deque[tuple[bytes, bytes]] = deque()  # newest first
+        self._size = 0
+        self._max = max_allowed  # the encoder's current choice
+        self.max_allowed = max_allowed  # our SETTINGS_HEADER_TABLE_SIZE
+
+    def _add(self, entry: tuple[bytes, bytes]) -> None:
+        size = len(entry[0]) + len(entry[1]) + 32
+        dyn = self._dyn
+        if size > self._max:
+            dyn.clear()
+            self._size = 0
+            return
+        self._size += size
+        while self._size > self._max:
+            old = dyn.pop()
+            self._size -= len(old[0]) + len(old[1]) + 32
+        dyn.appendleft(entry)
+
+    def _resize(self, new: int) -> None:
+        if new > self.max_allowed:
+            raise DecodeError("table size update above SETTINGS_HEADER_TABLE_SIZE")
+        self._max = new
+        dyn = self._dyn
+        while self._size > new:
+            old = dyn.pop()
+            self._size -= len(old[0]) + len(old[1]) + 32
+
+    def decode(self, data: bytes, hard_cap: int) -> tuple[list[tuple[bytes, bytes]], int]:
+        """The fields of one complete block and their RFC 9113 §6.5.2 size (name+value+32)."""
+        headers: list[tuple[bytes, bytes]] = []
+        size = 0
+        pos = 0
+        n = len(data)
+        dyn = self._dyn
+        updates = 0
+        try:
+            while pos < n:
+                b = data[pos]
+                if b & 0x80:  # indexed field
+                    idx = b & 0x7F
+                    pos += 1
+                    if idx == 0x7F:
+                        idx, pos = _decode_int_tail(data, pos, idx)
+                    if idx <= 61:
+                        if idx == 0:
+                            raise DecodeError("index 0")
+                        entry = STATIC[idx - 1]
+                    else:
+                        entry = dyn[idx - 62]  # IndexError if beyond the table
+                elif b & 0x40 or not b & 0x20:  # a literal
+                    if b & 0x40:
+                        mask = 0x3F
+                        index = True
+                    else:
+                        mask = 0x0F
+                        index = False
+                    idx = b & mask
+                    pos += 1
+                    if idx == mask:
+                        idx, pos = _decode_int_tail(data, pos, idx)
+                    if idx:
+                        name = STATIC[idx - 1][0] if idx <= 61 else dyn[idx - 62][0]
+                    else:
+                        name, pos = _decode_str(data, pos, n)
+                    value, pos = _decode_str(data, pos, n)
+                    entry = (name, value)
+                    if index:
+                        self._add(entry)
+                else:  # dynamic table size update
+                    if headers or updates >= 2:
+                        raise DecodeError("table size update after a field")
+                    updates += 1
+                    new = b & 0x1F
+                    pos += 1
+                    if new == 0x1F:
+                        new, pos = _decode_int_tail(data, pos, new)
+                    self._resize(new)
+                    continue
+                headers.append(entry)
+                size += len(entry[0]) + len(entry[1]) + 32
+                if size > hard_cap:
+                    raise HeaderBomb("decoded header list above the hard cap")
+        except IndexError as exc:
+            raise DecodeError("index beyond the table or truncated block") from exc
+        except HPACKDecodingError as exc:
+            raise DecodeError(str(exc)) from exc
+        return headers, size
+
+
+def _decode_int_tail(data: bytes, pos: int, value: int) -> tuple[int, int]:
+    shift = 0
+    while True:
+        b = data[pos]  # IndexError: truncated
+        pos += 1
+        value += (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 28:
+            raise DecodeError("integer too large")
+
+
+def _decode_str(data: bytes, pos: int, n: int) -> tuple[bytes, int]:
+    b = data[pos]
+    length = b & 0x7F
+    pos += 1
+    if length == 0x7F:
+        length, pos = _decode_int_tail(data, pos, length)
+    end = pos + length
+    if end > n:
+        raise DecodeError("string beyond the block")
+    if b & 0x80:
+        return decode_huffman(data[pos:end]), end
+    return data[pos:end], end
+
+
+class Encoder:
+    """Encodes our header blocks; the dynamic table is mirrored by two dicts for lookups."""
+
+    __slots__ = ("_dyn", "_full", "_inserted", "_max", "_names", "_size", "_updates")
+
+    def __init__(self) -> None:
+        self._dyn: deque[tuple[bytes, bytes, int]] = deque()  # (name, value, id), newest first
+        self._full: dict[tuple[bytes, bytes], int] = {}  # → insertion id
+        self._names: dict[bytes, int] = {}
+        self._inserted = 0
+        self._size = 0
+        self._max = DEFAULT_TABLE_SIZE
+        self._updates: list[int] = []
+
+    def set_max_table_size(self, peer_max: int) -> None:
+        """The peer's SETTINGS_HEADER_TABLE_SIZE: we use at most 4096 of it, and tell the
+        peer's decoder of every change at the start of the next block (RFC 7541 §4.2: the
+        smallest size in between, then the final one)."""
+        new = min(peer_max, DEFAULT_TABLE_SIZE)
+        if new == self._max:
+            return
+        self._max = new
+        self._evict(0)
+        self._updates = [new] if not self._updates else [min(self._updates[0], new), new]
+
+    def _evict(self, room: int) -> None:
+        dyn = self._dyn
+        while dyn and self._size + room > self._max:
+            name, value, ident = dyn.pop()
+            self._size -= len(name) + len(value) + 32
+            key = (name, value)
+            if self._full.get(key) == ident:
+                del self._full[key]
+            if self._names.get(name) == ident:
+                del self._names[name]
+
+    def encode(self, headers: list[tuple[bytes, bytes]]) -> bytes:
+        """One block for ``headers`` (names lower-case, pseudo-fields first)."""
+        out: list[bytes] = []
+        if self._updates:
+            first, last = self._updates[0], self._updates[-1]
+            if first < last:
+                out.append(_encode_int(first, 5, 0x20))
+            out.append(_encode_int(last, 5, 0x20))
+            self._updates = []
+        oldest = self._inserted - len(self._dyn)
+        for field in headers:
+            idx = _STATIC_FULL.get(field)
+            if idx is not None:
+                out.append(_INDEXED[idx])
+                continue
+            name, value = field
+            ident = self._full.get(field)
+            if ident is not None and ident >= oldest:
+                idx = 62 + self._inserted - 1 - ident
+                out.append(_INDEXED[idx] if idx < 127 else _encode_int(idx, 7, 0x80))
+                continue
+            nidx = _STATIC_NAME.get(name)
+            if nidx is None:
+                ident = self._names.get(name)
+                if ident is not None and ident >= oldest:
+                    nidx = 62 + self._inserted - 1 - ident
+            size = len(name) + len(value) + 32
+            plain = name in _NO_INDEX or name in _NEVER_INDEX or size > self._max >> 1
+            if plain:
+                first = 0x10 if name in _NEVER_INDEX else 0x00
+                out.append(_encode_int(nidx, 4, first) if nidx else bytes((first,)) + _string(name))
+            else:
+                out.append(_encode_int(nidx, 6, 0x40) if nidx else b"\x40" + _string(name))
+            n = len(value)
+            out.append(bytes((n,)) + value if n < 127 else _encode_int(n, 7, 0) + value)
+            if plain:
+                continue
+            self._evict(size)
+            ident = self._inserted
+            self._inserted += 1
+            self._dyn.appendleft((name, value, ident))
+            self._size += size
+            self._full[field] = ident
+            self._names[name] = ident
+            oldest = self._inserted - len(self._dyn)
+        return b"".join(out)
+
+
+_INDEXED: dict[int, bytes] = {i: bytes((0x80 | i,)) for i in range(1, 127)}
+
+for _p, _f in ((4, 0x00), (4, 0x10), (6, 0x40), (7, 0x80), (5, 0x20)):
+    for _v in range(256):
+        _b = _encode_int(_v, _p, _f)
+        _INT_CACHE[(_v, _p, _f)] = _b

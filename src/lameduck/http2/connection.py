@@ -1,0 +1,1035 @@
+"""A lean sans-IO HTTP/2 server connection (RFC 9113): bytes in, events out, bytes to send.
+
+Why not the ``h2`` library: per-frame objects and validation layers cost ~8x our budget, and
+its GOAWAY ends the connection (python-hyper/h2#1181) where lameduck's drain needs two
+(DESIGN.md §2). Frames are read in place from one bytearray with ``struct.unpack_from`` and
+dispatched on the type number; streams are small slotted objects.
+
+Rules it keeps (RFC 9113 unless noted):
+
+- Preface: the client magic, then a SETTINGS frame, else GOAWAY(PROTOCOL_ERROR) (§3.4).
+  Our SETTINGS: MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_HEADER_LIST_SIZE,
+  ENABLE_CONNECT_PROTOCOL=1 (RFC 8441), MAX_FRAME_SIZE if not the default; then a
+  connection WINDOW_UPDATE up to ``connection_window``. SETTINGS are acked both ways.
+- Frame size: above what we accept, bad fixed lengths (PING 8, RST/WINDOW_UPDATE 4,
+  SETTINGS 6n, ack 0, GOAWAY ≥ 8) → FRAME_SIZE_ERROR; PRIORITY ≠ 5 → stream error (§6.3).
+- Stream ids: client streams are odd and increase; an even id, a lower id never opened, or
+  DATA/WINDOW_UPDATE/RST_STREAM on an idle stream → PROTOCOL_ERROR (§5.1.1, §5.1).
+  Frames on closed streams (§5.1): ignored after we reset the stream; WINDOW_UPDATE,
+  RST_STREAM, PRIORITY ignored; DATA → stream error STREAM_CLOSED; HEADERS → connection
+  error STREAM_CLOSED. Closed ids are remembered for the last ``_CLOSED_MEMORY`` streams.
+- Header blocks: CONTINUATION must follow on the same stream with nothing in between, else
+  PROTOCOL_ERROR; the buffered block is bounded (a CONTINUATION flood gets
+  ENHANCE_YOUR_CALM). Every block is decoded even when the stream is refused or closed, to
+  keep the HPACK table in step; decoding errors → COMPRESSION_ERROR.
+- Requests (§8.3): pseudo-fields before regular ones, no duplicates or unknown ones; non-CONNECT
+  has :method :scheme :path; CONNECT has only :method and :authority, extended CONNECT
+  (RFC 8441 :protocol) has all four; names lower-case visible ASCII, values without NUL/CR/LF
+  or edge whitespace; no connection-specific fields; te only "trailers"; content-length must
+  match the DATA received. A malformed request → RST_STREAM(PROTOCOL_ERROR) + StreamReset.
+  Trailers must end the stream and carry no pseudo-fields. Host vs :authority is left to
+  the shell.
+- Refusal: past MAX_CONCURRENT_STREAMS or above the final GOAWAY's id → RST_STREAM
+  (REFUSED_STREAM), not reported. A PRIORITY (frame or HEADERS flag) that depends on its own
+  stream → stream error PROTOCOL_ERROR; PRIORITY is otherwise ignored and opens nothing.
+- Flow control (§5.2, §6.9): receive windows enforced (connection → connection error, stream
+  → stream error FLOW_CONTROL_ERROR); windows above 2^31-1 → FLOW_CONTROL_ERROR; increment 0
+  → PROTOCOL_ERROR; the peer's INITIAL_WINDOW_SIZE changes apply to open streams (may go
+  negative). Our output never fails on flow control: it waits per stream and leaves, one
+  frame per stream per round, as WINDOW_UPDATEs arrive. Until our SETTINGS are acked the
+  client may still count with 65535 per stream, so that is honoured too.
+- Abuse (CVE-2023-44487 and kin): client resets and resets the client caused, PINGs,
+  SETTINGS, empty DATA/CONTINUATION frames are counted in fixed windows; control replies
+  queued past ``max_pending_output`` count as a flood. Any of these → GOAWAY(ENHANCE_YOUR_CALM).
+- PUSH_PROMISE from a client → PROTOCOL_ERROR; unknown frame types are ignored.
+- GOAWAY: ``start_drain`` sends (2^31-1, NO_ERROR); ``final_goaway`` sends the highest id
+  handed to the shell, after which new streams are refused; the connection keeps serving
+  the rest. A client's GOAWAY is reported; its open streams go on.
+- A connection error queues GOAWAY(last processed, code), reports ConnectionError, and ends
+  input processing; ``receive`` never raises for what the peer sends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .codec import DecodeError, Decoder, Encoder, HeaderBomb
+from .events import (
+    ConnectionError,
+    DataReceived,
+    Event,
+    GoAwayReceived,
+    HeadersTooLarge,
+    RequestReceived,
+    StreamReset,
+    TrailersReceived,
+    WindowOpened,
+)
+from .frames import (
+    ACK,
+    CONTINUATION,
+    DATA,
+    DEFAULT_MAX_FRAME,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADER,
+    HEADERS,
+    MAX_FRAME_LIMIT,
+    MAX_WINDOW,
+    PADDED,
+    PING,
+    PRIORITY,
+    PRIORITY_FLAG,
+    PUSH_PROMISE,
+    RST_STREAM,
+    SETTING,
+    SETTINGS,
+    SETTINGS_ACK,
+    SETTINGS_ENABLE_CONNECT_PROTOCOL,
+    SETTINGS_ENABLE_PUSH,
+    SETTINGS_HEADER_TABLE_SIZE,
+    SETTINGS_INITIAL_WINDOW_SIZE,
+    SETTINGS_MAX_CONCURRENT_STREAMS,
+    SETTINGS_MAX_FRAME_SIZE,
+    SETTINGS_MAX_HEADER_LIST_SIZE,
+    TWO_U32,
+    U32,
+    WINDOW_UPDATE,
+    ErrorCode,
+    error_code,
+    frame_header,
+    goaway,
+    pack_header,
+    ping_ack,
+    rst_stream,
+    settings_frame,
+    window_update,
+)
+
+__all__ = [
+    "MAX_STREAM_ID", "PREFACE", "ConnectionError", "DataReceived", "ErrorCode", "Event",
+    "GoAwayReceived", "H2Limits", "H2Server", "HeadersTooLarge", "RequestReceived",
+    "StreamReset", "TrailersReceived", "WindowOpened",
+]
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+MAX_STREAM_ID = 2**31 - 1
+
+_unpack_header = HEADER.unpack_from
+_unpack_u32 = U32.unpack_from
+_unpack_two = TWO_U32.unpack_from
+_unpack_setting = SETTING.unpack_from
+
+# How a forgotten stream ended: frames that still arrive for it are judged by this.
+_CLOSED_BY_US = 1  # we reset it (or refused it): ignore what was already in flight
+_CLOSED_BY_PEER = 2  # the client reset it
+_CLOSED_DONE = 3  # both sides ended
+_CLOSED_MEMORY = 4096
+
+# RFC 9113 §8.2.2: connection-specific fields make a request malformed; responses drop them.
+_CONNECTION_SPECIFIC = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade",
+})
+_SPECIAL = _CONNECTION_SPECIFIC | {b"te", b"content-length", b"cookie"}
+
+# bytes.translate(None, delete=OK) leaves only what is not OK: one C pass per field.
+_NAME_OK = bytes(c for c in range(0x21, 0x7F) if not 0x41 <= c <= 0x5A and c != 0x3A)
+_VALUE_OK = bytes(c for c in range(256) if c not in (0x00, 0x0A, 0x0D))
+_TOKEN_OK = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_TARGET_OK = bytes(c for c in range(0x21, 0x100) if c != 0x7F)
+_WS = b" \t"
+
+
+class _ProtocolError(Exception):
+    """A connection error: unwinds ``receive`` to the point where GOAWAY is queued."""
+
+    def __init__(self, code: ErrorCode, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class _Malformed(Exception):
+    """A malformed request (RFC 9113 §8.1.1): stream error PROTOCOL_ERROR."""
+
+
+@dataclass(slots=True)
+class H2Limits:
+    max_concurrent_streams: int = 100
+    initial_window_size: int = 1 << 20  # advertised per stream (receive side)
+    connection_window: int = 1 << 24  # receive window for the whole connection
+    max_frame_size: int = DEFAULT_MAX_FRAME  # what we accept
+    max_header_list_size: int = 64 * 1024  # decoded, RFC 9113 §6.5.2 accounting
+    max_resets_per_window: int = 200
+    reset_window: float = 10.0
+    max_pings_per_window: int = 100
+    max_settings_per_window: int = 100
+    max_empty_frames_per_window: int = 100
+    control_window: float = 10.0
+    max_pending_output: int = 1 << 20
+
+
+class _Rate:
+    """A fixed-window counter: cheap, and enough to tell a flood from a busy client."""
+
+    __slots__ = ("count", "limit", "start", "window")
+
+    def __init__(self, limit: int, window: float, now: float) -> None:
+        self.limit = limit
+        self.window = window
+        self.start = now
+        self.count = 0
+
+    def hit(self, now: float) -> bool:
+        if now - self.start >= self.window:
+            self.start = now
+            self.count = 0
+        self.count += 1
+        return self.count > self.limit
+
+
+class _Stream:
+    __slots__ = (
+        "blocked_once", "content_length", "pending", "pending_end", "pending_trailers",
+        "received", "recv_closed", "recv_window", "rejected", "send_done", "send_ended",
+        "send_window", "sid", "unacked",
+    )
+
+    def __init__(self, sid: int, send_window: int, recv_window: int, end: bool) -> None:
+        self.sid = sid
+        self.send_window = send_window
+        self.recv_window = recv_window
+        self.recv_closed = end
+        self.send_ended = False  # the shell has given its end
+        self.send_done = False  # END_STREAM is on the wire (queued)
+        self.pending: bytearray | None = None  # DATA held back by flow control
+        self.pending_end = False
+        self.pending_trailers: list[tuple[bytes, bytes]] | None = None
+        self.blocked_once = False
+        self.content_length = -1
+        self.received = 0
+        self.unacked = 0
+        self.rejected = False  # HeadersTooLarge: body discarded here
+
+
+class H2Server:
+    """One server-side HTTP/2 connection. See the module docstring for the rules."""
+
+    def __init__(self, limits: H2Limits | None = None, now: float = 0.0) -> None:
+        lim = limits if limits is not None else H2Limits()
+        self.limits = lim
+        self._buf = bytearray()
+        self._out: list[bytes] = []
+        self._out_size = 0
+        self._state = 0  # 0: expecting the magic, 1: the client's SETTINGS, 2: running
+        self._initiated = False
+        self._dec = Decoder()
+        self._enc = Encoder()
+        self._streams: dict[int, _Stream] = {}
+        self._closed_ids: dict[int, int] = {}
+        self._blocked: dict[int, _Stream] = {}
+        self._highest = 0  # highest client stream id seen on a HEADERS
+        self._now = now
+        # Our receive side.
+        self._accept_frame = max(lim.max_frame_size, DEFAULT_MAX_FRAME)
+        self._recv_window = DEFAULT_WINDOW
+        self._recv_initial = max(lim.initial_window_size, DEFAULT_WINDOW)  # until acked
+        self._settings_acked = False
+        self._conn_unacked = 0
+        self._conn_threshold = max(lim.connection_window // 2, 1)
+        self._stream_threshold = max(lim.initial_window_size // 2, 1)
+        self._block_cap = 2 * lim.max_header_list_size + 16384
+        self._list_hard_cap = 4 * lim.max_header_list_size
+        # The peer's settings (our send side).
+        self._send_window = DEFAULT_WINDOW
+        self._peer_initial = DEFAULT_WINDOW
+        self._peer_max_frame = DEFAULT_MAX_FRAME
+        self.peer_max_header_list_size: int | None = None
+        # CONTINUATION in progress.
+        self._cont_sid = 0
+        self._cont_buf = bytearray()
+        self._cont_end_stream = False
+        self._cont_bad_priority = False
+        # Abuse counters.
+        self._resets = _Rate(lim.max_resets_per_window, lim.reset_window, now)
+        self._pings = _Rate(lim.max_pings_per_window, lim.control_window, now)
+        self._settings = _Rate(lim.max_settings_per_window, lim.control_window, now)
+        self._empties = _Rate(lim.max_empty_frames_per_window, lim.control_window, now)
+        # State the shell reads.
+        self.goaway_sent = 0
+        self.last_processed = 0
+        self.closed = False
+        self.peer_goaway: int | None = None
+        self.resets_received = 0
+        self.resets_sent = 0
+        self.pings = 0
+        self.settings = 0
+        self.empty_frames = 0
+        self.flood = 0
+
+    # ------------------------------------------------------------------ shell-facing state
+
+    @property
+    def open_streams(self) -> int:
+        """Streams not closed: either side still open, or output still held back."""
+        return len(self._streams)
+
+    def outbound_buffered(self, stream_id: int) -> int:
+        st = self._streams.get(stream_id)
+        if st is None or st.pending is None:
+            return 0
+        return len(st.pending)
+
+    def data_to_send(self) -> bytes:
+        if not self._out:
+            return b""
+        data = b"".join(self._out)
+        self._out.clear()
+        self._out_size = 0
+        return data
+
+    # ------------------------------------------------------------------ output helpers
+
+    def _queue(self, frame: bytes) -> None:
+        self._out.append(frame)
+        self._out_size += len(frame)
+
+    def _queue_reply(self, frame: bytes) -> None:
+        """A control frame the client made us send: bounded, or it is a flood."""
+        if self._out_size > self.limits.max_pending_output:
+            self.flood += 1
+            raise _ProtocolError(ErrorCode.ENHANCE_YOUR_CALM, "peer does not read our replies")
+        self._queue(frame)
+
+    def initiate(self) -> None:
+        """Queue our SETTINGS and raise the connection window (RFC 9113 §3.4, §6.9.2)."""
+        if self._initiated:
+            return
+        self._initiated = True
+        lim = self.limits
+        settings = [
+            (SETTINGS_MAX_CONCURRENT_STREAMS, lim.max_concurrent_streams),
+            (SETTINGS_INITIAL_WINDOW_SIZE, lim.initial_window_size),
+            (SETTINGS_MAX_HEADER_LIST_SIZE, lim.max_header_list_size),
+            (SETTINGS_ENABLE_CONNECT_PROTOCOL, 1),
+        ]
+        if self._accept_frame != DEFAULT_MAX_FRAME:
+            settings.append((SETTINGS_MAX_FRAME_SIZE, self._accept_frame))
+        self._queue(settings_frame(settings))
+        if lim.connection_window > DEFAULT_WINDOW:
+            self._queue(window_update(0, lim.connection_window - DEFAULT_WINDOW))
+            self._recv_window = lim.connection_window
+
+    # ------------------------------------------------------------------ receiving
+
+    def receive(self, data: bytes, now: float) -> list[Event]:
+        """Feed bytes from the socket; returns what happened. Never raises for peer errors."""
+        events: list[Event] = []
+        if self.closed:
+            return events
+        self._now = now
+        buf = self._buf
+        buf += data
+        try:
+            if self._state != 2:
+                if not self._initiated:
+                    self.initiate()
+                if self._state == 0:
+                    if len(buf) < 24:
+                        if not PREFACE.startswith(bytes(buf)):
+                            raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "bad preface")
+                        return events
+                    if buf[:24] != PREFACE:
+                        raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "bad preface")
+                    del buf[:24]
+                    self._state = 1
+            self._frames(events)
+        except _ProtocolError as exc:
+            self._connection_error(exc.code, exc.reason, events)
+        return events
+
+    def _frames(self, events: list[Event]) -> None:
+        buf = self._buf
+        n = len(buf)
+        pos = 0
+        try:
+            while n - pos >= 9:
+                hi, lo, ftype, flags, sid = _unpack_header(buf, pos)
+                length = hi << 16 | lo
+                if length > self._accept_frame:
+                    raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "frame too large")
+                end = pos + 9 + length
+                if end > n:
+                    break
+                sid &= 0x7FFFFFFF
+                if self._cont_sid and ftype != CONTINUATION:
+                    raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "expected CONTINUATION")
+                if self._state == 1:
+                    if ftype != SETTINGS or flags & ACK:
+                        raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "SETTINGS must come first")
+                    self._state = 2
+                p = pos + 9
+                pos = end
+                if ftype == DATA:
+                    self._on_data(sid, flags, p, end, events)
+                elif ftype == HEADERS:
+                    self._on_headers(sid, flags, p, end, events)
+                elif ftype == WINDOW_UPDATE:
+                    self._on_window_update(sid, p, length, events)
+                elif ftype == RST_STREAM:
+                    self._on_rst_stream(sid, p, length, events)
+                elif ftype == SETTINGS:
+                    self._on_settings(sid, flags, p, length, events)
+                elif ftype == PING:
+                    if sid:
+                        raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "PING on a stream")
+                    if length != 8:
+                        raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "PING length")
+                    if not flags & ACK:
+                        self.pings += 1
+                        if self._pings.hit(self._now):
+                            self._flooded("PING flood")
+                        self._queue_reply(ping_ack(bytes(buf[p:end])))
+                elif ftype == PRIORITY:
+                    self._on_priority(sid, p, length, events)
+                elif ftype == CONTINUATION:
+                    self._on_continuation(sid, flags, p, end, events)
+                elif ftype == GOAWAY:
+                    if sid:
+                        raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "GOAWAY on a stream")
+                    if length < 8:
+                        raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "GOAWAY length")
+                    last, code = _unpack_two(buf, p)
+                    last &= 0x7FFFFFFF
+                    self.peer_goaway = last
+                    events.append(GoAwayReceived(last, error_code(code)))
+                elif ftype == PUSH_PROMISE:
+                    raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+                # Unknown frame types are ignored (RFC 9113 §4.1, §5.5).
+        finally:
+            del buf[:pos]
+
+    def _flooded(self, reason: str) -> None:
+        self.flood += 1
+        raise _ProtocolError(ErrorCode.ENHANCE_YOUR_CALM, reason)
+
+    def _connection_error(self, code: ErrorCode, reason: str, events: list[Event]) -> None:
+        if self.closed:
+            return
+        self._queue(goaway(self.last_processed, code))
+        self.goaway_sent = 2
+        self.closed = True
+        self._buf.clear()
+        events.append(ConnectionError(code, reason))
+
+    def _padding(self, flags: int, p: int, end: int) -> tuple[int, int]:
+        """Strip PADDED (RFC 9113 §6.1, §6.2): padding as long as the rest is an error."""
+        if flags & PADDED:
+            if p >= end:
+                raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "no room for the pad length")
+            pad = self._buf[p]
+            p += 1
+            if pad > end - p:
+                raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "padding exceeds the payload")
+            end -= pad
+        return p, end
+
+    def _is_idle(self, sid: int) -> bool:
+        return sid > self._highest or not sid & 1
+
+    # DATA ---------------------------------------------------------------------------------
+
+    def _on_data(self, sid: int, flags: int, p: int, end: int, events: list[Event]) -> None:
+        if sid == 0:
+            raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "DATA on stream 0")
+        flow = end - p
+        if flow > self._recv_window:
+            raise _ProtocolError(ErrorCode.FLOW_CONTROL_ERROR, "connection window exceeded")
+        self._recv_window -= flow
+        st = self._streams.get(sid)
+        if st is None:
+            if self._is_idle(sid):
+                raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "DATA on an idle stream")
+            self._give_back(flow)
+            if self._closed_ids.get(sid) != _CLOSED_BY_US:
+                self._stream_error(sid, ErrorCode.STREAM_CLOSED, events, report=False)
+            return
+        p, end = self._padding(flags, p, end)
+        if st.recv_closed:
+            self._give_back(flow)
+            self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
+            return
+        if flow > st.recv_window:
+            self._give_back(flow)
+            self._stream_error(sid, ErrorCode.FLOW_CONTROL_ERROR, events)
+            return
+        st.recv_window -= flow
+        end_stream = bool(flags & END_STREAM)
+        size = end - p
+        st.received += size
+        cl = st.content_length
+        if cl >= 0 and (st.received > cl or (end_stream and st.received != cl)):
+            self._give_back(flow)
+            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+            return
+        if size == 0 and not end_stream:
+            self.empty_frames += 1
+            if self._empties.hit(self._now):
+                self._flooded("empty DATA frames")
+        if end_stream:
+            st.recv_closed = True
+        if st.rejected:
+            self._give_back(flow)
+        else:
+            events.append(DataReceived(sid, bytes(self._buf[p:end]), flow, end_stream))
+        if end_stream and st.send_done:
+            self._forget(st, _CLOSED_DONE)
+
+    def _give_back(self, n: int) -> None:
+        """Connection credit for bytes nobody will acknowledge (dropped here)."""
+        if n:
+            self._conn_unacked += n
+            if self._conn_unacked >= self._conn_threshold:
+                self._queue(window_update(0, self._conn_unacked))
+                self._recv_window += self._conn_unacked
+                self._conn_unacked = 0
+
+    def acknowledge_received_data(self, stream_id: int, n: int) -> None:
+        """The shell consumed ``n`` flow-controlled bytes: re-open the windows in batches of
+        half a window, as nghttp2 does. Valid after the stream has gone (connection only)."""
+        if n <= 0 or self.closed:
+            return
+        self._give_back(n)
+        st = self._streams.get(stream_id)
+        if st is not None and not st.recv_closed:
+            st.unacked += n
+            if st.unacked >= self._stream_threshold:
+                self._queue(window_update(stream_id, st.unacked))
+                st.recv_window += st.unacked
+                st.unacked = 0
+
+    # HEADERS / CONTINUATION ---------------------------------------------------------------
+
+    def _on_headers(self, sid: int, flags: int, p: int, end: int, events: list[Event]) -> None:
+        if sid == 0 or not sid & 1:
+            raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "HEADERS on a server stream id")
+        p, end = self._padding(flags, p, end)
+        bad_priority = False
+        if flags & PRIORITY_FLAG:
+            if end - p < 5:
+                raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "HEADERS priority fields")
+            bad_priority = (_unpack_u32(self._buf, p)[0] & 0x7FFFFFFF) == sid
+            p += 5
+        if flags & END_HEADERS:
+            self._on_block(sid, bytes(self._buf[p:end]), bool(flags & END_STREAM),
+                           bad_priority, events)
+            return
+        self._cont_sid = sid
+        self._cont_buf = bytearray(self._buf[p:end])
+        self._cont_end_stream = bool(flags & END_STREAM)
+        self._cont_bad_priority = bad_priority
+        if len(self._cont_buf) > self._block_cap:
+            self._flooded("header block too large")
+
+    def _on_continuation(self, sid: int, flags: int, p: int, end: int,
+                         events: list[Event]) -> None:
+        if not self._cont_sid or sid != self._cont_sid:
+            raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "unexpected CONTINUATION")
+        cont = self._cont_buf
+        cont += self._buf[p:end]
+        if len(cont) > self._block_cap:
+            self._flooded("header block too large")
+        if not flags & END_HEADERS:
+            if p == end:
+                self.empty_frames += 1
+                if self._empties.hit(self._now):
+                    self._flooded("empty CONTINUATION frames")
+            return
+        self._cont_sid = 0
+        self._cont_buf = bytearray()
+        self._on_block(sid, bytes(cont), self._cont_end_stream, self._cont_bad_priority, events)
+
+    def _decode(self, block: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
+        try:
+            return self._dec.decode(block, self._list_hard_cap)
+        except HeaderBomb:
+            self._flooded("header list far above the limit")
+            raise  # unreachable: _flooded raises
+        except DecodeError as exc:
+            raise _ProtocolError(ErrorCode.COMPRESSION_ERROR, f"HPACK: {exc}") from exc
+
+    def _on_block(self, sid: int, block: bytes, end_stream: bool, bad_priority: bool,
+                  events: list[Event]) -> None:
+        headers, size = self._decode(block)
+        st = self._streams.get(sid)
+        if st is not None:
+            self._on_trailers(st, headers, end_stream, bad_priority, events)
+            return
+        if sid <= self._highest:
+            kind = self._closed_ids.get(sid)
+            if kind == _CLOSED_BY_US:
+                return  # in flight when we reset it (§5.1 closed)
+            if kind is None:
+                raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "stream id not increasing")
+            raise _ProtocolError(ErrorCode.STREAM_CLOSED, "HEADERS on a closed stream")
+        self._highest = sid
+        if self.goaway_sent == 2 and sid > self.last_processed:
+            self._refuse(sid, counted=False)  # after the final GOAWAY: safe to retry
+            return
+        if bad_priority:
+            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+            return
+        if len(self._streams) >= self.limits.max_concurrent_streams:
+            self._refuse(sid, counted=True)
+            return
+        if size > self.limits.max_header_list_size:
+            st = self._open(sid, end_stream)
+            st.rejected = True
+            self.last_processed = sid
+            events.append(HeadersTooLarge(sid, end_stream))
+            return
+        try:
+            ev, cl = _request(sid, headers, end_stream)
+        except _Malformed:
+            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+            return
+        st = self._open(sid, end_stream)
+        st.content_length = cl
+        self.last_processed = sid
+        events.append(ev)
+
+    def _open(self, sid: int, end_stream: bool) -> _Stream:
+        st = _Stream(sid, self._peer_initial, self._recv_initial, end_stream)
+        self._streams[sid] = st
+        return st
+
+    def _refuse(self, sid: int, counted: bool) -> None:
+        self._queue_reply(rst_stream(sid, ErrorCode.REFUSED_STREAM))
+        self.resets_sent += 1
+        self._remember(sid, _CLOSED_BY_US)
+        if counted and self._resets.hit(self._now):
+            self._flooded("too many refused streams")
+
+    def _on_trailers(self, st: _Stream, headers: list[tuple[bytes, bytes]], end_stream: bool,
+                     bad_priority: bool, events: list[Event]) -> None:
+        sid = st.sid
+        if st.recv_closed:
+            self._stream_error(sid, ErrorCode.STREAM_CLOSED, events)
+            return
+        if bad_priority or not end_stream:
+            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+            return
+        for name, value in headers:
+            if (name[:1] == b":" or name.translate(None, _NAME_OK) or not name
+                    or value.translate(None, _VALUE_OK)
+                    or (value and (value[0] in _WS or value[-1] in _WS))
+                    or name in _CONNECTION_SPECIFIC):
+                self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+                return
+        if st.content_length >= 0 and st.received != st.content_length:
+            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+            return
+        st.recv_closed = True
+        if not st.rejected:
+            events.append(TrailersReceived(sid, headers))
+        if st.send_done:
+            self._forget(st, _CLOSED_DONE)
+
+    # Control frames -----------------------------------------------------------------------
+
+    def _on_window_update(self, sid: int, p: int, length: int, events: list[Event]) -> None:
+        if length != 4:
+            raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "WINDOW_UPDATE length")
+        inc = _unpack_u32(self._buf, p)[0] & 0x7FFFFFFF
+        if sid == 0:
+            if inc == 0:
+                raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self._send_window += inc
+            if self._send_window > MAX_WINDOW:
+                raise _ProtocolError(ErrorCode.FLOW_CONTROL_ERROR, "connection window overflow")
+            if self._blocked:
+                self._flush_blocked(events)
+            return
+        st = self._streams.get(sid)
+        if st is None:
+            if self._is_idle(sid):
+                raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
+            return  # closed: may still be in flight (§5.1)
+        if inc == 0:
+            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+            return
+        st.send_window += inc
+        if st.send_window > MAX_WINDOW:
+            self._stream_error(sid, ErrorCode.FLOW_CONTROL_ERROR, events)
+            return
+        if st.pending is not None and self._send_window > 0:
+            self._flush_stream(st, events, 1 << 30)
+
+    def _on_rst_stream(self, sid: int, p: int, length: int, events: list[Event]) -> None:
+        if sid == 0:
+            raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "RST_STREAM on stream 0")
+        if length != 4:
+            raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "RST_STREAM length")
+        st = self._streams.get(sid)
+        if st is None:
+            if self._is_idle(sid):
+                raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
+            return
+        self.resets_received += 1
+        self._forget(st, _CLOSED_BY_PEER)
+        events.append(StreamReset(sid, error_code(_unpack_u32(self._buf, p)[0])))
+        if self._resets.hit(self._now):
+            self._flooded("rapid reset")
+
+    def _on_priority(self, sid: int, p: int, length: int, events: list[Event]) -> None:
+        if sid == 0:
+            raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "PRIORITY on stream 0")
+        if length != 5:
+            self._stream_error(sid, ErrorCode.FRAME_SIZE_ERROR, events, report=sid in self._streams)
+            return
+        if (_unpack_u32(self._buf, p)[0] & 0x7FFFFFFF) == sid:
+            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events, report=sid in self._streams)
+
+    def _on_settings(self, sid: int, flags: int, p: int, length: int,
+                     events: list[Event]) -> None:
+        if sid:
+            raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & ACK:
+            if length:
+                raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS ack with a payload")
+            if not self._settings_acked:
+                self._settings_acked = True
+                ours = self.limits.initial_window_size
+                delta = ours - self._recv_initial
+                self._recv_initial = ours
+                if delta:
+                    for st in self._streams.values():
+                        st.recv_window += delta
+            return
+        if length % 6:
+            raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS length")
+        self.settings += 1
+        if self._settings.hit(self._now):
+            self._flooded("SETTINGS flood")
+        buf = self._buf
+        for off in range(p, p + length, 6):
+            key, value = _unpack_setting(buf, off)
+            if key == SETTINGS_INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    raise _ProtocolError(ErrorCode.FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE")
+                delta = value - self._peer_initial
+                self._peer_initial = value
+                if delta:
+                    for st in self._streams.values():
+                        st.send_window += delta
+                        if st.send_window > MAX_WINDOW:
+                            raise _ProtocolError(ErrorCode.FLOW_CONTROL_ERROR, "window overflow")
+            elif key == SETTINGS_MAX_FRAME_SIZE:
+                if not DEFAULT_MAX_FRAME <= value <= MAX_FRAME_LIMIT:
+                    raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "MAX_FRAME_SIZE")
+                self._peer_max_frame = value
+            elif key == SETTINGS_HEADER_TABLE_SIZE:
+                self._enc.set_max_table_size(value)
+            elif key in (SETTINGS_ENABLE_PUSH, SETTINGS_ENABLE_CONNECT_PROTOCOL):
+                if value > 1:
+                    raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "boolean setting above 1")
+            elif key == SETTINGS_MAX_HEADER_LIST_SIZE:
+                self.peer_max_header_list_size = value
+        self._queue_reply(SETTINGS_ACK)
+        if self._blocked and self._send_window > 0:
+            self._flush_blocked(events)
+
+    # Stream endings -----------------------------------------------------------------------
+
+    def _remember(self, sid: int, kind: int) -> None:
+        closed = self._closed_ids
+        closed[sid] = kind
+        if len(closed) > _CLOSED_MEMORY:
+            del closed[next(iter(closed))]
+
+    def _forget(self, st: _Stream, kind: int) -> None:
+        sid = st.sid
+        del self._streams[sid]
+        if st.pending is not None:
+            self._blocked.pop(sid, None)
+        self._remember(sid, kind)
+
+    def _stream_error(self, sid: int, code: ErrorCode, events: list[Event],
+                      report: bool = True) -> None:
+        """RST_STREAM because the client broke a rule on this stream; it counts toward the
+        rapid-reset limit, so a client cannot make us write resets without bound."""
+        self._queue_reply(rst_stream(sid, code))
+        self.resets_sent += 1
+        st = self._streams.get(sid)
+        if st is not None:
+            self._forget(st, _CLOSED_BY_US)
+        elif not self._is_idle(sid):
+            self._remember(sid, _CLOSED_BY_US)
+        if report:
+            events.append(StreamReset(sid, code))
+        if self._resets.hit(self._now):
+            self._flooded("too many stream errors")
+
+    def _local_end(self, st: _Stream) -> None:
+        """Our END_STREAM is queued: close, or stop a client still sending to a 431."""
+        st.send_done = True
+        if st.recv_closed:
+            self._forget(st, _CLOSED_DONE)
+        elif st.rejected:
+            self._queue(rst_stream(st.sid, ErrorCode.NO_ERROR))
+            self.resets_sent += 1
+            self._forget(st, _CLOSED_BY_US)
+
+    # ------------------------------------------------------------------ sending
+
+    def _emit_block(self, sid: int, block: bytes, end_stream: bool) -> None:
+        flags = END_STREAM if end_stream else 0
+        mf = self._peer_max_frame
+        n = len(block)
+        if n <= mf:
+            self._queue(pack_header(n >> 16, n & 0xFFFF, HEADERS, flags | END_HEADERS, sid)
+                        + block)
+            return
+        self._queue(frame_header(mf, HEADERS, flags, sid) + block[:mf])
+        for off in range(mf, n, mf):
+            chunk = block[off:off + mf]
+            last = off + mf >= n
+            self._queue(frame_header(len(chunk), CONTINUATION, END_HEADERS if last else 0, sid)
+                        + chunk)
+
+    def send_headers(self, stream_id: int, status: int, headers: list[tuple[bytes, bytes]],
+                     end_stream: bool = False) -> None:
+        """A response head. 1xx may precede the final one (not with end_stream; no 101 in
+        HTTP/2, §8.6). Names are lower-cased and connection-specific fields dropped, so an
+        HTTP/1 upstream's head can be passed as it is. A stream already gone is ignored."""
+        if status < 200 and (end_stream or status == 101 or status < 100):
+            raise ValueError(f"status {status} cannot be sent here")
+        st = self._streams.get(stream_id)
+        if st is None or st.send_ended or self.closed:
+            return
+        fields = [(b":status", _STATUS.get(status) or b"%d" % status)]
+        fields += [(n.lower(), v) for n, v in headers if n.lower() not in _CONNECTION_SPECIFIC]
+        self._emit_block(stream_id, self._enc.encode(fields), end_stream)
+        if end_stream:
+            st.send_ended = True
+            self._local_end(st)
+
+    def send_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
+        """Body bytes. What the windows do not allow now is held for this stream (see
+        ``outbound_buffered``) and leaves as WINDOW_UPDATEs arrive."""
+        st = self._streams.get(stream_id)
+        if st is None or st.send_ended or self.closed:
+            return
+        if end_stream:
+            st.send_ended = True
+        if st.pending is not None:
+            st.pending += data
+            st.pending_end = end_stream
+            return
+        n = len(data)
+        allowed = min(n, st.send_window, self._send_window)
+        if allowed >= n or n == 0:
+            self._emit_data(stream_id, data, end_stream)
+            st.send_window -= n
+            self._send_window -= n
+            if end_stream:
+                self._local_end(st)
+            return
+        if allowed > 0:
+            self._emit_data(stream_id, data[:allowed], False)
+            st.send_window -= allowed
+            self._send_window -= allowed
+        st.pending = bytearray(data[allowed:] if allowed > 0 else data)
+        st.pending_end = end_stream
+        st.blocked_once = True
+        self._blocked[stream_id] = st
+
+    def _emit_data(self, sid: int, data: bytes, end_stream: bool) -> None:
+        mf = self._peer_max_frame
+        n = len(data)
+        out = self._out
+        if n <= mf:
+            out.append(pack_header(n >> 16, n & 0xFFFF, DATA, END_STREAM if end_stream else 0,
+                                   sid))
+            out.append(data)
+            self._out_size += n + 9
+            return
+        for off in range(0, n, mf):
+            chunk = data[off:off + mf]
+            last = end_stream and off + mf >= n
+            size = len(chunk)
+            out.append(pack_header(size >> 16, size & 0xFFFF, DATA, END_STREAM if last else 0,
+                                   sid))
+            out.append(chunk)
+            self._out_size += size + 9
+
+    def send_trailers(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """Trailer fields; they end the stream (after any held-back DATA)."""
+        st = self._streams.get(stream_id)
+        if st is None or st.send_ended or self.closed:
+            return
+        st.send_ended = True
+        fields = [(n.lower(), v) for n, v in headers
+                  if n[:1] != b":" and n.lower() not in _CONNECTION_SPECIFIC]
+        if st.pending is not None:
+            st.pending_trailers = fields
+            return
+        self._emit_block(stream_id, self._enc.encode(fields), True)
+        self._local_end(st)
+
+    def _flush_stream(self, st: _Stream, events: list[Event], frames: int) -> None:
+        """Send up to ``frames`` DATA frames of what this stream holds back."""
+        pend = st.pending
+        assert pend is not None
+        mf = self._peer_max_frame
+        while pend and frames > 0 and st.send_window > 0 and self._send_window > 0:
+            n = min(len(pend), st.send_window, self._send_window, mf)
+            chunk = bytes(pend[:n])
+            del pend[:n]
+            self._emit_data(st.sid, chunk, not pend and st.pending_end
+                            and st.pending_trailers is None)
+            st.send_window -= n
+            self._send_window -= n
+            frames -= 1
+        if pend:
+            return
+        st.pending = None
+        del self._blocked[st.sid]
+        if st.pending_trailers is not None:
+            self._emit_block(st.sid, self._enc.encode(st.pending_trailers), True)
+            st.pending_trailers = None
+            self._local_end(st)
+        elif st.pending_end:
+            self._local_end(st)
+        elif not st.send_ended:
+            events.append(WindowOpened(st.sid))
+
+    def _flush_blocked(self, events: list[Event]) -> None:
+        """Round robin, one frame per stream per round, while the connection window lasts."""
+        while self._send_window > 0 and self._blocked:
+            moved = False
+            for st in list(self._blocked.values()):
+                if self._send_window <= 0:
+                    break
+                if st.send_window > 0:
+                    self._flush_stream(st, events, 1)
+                    moved = True
+            if not moved:
+                break
+
+    def reset_stream(self, stream_id: int, code: ErrorCode = ErrorCode.CANCEL) -> None:
+        """The shell gives up on a stream (upstream failed, client gone...)."""
+        st = self._streams.get(stream_id)
+        if st is None or self.closed:
+            return
+        self._queue(rst_stream(stream_id, code))
+        self.resets_sent += 1
+        self._forget(st, _CLOSED_BY_US)
+
+    # ------------------------------------------------------------------ draining
+
+    def start_drain(self) -> None:
+        """Phase 1 (DESIGN.md §2): tell the client to go elsewhere, keep serving everything."""
+        if self.goaway_sent == 0 and not self.closed:
+            self._queue(goaway(MAX_STREAM_ID, ErrorCode.NO_ERROR))
+            self.goaway_sent = 1
+
+    def final_goaway(self) -> None:
+        """Phase 2: the highest stream handed to the shell; newer ones are refused."""
+        if self.goaway_sent < 2 and not self.closed:
+            self._queue(goaway(self.last_processed, ErrorCode.NO_ERROR))
+            self.goaway_sent = 2
+
+    def close(self, code: ErrorCode = ErrorCode.NO_ERROR, debug: bytes = b"") -> None:
+        """GOAWAY(last processed, code) and stop processing input."""
+        if self.closed:
+            return
+        self._queue(goaway(self.last_processed, code, debug))
+        self.goaway_sent = 2
+        self.closed = True
+        self._buf.clear()
+
+
+_STATUS: dict[int, bytes] = {code: b"%d" % code for code in range(100, 600)}
+
+
+def _request(sid: int, headers: list[tuple[bytes, bytes]],
+             end_stream: bool) -> tuple[RequestReceived, int]:
+    """Validate a request head (RFC 9113 §8.2, §8.3, RFC 8441 §4); the event and the
+    content-length (-1 if none). Raises _Malformed."""
+    method = scheme = authority = path = protocol = None
+    regular: list[tuple[bytes, bytes]] = []
+    cl = -1
+    cookies = 0
+    for field in headers:
+        name, value = field
+        if value.translate(None, _VALUE_OK) or (value and (value[0] in _WS or value[-1] in _WS)):
+            raise _Malformed
+        if name[:1] == b":":
+            if regular:
+                raise _Malformed
+            if name == b":method":
+                if method is not None:
+                    raise _Malformed
+                method = value
+            elif name == b":path":
+                if path is not None:
+                    raise _Malformed
+                path = value
+            elif name == b":scheme":
+                if scheme is not None:
+                    raise _Malformed
+                scheme = value
+            elif name == b":authority":
+                if authority is not None:
+                    raise _Malformed
+                authority = value
+            elif name == b":protocol":
+                if protocol is not None:
+                    raise _Malformed
+                protocol = value
+            else:
+                raise _Malformed
+            continue
+        if not name or name.translate(None, _NAME_OK):
+            raise _Malformed
+        if name in _SPECIAL:
+            if name == b"te":
+                if value != b"trailers":
+                    raise _Malformed
+            elif name == b"content-length":
+                if not value.isdigit() or (cl >= 0 and int(value) != cl):
+                    raise _Malformed
+                cl = int(value)
+            elif name == b"cookie":
+                cookies += 1
+            else:
+                raise _Malformed
+        regular.append(field)
+    if method is None or method.translate(None, _TOKEN_OK) or not method:
+        raise _Malformed
+    if method == b"CONNECT" and protocol is None:
+        if authority is None or scheme is not None or path is not None:
+            raise _Malformed
+    else:
+        if protocol is not None and method != b"CONNECT":
+            raise _Malformed
+        if scheme is None or not path or (protocol is not None and authority is None):
+            raise _Malformed
+        if path[0] != 0x2F and not (path == b"*" and method == b"OPTIONS"):
+            raise _Malformed
+        if path.translate(None, _TARGET_OK):
+            raise _Malformed
+    if authority is not None and authority.translate(None, _TARGET_OK):
+        raise _Malformed
+    if end_stream and cl > 0:
+        raise _Malformed
+    if cookies > 1:
+        crumbs = [v for n, v in regular if n == b"cookie"]
+        first = next(i for i, (n, _) in enumerate(regular) if n == b"cookie")
+        regular = [f for f in regular if f[0] != b"cookie"]
+        regular.insert(first, (b"cookie", b"; ".join(crumbs)))
+    return RequestReceived(sid, method, scheme, authority, path, protocol, regular,
+                           end_stream), cl

@@ -1,0 +1,107 @@
+"""HTTP/2 frame layout (RFC 9113 §4.1, §6): type and flag numbers, error codes, and the
+builders for the frames the server writes. Frames are parsed in ``connection.py`` straight from
+the receive buffer with ``struct.unpack_from``; nothing here allocates per frame beyond the
+bytes it returns."""
+
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+
+# Frame types (RFC 9113 §6).
+DATA = 0x0
+HEADERS = 0x1
+PRIORITY = 0x2
+RST_STREAM = 0x3
+SETTINGS = 0x4
+PUSH_PROMISE = 0x5
+PING = 0x6
+GOAWAY = 0x7
+WINDOW_UPDATE = 0x8
+CONTINUATION = 0x9
+
+# Flags.
+END_STREAM = 0x1
+ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+
+# Settings identifiers (RFC 9113 §6.5.2, RFC 8441 §3).
+SETTINGS_HEADER_TABLE_SIZE = 0x1
+SETTINGS_ENABLE_PUSH = 0x2
+SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
+SETTINGS_INITIAL_WINDOW_SIZE = 0x4
+SETTINGS_MAX_FRAME_SIZE = 0x5
+SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
+SETTINGS_ENABLE_CONNECT_PROTOCOL = 0x8
+
+DEFAULT_WINDOW = 65535
+DEFAULT_MAX_FRAME = 16384
+MAX_FRAME_LIMIT = (1 << 24) - 1
+MAX_WINDOW = (1 << 31) - 1
+
+
+class ErrorCode(IntEnum):
+    """RFC 9113 §7."""
+
+    NO_ERROR = 0x0
+    PROTOCOL_ERROR = 0x1
+    INTERNAL_ERROR = 0x2
+    FLOW_CONTROL_ERROR = 0x3
+    SETTINGS_TIMEOUT = 0x4
+    STREAM_CLOSED = 0x5
+    FRAME_SIZE_ERROR = 0x6
+    REFUSED_STREAM = 0x7
+    CANCEL = 0x8
+    COMPRESSION_ERROR = 0x9
+    CONNECT_ERROR = 0xA
+    ENHANCE_YOUR_CALM = 0xB
+    INADEQUATE_SECURITY = 0xC
+    HTTP_1_1_REQUIRED = 0xD
+
+
+_CODES = {int(c): c for c in ErrorCode}
+
+
+def error_code(value: int) -> ErrorCode | int:
+    """The enum member for a known code; unknown codes stay ints (RFC 9113 §7: no special
+    behaviour for them)."""
+    return _CODES.get(value, value)
+
+
+# The 9-octet header: a 24-bit length as (high byte, low 16 bits), type, flags, stream id.
+HEADER = struct.Struct(">BHBBL")
+pack_header = HEADER.pack
+U32 = struct.Struct(">L")
+TWO_U32 = struct.Struct(">LL")
+SETTING = struct.Struct(">HL")
+
+
+def frame_header(length: int, ftype: int, flags: int, stream_id: int) -> bytes:
+    return pack_header(length >> 16, length & 0xFFFF, ftype, flags, stream_id)
+
+
+def settings_frame(settings: list[tuple[int, int]]) -> bytes:
+    payload = b"".join(SETTING.pack(k, v) for k, v in settings)
+    return frame_header(len(payload), SETTINGS, 0, 0) + payload
+
+
+SETTINGS_ACK = frame_header(0, SETTINGS, ACK, 0)
+
+
+def window_update(stream_id: int, increment: int) -> bytes:
+    return frame_header(4, WINDOW_UPDATE, 0, stream_id) + U32.pack(increment)
+
+
+def rst_stream(stream_id: int, code: int) -> bytes:
+    return frame_header(4, RST_STREAM, 0, stream_id) + U32.pack(code)
+
+
+def goaway(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
+    return (frame_header(8 + len(debug), GOAWAY, 0, 0)
+            + TWO_U32.pack(last_stream_id, code) + debug)
+
+
+def ping_ack(payload: bytes) -> bytes:
+    return frame_header(8, PING, ACK, 0) + payload
