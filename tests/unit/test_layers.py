@@ -17,10 +17,12 @@ ALLOWED: dict[str, set[str]] = {
     "config": {"drain"},
     "upstream": {"stats", "config", "drain"},
     "http1": {"upstream", "drain", "stats", "config"},
+    "http2": {"http1", "upstream", "drain", "stats", "config"},
+    "tunnel": set(),
     "admin": {"stats", "config", "drain"},
-    "listeners": {"http1", "upstream", "drain", "stats", "config"},
+    "listeners": {"http1", "http2", "tunnel", "upstream", "drain", "stats", "config"},
     "demo": set(),
-    "server": {"admin", "listeners", "http1", "upstream", "drain", "stats", "config"},
+    "server": {"admin", "listeners", "http1", "http2", "upstream", "drain", "stats", "config"},
     "cli": {"server", "config", "demo"},
 }
 
