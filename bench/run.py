@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """lameduck vs HAProxy vs nginx: keep-alive GET / through each proxy to the same origin.
 
+HTTP/1.1 rows: wrk against all three proxies. HTTP/2 rows (--h2, the default): h2load over
+h2c prior knowledge against lameduck and HAProxy, in two shapes (5 connections x 10 streams,
+50 connections x 1 stream); the origin stays HTTP/1.1 behind both.
+
 Run with ``make bench`` (or ``.venv/bin/python bench/run.py --help``). Everything listens on
 127.0.0.1, every process it starts is stopped by pid before it returns (also on Ctrl-C and
-SIGTERM), and the default run takes well under two minutes. See bench/README.md.
+SIGTERM), and the default run takes about two and a half minutes. See bench/README.md.
 
 Layout on a 2-core machine:
     CPU 0 (--proxy-cpu): the proxy under test (one of three, all pinned there)
-    CPU 1 (--load-cpu):  the demo origin and wrk
+    CPU 1 (--load-cpu):  the demo origin and wrk / h2load
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import contextlib
 import ctypes
 import http.client
 import json
+import math
 import os
 import platform
 import re
@@ -30,6 +35,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +52,15 @@ TARGET_CPU_US = 50.0
 TARGET_RATIO = 0.6
 TARGET_LINE = (f"target: lameduck <= {TARGET_CPU_US:g} µs CPU per keep-alive GET, "
                f">= {TARGET_RATIO:g}x HAProxy req/s (same run)")
+
+# HTTP/2 (h2c prior knowledge, h2load): the proxies that speak it here, the two load shapes
+# (name, connections, concurrent streams per connection) and the target of issue 3.
+H2_PROXIES = ("lameduck", "haproxy")
+H2_SHAPES = (("5x10", 5, 10), ("50x1", 50, 1))
+TARGET_H2_CPU_US = 100.0
+TARGET_H2_RATIO = 0.25
+TARGET_H2_LINE = (f"target (issue 3): lameduck >= {TARGET_H2_RATIO:g}x HAProxy req/s and "
+                  f"<= {TARGET_H2_CPU_US:g} µs CPU per request over h2c, in both shapes")
 
 
 # --------------------------------------------------------------------------------------------
@@ -69,6 +84,7 @@ class Proc:
     popen: subprocess.Popen
     log: Path
     admin_port: int = 0
+    h2_port: int = 0  # where it serves h2c prior knowledge (0: not tested over HTTP/2)
 
     @property
     def pid(self) -> int:
@@ -234,7 +250,8 @@ def lameduck_bin() -> str:
     return found
 
 
-def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int) -> tuple[Proc, int]:
+def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int,
+                   h2: bool = False) -> tuple[Proc, int]:
     port, admin = free_port(), free_port()
     cfg = {
         "admin": {"address": f"127.0.0.1:{admin}"},
@@ -259,6 +276,8 @@ def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int) -> t
     wait_until(proc, "GET /ready == 200",
                lambda: http_get(f"http://127.0.0.1:{admin}/ready")[0] == 200)
     proc.admin_port = admin
+    if h2:
+        proc.h2_port = port  # the same listener serves h2c prior knowledge, no config needed
     return proc, port
 
 
@@ -296,22 +315,35 @@ defaults
 frontend fe
     bind 127.0.0.1:{port}
     default_backend origin
-
+{h2_frontend}
 backend origin
     server origin 127.0.0.1:{origin_port}
 """
 
 
-def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int) -> tuple[Proc, int]:
+HAPROXY_H2_FRONTEND = """
+# h2c prior knowledge (h2load's default over http://), same backend over HTTP/1.1.
+frontend fe_h2
+    bind 127.0.0.1:{h2_port} proto h2
+    default_backend origin
+"""
+
+
+def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
+                  h2: bool = False) -> tuple[Proc, int]:
     port = free_port()
+    h2_port = free_port() if h2 else 0
     cfg = workdir / "haproxy.cfg"
-    cfg.write_text(HAPROXY_CFG.format(port=port, origin_port=origin_port))
+    cfg.write_text(HAPROXY_CFG.format(
+        port=port, origin_port=origin_port,
+        h2_frontend=HAPROXY_H2_FRONTEND.format(h2_port=h2_port) if h2 else ""))
     check = subprocess.run(["haproxy", "-c", "-q", "-f", str(cfg)], capture_output=True,
                            text=True)
     if check.returncode != 0:
         raise BenchError(f"haproxy rejected {cfg}:\n{check.stdout}{check.stderr}")
     proc = procs.start("haproxy", cpu, ["haproxy", "-f", str(cfg), "-db"])
     wait_until(proc, "listening socket", lambda: _proxied_ok(port))
+    proc.h2_port = h2_port
     return proc, port
 
 
@@ -498,6 +530,166 @@ def measure(procs: Procs, name: str, proxy: Proc, port: int, args: argparse.Name
 
 
 # --------------------------------------------------------------------------------------------
+# h2load (HTTP/2, h2c prior knowledge).
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class H2Sample:
+    proxy: str
+    shape: str
+    round: int
+    requests: int = 0
+    rps: float = 0.0
+    mean_ms: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    errors: int = 0
+    cpu_us_per_req: float = 0.0
+    proxy_cpu_pct: float = 0.0
+    cpu_pct: dict[int, float] = field(default_factory=dict)
+    failed: str = ""  # why this round does not count (h2load's "requests:" line, ...); "" = ok
+
+
+_H2_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+_H2_DUR = r"([\d.]+)(us|ms|s)"
+H2_MAIN_START = "Main benchmark duration is started"
+H2_MAIN_END = "Main benchmark duration is over"
+
+
+def parse_h2load(out: str) -> dict:
+    """The summary of one h2load run. ``failed`` is "" when every request got a 2xx, else the
+    reason (its "requests: ... succeeded, ... failed, ... errored" line, the status codes)."""
+    r: dict = {"requests": 0, "rps": 0.0, "mean_ms": 0.0, "errors": 0, "failed": ""}
+    req = re.search(r"^requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, "
+                    r"(\d+) failed, (\d+) errored, (\d+) timeout", out, re.M)
+    fin = re.search(r"^finished in " + _H2_DUR + r", ([\d.]+) req/s", out, re.M)
+    if not req or not fin:
+        lines = [ln for ln in out.strip().splitlines() if not ln.startswith("progress:")]
+        r["failed"] = "no h2load summary: " + (" | ".join(lines[-4:]) or "(no output)")
+        return r
+    _total, _started, _done, ok, failed, errored, timeout = (int(x) for x in req.groups())
+    codes = re.search(r"^status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out, re.M)
+    non2xx = sum(int(x) for x in codes.groups()[1:]) if codes else 0
+    lat = re.search(r"^time for request:\s+" + r"\s+".join([_H2_DUR] * 3), out, re.M)
+    r["requests"] = ok
+    r["rps"] = float(fin.group(3))
+    if lat:
+        r["mean_ms"] = float(lat.group(5)) * _H2_UNIT[lat.group(6)]
+    r["errors"] = failed + errored + timeout + non2xx
+    if r["errors"] or ok == 0:
+        reason = req.group(0)
+        if non2xx:
+            reason += "; " + codes.group(0)
+        traffic = re.search(r"^traffic: (\S+) \((\d+)\) total", out, re.M)
+        if ok == 0 and traffic:  # tells "nothing came back" from "an answer h2load rejected"
+            reason += f"; {traffic.group(2)} bytes received"
+        r["failed"] = reason
+    return r
+
+
+def h2_percentiles(log_file: Path) -> tuple[float, float]:
+    """p50 and p99 (ms, nearest rank) from h2load --log-file: start µs, status, duration µs per
+    request of the measured period (warm-up requests are not in it)."""
+    durations = []
+    with contextlib.suppress(OSError), log_file.open() as fh:
+        for line in fh:
+            parts = line.split("\t")
+            if len(parts) >= 3:
+                with contextlib.suppress(ValueError):
+                    durations.append(int(parts[2]))
+    if not durations:
+        return 0.0, 0.0
+    durations.sort()
+    n = len(durations)
+
+    def rank(q: float) -> float:
+        return durations[min(n - 1, max(0, math.ceil(q * n) - 1))] / 1000.0
+
+    return rank(0.50), rank(0.99)
+
+
+def run_h2load(procs: Procs, cpu: int, argv: list[str], timeout: float,
+               on_line: dict[str, Callable[[], object]] | None = None) -> tuple[int | None, str]:
+    """Runs h2load pinned to ``cpu``; (exit code or None if it had to be killed, output).
+    ``on_line`` maps a phrase of its output to a callback, called once as soon as the phrase
+    appears (h2load flushes its phase lines as they happen), to snapshot CPU counters there."""
+    proc = procs.start("h2load", cpu, ["h2load", *argv])
+    pending = dict(on_line or {})
+    end = time.monotonic() + timeout
+    try:
+        while proc.alive() and time.monotonic() < end:
+            if pending:
+                text = proc.log.read_text(errors="replace")
+                for phrase in [p for p in pending if p in text]:
+                    pending.pop(phrase)()
+            time.sleep(0.005 if pending else 0.05)
+        rc = proc.popen.poll()
+    finally:
+        procs.stop(proc)
+    return rc, proc.log.read_text(errors="replace")
+
+
+def h2_precheck(procs: Procs, cpu: int, port: int) -> str | None:
+    """A few requests over one h2c connection before the rounds: None if all got a 2xx, else
+    why not (so a proxy without working HTTP/2 costs seconds, not every round's duration)."""
+    rc, out = run_h2load(procs, cpu, ["-n", "20", "-c", "1", "-m", "4",
+                                      f"http://127.0.0.1:{port}/"], timeout=10)
+    if rc is None:
+        return "h2c pre-check: no answer within 10 s (20 requests on one connection)"
+    failed = parse_h2load(out)["failed"]
+    return f"h2c pre-check: {failed}" if failed else None
+
+
+def measure_h2(procs: Procs, name: str, proxy: Proc, shape: tuple[str, int, int],
+               args: argparse.Namespace, rnd: int, workdir: Path) -> H2Sample:
+    label, conns, streams = shape
+    sample = H2Sample(proxy=name, shape=label, round=rnd)
+    if not proxy.alive():
+        sample.failed = f"{name} is not running (exit code {proxy.popen.returncode})"
+        return sample
+    log_file = workdir / f"h2load-{name}-{label}-{rnd}.tsv"
+    argv = ["-t1", f"-c{conns}", f"-m{streams}", f"-D{round(args.h2_duration * 1000)}ms",
+            *([f"--warm-up-time={round(args.h2_warmup * 1000)}ms"] if args.h2_warmup > 0
+              else []),
+            f"--log-file={log_file}", f"http://127.0.0.1:{proxy.h2_port}/"]
+    snaps: dict[str, tuple] = {}
+
+    def snap(key: str):
+        return lambda: snaps.setdefault(key, (cpu_busy(), cpu_ticks(proxy.pid),
+                                               time.monotonic()))
+
+    snap("start")()
+    rc, out = run_h2load(procs, args.load_cpu, argv,
+                         timeout=args.h2_warmup + args.h2_duration + 30,
+                         on_line={H2_MAIN_START: snap("main"), H2_MAIN_END: snap("end")})
+    snap("end")()  # no-op when the phase line was seen (the usual case)
+    # Only the measured period: from h2load's "main duration started" to "over" (its warm-up
+    # excluded, like its request count). Without those lines, the whole run.
+    busy0, ticks0, t0 = snaps.get("main", snaps["start"])
+    busy1, ticks1, t1 = snaps["end"]
+    h = parse_h2load(out)
+    if rc is None:
+        h["failed"] = h["failed"] or f"h2load did not finish within its timeout; {out[-200:]!r}"
+    elif rc != 0 and not h["failed"]:
+        h["failed"] = f"h2load exited with code {rc}"
+    if not proxy.alive():
+        h["failed"] = (f"{name} exited during the round (code {proxy.popen.returncode}); "
+                       + (h["failed"] or "h2load saw no error"))
+    if log_file.exists():
+        sample.p50_ms, sample.p99_ms = h2_percentiles(log_file)
+        log_file.unlink()
+    cpu_s = (ticks1 - ticks0) / CLK_TCK
+    wall = max(1e-6, t1 - t0)
+    sample.requests, sample.rps, sample.mean_ms = h["requests"], h["rps"], h["mean_ms"]
+    sample.errors, sample.failed = h["errors"], h["failed"]
+    sample.cpu_us_per_req = cpu_s * 1e6 / max(1, h["requests"])
+    sample.proxy_cpu_pct = 100.0 * cpu_s / wall
+    sample.cpu_pct = {c: 100.0 * (busy1[c][0] - busy0[c][0]) / max(1, busy1[c][1] - busy0[c][1])
+                      for c in (args.proxy_cpu, args.load_cpu)}
+    return sample
+
+
+# --------------------------------------------------------------------------------------------
 # Report.
 # --------------------------------------------------------------------------------------------
 
@@ -521,6 +713,7 @@ def _versions() -> dict[str, str]:
         "haproxy": first_line(["haproxy", "-v"]),
         "nginx": first_line(["nginx", "-v"]),
         "wrk": first_line(["wrk", "--version"]),
+        "h2load": first_line(["h2load", "--version"]) if shutil.which("h2load") else "-",
         "kernel": platform.release(),
         "cpu": f"{cpu} x {os.cpu_count()}",
     }
@@ -564,15 +757,103 @@ def summarize(samples: list[Sample], names: list[str],
     return rows, verdict
 
 
+def summarize_h2(samples: list[H2Sample], names: list[str], load_cpu: int,
+                 skipped: dict[str, str]) -> tuple[list[list[str]], list[str], list[str]]:
+    """Rows (shape x proxy, medians over the rounds that worked), the issue-3 verdict, and one
+    line per failed row with its reason. A row fails when any of its rounds failed."""
+    rows, verdict, failures = [], [], []
+    for label, _, _ in H2_SHAPES:
+        med: dict[str, dict[str, float]] = {}
+        failed: dict[str, str] = {}
+        for n in names:
+            ss = [s for s in samples if s.proxy == n and s.shape == label]
+            bad = [s for s in ss if s.failed]
+            if n in skipped and not ss:
+                failed[n] = skipped[n]
+            elif bad or not ss:
+                first = bad[0] if bad else None
+                failed[n] = (f"{len(bad)}/{len(ss)} rounds failed; round {first.round}: "
+                             f"{first.failed}" if first else "no rounds ran")
+            good = [s for s in ss if not s.failed]
+            if good:
+                med[n] = {k: statistics.median(getattr(s, k) for s in good)
+                          for k in ("rps", "mean_ms", "p50_ms", "p99_ms", "cpu_us_per_req",
+                                    "proxy_cpu_pct")}
+                med[n]["load_pct"] = statistics.median(s.cpu_pct[load_cpu] for s in good)
+            errors = sum(s.errors for s in ss)
+            if n in failed:
+                rows.append([label, n, "FAILED", "-", "-", "-", "-", "-", "-", str(errors),
+                             "-"])
+                failures.append(f"{n} h2 {label}: {failed[n]}")
+        ha = med.get("haproxy", {}).get("rps") if "haproxy" not in failed else None
+        for n in names:
+            if n in failed or n not in med:
+                continue
+            m = med[n]
+            rows.append([
+                label, n, f"{m['rps']:,.0f}", f"{m['mean_ms']:.2f} ms", f"{m['p50_ms']:.2f} ms",
+                f"{m['p99_ms']:.2f} ms", f"{m['cpu_us_per_req']:.1f}",
+                f"{m['proxy_cpu_pct']:.0f}%", f"{m['rps'] / ha:.2f}x" if ha else "n/a",
+                str(sum(s.errors for s in samples if s.proxy == n and s.shape == label)),
+                bound_by(m["proxy_cpu_pct"], m["load_pct"], load_cpu),
+            ])
+        if "lameduck" not in names:
+            continue
+        if "lameduck" in failed:
+            verdict.append(f"h2 {label}: NOT met (lameduck failed, see below)")
+            continue
+        cpu = med["lameduck"]["cpu_us_per_req"]
+        parts = [f"CPU {cpu:.1f} µs/req ({'met' if cpu <= TARGET_H2_CPU_US else 'NOT met'}: "
+                 f"<= {TARGET_H2_CPU_US:g})"]
+        if ha:
+            ratio = med["lameduck"]["rps"] / ha
+            parts.append(f"req/s {ratio:.2f}x HAProxy ("
+                         f"{'met' if ratio >= TARGET_H2_RATIO else 'NOT met'}: "
+                         f">= {TARGET_H2_RATIO:g}x)")
+        else:
+            parts.append("req/s vs HAProxy: n/a (no HAProxy h2 result)")
+        verdict.append(f"h2 {label}: lameduck " + ", ".join(parts))
+    # Order: shape by shape, proxies in --proxies order (failed rows are listed in place).
+    order = {n: i for i, n in enumerate(names)}
+    shape_order = {label: i for i, (label, _, _) in enumerate(H2_SHAPES)}
+    rows.sort(key=lambda r: (shape_order[r[0]], order[r[1]]))
+    return rows, verdict, failures
+
+
+H2_HEADERS = ["h2 shape", "proxy", "req/s (median)", "mean", "p50", "p99", "CPU µs/req",
+              "proxy CPU", "vs HAProxy req/s", "errors", "saturated"]
+
+
+def h2_round_rows(samples: list[H2Sample], args: argparse.Namespace) -> list[list[str]]:
+    out = []
+    for s in samples:
+        if s.failed and not s.cpu_pct:
+            out.append([str(s.round), s.shape, s.proxy, "FAILED", "-", "-", "-", "-", "-", "-",
+                        "-", str(s.errors)])
+            continue
+        out.append([str(s.round), s.shape, s.proxy,
+                    f"{s.rps:,.0f}" + (" (FAILED)" if s.failed else ""), f"{s.mean_ms:.2f}",
+                    f"{s.p50_ms:.2f}", f"{s.p99_ms:.2f}", f"{s.cpu_us_per_req:.1f}",
+                    f"{s.proxy_cpu_pct:.0f}%", f"{s.cpu_pct[args.proxy_cpu]:.0f}%",
+                    f"{s.cpu_pct[args.load_cpu]:.0f}%", str(s.errors)])
+    return out
+
+
+def h2_round_headers(args: argparse.Namespace) -> list[str]:
+    return ["round", "h2 shape", "proxy", "req/s", "mean ms", "p50 ms", "p99 ms", "CPU µs/req",
+            "proxy CPU", f"cpu{args.proxy_cpu} busy", f"cpu{args.load_cpu} busy", "errors"]
+
+
 HEADERS = ["proxy", "req/s (median)", "p50", "p99", "CPU µs/req", "proxy CPU",
            "vs HAProxy req/s", "errors", "saturated"]
 
 
-def text_table(rows: list[list[str]], headers: list[str] = HEADERS) -> str:
+def text_table(rows: list[list[str]], headers: list[str] = HEADERS, left: int = 1) -> str:
+    """Aligned columns; the first ``left`` ones flush left, the numbers flush right."""
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
 
     def line(r: list[str]) -> str:
-        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+        return "  ".join(str(c).ljust(w) if i < left else str(c).rjust(w)
                          for i, (c, w) in enumerate(zip(r, widths, strict=True)))
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
@@ -597,8 +878,41 @@ def round_headers(args: argparse.Namespace) -> list[str]:
             f"cpu{args.proxy_cpu} busy", f"cpu{args.load_cpu} busy", "errors"]
 
 
+def h2_markdown(h2, args) -> list[str]:
+    """The HTTP/2 section: ``h2`` is (rows, verdict, failures, samples) from the h2 rounds."""
+    rows, verdict, failures, samples = h2
+    warm = (f" with a {args.h2_warmup:g} s h2load warm-up each" if args.h2_warmup > 0 else "")
+    return [
+        "## HTTP/2 (h2c prior knowledge)",
+        "",
+        f"h2load -t1 against {', '.join(args.h2_names)}: {args.rounds} interleaved rounds x "
+        f"{args.h2_duration:g} s per proxy and shape{warm}, after the HTTP/1.1 rounds; shapes "
+        + ", ".join(f"`{label}` = `-c{c} -m{m}`" for label, c, m in H2_SHAPES)
+        + ". The origin is the same HTTP/1.1 demo origin (both proxies speak HTTP/1.1 "
+        "upstream).",
+        "",
+        md_table(rows, H2_HEADERS),
+        "",
+        TARGET_H2_LINE + ":",
+        "",
+        *[f"- {x}" for x in verdict],
+        "",
+        *[f"Failed: {f}\n" for f in failures],
+        "Medians over the rounds that worked; *mean* is h2load's mean time per request, p50 "
+        "and p99 come from its `--log-file`. CPU µs/req counts the proxy's CPU time from "
+        "h2load's \"main duration started\" to \"over\" (its warm-up excluded) divided by the "
+        "requests that succeeded in that period. A row is FAILED when any of its rounds had "
+        "a failed, errored or timed-out request, a non-2xx status, or no h2load summary.",
+        "",
+        "### HTTP/2 rounds",
+        "",
+        md_table(h2_round_rows(samples, args), h2_round_headers(args)),
+        "",
+    ]
+
+
 def write_markdown(path: Path, rows, verdict, samples, args, command: str,
-                   notes: list[str]) -> None:
+                   notes: list[str], h2=None) -> None:
     v = _versions()
     lines = [
         "# lameduck benchmark results",
@@ -626,6 +940,7 @@ def write_markdown(path: Path, rows, verdict, samples, args, command: str,
         "",
         md_table(round_rows(samples, args), round_headers(args)),
         "",
+        *(h2_markdown(h2, args) if h2 else []),
         "## Environment",
         "",
         *[f"- {k}: {val}" for k, val in v.items()],
@@ -652,6 +967,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=OUT_DIR / "results.md",
                    help="markdown results file (bench/out/results.md)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (configs, logs)")
+    p.add_argument("--h2", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the HTTP/2 rows: h2load over h2c against lameduck and "
+                   "haproxy (those of --proxies), shapes -c5 -m10 and -c50 -m1 (default on)")
+    p.add_argument("--h2-duration", type=float, default=None,
+                   help="measured seconds per proxy, shape and round for h2load "
+                   "(default: --duration, at most 3)")
+    p.add_argument("--h2-warmup", type=float, default=None,
+                   help="h2load --warm-up-time before each of those (default: --warmup, "
+                   "at most 1; 0 = none)")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.proxies.split(",") if n.strip()]
     bad = [n for n in names if n not in PROXIES]
@@ -660,6 +984,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.names = names
     if args.rounds < 1 or args.duration <= 0 or args.connections < 1 or args.threads < 1:
         p.error("--rounds, --duration, --connections and --threads must be positive")
+    if args.h2_duration is None:
+        args.h2_duration = min(args.duration, 3.0)
+    if args.h2_warmup is None:
+        args.h2_warmup = max(0.0, min(args.warmup, 1.0))
+    if args.h2_duration <= 0 or args.h2_warmup < 0:
+        p.error("--h2-duration must be positive and --h2-warmup not negative")
+    args.h2_names = [n for n in names if n in H2_PROXIES] if args.h2 else []
     cpus = os.sched_getaffinity(0)
     for flag, cpu in (("--proxy-cpu", args.proxy_cpu), ("--load-cpu", args.load_cpu)):
         if cpu not in cpus:
@@ -678,6 +1009,51 @@ def background_load(cpus: tuple[int, ...], seconds: float = 1.0) -> dict[int, fl
     return {c: 100.0 * (b[c][0] - a[c][0]) / max(1, b[c][1] - a[c][1]) for c in cpus}
 
 
+def run_h2_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], args: argparse.Namespace,
+                  workdir: Path, samples: list[H2Sample], skipped: dict[str, str]) -> bool:
+    """The HTTP/2 rounds, after the HTTP/1.1 ones (so a proxy whose HTTP/2 breaks cannot spoil
+    those): a pre-check per proxy, then ``--rounds`` rounds, each shape in turn, the proxy
+    order rotating as for wrk. A proxy that fails gets FAILED rows, never an exception.
+    False when anything failed (the caller then keeps the logs)."""
+    names = list(args.h2_names)
+    ok = True
+    for name in names:
+        proc = proxies[name][0]
+        problem = h2_precheck(procs, args.load_cpu, proc.h2_port)
+        if problem:
+            skipped[name] = problem
+            ok = False
+            print(f"bench: warning: {name} h2: {problem}; skipping its HTTP/2 rounds\n"
+                  f"{name} log tail ({proc.log}):\n{proc.tail(15)}", file=sys.stderr)
+    active = [n for n in names if n not in skipped]
+    for rnd in range(1, args.rounds + 1):
+        if not active:
+            break
+        k = (rnd - 1) % len(active)
+        order = active[k:] + active[:k]
+        for shape in H2_SHAPES:
+            for name in order:
+                if name in skipped:
+                    continue
+                proc = proxies[name][0]
+                s = measure_h2(procs, name, proc, shape, args, rnd, workdir)
+                samples.append(s)
+                if s.failed:
+                    ok = False
+                    print(f"round {rnd} h2 {shape[0]:4} {name:9} FAILED: {s.failed}", flush=True)
+                    if not proc.alive():
+                        skipped[name] = s.failed
+                        print(f"bench: {name} exited; log tail ({proc.log}):\n{proc.tail()}",
+                              file=sys.stderr)
+                    continue
+                print(f"round {rnd} h2 {shape[0]:4} {name:9} {s.rps:>10,.0f} req/s  "
+                      f"mean {s.mean_ms:6.2f} ms  p99 {s.p99_ms:6.2f} ms  "
+                      f"{s.cpu_us_per_req:6.1f} µs/req  proxy CPU {s.proxy_cpu_pct:3.0f}%  "
+                      f"cpu{args.load_cpu} {s.cpu_pct[args.load_cpu]:3.0f}%  errors {s.errors}",
+                      flush=True)
+    return ok
+
+
 def _on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -685,10 +1061,11 @@ def _on_sigterm(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     for tool in ("taskset", "wrk", *(["haproxy"] if "haproxy" in args.names else []),
-                 *(["nginx"] if "nginx" in args.names else [])):
+                 *(["nginx"] if "nginx" in args.names else []),
+                 *(["h2load"] if args.h2_names else [])):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
-            print(f"bench: {tool} not found (make bench installs wrk, haproxy, nginx-light)",
-                  file=sys.stderr)
+            print(f"bench: {tool} not found (make bench installs wrk, haproxy, nginx-light, "
+                  "nghttp2-client; --no-h2 skips the h2load rows)", file=sys.stderr)
             return 2
     os.environ["PATH"] += os.pathsep + "/usr/sbin:/sbin"
     exe = Path(sys.executable)
@@ -703,6 +1080,8 @@ def main(argv: list[str] | None = None) -> int:
     procs = Procs(workdir)
     keep = args.keep
     samples: list[Sample] = []
+    h2_samples: list[H2Sample] = []
+    h2_skipped: dict[str, str] = {}  # proxy -> why its h2 rounds did not run
     counters: dict[str, int] = {}
     idle = background_load((args.proxy_cpu, args.load_cpu))
     notes = []
@@ -716,9 +1095,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"origin: pid {origin.pid} on 127.0.0.1:{origin_port} (CPU {args.load_cpu})")
         proxies: dict[str, tuple[Proc, int]] = {}
         for name in args.names:
-            proc, port = STARTERS[name](procs, args.proxy_cpu, workdir, origin_port)
+            h2 = {"h2": True} if name in args.h2_names else {}
+            proc, port = STARTERS[name](procs, args.proxy_cpu, workdir, origin_port, **h2)
             proxies[name] = (proc, port)
-            print(f"{name}: pid {proc.pid} on 127.0.0.1:{port} (CPU {args.proxy_cpu})")
+            print(f"{name}: pid {proc.pid} on 127.0.0.1:{port} (CPU {args.proxy_cpu})"
+                  + (f", h2c on :{proc.h2_port}" if proc.h2_port else ""))
         for name, (proc, port) in proxies.items():
             problem = keepalive_check(port)
             if problem:
@@ -749,6 +1130,9 @@ def main(argv: list[str] | None = None) -> int:
         if lameduck:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 counters = lameduck_counters(lameduck[0])
+        if args.h2_names and not run_h2_rounds(procs, proxies, args, workdir, h2_samples,
+                                               h2_skipped):
+            keep = True
             log = lameduck[0].tail(200)
             if re.search(r"Traceback|ERROR|Exception", log):
                 print(f"bench: note: lameduck logged errors; tail of {lameduck[0].log}:\n"
@@ -784,9 +1168,26 @@ def main(argv: list[str] | None = None) -> int:
     if counters:
         notes.append("lameduck counters after the run (warm-ups included): " + ", ".join(
             f"{k}={v}" for k, v in counters.items()))
+    h2 = None
+    if args.h2_names:
+        h2_rows, h2_verdict, h2_failures = summarize_h2(h2_samples, args.h2_names,
+                                                        args.load_cpu, h2_skipped)
+        h2 = (h2_rows, h2_verdict, h2_failures, h2_samples)
+        print()
+        print(f"HTTP/2 (h2c prior knowledge, h2load -t1; {args.h2_duration:g} s rounds; "
+              + ", ".join(f"{label} = -c{c} -m{m}" for label, c, m in H2_SHAPES) + ")")
+        print(text_table(h2_rows, H2_HEADERS, left=2))
+        print()
+        print(TARGET_H2_LINE)
+        for v in h2_verdict:
+            print("  " + v)
+        for f in h2_failures:
+            print("  failed: " + f)
+    elif args.h2:
+        notes.append("no HTTP/2 rows: --proxies has neither lameduck nor haproxy")
     for n in notes:
         print("note: " + n)
-    write_markdown(args.out, rows, verdict, samples, args, command, notes)
+    write_markdown(args.out, rows, verdict, samples, args, command, notes, h2)
     print(f"\nwritten {args.out}")
     return 0
 
