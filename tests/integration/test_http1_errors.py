@@ -534,3 +534,17 @@ def test_client_gone_mid_response(ld: Lameduck) -> None:
     assert wait_until(lambda: ld.stat("cluster.app.upstream_rq_active") == 0, 3)
     assert d.refresh()["http.ingress.downstream_cx_destroy_remote_active_rq"] >= 2
     assert httpx.get(ld.url("/")).status_code == 200
+
+
+@pytest.mark.parametrize("chunks", [[b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"],
+                                    [b"PRI * HT", b"TP/2.0\r\n\r\nS", b"M\r\n\r\n"]],
+                         ids=["one-read", "split"])
+def test_http2_prior_knowledge_preface_400(ld: Lameduck, chunks: list[bytes]) -> None:
+    """The preface goes through the listener's HTTP/2 hook (``upgrade_h2``); while that declines,
+    it is read as HTTP/1, as before the hook: llhttp stops at "PRI * HTTP/2.0" + "SM" (a 400)."""
+    with raw_connect(ld.port, timeout=5) as sock, sock.makefile("rb") as f:
+        for piece in chunks:
+            sock.sendall(piece)
+            time.sleep(0.05)  # separate reads
+        assert read_wire_response(f).status == 400
+        assert f.read() == b""  # then closed

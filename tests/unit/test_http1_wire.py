@@ -32,6 +32,13 @@ def test_plain_response_is_whole() -> None:
     b"HTTP/1.1 304 Not Modified\r\nContent-Length: 0\r\n\r\n",
     b"HTTP/1.1 100 Continue\r\nContent-Length: 0\r\n\r\n",
     b"HTTP/1.1 200 OK\r\n\r\n",  # close-delimited
+    PLAIN.replace(b"Server: x", b"CONNECTION: close"),  # names in any case
+    PLAIN.replace(b"Server: x", b"TE: trailers"),
+    PLAIN.replace(b"Server: x", b"content-LENGTH: 5"),
+    PLAIN.replace(b"200 OK", b"2000 OK"),  # not a three-digit status
+    PLAIN.replace(b"200 OK", b"600 OK"),
+    PLAIN.replace(b"200 OK", b"2x0 OK"),
+    PLAIN.replace(b"Server: x", b"Server: x\r"),  # a bare CR before the blank line
     b"garbage",
 ])
 def test_anything_else_takes_the_parser(data: bytes) -> None:
@@ -40,6 +47,11 @@ def test_anything_else_takes_the_parser(data: bytes) -> None:
 
 def test_error_statuses_can_be_whole() -> None:
     assert whole_response(b"HTTP/1.1 503 Unavailable\r\ncontent-length:2\r\n\r\nno") > 0
+
+
+def test_whole_response_spacing_and_case() -> None:
+    assert whole_response(PLAIN.replace(b"Content-Length: 5", b"CONTENT-LENGTH:  5 ")) > 0
+    assert whole_response(b"HTTP/1.1 404 \r\nContent-Length: 0\r\n\r\n") > 0  # no reason
 
 
 def test_connection_nominated_fields_are_dropped() -> None:

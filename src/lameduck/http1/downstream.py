@@ -70,6 +70,8 @@ REQUEST_SPECIAL = HOP_BY_HOP | {
     b"host", b"x-forwarded-for", b"x-forwarded-proto", b"idempotency-key", b"expect",
 }
 IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+# An HTTP/2 client with prior knowledge opens with this (RFC 9113 §3.4).
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
 class ListenerContext(Protocol):
@@ -93,6 +95,12 @@ class ListenerContext(Protocol):
     def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[H1Upstream]: ...
     def on_connection_closed(self, conn: H1Downstream) -> None: ...
     def on_request_done(self) -> None: ...
+
+    def upgrade_h2(self, conn: H1Downstream, data: bytes) -> bool:
+        """The connection opened with the HTTP/2 preface (``data`` holds all bytes read so
+        far): True if the listener took it over (it calls ``conn.hand_over()``), False to
+        read it as HTTP/1."""
+        ...
 
 
 class HeaderTooLarge(Exception):
@@ -442,6 +450,9 @@ class H1Downstream(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
         self.drain: ConnectionDrain = None  # type: ignore[assignment]  # set at connection_made
+        self.router = ctx.router
+        self.first_read = True  # until the HTTP/2 preface is ruled out (see ``_sniff``)
+        self.sniffed = b""  # the first bytes, while they are a strict prefix of the preface
 
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -468,6 +479,10 @@ class H1Downstream(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing or self.last_read:
             return  # a staged close drains what the client still sends; so does the tail
+        if self.first_read:
+            data = self._sniff(data)
+            if not data:
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as e:
@@ -499,9 +514,35 @@ class H1Downstream(asyncio.Protocol):
                 if self.raw_head_bytes > self.ctx.max_request_headers:
                     self.protocol_error(431, b"request header fields too large\n")
 
+    def _sniff(self, data: bytes) -> bytes:
+        """The first read(s): an HTTP/2 prior-knowledge preface goes to the listener. Returns
+        the bytes to parse as HTTP/1 (empty: held as a strict prefix of the preface, or taken
+        over)."""
+        if self.sniffed:
+            data = self.sniffed + data
+            self.sniffed = b""
+        if len(data) < len(H2_PREFACE) and H2_PREFACE.startswith(data):
+            self.sniffed = data  # "PRI * HT", or just "P" of a POST: wait for more
+            return b""
+        self.first_read = False
+        if data[:len(H2_PREFACE)] == H2_PREFACE and self.ctx.upgrade_h2(self, data):
+            return b""
+        return data
+
+    def hand_over(self) -> None:
+        """The listener took this connection over (HTTP/2): stop the timers and ignore every
+        later callback. The listener updates its connection set and gauges itself."""
+        self.gone = True
+        self.closing = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
     def eof_received(self) -> bool:
         # A client half-close: finish what is in flight, then close (HTTP/1 has no half-open
         # use). Keeping the transport lets the responses still go out.
+        if self.gone:
+            return True  # handed over: the transport is not ours to close
         if self.closing or not self.queue:
             return False
         if self.reading is not None:
@@ -513,6 +554,8 @@ class H1Downstream(asyncio.Protocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.gone:
+            return  # handed over (see ``hand_over``): no longer ours
         self.gone = True
         self.closing = True
         if self.timer is not None:
@@ -731,7 +774,7 @@ class H1Downstream(asyncio.Protocol):
             ex.close = expect
             self._local(ex, 200 if live else 503, b"OK\n" if live else b"DRAINING\n")
             return
-        route = ctx.router.match(host, path)
+        route = self.router.match(host, path)
         if route is None:
             ex.close = expect
             self._local(ex, 404, b"no route\n")

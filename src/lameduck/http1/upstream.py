@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import httptools
 
-from lameduck.http1.wire import HOP_BY_HOP, drop_nominated, whole_response
+from lameduck.http1.wire import HOP_BY_HOP, drop_nominated, status_code, whole_response
 
 if TYPE_CHECKING:
     from lameduck.upstream.pool import Endpoint
@@ -163,7 +163,7 @@ class H1Upstream(asyncio.Protocol):
         if self.fresh:
             self.fresh = False
             end = whole_response(data)
-            if end and sink.on_whole_response(int(data[9:12]), data, end):
+            if end and sink.on_whole_response(status_code(data), data, end):
                 return  # forwarded as it came; the exchange is complete and let go of us
         # What one read produces downstream (head, body, end) leaves in one write: one
         # syscall instead of three for a small response.

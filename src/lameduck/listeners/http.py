@@ -120,6 +120,11 @@ class HttpListener:
     def on_request_done(self) -> None:
         self._on_change()
 
+    def upgrade_h2(self, conn: H1Downstream, data: bytes) -> bool:
+        """A connection opened with the HTTP/2 prior-knowledge preface. Until HTTP/2 is served
+        here, it is read as HTTP/1 (llhttp rejects it: 400, as before this hook)."""
+        return False
+
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self, sock: socket.socket | None = None) -> None:
         if sock is None:

@@ -8,7 +8,7 @@ Every field not named in `GAUGES` is a counter (monotonic); gauges go up and dow
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import Any
 
 __all__ = [
     "SCOPE_CLASSES",
@@ -21,6 +21,12 @@ __all__ = [
 ]
 
 
+def name_gauges(cls: type, names: set[str]) -> None:
+    """Set a scope class's ``GAUGES``. After the class, not in its body: compiled with mypyc,
+    a ``ClassVar`` in a dataclass body would become a field (mypyc/mypyc#1122)."""
+    setattr(cls, "GAUGES", frozenset(names))  # noqa: B010
+
+
 def stat_fields(scope: Any) -> tuple[str, ...]:
     """The stat names of a scope instance or class, in declaration order."""
     return tuple(f.name for f in fields(scope))
@@ -29,10 +35,6 @@ def stat_fields(scope: Any) -> tuple[str, ...]:
 @dataclass(slots=True)
 class HttpStats:
     """One per listener's HTTP connection manager, rendered under `http.<listener>.`."""
-
-    GAUGES: ClassVar[frozenset[str]] = frozenset(
-        {"downstream_cx_active", "downstream_cx_http1_active", "downstream_rq_active"}
-    )
 
     downstream_cx_total: int = 0
     downstream_cx_active: int = 0
@@ -70,11 +72,14 @@ class HttpStats:
             self.downstream_rq_1xx += 1
 
 
+name_gauges(HttpStats, {
+    "downstream_cx_active", "downstream_cx_http1_active", "downstream_rq_active",
+})
+
+
 @dataclass(slots=True)
 class ClusterStats:
     """One per upstream cluster, rendered under `cluster.<name>.`."""
-
-    GAUGES: ClassVar[frozenset[str]] = frozenset({"upstream_cx_active", "upstream_rq_active"})
 
     upstream_cx_total: int = 0
     upstream_cx_active: int = 0
@@ -108,6 +113,9 @@ class ClusterStats:
             self.upstream_rq_1xx += 1
 
 
+name_gauges(ClusterStats, {"upstream_cx_active", "upstream_rq_active"})
+
+
 @dataclass(slots=True)
 class ServerStats:
     """Process-wide, rendered under `server.`.
@@ -116,19 +124,18 @@ class ServerStats:
     existing alerts keep working; `live` is 1 while LIVE; `uptime` is in seconds.
     """
 
-    GAUGES: ClassVar[frozenset[str]] = frozenset({"live", "state", "uptime", "total_connections"})
-
     live: int = 0
     state: int = 0
     uptime: int = 0
     total_connections: int = 0
 
 
+name_gauges(ServerStats, {"live", "state", "uptime", "total_connections"})
+
+
 @dataclass(slots=True)
 class DrainStats:
     """What draining did, rendered under `server.drain.`: the proof of "no failed request"."""
-
-    GAUGES: ClassVar[frozenset[str]] = frozenset({"active"})
 
     active: int = 0  # 1 while a drain is in progress
     completed: int = 0  # requests that completed normally during a drain
@@ -141,19 +148,21 @@ class DrainStats:
     cx_closed_at_end: int = 0  # connections still open when the drain ended
 
 
+name_gauges(DrainStats, {"active"})
+
+
 @dataclass(slots=True)
 class ListenerManagerStats:
     """Listener lifecycle, rendered under `listener_manager.`."""
-
-    GAUGES: ClassVar[frozenset[str]] = frozenset(
-        {"total_listeners_active", "total_listeners_draining"}
-    )
 
     listener_added: int = 0
     listener_removed: int = 0
     listener_modified: int = 0
     total_listeners_active: int = 0
     total_listeners_draining: int = 0
+
+
+name_gauges(ListenerManagerStats, {"total_listeners_active", "total_listeners_draining"})
 
 
 SCOPE_CLASSES: tuple[type, ...] = (
