@@ -29,6 +29,7 @@ from lameduck.drain import (
 from lameduck.listeners import HttpListener
 from lameduck.stats import (
     DrainStats,
+    Http2Stats,
     HttpStats,
     ListenerManagerStats,
     ServerStats,
@@ -74,8 +75,10 @@ class Server:
             router = Router([Route(r.prefix, self.clusters[r.cluster], r.host, r.timeout)
                              for r in lc.routes])
             stats = self.registry.add(f"http.{lc.name}", HttpStats())
+            h2stats = self.registry.add(f"http.{lc.name}.http2", Http2Stats())
             self.listeners.append(HttpListener(lc, self.loop, self.process, ld, router, stats,
-                                               self.drain_stats, self._changed, self.rng))
+                                               self.drain_stats, self._changed, self.rng,
+                                               h2stats))
         self.started_mono = self.loop.time()
         self.started_wall = time.time()
         self.admin: asyncio.AbstractServer | None = None

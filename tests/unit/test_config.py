@@ -216,7 +216,7 @@ def test_every_model_forbids_extra_keys_and_is_frozen() -> None:
         return found
 
     models = set(walk(Config))
-    assert len(models) == 7
+    assert len(models) == 9
     for model in models:
         assert model.model_config.get("extra") == "forbid", model
         assert model.model_config.get("frozen") is True, model
@@ -380,6 +380,20 @@ def test_valid_fixture_loads() -> None:
             "{prefix: /, cluster: app, host: 'example.com:80'}",
             "lameduck.yaml: listeners[0].routes[0].host: invalid host 'example.com:80': leave "
             "the port out (the Host header's port is ignored when matching)",
+        ),
+        (
+            "    routes:\n      - {prefix: /, cluster: app}",
+            "    http2: {max_concurrent_streams: 0}\n"
+            "    routes:\n      - {prefix: /, cluster: app}",
+            "lameduck.yaml: listeners[0].http2.max_concurrent_streams: Input should be greater "
+            "than or equal to 1 (got 0)",
+        ),
+        (
+            "    routes:\n      - {prefix: /, cluster: app}",
+            "    tls: {certificate: /nonexistent/cert.pem, key: /dev/null}\n"
+            "    routes:\n      - {prefix: /, cluster: app}",
+            "lameduck.yaml: listeners[0].tls.certificate: cannot read '/nonexistent/cert.pem': "
+            "No such file or directory",
         ),
         (
             "endpoints: [127.0.0.1:8080]",

@@ -16,7 +16,7 @@ ALLOWED: dict[str, set[str]] = {
     "stats": set(),
     "config": {"drain"},
     "upstream": {"stats", "config", "drain"},
-    "http1": {"upstream", "drain", "stats", "config"},
+    "http1": {"tunnel", "upstream", "drain", "stats", "config"},
     "http2": {"http1", "upstream", "drain", "stats", "config"},
     "tunnel": set(),
     "admin": {"stats", "config", "drain"},

@@ -13,6 +13,7 @@ from lameduck.stats import (
     SCOPE_CLASSES,
     ClusterStats,
     DrainStats,
+    Http2Stats,
     HttpStats,
     ListenerManagerStats,
     ServerStats,
@@ -55,8 +56,10 @@ def test_scope_field_names_match_envoy() -> None:
     assert {
         "downstream_cx_active",
         "downstream_cx_http1_active",
+        "downstream_cx_http2_active",
         "downstream_rq_active",
     } == HttpStats.GAUGES
+    assert {"goaway_sent", "rx_reset", "tx_reset"} <= {f.name for f in fields(Http2Stats)}
     assert {"upstream_cx_active", "upstream_rq_active"} == ClusterStats.GAUGES
     assert {"live", "state", "uptime", "total_connections"} == ServerStats.GAUGES
     assert {"active"} == DrainStats.GAUGES

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Final, Self, TypeVar
+from typing import Annotated, Final, Literal, Self, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -40,12 +41,14 @@ __all__ = [
     "DrainType",
     "EndpointAddress",
     "HostPort",
+    "Http2Config",
     "ListenAddress",
     "ListenerConfig",
     "RouteConfig",
     "ShutdownConfig",
     "StopAccepting",
     "Strategy",
+    "TlsConfig",
 ]
 
 
@@ -311,6 +314,54 @@ class RouteConfig(BaseModel):
     timeout: Duration = 15.0  # upstream response timeout; 0 = none
 
 
+def _readable_file(value: str) -> str:
+    try:
+        with open(value, "rb"):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot read {value!r}: {e.strerror or e}") from None
+    return value
+
+
+ReadableFile = Annotated[str, AfterValidator(_readable_file)]
+
+
+class TlsConfig(BaseModel):
+    """Downstream TLS: a certificate chain and its key (PEM); ALPN picks h2 or http/1.1."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    certificate: ReadableFile
+    key: ReadableFile
+    alpn: tuple[Literal["h2", "http/1.1"], ...] = ("h2", "http/1.1")
+
+    @model_validator(mode="after")
+    def _loads(self) -> Self:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            ctx.load_cert_chain(self.certificate, self.key)
+        except (ssl.SSLError, OSError) as e:
+            _fail("TlsConfig", [(("certificate",), f"cannot load the certificate and key: {e}",
+                                 self.certificate)])
+        return self
+
+
+class Http2Config(BaseModel):
+    """HTTP/2 settings and the limits that keep a hostile client bounded (Envoy's
+    http2_protocol_options where a name exists; floods are counted per `flood_window`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_concurrent_streams: int = Field(100, ge=1, le=2**31 - 1)
+    initial_stream_window_size: int = Field(1 << 20, ge=65535, le=2**31 - 1)
+    initial_connection_window_size: int = Field(1 << 24, ge=65535, le=2**31 - 1)
+    max_resets: int = Field(200, ge=1)  # client stream resets per flood_window (rapid reset)
+    max_pings: int = Field(100, ge=1)
+    max_settings: int = Field(100, ge=1)
+    max_empty_frames: int = Field(100, ge=1)
+    flood_window: PositiveDuration = 10.0
+
+
 class ListenerConfig(BaseModel):
     """A downstream listening socket and its HTTP connection manager settings."""
 
@@ -324,6 +375,8 @@ class ListenerConfig(BaseModel):
     request_headers_timeout: Duration = 10.0  # 0 = none
     idle_timeout: Duration = 60.0  # downstream keep-alive idle timeout; 0 = none
     max_request_headers_kb: int = Field(60, ge=1, le=8192)
+    tls: TlsConfig | None = None
+    http2: Http2Config = Http2Config()
     routes: Annotated[tuple[RouteConfig, ...], AfterValidator(_non_empty("route"))]
 
 

@@ -18,7 +18,10 @@ from lameduck.config import ListenerConfig
 from lameduck.drain import DrainEvent, ListenerDrain, ProcessDrain
 from lameduck.http1.downstream import H1Downstream
 from lameduck.http1.upstream import H1Upstream
-from lameduck.stats import DrainStats, HttpStats
+from lameduck.http2.connection import H2Limits
+from lameduck.http2.downstream import H2Downstream
+from lameduck.listeners.tls import AlpnSwitch, server_context
+from lameduck.stats import DrainStats, Http2Stats, HttpStats
 from lameduck.upstream.cluster import Cluster
 from lameduck.upstream.pool import Endpoint
 from lameduck.upstream.router import Router
@@ -88,6 +91,7 @@ class HttpListener:
         drain_stats: DrainStats,
         on_change: Callable[[], None],
         rng: Callable[[], float] = random.random,
+        h2stats: Http2Stats | None = None,
     ) -> None:
         self.cfg = cfg
         self.name = cfg.name
@@ -96,15 +100,27 @@ class HttpListener:
         self.drain = drain
         self.router = router
         self.stats = stats
+        self.h2stats = h2stats if h2stats is not None else Http2Stats()
         self.drain_stats = drain_stats
         self.rng = rng
-        self.connections: set[H1Downstream] = set()
+        self.connections: set[H1Downstream | H2Downstream] = set()
         hc = cfg.health_check_path
         self.health_check_path = hc.encode() if hc else None
         self.request_headers_timeout = _timeout(cfg.request_headers_timeout)
         self.idle_timeout = _timeout(cfg.idle_timeout)
         self.max_request_headers = cfg.max_request_headers_kb * 1024
-        self.scheme = b"http"
+        self.ssl = server_context(cfg)
+        self.scheme = b"https" if self.ssl is not None else b"http"
+        h2 = cfg.http2
+        self.h2_limits = H2Limits(
+            max_concurrent_streams=h2.max_concurrent_streams,
+            initial_window_size=h2.initial_stream_window_size,
+            connection_window=h2.initial_connection_window_size,
+            max_header_list_size=self.max_request_headers,
+            max_resets_per_window=h2.max_resets, reset_window=h2.flood_window,
+            max_pings_per_window=h2.max_pings, max_settings_per_window=h2.max_settings,
+            max_empty_frames_per_window=h2.max_empty_frames, control_window=h2.flood_window,
+        )
         self.server: asyncio.AbstractServer | None = None
         self.sockname: tuple = ()
         self.stop_handle: asyncio.TimerHandle | None = None
@@ -121,9 +137,18 @@ class HttpListener:
         self._on_change()
 
     def upgrade_h2(self, conn: H1Downstream, data: bytes) -> bool:
-        """A connection opened with the HTTP/2 prior-knowledge preface. Until HTTP/2 is served
-        here, it is read as HTTP/1 (llhttp rejects it: 400, as before this hook)."""
-        return False
+        """A connection opened with the HTTP/2 prior-knowledge preface (Envoy's codec_type
+        AUTO): an HTTP/2 protocol takes the socket over, with the drain state it had."""
+        t = conn.transport
+        if t is None:
+            return False
+        conn.hand_over()
+        self.connections.discard(conn)
+        self.stats.downstream_cx_http1_active -= 1
+        h2 = H2Downstream(self)  # type: ignore[arg-type]
+        t.set_protocol(h2)
+        h2.adopt(t, conn.drain, data)
+        return True
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self, sock: socket.socket | None = None) -> None:
@@ -136,7 +161,11 @@ class HttpListener:
             sock.listen(1024)
             sock.setblocking(False)
         self.sockname = sock.getsockname()
-        self.server = await self.loop.create_server(lambda: H1Downstream(self), sock=sock)
+        if self.ssl is not None:
+            self.server = await self.loop.create_server(
+                lambda: AlpnSwitch(self), sock=sock, ssl=self.ssl)
+        else:
+            self.server = await self.loop.create_server(lambda: H1Downstream(self), sock=sock)
 
     @property
     def accepting(self) -> bool:

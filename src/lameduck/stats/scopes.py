@@ -14,6 +14,7 @@ __all__ = [
     "SCOPE_CLASSES",
     "ClusterStats",
     "DrainStats",
+    "Http2Stats",
     "HttpStats",
     "ListenerManagerStats",
     "ServerStats",
@@ -39,6 +40,9 @@ class HttpStats:
     downstream_cx_total: int = 0
     downstream_cx_active: int = 0
     downstream_cx_http1_active: int = 0
+    downstream_cx_http2_total: int = 0
+    downstream_cx_http2_active: int = 0
+    downstream_cx_ssl_total: int = 0
     downstream_cx_drain_close: int = 0
     downstream_cx_idle_timeout: int = 0
     downstream_cx_protocol_error: int = 0
@@ -47,6 +51,7 @@ class HttpStats:
     downstream_rq_total: int = 0
     downstream_rq_active: int = 0
     downstream_rq_http1_total: int = 0
+    downstream_rq_http2_total: int = 0
     downstream_rq_1xx: int = 0
     downstream_rq_2xx: int = 0
     downstream_rq_3xx: int = 0
@@ -73,8 +78,24 @@ class HttpStats:
 
 
 name_gauges(HttpStats, {
-    "downstream_cx_active", "downstream_cx_http1_active", "downstream_rq_active",
+    "downstream_cx_active", "downstream_cx_http1_active", "downstream_cx_http2_active",
+    "downstream_rq_active",
 })
+
+
+@dataclass(slots=True)
+class Http2Stats:
+    """The HTTP/2 codec of one listener, rendered under `http.<listener>.http2.` (Envoy's
+    codec stat names)."""
+
+    goaway_sent: int = 0  # both GOAWAY frames of a drain count
+    rx_reset: int = 0  # streams the client reset
+    tx_reset: int = 0  # streams we reset (REFUSED_STREAM included)
+    rx_messaging_error: int = 0  # connection errors caused by the client (GOAWAY with an error)
+    flood: int = 0  # a flood limit was hit: rapid reset, PING, SETTINGS, empty frames
+
+
+name_gauges(Http2Stats, set())
 
 
 @dataclass(slots=True)
@@ -167,6 +188,7 @@ name_gauges(ListenerManagerStats, {"total_listeners_active", "total_listeners_dr
 
 SCOPE_CLASSES: tuple[type, ...] = (
     HttpStats,
+    Http2Stats,
     ClusterStats,
     ServerStats,
     DrainStats,

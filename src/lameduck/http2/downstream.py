@@ -1,0 +1,813 @@
+"""HTTP/2 downstream connection: the asyncio shell around the sans-IO ``H2Server``.
+
+Each stream is one request in the same ledger and stats as HTTP/1, proxied to the HTTP/1.1
+upstream pools through an ``H2Stream`` (the ``ExchangeSink`` an ``H1Upstream`` reports to).
+Bodies stream both ways under flow control: request DATA is acknowledged (WINDOW_UPDATE) only
+once it was handed to the upstream socket, and a stream whose response waits for the client's
+window pauses its upstream.
+
+Drain (DESIGN.md §2): the first response the policy drains, or the proactive moment, sends
+GOAWAY(2^31-1, NO_ERROR) at once and the connection keeps serving; G later the final GOAWAY names
+the highest stream processed, streams opened above it are refused (REFUSED_STREAM: safe to
+retry), and the connection closes (staged) once its last stream has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import socket
+import struct
+from typing import TYPE_CHECKING
+
+from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
+from lameduck.http1.upstream import H1Upstream, UpstreamError
+from lameduck.http1.wire import HOP_BY_HOP, LAST_CHUNK, chunk
+from lameduck.http2.connection import (
+    ConnectionError as H2ConnectionError,
+)
+from lameduck.http2.connection import (
+    DataReceived,
+    ErrorCode,
+    GoAwayReceived,
+    H2Limits,
+    H2Server,
+    HeadersTooLarge,
+    RequestReceived,
+    StreamReset,
+    TrailersReceived,
+    WindowOpened,
+)
+
+if TYPE_CHECKING:
+    from lameduck.http1.downstream import ListenerContext
+    from lameduck.stats import ClusterStats
+    from lameduck.upstream.cluster import Cluster
+    from lameduck.upstream.pool import Endpoint
+
+log = logging.getLogger("lameduck.http2")
+
+LINGER = 2.0  # seconds a staged close keeps reading before it closes
+# A stream's response bytes held back by the client's flow-control window before its upstream is
+# paused; and request bytes held for an upstream not attached yet (the window bounds them too).
+OUTBOUND_HIGH = 256 * 1024
+IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+# Request fields not forwarded to an HTTP/1.1 upstream: connection-specific ones (a conforming
+# client sends none; RFC 9113 §8.2.2), and those the proxy writes itself.
+DROPPED = HOP_BY_HOP | {b"host", b"x-forwarded-proto", b"content-length"}
+TEXT = b"text/plain; charset=utf-8"
+
+
+def _local_headers(body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()) -> list[
+        tuple[bytes, bytes]]:
+    return [(b"content-type", TEXT), (b"content-length", b"%d" % len(body)), *extra]
+
+
+class H2Stream:
+    """One request stream, from HEADERS to the end of its response."""
+
+    __slots__ = (
+        "admitted", "body", "buffered", "chunked_req", "cluster", "conn", "cstats", "endpoint",
+        "head", "is_head", "local", "method", "req_done", "resp_done", "resp_started",
+        "retried", "retryable", "reused", "route_timeout", "sid", "status", "unacked", "up",
+        "up_write_paused",
+    )
+
+    def __init__(self, conn: H2Downstream, sid: int, method: bytes) -> None:
+        self.conn = conn
+        self.sid = sid
+        self.method = method
+        self.is_head = method == b"HEAD"
+        self.admitted = False
+        self.local = False  # answered here, not by an upstream
+        self.cluster: Cluster | None = None
+        self.cstats: ClusterStats | None = None
+        self.endpoint: Endpoint | None = None
+        self.route_timeout = 0.0
+        self.head = b""
+        self.body = False  # the request has a body (DATA frames follow)
+        self.chunked_req = False
+        self.buffered: list[bytes] | None = None  # request bytes before an upstream is attached
+        self.unacked = 0  # flow-controlled bytes received, not yet given back to the client
+        self.up: H1Upstream | None = None
+        self.up_write_paused = False
+        self.req_done = False
+        self.resp_started = False
+        self.resp_done = False
+        self.status = 0
+        self.reused = False
+        self.retryable = False
+        self.retried = False
+
+    # -- request side -----------------------------------------------------------------------
+    def request_data(self, data: bytes, flow_len: int, end: bool) -> None:
+        conn = self.conn
+        if self.local or self.resp_done:
+            conn.h2.acknowledge_received_data(self.sid, flow_len)  # read and dropped
+            if end:
+                self.req_done = True
+            return
+        piece = chunk(data) if self.chunked_req and data else data
+        up = self.up
+        if up is not None and up.sink is self:
+            if piece:
+                up.write(piece)
+            if self.up_write_paused:
+                self.unacked += flow_len
+            else:
+                conn.h2.acknowledge_received_data(self.sid, flow_len)
+        else:
+            if piece:
+                if self.buffered is None:
+                    self.buffered = []
+                self.buffered.append(piece)
+            self.unacked += flow_len  # acknowledged once written upstream
+        if end:
+            self.request_complete()
+
+    def request_complete(self) -> None:
+        self.req_done = True
+        if self.local or self.resp_done or not self.chunked_req:
+            return
+        up = self.up
+        if up is not None and up.sink is self:
+            up.write(LAST_CHUNK)
+        else:
+            if self.buffered is None:
+                self.buffered = []
+            self.buffered.append(LAST_CHUNK)
+
+    # -- upstream ---------------------------------------------------------------------------
+    def start(self) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        ep = cluster.pick()
+        self.endpoint = ep
+        conn = ep.acquire()
+        if conn is not None:
+            self.reused = True
+            self.attach(conn)  # type: ignore[arg-type]
+        else:
+            self.reused = False
+            self.conn.ctx.connect(cluster, ep).add_done_callback(self._connected)
+
+    def _connected(self, fut: asyncio.Future[H1Upstream]) -> None:
+        if self.resp_done or self.conn.gone:
+            if not fut.cancelled() and fut.exception() is None:
+                fut.result().close()
+            return
+        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        if exc is not None:
+            assert self.cstats is not None
+            self.cstats.upstream_cx_connect_fail += 1
+            self.local_error(UpstreamError.CONNECT, b"upstream connect error\n")
+            return
+        self.attach(fut.result())
+
+    def attach(self, up: H1Upstream) -> None:
+        conn = self.conn
+        if self.resp_done or conn.closing:
+            up.close()
+            return
+        self.up = up
+        cs = self.cstats
+        assert cs is not None
+        cs.upstream_rq_total += 1
+        cs.upstream_rq_active += 1
+        if not up.alive:
+            self.on_upstream_error(UpstreamError.RESET, False)
+            return
+        if conn.write_paused:
+            up.pause_reading()
+        up.start(self, self.head, self.is_head, self.route_timeout)
+        if self.buffered:
+            for piece in self.buffered:
+                up.write(piece)
+            self.buffered = None
+        if self.unacked and not self.up_write_paused:
+            n, self.unacked = self.unacked, 0
+            conn.h2.acknowledge_received_data(self.sid, n)
+        conn.kick()
+
+    def detach(self, reusable: bool) -> None:
+        up = self.up
+        if up is None:
+            return
+        self.up = None
+        assert self.cstats is not None
+        self.cstats.upstream_rq_active -= 1
+        if up.sink is self:
+            up.sink = None
+        if up.read_paused:
+            up.resume_reading()
+        ep = self.endpoint
+        if (reusable and self.req_done and ep is not None and up.reusable
+                and ep.release(up, self.conn.loop.time())):
+            return
+        up.close()
+
+    # -- ExchangeSink -------------------------------------------------------------------------
+    def on_informational(self, status: int, lines: list[bytes]) -> None:
+        if status != 100 and not self.resp_started:  # 100 is hop-by-hop in effect (RFC 9110)
+            self.conn.h2.send_headers(self.sid, status, _fields(lines))
+
+    def on_response_head(
+        self, status: int, lines: list[bytes], length: int | None, chunked: bool,
+    ) -> None:
+        conn = self.conn
+        self._answered(status)
+        conn.response_drains()
+        self.resp_started = True
+        bodyless = self.is_head or status == 204 or status == 304
+        conn.h2.send_headers(self.sid, status, _fields(lines), end_stream=bodyless)
+        if bodyless:
+            self.resp_done = True  # the upstream still ends its message; we are done here
+
+    def _answered(self, status: int) -> None:
+        self.status = status
+        cs = self.cstats
+        assert cs is not None
+        st = self.conn.stats
+        if 200 <= status < 300:
+            cs.upstream_rq_2xx += 1
+            st.downstream_rq_2xx += 1
+        else:
+            cs.count_status(status)
+            st.count_status(status)
+
+    def on_whole_response(self, status: int, data: bytes, end: int) -> bool:
+        return False  # the HTTP/1 fast path forwards bytes as they came: not for HTTP/2
+
+    def on_response_body(self, data: bytes) -> None:
+        if self.resp_done:
+            return
+        conn = self.conn
+        conn.h2.send_data(self.sid, data)
+        up = self.up
+        if up is not None and conn.h2.outbound_buffered(self.sid) > OUTBOUND_HIGH:
+            up.pause_reading()  # resumed on WindowOpened
+
+    def on_response_complete(self) -> None:
+        conn = self.conn
+        if not self.resp_done:
+            conn.h2.send_data(self.sid, b"", end_stream=True)
+        self.detach(reusable=True)
+        self.finish()
+        conn.kick()
+
+    def on_upstream_error(self, status: int, after_head: bool) -> None:
+        cs = self.cstats
+        assert cs is not None
+        up_was = self.up
+        self.detach(reusable=False)
+        if status == UpstreamError.TIMEOUT:
+            cs.upstream_rq_timeout += 1
+        else:
+            cs.upstream_rq_rx_reset += 1
+        conn = self.conn
+        if after_head or self.resp_started:
+            # Bytes of this response went out: the client can only see the stream reset.
+            conn.reset_stream(self, ErrorCode.INTERNAL_ERROR)
+            return
+        if (status == UpstreamError.RESET and self.reused and self.retryable and not self.retried
+                and not self.body and up_was is not None and not up_was.got_bytes
+                and not conn.gone):
+            # A pooled connection the upstream had already closed: retry once on a fresh one.
+            self.retried = True
+            self.reused = False
+            cs.upstream_rq_retry += 1
+            assert self.cluster is not None and self.endpoint is not None
+            conn.ctx.connect(self.cluster, self.endpoint).add_done_callback(self._connected)
+            return
+        body = {502: b"upstream reset before response\n", 503: b"upstream connect error\n",
+                504: b"upstream request timeout\n"}[status]
+        self.local_error(status, body)
+
+    def local_error(self, status: int, body: bytes) -> None:
+        conn = self.conn
+        if conn.closing or self.resp_done:
+            return
+        self.local = True
+        conn.respond(self, status, body)
+        self.finish()
+        conn.kick()
+
+    def cork(self) -> None:
+        self.conn.corked += 1
+
+    def uncork(self) -> None:
+        conn = self.conn
+        conn.corked -= 1
+        if not conn.corked:
+            conn.kick()
+
+    def pause_request_body(self) -> None:
+        self.up_write_paused = True
+
+    def resume_request_body(self) -> None:
+        self.up_write_paused = False
+        if self.unacked and self.up is not None:
+            n, self.unacked = self.unacked, 0
+            self.conn.h2.acknowledge_received_data(self.sid, n)
+            self.conn.kick()
+
+    def finish(self) -> None:
+        if self.resp_done and self.sid not in self.conn.streams:
+            return
+        self.resp_done = True
+        self.conn.stream_done(self)
+
+
+def _fields(lines: list[bytes]) -> list[tuple[bytes, bytes]]:
+    """HTTP/1 header lines (``Name: value\\r\\n``) as lower-case HTTP/2 fields."""
+    out = []
+    for line in lines:
+        name, _, value = line[:-2].partition(b":")
+        out.append((name.lower(), value.strip()))
+    return out
+
+
+class H2Downstream(asyncio.Protocol):
+    """One client connection speaking HTTP/2 (h2c prior knowledge, or TLS with ALPN h2)."""
+
+    def __init__(self, ctx: ListenerContext, limits: H2Limits | None = None) -> None:
+        self.ctx = ctx
+        self.loop = ctx.loop
+        self.stats = ctx.stats
+        self.h2stats = ctx.h2stats
+        self.h2 = H2Server(limits or ctx.h2_limits, self.loop.time())
+        self.transport: asyncio.Transport | None = None
+        self.streams: dict[int, H2Stream] = {}
+        self.corked = 0
+        self.closing = False
+        self.gone = False
+        self.eof_sent = False
+        self.aborted = False
+        self.write_paused = False
+        self.peer = b""
+        self.forwarded = b""
+        self.idle_since = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0
+        self.drain: ConnectionDrain = None  # type: ignore[assignment]
+        self.goaways = 0  # GOAWAY frames sent for the drain: 0, 1 (2^31-1), 2 (final)
+
+    # -- asyncio ----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """A connection that spoke HTTP/2 from its first byte (TLS with ALPN h2)."""
+        now = self.loop.time()
+        st = self.stats
+        st.downstream_cx_total += 1
+        st.downstream_cx_active += 1
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.adopt(transport, ConnectionDrain(self.ctx.drain, now, self.ctx.rng), b"")
+
+    def adopt(self, transport: asyncio.BaseTransport, drain: ConnectionDrain,
+              data: bytes) -> None:
+        """Take the connection over (from its first byte, or from the HTTP/1 protocol that saw
+        the prior-knowledge preface: its drain state, with its proactive moment, carries on)."""
+        ctx = self.ctx
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0].encode() if peer else b""
+        self.forwarded = b"x-forwarded-for: %s\r\nx-forwarded-proto: %s\r\n\r\n" % (
+            self.peer, ctx.scheme)
+        self.drain = drain
+        ctx.connections.add(self)
+        st = self.stats
+        st.downstream_cx_http2_total += 1
+        st.downstream_cx_http2_active += 1
+        self.idle_since = now = self.loop.time()
+        self.h2.initiate()
+        self.arm(now + ctx.idle_timeout)
+        if drain.drained_by is not None:
+            self._goaway_first()  # drained before it spoke HTTP/2
+        self.arm_drain()
+        if data:
+            self.data_received(data)
+        else:
+            self.kick()
+
+    def data_received(self, data: bytes) -> None:
+        if self.gone:
+            return
+        h2 = self.h2
+        events = h2.receive(data, self.loop.time())
+        self.corked += 1
+        try:
+            for ev in events:
+                self._event(ev)
+        finally:
+            self.corked -= 1
+        if h2.closed and not self.closing:
+            self.kick()
+            self.staged_close()
+            return
+        self.kick()
+
+    def _event(self, ev: object) -> None:
+        t = type(ev)
+        if t is DataReceived:
+            s = self.streams.get(ev.stream_id)  # type: ignore[attr-defined]
+            if s is None:
+                self.h2.acknowledge_received_data(ev.stream_id, ev.flow_len)  # type: ignore[attr-defined]
+                return
+            s.request_data(ev.data, ev.flow_len, ev.end_stream)  # type: ignore[attr-defined]
+        elif t is RequestReceived:
+            self.on_request(ev)  # type: ignore[arg-type]
+        elif t is TrailersReceived:
+            s = self.streams.get(ev.stream_id)  # type: ignore[attr-defined]
+            if s is not None:
+                s.request_complete()
+        elif t is StreamReset:
+            self.h2stats.rx_reset += 1
+            s = self.streams.get(ev.stream_id)  # type: ignore[attr-defined]
+            if s is not None:
+                self.stats.downstream_rq_rx_reset += 1
+                s.resp_done = True
+                s.detach(reusable=False)
+                self._settle(s, completed=False)
+        elif t is WindowOpened:
+            s = self.streams.get(ev.stream_id)  # type: ignore[attr-defined]
+            if s is not None and s.up is not None and not self.write_paused:
+                s.up.resume_reading()
+        elif t is HeadersTooLarge:
+            self._too_large(ev.stream_id)  # type: ignore[attr-defined]
+        elif t is GoAwayReceived:
+            pass  # the client stops opening streams; those it has open finish
+        elif t is H2ConnectionError:
+            self.stats.downstream_cx_protocol_error += 1
+            if ev.code == ErrorCode.ENHANCE_YOUR_CALM:  # type: ignore[attr-defined]
+                self.h2stats.flood += 1
+            else:
+                self.h2stats.rx_messaging_error += 1
+            log.debug("HTTP/2 connection error: %s", ev)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.gone:
+            return
+        self.gone = True
+        self.closing = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        st = self.stats
+        st.downstream_cx_active -= 1
+        st.downstream_cx_http2_active -= 1
+        if self.streams:
+            if not self.aborted:
+                st.downstream_cx_destroy_remote_active_rq += 1
+            for s in list(self.streams.values()):
+                s.resp_done = True
+                s.detach(reusable=False)
+                self._settle(s, completed=False)
+        self.drain.closed()
+        self.ctx.connections.discard(self)
+        self.ctx.on_connection_closed(self)  # type: ignore[arg-type]
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        for s in self.streams.values():
+            if s.up is not None:
+                s.up.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        h2 = self.h2
+        for s in self.streams.values():
+            if s.up is not None and h2.outbound_buffered(s.sid) <= OUTBOUND_HIGH:
+                s.up.resume_reading()
+
+    def kick(self) -> None:
+        """Write what the HTTP/2 layer queued, unless corked (one write per read)."""
+        if not self.corked:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.gone or (self.closing and self.eof_sent):
+            return
+        data = self.h2.data_to_send()
+        if data and self.transport is not None:
+            self.transport.write(data)
+
+    # -- requests ---------------------------------------------------------------------------
+    def on_request(self, ev: RequestReceived) -> None:
+        ctx = self.ctx
+        st = self.stats
+        st.downstream_rq_total += 1
+        st.downstream_rq_http2_total += 1
+        st.downstream_rq_active += 1
+        sid = ev.stream_id
+        s = H2Stream(self, sid, ev.method)
+        self.streams[sid] = s
+        s.body = not ev.end_stream
+        s.req_done = ev.end_stream
+        method = ev.method
+        if method == b"CONNECT" or ev.protocol is not None:
+            self._local(s, 403 if ev.protocol is None else 501,
+                        b"CONNECT not allowed\n" if ev.protocol is None
+                        else b"extended CONNECT not supported yet\n")
+            return
+        path = ev.path
+        authority = ev.authority
+        host = authority
+        out: list[bytes] = []
+        xff: bytes | None = None
+        cookies: list[bytes] = []
+        content_length: bytes | None = None
+        retryable = method in IDEMPOTENT
+        for name, value in ev.headers:
+            if name in DROPPED:
+                if name == b"content-length":
+                    content_length = value
+                elif name == b"host" and host is None:
+                    host = value
+                continue
+            if name == b"cookie":
+                cookies.append(value)  # RFC 9113 §8.2.3: one field again for HTTP/1.1
+            elif name == b"x-forwarded-for":
+                xff = value if xff is None else xff + b", " + value
+            else:
+                if name == b"idempotency-key":
+                    retryable = True
+                out.append(b"%s: %s\r\n" % (name, value))
+        if host is None:
+            self._local(s, 400, b"missing authority\n")
+            return
+        out.insert(0, b"host: %s\r\n" % host)
+        if cookies:
+            out.append(b"cookie: %s\r\n" % b"; ".join(cookies))
+        if s.body:
+            if content_length is not None:
+                out.append(b"content-length: %s\r\n" % content_length)
+            else:
+                s.chunked_req = True
+                out.append(b"transfer-encoding: chunked\r\n")
+        elif content_length is not None and method not in (b"GET", b"HEAD"):
+            out.append(b"content-length: %s\r\n" % content_length)
+        p = path.partition(b"?")[0]
+        if ctx.health_check_path is not None and p == ctx.health_check_path:
+            live = ctx.process.live
+            self._local(s, 200 if live else 503, b"OK\n" if live else b"DRAINING\n")
+            return
+        route = ctx.router.match(host, p)
+        if route is None:
+            self._local(s, 404, b"no route\n")
+            return
+        if not ctx.process.ledger.begin():
+            # Past the drain time: REFUSED_STREAM tells the client it is safe to retry it
+            # elsewhere (DESIGN.md §2 "In-flight accounting").
+            st.downstream_rq_going_away += 1
+            s.resp_done = True
+            self.reset_stream(s, ErrorCode.REFUSED_STREAM)
+            return
+        s.admitted = True
+        s.retryable = retryable
+        s.cluster = route.cluster
+        s.cstats = route.cluster.stats
+        s.route_timeout = route.timeout
+        if xff:
+            out.append(b"x-forwarded-for: %s, %s\r\nx-forwarded-proto: %s\r\n\r\n"
+                       % (xff, self.peer, ctx.scheme))
+        else:
+            out.append(self.forwarded)
+        s.head = method + b" " + path + b" HTTP/1.1\r\n" + b"".join(out)
+        s.start()
+
+    def _local(self, s: H2Stream, status: int, body: bytes) -> None:
+        s.local = True
+        self.respond(s, status, body)
+        s.finish()
+
+    def _too_large(self, sid: int) -> None:
+        st = self.stats
+        st.downstream_rq_total += 1
+        st.downstream_rq_http2_total += 1
+        st.downstream_rq_active += 1
+        s = H2Stream(self, sid, b"")
+        s.req_done = True  # H2Server drops the body and resets the stream after our answer
+        self.streams[sid] = s
+        self._local(s, 431, b"request header fields too large\n")
+
+    def respond(self, s: H2Stream, status: int, body: bytes,
+                extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        """A local answer on stream ``s`` (it drains the connection like any response)."""
+        self.stats.count_status(status)
+        self.response_drains()
+        s.resp_started = True
+        h2 = self.h2
+        if s.is_head:
+            h2.send_headers(s.sid, status, _local_headers(body, extra), end_stream=True)
+        else:
+            h2.send_headers(s.sid, status, _local_headers(body, extra))
+            h2.send_data(s.sid, body, end_stream=True)
+
+    def reset_stream(self, s: H2Stream, code: ErrorCode) -> None:
+        self.h2stats.tx_reset += 1
+        self.h2.reset_stream(s.sid, code)
+        s.resp_done = True
+        s.detach(reusable=False)
+        self._settle(s, completed=False)
+        self.kick()
+
+    def stream_done(self, s: H2Stream) -> None:
+        """The response of ``s`` went out whole."""
+        if not s.req_done and s.sid in self.streams:
+            # RFC 9113 §8.1: a complete response may end a request the client is still
+            # sending; NO_ERROR tells it to stop without failing the response.
+            self.h2.reset_stream(s.sid, ErrorCode.NO_ERROR)
+            s.req_done = True
+        self._settle(s, completed=True)
+
+    def _settle(self, s: H2Stream, completed: bool) -> None:
+        if self.streams.pop(s.sid, None) is None:
+            return
+        ctx = self.ctx
+        st = self.stats
+        st.downstream_rq_active -= 1
+        if s.admitted:
+            s.admitted = False
+            ledger = ctx.process.ledger
+            if completed and s.resp_started:
+                ledger.end()
+            else:
+                ledger.abandon()
+            if ledger.draining:
+                ctx.on_request_done()
+        if completed and s.resp_started:
+            st.downstream_rq_completed += 1
+        if not self.streams:
+            self._idle()
+
+    def _idle(self) -> None:
+        """The last stream ended: the idle clock starts; a drained connection past G closes."""
+        if self.closing:
+            return
+        self.idle_since = now = self.loop.time()
+        self.arm(now + self.ctx.idle_timeout)
+        d = self.drain
+        if self.goaways >= 2 or (d.drained_by is not None and d.on_idle(now) is ConnAction.CLOSE):
+            self.staged_close()
+
+    # -- drain --------------------------------------------------------------------------------
+    def response_drains(self) -> bool:
+        """The drain core's per-response decision: GOAWAY instead of ``Connection: close``."""
+        d = self.drain
+        if d.drained_by is None and d.listener.quiet:
+            return False
+        was_open = d.drained_by is None
+        if not d.on_response(self.loop.time(), self.ctx.rng):
+            return False
+        if was_open:
+            self.stats.downstream_cx_drain_close += 1
+            if d.drained_by is DrainedBy.RESPONSE:
+                self.ctx.drain_stats.cx_drained_by_response += 1
+            self._goaway_first()
+            self.arm_drain()
+        return True
+
+    def _goaway_first(self) -> None:
+        if self.goaways == 0 and not self.h2.closed:
+            self.goaways = 1
+            self.h2stats.goaway_sent += 1
+            self.h2.start_drain()
+            self.kick()
+
+    def _goaway_final(self) -> None:
+        self._goaway_first()
+        if self.goaways == 1 and not self.h2.closed:
+            self.goaways = 2
+            self.h2stats.goaway_sent += 1
+            self.h2.final_goaway()
+            self.kick()
+
+    def on_drain_event(self, event: object) -> None:
+        self.drain.on_drain_event(event, self.ctx.rng)  # type: ignore[arg-type]
+        self.arm_drain()
+
+    def arm_drain(self) -> None:
+        at = self.drain.next_deadline()
+        if at is not None:
+            self.arm(at)
+
+    def close_at_end(self) -> None:
+        """The drain is over: the final GOAWAY now; the connection closes once its streams end."""
+        if self.drain.drain_at_end(self.loop.time()):
+            self.ctx.drain_stats.cx_closed_at_end += 1
+        self._goaway_final()
+        if not self.streams:
+            self.staged_close()
+
+    def cut(self) -> None:
+        """The shutdown deadline: a 503 on streams with no response byte sent, else a reset."""
+        ds = self.ctx.drain_stats
+        ledger = self.ctx.process.ledger
+        for s in list(self.streams.values()):
+            if not s.admitted:
+                continue
+            ledger.cut_one()
+            s.admitted = False
+            s.detach(reusable=False)
+            if s.resp_started:
+                ds.cut_reset += 1
+                self.reset_stream(s, ErrorCode.CANCEL)
+            else:
+                ds.cut_before_response += 1
+                s.local = True
+                self.respond(s, 503, b"going away\n", ((b"retry-after", b"1"),))
+                s.finish()
+        self._goaway_final()
+        self.kick()
+        if not self.streams:
+            self.staged_close()
+
+    # -- closing --------------------------------------------------------------------------------
+    def staged_close(self) -> None:
+        """Flush, shut down writing, keep reading briefly, then close (no last frame lost)."""
+        if self.closing:
+            return
+        self.closing = True
+        self.drain.close()
+        t = self.transport
+        if t is None or self.gone:
+            return
+        self.flush()  # also when corked: nothing is written after the FIN
+        if t.can_write_eof():
+            self.eof_sent = True
+            t.write_eof()
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            self.arm(self.loop.time() + LINGER)
+        else:
+            t.close()
+
+    def reset(self) -> None:
+        t = self.transport
+        if t is None or self.gone or self.aborted:
+            return
+        self.aborted = True
+        self.closing = True
+        sock = t.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        t.abort()
+
+    # -- timers -----------------------------------------------------------------------------------
+    def arm(self, at: float) -> None:
+        if at == math.inf:
+            return
+        if self.timer is not None:
+            if self.timer_at <= at:
+                return
+            self.timer.cancel()
+        self.timer_at = at
+        self.timer = self.loop.call_at(at, self.on_timer)
+
+    def on_timer(self) -> None:
+        self.timer = None
+        if self.gone:
+            return
+        now = self.loop.time()
+        if self.closing:
+            if self.transport is not None:
+                self.transport.close()
+            return
+        ctx = self.ctx
+        nxt: list[float] = []
+        busy = bool(self.streams)
+        if not busy:
+            at = self.idle_since + ctx.idle_timeout
+            if now >= at:
+                self.stats.downstream_cx_idle_timeout += 1
+                self.h2.close(ErrorCode.NO_ERROR)
+                self.staged_close()
+                return
+            nxt.append(at)
+        d = self.drain
+        dl = d.next_deadline()
+        if dl is not None and now >= dl:
+            was_open = d.drained_by is None
+            action = d.on_timer(now, idle=not busy)
+            if was_open and d.drained_by is DrainedBy.PROACTIVE:
+                self.stats.downstream_cx_drain_close += 1
+                ctx.drain_stats.cx_drained_proactive += 1
+                self._goaway_first()
+            if d.grace_elapsed:
+                self._goaway_final()
+            if action is ConnAction.CLOSE or (self.goaways >= 2 and not self.streams):
+                self.staged_close()
+                return
+            dl = d.next_deadline()
+        if dl is not None:
+            nxt.append(dl)
+        if nxt:
+            self.arm(min(nxt))

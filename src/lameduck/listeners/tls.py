@@ -1,0 +1,51 @@
+"""TLS on a listener: the server context, and the protocol chosen by ALPN after the handshake.
+
+A plain listener tells HTTP/1.1 from h2c prior knowledge by the first bytes (Envoy's codec_type
+AUTO); a TLS listener is told by ALPN (``h2`` or ``http/1.1``; no ALPN means HTTP/1.1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import TYPE_CHECKING
+
+from lameduck.config import ListenerConfig
+from lameduck.http1.downstream import H1Downstream
+from lameduck.http2.downstream import H2Downstream
+
+if TYPE_CHECKING:
+    from lameduck.listeners.http import HttpListener
+
+
+def server_context(cfg: ListenerConfig) -> ssl.SSLContext | None:
+    tls = cfg.tls
+    if tls is None:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2  # RFC 9113 §9.2: HTTP/2 needs 1.2 or later
+    ctx.load_cert_chain(tls.certificate, tls.key)
+    ctx.set_alpn_protocols(list(tls.alpn))
+    ctx.options |= ssl.OP_NO_COMPRESSION
+    return ctx
+
+
+class AlpnSwitch(asyncio.Protocol):
+    """Stands in until the TLS handshake is done, then hands the connection to the codec that
+    ALPN chose. It lives for one callback: nothing of it stays on the hot path."""
+
+    def __init__(self, listener: HttpListener) -> None:
+        self.listener = listener
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        ssl_obj = transport.get_extra_info("ssl_object")
+        alpn = ssl_obj.selected_alpn_protocol() if ssl_obj is not None else None
+        proto: asyncio.Protocol = (
+            H2Downstream(self.listener) if alpn == "h2"  # type: ignore[arg-type]
+            else H1Downstream(self.listener))  # type: ignore[arg-type]
+        self.listener.stats.downstream_cx_ssl_total += 1
+        transport.set_protocol(proto)
+        proto.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:  # pragma: no cover - replaced at once
+        raise RuntimeError("AlpnSwitch got data after the handshake")
