@@ -297,6 +297,8 @@ def test_prometheus_envoy_tag_extraction() -> None:
         "envoy_http_downstream_rq_active",
         (("envoy_http_conn_manager_prefix", "ingress"),),
     )
+    assert prometheus_name("http.ingress.http2.goaway_sent") == (
+        "envoy_http2_goaway_sent", (("envoy_http_conn_manager_prefix", "ingress"),))
     assert prometheus_name("cluster.app.upstream_cx_total") == (
         "envoy_cluster_upstream_cx_total",
         (("envoy_cluster_name", "app"),),

@@ -61,7 +61,8 @@ def render_json(stats: Iterable[Stat], filter: str | None = None) -> str:
 def prometheus_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """Map a stat name to its Prometheus family and labels, with Envoy's default tag extraction.
 
-    `http.<L>.X` -> envoy_http_X{envoy_http_conn_manager_prefix="<L>"}; `cluster.<C>.X` ->
+    `http.<L>.X` -> envoy_http_X{envoy_http_conn_manager_prefix="<L>"} (`http.<L>.http2.X` ->
+    envoy_http2_X with the same label); `cluster.<C>.X` ->
     envoy_cluster_X{envoy_cluster_name="<C>"}; `*_rq_<N>xx` -> `*_rq_xx` with
     envoy_response_code_class="<N>" (so Envoy dashboards' `envoy_cluster_upstream_rq_xx` work);
     anything else -> envoy_<name, dots as _>. Stat fields never contain dots, so <L>/<C> is all up
@@ -77,6 +78,9 @@ def prometheus_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
         if name.startswith(prefix):
             scope, dot, stat = name[len(prefix) :].rpartition(".")
             if dot and scope and stat:
+                if prefix == "http." and scope.endswith(".http2"):
+                    # a listener's HTTP/2 codec stats: Envoy's envoy_http2_* families
+                    scope, family_prefix = scope[: -len(".http2")], "envoy_http2_"
                 labels.append((label, scope))
                 family = family_prefix + stat
                 break
