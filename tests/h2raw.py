@@ -70,6 +70,20 @@ class RawH2:
         self.streams[sid] = StreamResult()
         self.sock.sendall(out)
 
+    def connect(self, sid: int, authority: str) -> None:
+        """A CONNECT stream (RFC 9113 §8.5: only :method and :authority)."""
+        hf = HeadersFrame(sid, self.enc.encode([(":method", "CONNECT"),
+                                                (":authority", authority)]))
+        hf.flags.add("END_HEADERS")
+        self.streams[sid] = StreamResult()
+        self.sock.sendall(hf.serialize())
+
+    def data(self, sid: int, data: bytes, end: bool = False) -> None:
+        df = DataFrame(sid, data)
+        if end:
+            df.flags.add("END_STREAM")
+        self.sock.sendall(df.serialize())
+
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 

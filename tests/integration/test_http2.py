@@ -250,6 +250,62 @@ def test_graceful_drain_zero_failures_with_reconnecting_client(lameduck):
     assert ld.stat("http.ingress.downstream_cx_http2_total") >= 2
 
 
+# -- CONNECT ----------------------------------------------------------------------------------------
+
+
+def test_connect_tunnel_relays_and_off_list_gets_403(lameduck, origin_port):
+    ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{origin_port}"]}})
+    c = RawH2(ld.port)
+    c.connect(1, f"127.0.0.1:{origin_port}")
+    assert c.wait(lambda: c.streams[1].status is not None)
+    assert c.streams[1].status == 200 and not c.streams[1].ended
+    c.data(1, b"GET / HTTP/1.1\r\nHost: tunnel\r\n\r\n")
+    assert c.wait(lambda: b"hello from the lameduck demo origin" in c.streams[1].body)
+    assert c.streams[1].body.startswith(b"HTTP/1.1 200 OK")
+    c.data(1, b"", end=True)  # END_STREAM -> FIN: the origin closes, its FIN -> END_STREAM
+    assert c.wait(lambda: c.done(1))
+    assert c.streams[1].ended and c.streams[1].reset is None
+    c.connect(3, "127.0.0.1:1")  # not on the list
+    assert c.wait(lambda: c.done(3))
+    assert c.streams[3].status == 403
+    c.close()
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_cx_upgrades_active") == 0)
+    assert ld.stat("http.ingress.downstream_cx_upgrades_total") == 1
+    assert ld.stat("http.ingress.downstream_rq_active") == 0
+
+
+def test_connect_default_is_403(lameduck, origin_port):
+    ld = lameduck()
+    c = RawH2(ld.port)
+    c.connect(1, f"127.0.0.1:{origin_port}")
+    assert c.wait(lambda: c.done(1))
+    assert c.streams[1].status == 403
+    c.close()
+
+
+def test_connect_tunnel_reset_g_after_proactive_moment(lameduck, origin_port):
+    """Seed 000: on HTTP/2 a CONNECT stream drained proactively is reset once G elapsed."""
+    ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{origin_port}"]}},
+                  drain={"time": "1500ms", "strategy": "gradual", "connection_grace": "300ms"},
+                  shutdown={"deadline": "5s"})
+    c = RawH2(ld.port)
+    c.connect(1, f"127.0.0.1:{origin_port}")
+    assert c.wait(lambda: c.streams[1].status == 200)
+    t0 = time.monotonic()
+    assert ld.admin("POST", "/drain_listeners?graceful&skip_exit").status_code == 200
+    assert c.wait(lambda: bool(c.goaways), 3)  # the proactive moment: in [1.0, 1.2) s
+    t_moment = time.monotonic()
+    assert c.wait(lambda: c.done(1), 3)
+    t_reset = time.monotonic()
+    assert c.streams[1].reset == 8  # CANCEL
+    assert 0.8 <= t_moment - t0 <= 1.6, t_moment - t0
+    assert t_reset - t_moment >= 0.2, t_reset - t_moment
+    assert c.wait(lambda: c.eof, 3)
+    c.close()
+    assert ld.stat("server.drain.cut_reset") == 1
+    assert ld.stat("http.ingress.downstream_cx_upgrades_active") == 0
+
+
 # -- TLS ------------------------------------------------------------------------------------------
 
 

@@ -57,6 +57,7 @@ def test_scope_field_names_match_envoy() -> None:
         "downstream_cx_active",
         "downstream_cx_http1_active",
         "downstream_cx_http2_active",
+        "downstream_cx_upgrades_active",
         "downstream_rq_active",
     } == HttpStats.GAUGES
     assert {"goaway_sent", "rx_reset", "tx_reset"} <= {f.name for f in fields(Http2Stats)}

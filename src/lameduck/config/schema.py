@@ -35,6 +35,7 @@ from lameduck.drain.event import Direction, DrainType, Strategy
 __all__ = [
     "AdminConfig",
     "ClusterConfig",
+    "ConnectConfig",
     "Config",
     "Direction",
     "DrainConfig",
@@ -362,6 +363,16 @@ class Http2Config(BaseModel):
     flood_window: PositiveDuration = 10.0
 
 
+class ConnectConfig(BaseModel):
+    """CONNECT tunnels (HTTP/1.1 CONNECT, HTTP/2 :method CONNECT): only to the listed
+    destinations; anything else is answered 403. Empty (the default): no tunnels at all."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow: tuple[EndpointAddress, ...] = ()
+    connect_timeout: PositiveDuration = 5.0
+
+
 class ListenerConfig(BaseModel):
     """A downstream listening socket and its HTTP connection manager settings."""
 
@@ -377,6 +388,7 @@ class ListenerConfig(BaseModel):
     max_request_headers_kb: int = Field(60, ge=1, le=8192)
     tls: TlsConfig | None = None
     http2: Http2Config = Http2Config()
+    connect: ConnectConfig = ConnectConfig()
     routes: Annotated[tuple[RouteConfig, ...], AfterValidator(_non_empty("route"))]
 
 

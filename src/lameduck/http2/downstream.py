@@ -20,7 +20,7 @@ import logging
 import math
 import socket
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
 from lameduck.http1.upstream import H1Upstream, UpstreamError
@@ -31,7 +31,6 @@ from lameduck.http2.connection import (
 from lameduck.http2.connection import (
     DataReceived,
     ErrorCode,
-    GoAwayReceived,
     H2Limits,
     H2Server,
     HeadersTooLarge,
@@ -40,12 +39,40 @@ from lameduck.http2.connection import (
     TrailersReceived,
     WindowOpened,
 )
+from lameduck.http2.tunnel import H2ConnectTunnel
 
 if TYPE_CHECKING:
-    from lameduck.http1.downstream import ListenerContext
-    from lameduck.stats import ClusterStats
+    from collections.abc import Callable
+
+    from lameduck.drain import ListenerDrain, ProcessDrain
+    from lameduck.stats import ClusterStats, DrainStats, Http2Stats, HttpStats
     from lameduck.upstream.cluster import Cluster
     from lameduck.upstream.pool import Endpoint
+    from lameduck.upstream.router import Router
+
+
+class H2ListenerContext(Protocol):
+    """What an HTTP/2 connection needs from its listener (wired in ``listeners``)."""
+
+    loop: asyncio.AbstractEventLoop
+    stats: HttpStats
+    h2stats: Http2Stats
+    h2_limits: H2Limits
+    drain_stats: DrainStats
+    drain: ListenerDrain
+    process: ProcessDrain
+    router: Router
+    rng: Callable[[], float]
+    connections: set[Any]
+    health_check_path: bytes | None
+    idle_timeout: float
+    scheme: bytes
+    connect_timeout: float
+
+    def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
+    def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[H1Upstream]: ...
+    def on_connection_closed(self, conn: Any) -> None: ...
+    def on_request_done(self) -> None: ...
 
 log = logging.getLogger("lameduck.http2")
 
@@ -71,8 +98,8 @@ class H2Stream:
     __slots__ = (
         "admitted", "body", "buffered", "chunked_req", "cluster", "conn", "cstats", "endpoint",
         "head", "is_head", "local", "method", "req_done", "resp_done", "resp_started",
-        "retried", "retryable", "reused", "route_timeout", "sid", "status", "unacked", "up",
-        "up_write_paused",
+        "retried", "retryable", "reused", "route_timeout", "sid", "status", "tunnel", "unacked",
+        "up", "up_write_paused",
     )
 
     def __init__(self, conn: H2Downstream, sid: int, method: bytes) -> None:
@@ -100,10 +127,16 @@ class H2Stream:
         self.reused = False
         self.retryable = False
         self.retried = False
+        self.tunnel: H2ConnectTunnel | None = None  # a CONNECT stream's destination socket
 
     # -- request side -----------------------------------------------------------------------
     def request_data(self, data: bytes, flow_len: int, end: bool) -> None:
         conn = self.conn
+        if self.tunnel is not None:
+            if end:
+                self.req_done = True
+            self.tunnel.from_client(data, flow_len, end)
+            return
         if self.local or self.resp_done:
             conn.h2.acknowledge_received_data(self.sid, flow_len)  # read and dropped
             if end:
@@ -192,6 +225,9 @@ class H2Stream:
         conn.kick()
 
     def detach(self, reusable: bool) -> None:
+        if self.tunnel is not None:
+            self.tunnel.abort()
+            self.conn.tunnel_gone(self)
         up = self.up
         if up is None:
             return
@@ -332,7 +368,7 @@ def _fields(lines: list[bytes]) -> list[tuple[bytes, bytes]]:
 class H2Downstream(asyncio.Protocol):
     """One client connection speaking HTTP/2 (h2c prior knowledge, or TLS with ALPN h2)."""
 
-    def __init__(self, ctx: ListenerContext, limits: H2Limits | None = None) -> None:
+    def __init__(self, ctx: H2ListenerContext, limits: H2Limits | None = None) -> None:
         self.ctx = ctx
         self.loop = ctx.loop
         self.stats = ctx.stats
@@ -412,40 +448,43 @@ class H2Downstream(asyncio.Protocol):
     def _event(self, ev: object) -> None:
         t = type(ev)
         if t is DataReceived:
-            s = self.streams.get(ev.stream_id)  # type: ignore[attr-defined]
+            d = cast(DataReceived, ev)
+            s = self.streams.get(d.stream_id)
             if s is None:
-                self.h2.acknowledge_received_data(ev.stream_id, ev.flow_len)  # type: ignore[attr-defined]
+                self.h2.acknowledge_received_data(d.stream_id, d.flow_len)
                 return
-            s.request_data(ev.data, ev.flow_len, ev.end_stream)  # type: ignore[attr-defined]
+            s.request_data(d.data, d.flow_len, d.end_stream)
         elif t is RequestReceived:
-            self.on_request(ev)  # type: ignore[arg-type]
+            self.on_request(cast(RequestReceived, ev))
         elif t is TrailersReceived:
-            s = self.streams.get(ev.stream_id)  # type: ignore[attr-defined]
+            s = self.streams.get(cast(TrailersReceived, ev).stream_id)
             if s is not None:
                 s.request_complete()
         elif t is StreamReset:
             self.h2stats.rx_reset += 1
-            s = self.streams.get(ev.stream_id)  # type: ignore[attr-defined]
+            s = self.streams.get(cast(StreamReset, ev).stream_id)
             if s is not None:
                 self.stats.downstream_rq_rx_reset += 1
                 s.resp_done = True
                 s.detach(reusable=False)
                 self._settle(s, completed=False)
         elif t is WindowOpened:
-            s = self.streams.get(ev.stream_id)  # type: ignore[attr-defined]
-            if s is not None and s.up is not None and not self.write_paused:
-                s.up.resume_reading()
+            s = self.streams.get(cast(WindowOpened, ev).stream_id)
+            if s is not None and not self.write_paused:
+                if s.up is not None:
+                    s.up.resume_reading()
+                elif s.tunnel is not None:
+                    s.tunnel.window_opened()
         elif t is HeadersTooLarge:
-            self._too_large(ev.stream_id)  # type: ignore[attr-defined]
-        elif t is GoAwayReceived:
-            pass  # the client stops opening streams; those it has open finish
+            self._too_large(cast(HeadersTooLarge, ev).stream_id)
         elif t is H2ConnectionError:
             self.stats.downstream_cx_protocol_error += 1
-            if ev.code == ErrorCode.ENHANCE_YOUR_CALM:  # type: ignore[attr-defined]
+            if cast(H2ConnectionError, ev).code == ErrorCode.ENHANCE_YOUR_CALM:
                 self.h2stats.flood += 1
             else:
                 self.h2stats.rx_messaging_error += 1
             log.debug("HTTP/2 connection error: %s", ev)
+        # GoAwayReceived: the client opens no more streams; those it has open finish.
 
     def eof_received(self) -> bool:
         return False
@@ -470,7 +509,7 @@ class H2Downstream(asyncio.Protocol):
                 self._settle(s, completed=False)
         self.drain.closed()
         self.ctx.connections.discard(self)
-        self.ctx.on_connection_closed(self)  # type: ignore[arg-type]
+        self.ctx.on_connection_closed(self)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -510,17 +549,14 @@ class H2Downstream(asyncio.Protocol):
         s.body = not ev.end_stream
         s.req_done = ev.end_stream
         method = ev.method
-        if method == b"CONNECT" or ev.protocol is not None:
-            self._local(s, 403 if ev.protocol is None else 501,
-                        b"CONNECT not allowed\n" if ev.protocol is None
-                        else b"extended CONNECT not supported yet\n")
+        if method == b"CONNECT":
+            self._connect(s, ev)
             return
-        path = ev.path
+        path = ev.path if ev.path is not None else b"/"  # None only for CONNECT (above)
         authority = ev.authority
         host = authority
         out: list[bytes] = []
         xff: bytes | None = None
-        cookies: list[bytes] = []
         content_length: bytes | None = None
         retryable = method in IDEMPOTENT
         for name, value in ev.headers:
@@ -530,9 +566,7 @@ class H2Downstream(asyncio.Protocol):
                 elif name == b"host" and host is None:
                     host = value
                 continue
-            if name == b"cookie":
-                cookies.append(value)  # RFC 9113 §8.2.3: one field again for HTTP/1.1
-            elif name == b"x-forwarded-for":
+            if name == b"x-forwarded-for":
                 xff = value if xff is None else xff + b", " + value
             else:
                 if name == b"idempotency-key":
@@ -542,8 +576,6 @@ class H2Downstream(asyncio.Protocol):
             self._local(s, 400, b"missing authority\n")
             return
         out.insert(0, b"host: %s\r\n" % host)
-        if cookies:
-            out.append(b"cookie: %s\r\n" % b"; ".join(cookies))
         if s.body:
             if content_length is not None:
                 out.append(b"content-length: %s\r\n" % content_length)
@@ -580,6 +612,64 @@ class H2Downstream(asyncio.Protocol):
             out.append(self.forwarded)
         s.head = method + b" " + path + b" HTTP/1.1\r\n" + b"".join(out)
         s.start()
+
+    # -- CONNECT tunnels ------------------------------------------------------------------------
+    def _connect(self, s: H2Stream, ev: RequestReceived) -> None:
+        """A CONNECT stream: relayed to its destination if the listener allows it (else 403)."""
+        ctx = self.ctx
+        if ev.protocol is not None:
+            # RFC 8441 extended CONNECT (WebSocket over HTTP/2): not relayed yet
+            self._local(s, 501, b"extended CONNECT not supported yet\n")
+            return
+        target = ctx.connect_target(ev.authority)
+        if target is None:
+            self._local(s, 403, b"CONNECT not allowed\n")
+            return
+        if not ctx.process.ledger.begin():
+            self.stats.downstream_rq_going_away += 1
+            s.resp_done = True
+            self.reset_stream(s, ErrorCode.REFUSED_STREAM)
+            return
+        s.admitted = True
+        self.stats.downstream_cx_upgrades_total += 1
+        self.stats.downstream_cx_upgrades_active += 1
+        s.tunnel = H2ConnectTunnel(self, s, target[0], target[1], ctx.drain.grace)
+        s.tunnel.open(ctx.connect_timeout)
+
+    def tunnel_open(self, s: H2Stream) -> None:
+        self.stats.count_status(200)
+        self.response_drains()  # it may drain the connection; the tunnel itself stays
+        s.resp_started = True
+        self.h2.send_headers(s.sid, 200, [])
+
+    def tunnel_failed(self, s: H2Stream) -> None:
+        self.tunnel_gone(s)
+        if s.sid in self.streams:
+            self._local(s, 503, b"connect error\n")
+            self.kick()
+
+    def tunnel_done(self, s: H2Stream) -> None:
+        """Both directions ended (END_STREAM and FIN): a completed request."""
+        self.tunnel_gone(s)
+        s.req_done = True
+        s.finish()
+        self.kick()
+
+    def tunnel_reset(self, s: H2Stream, code: ErrorCode, cut: bool) -> None:
+        self.tunnel_gone(s)
+        if cut and s.admitted:
+            # Ended by the drain (seed 000: G after the proactive moment): counted as cut.
+            s.admitted = False
+            self.ctx.process.ledger.cut_one()
+            self.ctx.drain_stats.cut_reset += 1
+        if s.sid in self.streams:
+            self.reset_stream(s, code)
+
+    def tunnel_gone(self, s: H2Stream) -> None:
+        """The stream no longer has a destination socket (counted once)."""
+        if s.tunnel is not None:
+            s.tunnel = None
+            self.stats.downstream_cx_upgrades_active -= 1
 
     def _local(self, s: H2Stream, status: int, body: bytes) -> None:
         s.local = True
@@ -801,6 +891,9 @@ class H2Downstream(asyncio.Protocol):
                 self.stats.downstream_cx_drain_close += 1
                 ctx.drain_stats.cx_drained_proactive += 1
                 self._goaway_first()
+                for s in list(self.streams.values()):
+                    if s.tunnel is not None:
+                        s.tunnel.drain_by(DrainedBy.PROACTIVE)  # reset G from now
             if d.grace_elapsed:
                 self._goaway_final()
             if action is ConnAction.CLOSE or (self.goaways >= 2 and not self.streams):

@@ -109,6 +109,8 @@ class HttpListener:
         self.request_headers_timeout = _timeout(cfg.request_headers_timeout)
         self.idle_timeout = _timeout(cfg.idle_timeout)
         self.max_request_headers = cfg.max_request_headers_kb * 1024
+        self.connect_allow = frozenset((a.host.lower(), a.port) for a in cfg.connect.allow)
+        self.connect_timeout = cfg.connect.connect_timeout
         self.ssl = server_context(cfg)
         self.scheme = b"https" if self.ssl is not None else b"http"
         h2 = cfg.http2
@@ -149,6 +151,23 @@ class HttpListener:
         t.set_protocol(h2)
         h2.adopt(t, conn.drain, data)
         return True
+
+    def connect_target(self, authority: bytes | None) -> tuple[str, int] | None:
+        """The (host, port) of a CONNECT's authority if the allow-list has it, else None."""
+        if not authority or not self.connect_allow:
+            return None
+        try:
+            text = authority.decode("ascii").lower()
+        except UnicodeDecodeError:
+            return None
+        if text.startswith("["):
+            host, sep, port = text[1:].partition("]:")
+        else:
+            host, sep, port = text.rpartition(":")
+        if not sep or not port.isdigit():
+            return None
+        target = (host, int(port))
+        return target if target in self.connect_allow else None
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self, sock: socket.socket | None = None) -> None:

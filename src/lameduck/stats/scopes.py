@@ -43,6 +43,8 @@ class HttpStats:
     downstream_cx_http2_total: int = 0
     downstream_cx_http2_active: int = 0
     downstream_cx_ssl_total: int = 0
+    downstream_cx_upgrades_total: int = 0  # WebSocket upgrades and CONNECT tunnels
+    downstream_cx_upgrades_active: int = 0
     downstream_cx_drain_close: int = 0
     downstream_cx_idle_timeout: int = 0
     downstream_cx_protocol_error: int = 0
@@ -79,7 +81,7 @@ class HttpStats:
 
 name_gauges(HttpStats, {
     "downstream_cx_active", "downstream_cx_http1_active", "downstream_cx_http2_active",
-    "downstream_rq_active",
+    "downstream_cx_upgrades_active", "downstream_rq_active",
 })
 
 
