@@ -250,7 +250,7 @@ def test_graceful_drain_zero_failures_with_reconnecting_client(lameduck):
     assert ld.stat("http.ingress.downstream_cx_http2_total") >= 2
 
 
-# -- CONNECT ----------------------------------------------------------------------------------------
+# -- CONNECT --------------------------------------------------------------------------------
 
 
 def test_connect_tunnel_relays_and_off_list_gets_403(lameduck, origin_port):
