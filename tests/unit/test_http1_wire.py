@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from lameduck.http1.wire import drop_nominated, simple_response, whole_response
+from lameduck.http1.wire import (
+    _scan_whole_response,
+    _split_whole_response,
+    drop_nominated,
+    simple_response,
+    whole_response,
+)
 
 PLAIN = b"HTTP/1.1 200 OK\r\nServer: x\r\nContent-Length: 5\r\n\r\nhello"
 
@@ -67,3 +75,82 @@ def test_simple_response_framing() -> None:
     assert b"content-length: 11" in head and b"connection: close" in head
     assert b"retry-after: 1" in head and body == b"going away\n"
     assert simple_response(200, b"ok", close=False, head_only=True).endswith(b"\r\n\r\n")
+
+
+def _reference_whole_response(data: bytes) -> int:
+    """The first (split and lower) version of ``whole_response``, kept here as the oracle:
+    both implementations must give its answer for every input."""
+    if data[:9] != b"HTTP/1.1 ":
+        return 0
+    end = data.find(b"\r\n\r\n")
+    if end < 13 or data[12] != 32:
+        return 0
+    if not data[9:12].isdigit():
+        return 0
+    code = int(data[9:12])
+    if code < 200 or code > 599 or code == 204 or code == 304:
+        return 0
+    length = -1
+    for line in data[:end].split(b"\r\n"):
+        if 13 in line or 10 in line:
+            return 0
+        c = line[0] | 32 if line else 0
+        if c == 99:
+            if line[:15].lower() == b"content-length:":
+                value = line[15:].strip()
+                if length >= 0 or not value.isdigit():
+                    return 0
+                length = int(value)
+            elif line[:10].lower() == b"connection":
+                return 0
+        elif c == 116:
+            return 0
+        elif c == 107:
+            if line[:10].lower() == b"keep-alive":
+                return 0
+        elif c == 112:
+            if line[:16].lower() == b"proxy-connection":
+                return 0
+        elif c == 117 and line[:7].lower() == b"upgrade":
+            return 0
+    if length != len(data) - end - 4:
+        return 0
+    return end
+
+
+_PIECES = [
+    b"HTTP/1.1 ", b"200", b" OK", b"\r\n", b"\r", b"\n", b" ", b"\t", b"\x0b", b"\x0c", b":",
+    b"Content-Length:", b"content-length: ", b"CONTENT-LENGTH:", b"Content-Type: x",
+    b"Connection", b"connection: close", b"Keep-Alive", b"keep-alive: 1", b"Proxy-Connection",
+    b"Upgrade", b"upgrade: h2c", b"TE", b"Trailer", b"Transfer-Encoding", b"Server: y",
+    b"5", b"0", b"12", b"+", b"x", b"hello", b"\r\n\r\n", b"204", b"304", b"199", b"600", b"2x0",
+    b"C", b"K", b"P", b"U", b"T", b"ContentLength:",
+]
+
+
+@given(st.lists(st.sampled_from(_PIECES), max_size=24))
+@settings(max_examples=3000, deadline=None)
+def test_whole_response_matches_the_reference(pieces: list[bytes]) -> None:
+    data = b"".join(pieces)
+    framed = b"HTTP/1.1 200 OK\r\n" + data
+    for d in (data, framed):
+        want = _reference_whole_response(d)
+        assert _scan_whole_response(d) == want
+        assert _split_whole_response(d) == want
+        assert whole_response(d) == want
+
+
+@pytest.mark.parametrize("body", [b"", b"hello", b"x" * 300])
+@pytest.mark.parametrize("head", [
+    b"HTTP/1.1 200 OK\r\nServer: lameduck-demo\r\nContent-Type: text/plain\r\nContent-Length: %d",
+    b"HTTP/1.1 200 OK\r\ncontent-length:%d\r\nX: \x0b\x0c",
+    b"HTTP/1.1 404 \r\nContent-Length: \t%d \x0b",
+    b"HTTP/1.1 301 Moved\r\nLocation: /x\r\nContent-Length: %d\r\nConnectionX: 1",
+    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nupgradeable: no",
+])
+def test_whole_response_examples_match_the_reference(head: bytes, body: bytes) -> None:
+    data = head % len(body) + b"\r\n\r\n" + body
+    for cut in range(len(data) + 1):
+        want = _reference_whole_response(data[:cut])
+        assert _scan_whole_response(data[:cut]) == want
+        assert _split_whole_response(data[:cut]) == want

@@ -35,8 +35,8 @@ from lameduck.drain.event import Direction, DrainType, Strategy
 __all__ = [
     "AdminConfig",
     "ClusterConfig",
-    "ConnectConfig",
     "Config",
+    "ConnectConfig",
     "Direction",
     "DrainConfig",
     "DrainType",

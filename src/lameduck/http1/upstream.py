@@ -72,6 +72,12 @@ class H1Upstream(asyncio.Protocol):
         self.fresh = False
         self.no_body = False  # HEAD request: llhttp cannot be told, so we end it ourselves
         self.close_delimited = False
+        # The last response ``whole_response`` passed, kept to skip its scan when the next one
+        # repeats it: its verdict depends only on the head's bytes and the total size, and a
+        # keep-alive origin often sends the same head (and length) again.
+        self.whole_head = b""
+        self.whole_size = -1
+        self.whole_end = 0
         # timeout: a lazily re-armed timer
         self.deadline = 0.0
         self.timer: asyncio.TimerHandle | None = None
@@ -162,7 +168,14 @@ class H1Upstream(asyncio.Protocol):
         self.got_bytes = True
         if self.fresh:
             self.fresh = False
-            end = whole_response(data)
+            if len(data) == self.whole_size and data.startswith(self.whole_head):
+                end = self.whole_end  # the head of the last whole response, byte for byte
+            else:
+                end = whole_response(data)
+                if end:
+                    self.whole_head = data[:end + 4]
+                    self.whole_size = len(data)
+                    self.whole_end = end
             if end and sink.on_whole_response(status_code(data), data, end):
                 return  # forwarded as it came; the exchange is complete and let go of us
         # What one read produces downstream (head, body, end) leaves in one write: one

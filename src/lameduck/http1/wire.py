@@ -36,8 +36,21 @@ def whole_response(data: bytes) -> int:
     ends only, nothing hop-by-hop. Such a response can be forwarded as it came, without the
     parser (the common keep-alive case). Returns 0 for anything else: the caller parses it.
 
-    One pass over the lines, a handful of C calls: this runs once per proxied response.
+    Two implementations with the same answer (a test holds them to it): the one that is
+    cheaper where this module runs, compiled or interpreted.
     """
+    if COMPILED:
+        return _scan_whole_response(data)
+    return _split_whole_response(data)
+
+
+# True when this module runs compiled by mypyc (its file is then the extension module).
+COMPILED: Final = not __file__.endswith(".py")
+
+
+def _split_whole_response(data: bytes) -> int:
+    """``whole_response`` for the interpreter: one ``split`` and a few C calls a line beat a
+    bytes loop there (3 µs against 17 µs a response)."""
     if data[:9] != b"HTTP/1.1 ":
         return 0
     end = data.find(b"\r\n\r\n")
@@ -75,6 +88,120 @@ def whole_response(data: bytes) -> int:
     if length != len(data) - end - 4:
         return 0
     return end
+
+
+def _scan_whole_response(data: bytes) -> int:
+    """``whole_response`` compiled: one pass over the head's bytes with no
+    method call (compiled, a bytes loop is a few instructions a byte; each ``find``, ``split``
+    or ``lower`` it replaced cost hundreds).
+    """
+    if not data.startswith(b"HTTP/1.1 ") or len(data) < 17 or data[12] != SP:
+        return 0
+    code = status_code(data)
+    if code < 200 or code > 599 or code == 204 or code == 304:
+        return 0
+    length = -1
+    state = _IN_LINE
+    size = len(data)
+    i = 13  # "HTTP/1.1 NNN " checked above
+    while i < size:
+        c = data[i]
+        if state == _IN_LINE:
+            if c == CR:
+                state = _CR
+            elif c == LF:
+                return 0  # a bare LF: let the parser judge it
+        elif state == _CR:
+            if c != LF:
+                return 0  # a bare CR
+            state = _LINE_START
+        elif state == _LINE_START:
+            if c == CR:
+                state = _BLANK_CR
+            elif c == LF:
+                return 0
+            else:
+                state = _IN_LINE
+                # Field names compared lower-cased; only the first letter is looked at for
+                # most lines. A name that merely starts with a hop-by-hop one (or with "t": te,
+                # trailer, transfer-encoding) takes the parser's way too.
+                c |= LOWER
+                if c == 99:  # c
+                    if _named(data, i, b"content-length:"):
+                        if length >= 0:
+                            return 0  # repeated
+                        length = _decimal(data, i + 15)
+                        if length < 0:
+                            return 0  # not a plain decimal
+                    elif _named(data, i, b"connection"):
+                        return 0
+                elif c == 116:  # t
+                    return 0
+                elif c == 107:  # k
+                    if _named(data, i, b"keep-alive"):
+                        return 0
+                elif c == 112:  # p
+                    if _named(data, i, b"proxy-connection"):
+                        return 0
+                elif c == 117 and _named(data, i, b"upgrade"):  # u
+                    return 0
+        else:  # _BLANK_CR: the head ends at CR LF CR LF
+            if c != LF or length != size - i - 1:
+                return 0
+            return i - 3
+        i += 1
+    return 0  # no blank line: the head is not all here
+
+
+# States of the scan in ``whole_response``.
+_IN_LINE: Final = 0
+_CR: Final = 1  # after a CR
+_LINE_START: Final = 2  # after a CR LF
+_BLANK_CR: Final = 3  # after CR LF CR
+
+
+def _named(data: bytes, at: int, name: bytes) -> bool:
+    """``data`` holds ``name`` (lower case) at ``at``, in any ASCII case, as ``bytes.lower``
+    folds it. Never matches across a line end: no name holds CR or LF."""
+    if at + len(name) > len(data):
+        return False
+    k = 0
+    while k < len(name):
+        c = data[at + k]
+        if 65 <= c <= 90:
+            c += LOWER
+        if c != name[k]:
+            return False
+        k += 1
+    return True
+
+
+def _blank(c: int) -> bool:
+    """What ``bytes.strip()`` strips inside a line: space, HT, VT, FF."""
+    return c == SP or c == 9 or c == 11 or c == 12
+
+
+def _decimal(data: bytes, at: int) -> int:
+    """The Content-Length value at ``at``: what ``int(value.strip())`` gives when the value
+    (up to the line's CR) is plain ASCII digits between blanks, else -1."""
+    size = len(data)
+    i = at
+    while i < size and _blank(data[i]):
+        i += 1
+    value = 0
+    digits = 0
+    while i < size:
+        c = data[i]
+        if c < ZERO or c > ZERO + 9:
+            break
+        value = value * 10 + c - ZERO
+        digits += 1
+        i += 1
+    while i < size and _blank(data[i]):
+        i += 1
+    if digits == 0 or i >= size or data[i] != CR:
+        return -1  # empty, or something else than digits (a bare LF included)
+    return value
 
 
 def status_code(data: bytes) -> int:
