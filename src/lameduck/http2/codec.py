@@ -25,24 +25,32 @@ Rules it keeps:
 from __future__ import annotations
 
 from collections import deque
+from typing import Final, cast
 
 from hpack.exceptions import HPACKDecodingError
 from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
 
-STATIC: tuple[tuple[bytes, bytes], ...] = tuple(HeaderTable.STATIC_TABLE)
-_STATIC_FULL: dict[tuple[bytes, bytes], int] = {}
-_STATIC_NAME: dict[bytes, int] = {}
+STATIC: Final[tuple[tuple[bytes, bytes], ...]] = tuple(HeaderTable.STATIC_TABLE)
+# Fields travel as ``object`` (a Row) where they are only passed on or looked up: mypyc keeps
+# a ``tuple[bytes, bytes]`` unboxed and would allocate a new tuple at every list append or
+# dict lookup. ``_STATIC_ROWS`` hands out the very tuples of the static table.
+Row = object
+_STATIC_ROWS: Final[tuple[Row, ...]] = STATIC
+_STATIC_FULL: Final[dict[tuple[bytes, bytes], int]] = {}
+_STATIC_NAME: Final[dict[bytes, int]] = {}
 for _i, _entry in enumerate(STATIC, 1):
     _STATIC_FULL.setdefault(_entry, _i)
     _STATIC_NAME.setdefault(_entry[0], _i)
 
-DEFAULT_TABLE_SIZE = 4096
+DEFAULT_TABLE_SIZE: Final = 4096
 
 # Fields whose values change per message or carry secrets: indexing them only churns the
 # table (or, for secrets, opens it to CRIME-style probing).
-_NEVER_INDEX = frozenset({b"authorization", b"proxy-authorization", b"cookie", b"set-cookie"})
-_NO_INDEX = frozenset({
+_NEVER_INDEX: Final = frozenset({
+    b"authorization", b"proxy-authorization", b"cookie", b"set-cookie",
+})
+_NO_INDEX: Final = frozenset({
     b":path", b"content-length", b"etag", b"last-modified", b"location", b"age",
     b"if-modified-since", b"if-none-match", b"link", b"content-range", b"x-request-id",
 })
@@ -73,7 +81,7 @@ def _encode_int(value: int, prefix_bits: int, first: int) -> bytes:
     return bytes(out)
 
 
-_INT_CACHE: dict[tuple[int, int, int], bytes] = {}
+_INT_CACHE: Final[dict[tuple[int, int, int], bytes]] = {}
 
 
 def _string(value: bytes) -> bytes:
@@ -90,13 +98,12 @@ class Decoder:
     __slots__ = ("_dyn", "_max", "_size", "max_allowed")
 
     def __init__(self, max_allowed: int = DEFAULT_TABLE_SIZE) -> None:
-        self._dyn: deque[tuple[bytes, bytes]] = deque()  # newest first
+        self._dyn: deque[Row] = deque()  # (name, value), newest first
         self._size = 0
         self._max = max_allowed  # the encoder's current choice
         self.max_allowed = max_allowed  # our SETTINGS_HEADER_TABLE_SIZE
 
-    def _add(self, entry: tuple[bytes, bytes]) -> None:
-        size = len(entry[0]) + len(entry[1]) + 32
+    def _add(self, entry: Row, size: int) -> None:
         dyn = self._dyn
         if size > self._max:
             dyn.clear()
@@ -104,22 +111,24 @@ class Decoder:
             return
         self._size += size
         while self._size > self._max:
-            old = dyn.pop()
-            self._size -= len(old[0]) + len(old[1]) + 32
+            self._drop_oldest()
         dyn.appendleft(entry)
+
+    def _drop_oldest(self) -> None:
+        name, value = cast("tuple[bytes, bytes]", self._dyn.pop())
+        self._size -= len(name) + len(value) + 32
 
     def _resize(self, new: int) -> None:
         if new > self.max_allowed:
             raise DecodeError("table size update above SETTINGS_HEADER_TABLE_SIZE")
         self._max = new
-        dyn = self._dyn
         while self._size > new:
-            old = dyn.pop()
-            self._size -= len(old[0]) + len(old[1]) + 32
+            self._drop_oldest()
 
     def decode(self, data: bytes, hard_cap: int) -> tuple[list[tuple[bytes, bytes]], int]:
-        """The fields of one complete block and their RFC 9113 §6.5.2 size (name+value+32)."""
-        headers: list[tuple[bytes, bytes]] = []
+        """The fields of one complete block and their RFC 9113 §6.5.2 size (name+value+32).
+        Indexed fields are the table's own tuples (shared, immutable)."""
+        headers: list[Row] = []
         size = 0
         pos = 0
         n = len(data)
@@ -136,9 +145,11 @@ class Decoder:
                     if idx <= 61:
                         if idx == 0:
                             raise DecodeError("index 0")
-                        entry = STATIC[idx - 1]
+                        entry = _STATIC_ROWS[idx - 1]
                     else:
                         entry = dyn[idx - 62]  # IndexError if beyond the table
+                    name, value = cast("tuple[bytes, bytes]", entry)
+                    field_size = len(name) + len(value) + 32
                 elif b & 0x40 or not b & 0x20:  # a literal
                     if b & 0x40:
                         mask = 0x3F
@@ -151,13 +162,14 @@ class Decoder:
                     if idx == mask:
                         idx, pos = _decode_int_tail(data, pos, idx)
                     if idx:
-                        name = STATIC[idx - 1][0] if idx <= 61 else dyn[idx - 62][0]
+                        name = STATIC[idx - 1][0] if idx <= 61 else _name_of(dyn[idx - 62])
                     else:
                         name, pos = _decode_str(data, pos, n)
                     value, pos = _decode_str(data, pos, n)
                     entry = (name, value)
+                    field_size = len(name) + len(value) + 32
                     if index:
-                        self._add(entry)
+                        self._add(entry, field_size)
                 else:  # dynamic table size update
                     if headers or updates >= 2:
                         raise DecodeError("table size update after a field")
@@ -169,14 +181,18 @@ class Decoder:
                     self._resize(new)
                     continue
                 headers.append(entry)
-                size += len(entry[0]) + len(entry[1]) + 32
+                size += field_size
                 if size > hard_cap:
                     raise HeaderBomb("decoded header list above the hard cap")
         except IndexError as exc:
             raise DecodeError("index beyond the table or truncated block") from exc
         except HPACKDecodingError as exc:
             raise DecodeError(str(exc)) from exc
-        return headers, size
+        return cast("list[tuple[bytes, bytes]]", headers), size
+
+
+def _name_of(entry: Row) -> bytes:
+    return cast("tuple[bytes, bytes]", entry)[0]
 
 
 def _decode_int_tail(data: bytes, pos: int, value: int) -> tuple[int, int]:
@@ -213,7 +229,7 @@ class Encoder:
 
     def __init__(self) -> None:
         self._dyn: deque[tuple[bytes, bytes, int]] = deque()  # (name, value, id), newest first
-        self._full: dict[tuple[bytes, bytes], int] = {}  # → insertion id
+        self._full: dict[Row, int] = {}  # (name, value) → insertion id
         self._names: dict[bytes, int] = {}
         self._inserted = 0
         self._size = 0
@@ -251,48 +267,73 @@ class Encoder:
                 out.append(_encode_int(first, 5, 0x20))
             out.append(_encode_int(last, 5, 0x20))
             self._updates = []
+        fixed = _FIXED
+        full = self._full
         oldest = self._inserted - len(self._dyn)
-        for field in headers:
-            idx = _STATIC_FULL.get(field)
-            if idx is not None:
-                out.append(_INDEXED[idx])
+        for row in cast("list[Row]", headers):
+            done = fixed.get(row)
+            if done is not None:
+                out.append(done)
                 continue
-            name, value = field
-            ident = self._full.get(field)
+            ident = full.get(row)
             if ident is not None and ident >= oldest:
-                idx = 62 + self._inserted - 1 - ident
+                idx = 61 + self._inserted - ident  # the newest entry is 62
                 out.append(_INDEXED[idx] if idx < 127 else _encode_int(idx, 7, 0x80))
                 continue
-            nidx = _STATIC_NAME.get(name)
-            if nidx is None:
-                ident = self._names.get(name)
-                if ident is not None and ident >= oldest:
-                    nidx = 62 + self._inserted - 1 - ident
-            size = len(name) + len(value) + 32
-            plain = name in _NO_INDEX or name in _NEVER_INDEX or size > self._max >> 1
-            if plain:
-                first = 0x10 if name in _NEVER_INDEX else 0x00
-                out.append(_encode_int(nidx, 4, first) if nidx else bytes((first,)) + _string(name))
-            else:
-                out.append(_encode_int(nidx, 6, 0x40) if nidx else b"\x40" + _string(name))
-            n = len(value)
-            out.append(bytes((n,)) + value if n < 127 else _encode_int(n, 7, 0) + value)
-            if plain:
-                continue
-            self._evict(size)
-            ident = self._inserted
-            self._inserted += 1
-            self._dyn.appendleft((name, value, ident))
-            self._size += size
-            self._full[field] = ident
-            self._names[name] = ident
+            self._literal(row, out)
             oldest = self._inserted - len(self._dyn)
         return b"".join(out)
 
+    def _literal(self, field: Row, out: list[bytes]) -> None:
+        """A field sent as a literal; indexed for next time unless volatile or secret."""
+        name, value = cast("tuple[bytes, bytes]", field)
+        nidx = _STATIC_NAME.get(name)
+        if nidx is None:
+            ident = self._names.get(name)
+            if ident is not None and ident >= self._inserted - len(self._dyn):
+                nidx = 61 + self._inserted - ident
+        size = len(name) + len(value) + 32
+        never = name in _NEVER_INDEX
+        if never or name in _NO_INDEX:
+            # Never in the dynamic table, not even by name: the octets depend on the field
+            # alone, so they are kept for the next response carrying it.
+            first = 0x10 if never else 0x00
+            done = ((_encode_int(nidx, 4, first) if nidx else bytes((first,)) + _string(name))
+                    + _string(value))
+            if size <= _FIXED_ENTRY_MAX:
+                if len(_FIXED) >= _FIXED_MAX:
+                    _FIXED.clear()
+                    _FIXED.update(_STATIC_BYTES)
+                _FIXED[field] = done
+            out.append(done)
+            return
+        if size > self._max >> 1:
+            out.append(_encode_int(nidx, 4, 0x00) if nidx else b"\x00" + _string(name))
+            out.append(_string(value))
+            return
+        out.append(_encode_int(nidx, 6, 0x40) if nidx else b"\x40" + _string(name))
+        out.append(_string(value))
+        self._evict(size)
+        ident = self._inserted
+        self._inserted += 1
+        self._dyn.appendleft((name, value, ident))
+        self._size += size
+        self._full[field] = ident
+        self._names[name] = ident
 
-_INDEXED: dict[int, bytes] = {i: bytes((0x80 | i,)) for i in range(1, 127)}
+
+# Indexed field representations (RFC 7541 §6.1) below 127: one octet.
+_INDEXED: Final[tuple[bytes, ...]] = tuple(bytes((0x80 | i,)) for i in range(127))
 
 for _p, _f in ((4, 0x00), (4, 0x10), (6, 0x40), (7, 0x80), (5, 0x20)):
     for _v in range(256):
         _b = _encode_int(_v, _p, _f)
         _INT_CACHE[(_v, _p, _f)] = _b
+
+# Complete encodings that depend on the field alone: static table matches (":status 200" is
+# one octet), and — added as they are sent — literals never indexed. Bounded: cleared back
+# to the static part when full, so distinct values (request ids...) cannot grow it.
+_STATIC_BYTES: Final[dict[Row, bytes]] = {f: _INDEXED[i] for f, i in _STATIC_FULL.items()}
+_FIXED: Final[dict[Row, bytes]] = dict(_STATIC_BYTES)
+_FIXED_MAX: Final = 1024 + len(_STATIC_BYTES)
+_FIXED_ENTRY_MAX: Final = 256  # RFC 7541 §4.1 size (name + value + 32); longer ones are re-encoded

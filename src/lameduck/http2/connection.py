@@ -51,9 +51,11 @@ Rules it keeps (RFC 9113 unless noted):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final, cast
 
-from .codec import DecodeError, Decoder, Encoder, HeaderBomb
+from .codec import DecodeError, Decoder, Encoder, HeaderBomb, Row
 from .events import (
     ConnectionError,
     DataReceived,
@@ -114,32 +116,34 @@ __all__ = [
     "StreamReset", "TrailersReceived", "WindowOpened",
 ]
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-MAX_STREAM_ID = 2**31 - 1
+PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+MAX_STREAM_ID: Final = 2**31 - 1
 
-_unpack_header = HEADER.unpack_from
-_unpack_u32 = U32.unpack_from
-_unpack_two = TWO_U32.unpack_from
-_unpack_setting = SETTING.unpack_from
+# Typed, so that mypyc works on the fields as native ints rather than generic objects.
+_unpack_header: Final[Callable[[bytearray, int], tuple[int, int, int, int, int]]] = (
+    HEADER.unpack_from)
+_unpack_u32: Final[Callable[[bytearray, int], tuple[int]]] = U32.unpack_from
+_unpack_two: Final[Callable[[bytearray, int], tuple[int, int]]] = TWO_U32.unpack_from
+_unpack_setting: Final[Callable[[bytearray, int], tuple[int, int]]] = SETTING.unpack_from
 
 # How a forgotten stream ended: frames that still arrive for it are judged by this.
-_CLOSED_BY_US = 1  # we reset it (or refused it): ignore what was already in flight
-_CLOSED_BY_PEER = 2  # the client reset it
-_CLOSED_DONE = 3  # both sides ended
-_CLOSED_MEMORY = 4096
+_CLOSED_BY_US: Final = 1  # we reset it (or refused it): ignore what was already in flight
+_CLOSED_BY_PEER: Final = 2  # the client reset it
+_CLOSED_DONE: Final = 3  # both sides ended
+_CLOSED_MEMORY: Final = 4096
 
 # RFC 9113 §8.2.2: connection-specific fields make a request malformed; responses drop them.
-_CONNECTION_SPECIFIC = frozenset({
+_CONNECTION_SPECIFIC: Final = frozenset({
     b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade",
 })
-_SPECIAL = _CONNECTION_SPECIFIC | {b"te", b"content-length", b"cookie"}
+_SPECIAL: Final = _CONNECTION_SPECIFIC | {b"te", b"content-length", b"cookie"}
 
 # bytes.translate(None, delete=OK) leaves only what is not OK: one C pass per field.
-_NAME_OK = bytes(c for c in range(0x21, 0x7F) if not 0x41 <= c <= 0x5A and c != 0x3A)
-_VALUE_OK = bytes(c for c in range(256) if c not in (0x00, 0x0A, 0x0D))
-_TOKEN_OK = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-_TARGET_OK = bytes(c for c in range(0x21, 0x100) if c != 0x7F)
-_WS = b" \t"
+_NAME_OK: Final = bytes(c for c in range(0x21, 0x7F) if not 0x41 <= c <= 0x5A and c != 0x3A)
+_VALUE_OK: Final = bytes(c for c in range(256) if c not in (0x00, 0x0A, 0x0D))
+_TOKEN_OK: Final = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_TARGET_OK: Final = bytes(c for c in range(0x21, 0x100) if c != 0x7F)
+_WS: Final = b" \t"
 
 
 class _ProtocolError(Exception):
@@ -229,6 +233,8 @@ class H2Server:
         self._enc = Encoder()
         self._streams: dict[int, _Stream] = {}
         self._closed_ids: dict[int, int] = {}
+        self._closed_ring: list[int] = []
+        self._ring_pos = 0
         self._blocked: dict[int, _Stream] = {}
         self._highest = 0  # highest client stream id seen on a HEADERS
         self._now = now
@@ -483,7 +489,8 @@ class H2Server:
         if st.rejected:
             self._give_back(flow)
         else:
-            events.append(DataReceived(sid, bytes(self._buf[p:end]), flow, end_stream))
+            data = bytes(self._buf[p:end])  # tuple.__new__: see the end of _request
+            events.append(tuple.__new__(DataReceived, (sid, data, flow, end_stream)))
         if end_stream and st.send_done:
             self._forget(st, _CLOSED_DONE)
 
@@ -621,7 +628,11 @@ class H2Server:
         if bad_priority or not end_stream:
             self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
             return
-        for name, value in headers:
+        kinds = _FIELD_KINDS
+        for row in cast("list[Row]", headers):
+            if kinds.get(row, _METHOD) < _METHOD:
+                continue  # a request carried it: fine in trailers too
+            name, value = cast("tuple[bytes, bytes]", row)
             if (name[:1] == b":" or name.translate(None, _NAME_OK) or not name
                     or value.translate(None, _VALUE_OK)
                     or (value and (value[0] in _WS or value[-1] in _WS))
@@ -744,10 +755,19 @@ class H2Server:
     # Stream endings -----------------------------------------------------------------------
 
     def _remember(self, sid: int, kind: int) -> None:
+        """Keep how ``sid`` ended, for the last ``_CLOSED_MEMORY`` streams. The order is kept
+        apart: finding a dict's oldest key means scanning past the ones deleted before it."""
         closed = self._closed_ids
+        if sid not in closed:
+            ring = self._closed_ring  # the remembered ids, oldest at _ring_pos once full
+            if len(ring) < _CLOSED_MEMORY:
+                ring.append(sid)
+            else:
+                pos = self._ring_pos
+                del closed[ring[pos]]
+                ring[pos] = sid
+                self._ring_pos = pos + 1 if pos + 1 < _CLOSED_MEMORY else 0
         closed[sid] = kind
-        if len(closed) > _CLOSED_MEMORY:
-            del closed[next(iter(closed))]
 
     def _forget(self, st: _Stream, kind: int) -> None:
         sid = st.sid
@@ -789,8 +809,10 @@ class H2Server:
         mf = self._peer_max_frame
         n = len(block)
         if n <= mf:
-            self._queue(pack_header(n >> 16, n & 0xFFFF, HEADERS, flags | END_HEADERS, sid)
-                        + block)
+            out = self._out
+            out.append(pack_header(n >> 16, n & 0xFFFF, HEADERS, flags | END_HEADERS, sid))
+            out.append(block)
+            self._out_size += n + 9
             return
         self._queue(frame_header(mf, HEADERS, flags, sid) + block[:mf])
         for off in range(mf, n, mf):
@@ -809,9 +831,16 @@ class H2Server:
         st = self._streams.get(stream_id)
         if st is None or st.send_ended or self.closed:
             return
-        fields = [(b":status", _STATUS.get(status) or b"%d" % status)]
-        fields += [(n.lower(), v) for n, v in headers if n.lower() not in _CONNECTION_SPECIFIC]
-        self._emit_block(stream_id, self._enc.encode(fields), end_stream)
+        fields: list[Row] = [_STATUS.get(status) or (b":status", b"%d" % status)]
+        names = _OUT_NAMES
+        for name, value in headers:
+            out = names.get(name)
+            if out is None:
+                out = _out_name(name)
+            if out:
+                fields.append((out, value))
+        block = self._enc.encode(cast("list[tuple[bytes, bytes]]", fields))
+        self._emit_block(stream_id, block, end_stream)
         if end_stream:
             st.send_ended = True
             self._local_end(st)
@@ -829,7 +858,7 @@ class H2Server:
             st.pending_end = end_stream
             return
         n = len(data)
-        allowed = min(n, st.send_window, self._send_window)
+        allowed = min(st.send_window, self._send_window)  # two arguments: native in mypyc
         if allowed >= n or n == 0:
             self._emit_data(stream_id, data, end_stream)
             st.send_window -= n
@@ -871,8 +900,11 @@ class H2Server:
         if st is None or st.send_ended or self.closed:
             return
         st.send_ended = True
-        fields = [(n.lower(), v) for n, v in headers
-                  if n[:1] != b":" and n.lower() not in _CONNECTION_SPECIFIC]
+        fields = []
+        for name, value in headers:
+            out = _out_name(name)
+            if out and out[:1] != b":":
+                fields.append((out, value))
         if st.pending is not None:
             st.pending_trailers = fields
             return
@@ -885,7 +917,8 @@ class H2Server:
         assert pend is not None
         mf = self._peer_max_frame
         while pend and frames > 0 and st.send_window > 0 and self._send_window > 0:
-            n = min(len(pend), st.send_window, self._send_window, mf)
+            # Two-argument min: mypyc compiles it to a comparison, not a builtin call.
+            n = min(min(len(pend), mf), min(st.send_window, self._send_window))
             chunk = bytes(pend[:n])
             del pend[:n]
             self._emit_data(st.sid, chunk, not pend and st.pending_end
@@ -952,63 +985,148 @@ class H2Server:
         self._buf.clear()
 
 
-_STATUS: dict[int, bytes] = {code: b"%d" % code for code in range(100, 600)}
+_STATUS: Final[dict[int, Row]] = {
+    code: (b":status", b"%d" % code) for code in range(100, 600)
+}
+
+# Per-field work is cached: a client repeats the same fields on every request (and an
+# upstream the same names on every response), and the byte-wise checks (a bytes.translate
+# each) were most of a stream's cost. Keys are the bytes themselves, so a different (say,
+# invalid) value is always checked afresh. The caches are process-wide and bounded: entries
+# are small and a full dict is dropped, so endless distinct fields only cost their checks.
+_CACHE_MAX: Final = 2048
+_CACHE_ENTRY_MAX: Final = 512  # name + value octets; longer fields are checked every time
+
+# Response field names as sent: lower-cased, b"" for connection-specific ones (dropped).
+_OUT_NAMES: Final[dict[bytes, bytes]] = {}
 
 
-def _request(sid: int, headers: list[tuple[bytes, bytes]],
-             end_stream: bool) -> tuple[RequestReceived, int]:
-    """Validate a request head (RFC 9113 §8.2, §8.3, RFC 8441 §4); the event and the
-    content-length (-1 if none). Raises _Malformed."""
-    method = scheme = authority = path = protocol = None
-    regular: list[tuple[bytes, bytes]] = []
-    cl = -1
-    cookies = 0
-    for field in headers:
-        name, value = field
-        if value.translate(None, _VALUE_OK) or (value and (value[0] in _WS or value[-1] in _WS)):
+def _out_name(name: bytes) -> bytes:
+    """The HTTP/2 form of a response field name; b"" if it must not be sent (§8.2.2)."""
+    out = name.lower()
+    if out in _CONNECTION_SPECIFIC:
+        out = b""
+    if len(name) <= _CACHE_ENTRY_MAX:
+        if len(_OUT_NAMES) >= _CACHE_MAX:
+            _OUT_NAMES.clear()
+        _OUT_NAMES[name] = out
+    return out
+
+
+# What a field is, once it passed the checks that need no other field (``_classify``).
+_REGULAR: Final = 0
+_COOKIE: Final = 1
+_CONTENT_LENGTH: Final = 2
+_METHOD: Final = 3  # this and above: pseudo-fields
+_SCHEME: Final = 4
+_AUTHORITY: Final = 5
+_PATH: Final = 6
+_PROTOCOL: Final = 7
+_PSEUDO: Final[dict[bytes, int]] = {
+    b":method": _METHOD, b":scheme": _SCHEME, b":authority": _AUTHORITY, b":path": _PATH,
+    b":protocol": _PROTOCOL,
+}
+_FIELD_KINDS: Final[dict[Row, int]] = {}  # (name, value) → kind
+
+
+def _classify(field: Row) -> int:
+    """The kind of a request field, after the checks that depend on it alone (RFC 9113
+    §8.2.1, §8.2.2, §8.3.1): names lower-case visible ASCII or a known pseudo-field, values
+    without NUL/CR/LF or edge whitespace, no connection-specific field, te only "trailers",
+    content-length digits, :method a token, :path and :authority visible octets, :path not
+    empty. Raises _Malformed; remembers the kind of a field that passed."""
+    name, value = cast("tuple[bytes, bytes]", field)
+    if value:
+        if value.translate(None, _VALUE_OK):
             raise _Malformed
-        if name[:1] == b":":
-            if regular:
-                raise _Malformed
-            if name == b":method":
-                if method is not None:
-                    raise _Malformed
-                method = value
-            elif name == b":path":
-                if path is not None:
-                    raise _Malformed
-                path = value
-            elif name == b":scheme":
-                if scheme is not None:
-                    raise _Malformed
-                scheme = value
-            elif name == b":authority":
-                if authority is not None:
-                    raise _Malformed
-                authority = value
-            elif name == b":protocol":
-                if protocol is not None:
-                    raise _Malformed
-                protocol = value
-            else:
-                raise _Malformed
-            continue
-        if not name or name.translate(None, _NAME_OK):
+        first = value[0]
+        last = value[-1]
+        if first == 0x20 or first == 0x09 or last == 0x20 or last == 0x09:
+            raise _Malformed
+    kind = _PSEUDO.get(name, _REGULAR)
+    if kind == _METHOD:
+        if not value or value.translate(None, _TOKEN_OK):
+            raise _Malformed
+    elif kind == _PATH:
+        if not value or value.translate(None, _TARGET_OK):
+            raise _Malformed
+    elif kind == _AUTHORITY:
+        if value.translate(None, _TARGET_OK):
+            raise _Malformed
+    elif kind == _REGULAR:
+        if not name or name.translate(None, _NAME_OK):  # also unknown pseudo-fields
             raise _Malformed
         if name in _SPECIAL:
             if name == b"te":
                 if value != b"trailers":
                     raise _Malformed
             elif name == b"content-length":
-                if not value.isdigit() or (cl >= 0 and int(value) != cl):
+                if not value.isdigit():
                     raise _Malformed
-                cl = int(value)
+                kind = _CONTENT_LENGTH
             elif name == b"cookie":
-                cookies += 1
+                kind = _COOKIE
             else:
                 raise _Malformed
-        regular.append(field)
-    if method is None or method.translate(None, _TOKEN_OK) or not method:
+    if len(name) + len(value) <= _CACHE_ENTRY_MAX:
+        cache = _FIELD_KINDS
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        cache[field] = kind
+    return kind
+
+
+def _request(sid: int, headers: list[tuple[bytes, bytes]],
+             end_stream: bool) -> tuple[RequestReceived, int]:
+    """Validate a request head (RFC 9113 §8.2, §8.3, RFC 8441 §4); the event and the
+    content-length (-1 if none). Raises _Malformed. ``headers``, the decoder's own list,
+    becomes the event's list of regular fields."""
+    method = scheme = authority = path = protocol = None
+    cl = -1
+    cookies = 0
+    pseudo = 0  # how many pseudo-fields lead the list
+    seen = 0
+    kinds = _FIELD_KINDS
+    for row in cast("list[Row]", headers):
+        kind = kinds.get(row, -1)
+        if kind < 0:
+            kind = _classify(row)
+        seen += 1
+        if kind == _REGULAR:
+            continue
+        value = cast("tuple[bytes, bytes]", row)[1]
+        if kind >= _METHOD:
+            if pseudo + 1 != seen:  # after a regular field
+                raise _Malformed
+            pseudo = seen
+            if kind == _METHOD:
+                if method is not None:
+                    raise _Malformed
+                method = value
+            elif kind == _PATH:
+                if path is not None:
+                    raise _Malformed
+                path = value
+            elif kind == _SCHEME:
+                if scheme is not None:
+                    raise _Malformed
+                scheme = value
+            elif kind == _AUTHORITY:
+                if authority is not None:
+                    raise _Malformed
+                authority = value
+            else:
+                if protocol is not None:
+                    raise _Malformed
+                protocol = value
+        elif kind == _CONTENT_LENGTH:
+            n = int(value)
+            if cl >= 0 and n != cl:
+                raise _Malformed
+            cl = n
+        else:
+            cookies += 1
+    if method is None:
         raise _Malformed
     if method == b"CONNECT" and protocol is None:
         if authority is None or scheme is not None or path is not None:
@@ -1016,20 +1134,26 @@ def _request(sid: int, headers: list[tuple[bytes, bytes]],
     else:
         if protocol is not None and method != b"CONNECT":
             raise _Malformed
-        if scheme is None or not path or (protocol is not None and authority is None):
+        if scheme is None or path is None or (protocol is not None and authority is None):
             raise _Malformed
         if path[0] != 0x2F and not (path == b"*" and method == b"OPTIONS"):
             raise _Malformed
-        if path.translate(None, _TARGET_OK):
-            raise _Malformed
-    if authority is not None and authority.translate(None, _TARGET_OK):
-        raise _Malformed
     if end_stream and cl > 0:
         raise _Malformed
+    if pseudo:
+        del headers[:pseudo]
     if cookies > 1:
-        crumbs = [v for n, v in regular if n == b"cookie"]
-        first = next(i for i, (n, _) in enumerate(regular) if n == b"cookie")
-        regular = [f for f in regular if f[0] != b"cookie"]
-        regular.insert(first, (b"cookie", b"; ".join(crumbs)))
-    return RequestReceived(sid, method, scheme, authority, path, protocol, regular,
-                           end_stream), cl
+        headers = _join_cookies(headers)
+    # tuple.__new__: the NamedTuple's own __new__ is interpreted Python (mypyc cannot compile
+    # it); this builds the same object in C.
+    return tuple.__new__(RequestReceived, (sid, method, scheme, authority, path, protocol,
+                                           headers, end_stream)), cl
+
+
+def _join_cookies(regular: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """Cookie crumbs as one field where the first was (RFC 9113 §8.2.3)."""
+    crumbs = [v for n, v in regular if n == b"cookie"]
+    first = next(i for i, (n, _) in enumerate(regular) if n == b"cookie")
+    joined = [f for f in regular if f[0] != b"cookie"]
+    joined.insert(first, (b"cookie", b"; ".join(crumbs)))
+    return joined

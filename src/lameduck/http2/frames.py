@@ -7,39 +7,40 @@ from __future__ import annotations
 
 import struct
 from enum import IntEnum
+from typing import Final
 
 # Frame types (RFC 9113 §6).
-DATA = 0x0
-HEADERS = 0x1
-PRIORITY = 0x2
-RST_STREAM = 0x3
-SETTINGS = 0x4
-PUSH_PROMISE = 0x5
-PING = 0x6
-GOAWAY = 0x7
-WINDOW_UPDATE = 0x8
-CONTINUATION = 0x9
+DATA: Final = 0x0
+HEADERS: Final = 0x1
+PRIORITY: Final = 0x2
+RST_STREAM: Final = 0x3
+SETTINGS: Final = 0x4
+PUSH_PROMISE: Final = 0x5
+PING: Final = 0x6
+GOAWAY: Final = 0x7
+WINDOW_UPDATE: Final = 0x8
+CONTINUATION: Final = 0x9
 
 # Flags.
-END_STREAM = 0x1
-ACK = 0x1
-END_HEADERS = 0x4
-PADDED = 0x8
-PRIORITY_FLAG = 0x20
+END_STREAM: Final = 0x1
+ACK: Final = 0x1
+END_HEADERS: Final = 0x4
+PADDED: Final = 0x8
+PRIORITY_FLAG: Final = 0x20
 
 # Settings identifiers (RFC 9113 §6.5.2, RFC 8441 §3).
-SETTINGS_HEADER_TABLE_SIZE = 0x1
-SETTINGS_ENABLE_PUSH = 0x2
-SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
-SETTINGS_INITIAL_WINDOW_SIZE = 0x4
-SETTINGS_MAX_FRAME_SIZE = 0x5
-SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
-SETTINGS_ENABLE_CONNECT_PROTOCOL = 0x8
+SETTINGS_HEADER_TABLE_SIZE: Final = 0x1
+SETTINGS_ENABLE_PUSH: Final = 0x2
+SETTINGS_MAX_CONCURRENT_STREAMS: Final = 0x3
+SETTINGS_INITIAL_WINDOW_SIZE: Final = 0x4
+SETTINGS_MAX_FRAME_SIZE: Final = 0x5
+SETTINGS_MAX_HEADER_LIST_SIZE: Final = 0x6
+SETTINGS_ENABLE_CONNECT_PROTOCOL: Final = 0x8
 
-DEFAULT_WINDOW = 65535
-DEFAULT_MAX_FRAME = 16384
-MAX_FRAME_LIMIT = (1 << 24) - 1
-MAX_WINDOW = (1 << 31) - 1
+DEFAULT_WINDOW: Final = 65535
+DEFAULT_MAX_FRAME: Final = 16384
+MAX_FRAME_LIMIT: Final = (1 << 24) - 1
+MAX_WINDOW: Final = (1 << 31) - 1
 
 
 class ErrorCode(IntEnum):
@@ -61,7 +62,7 @@ class ErrorCode(IntEnum):
     HTTP_1_1_REQUIRED = 0xD
 
 
-_CODES = {int(c): c for c in ErrorCode}
+_CODES: Final = {int(c): c for c in ErrorCode}
 
 
 def error_code(value: int) -> ErrorCode | int:
@@ -71,11 +72,11 @@ def error_code(value: int) -> ErrorCode | int:
 
 
 # The 9-octet header: a 24-bit length as (high byte, low 16 bits), type, flags, stream id.
-HEADER = struct.Struct(">BHBBL")
-pack_header = HEADER.pack
-U32 = struct.Struct(">L")
-TWO_U32 = struct.Struct(">LL")
-SETTING = struct.Struct(">HL")
+HEADER: Final = struct.Struct(">BHBBL")
+pack_header: Final = HEADER.pack
+U32: Final = struct.Struct(">L")
+TWO_U32: Final = struct.Struct(">LL")
+SETTING: Final = struct.Struct(">HL")
 
 
 def frame_header(length: int, ftype: int, flags: int, stream_id: int) -> bytes:
@@ -87,7 +88,7 @@ def settings_frame(settings: list[tuple[int, int]]) -> bytes:
     return frame_header(len(payload), SETTINGS, 0, 0) + payload
 
 
-SETTINGS_ACK = frame_header(0, SETTINGS, ACK, 0)
+SETTINGS_ACK: Final = frame_header(0, SETTINGS, ACK, 0)
 
 
 def window_update(stream_id: int, increment: int) -> bytes:
