@@ -60,13 +60,17 @@ def stop(proc: subprocess.Popen) -> None:
 def base_config(origin_port: int, **over: Any) -> dict[str, Any]:
     """A config for one listener in front of the origin; ``over`` replaces top-level keys and
     ``listener`` / ``cluster`` / ``route`` merge into the first of each."""
+    admin_port = free_port()
+    listen_port = free_port()
+    while listen_port == admin_port:  # the kernel may hand the same free port out twice
+        listen_port = free_port()
     cfg: dict[str, Any] = {
-        "admin": {"address": f"127.0.0.1:{free_port()}"},
+        "admin": {"address": f"127.0.0.1:{admin_port}"},
         "drain": {"time": "2s", "strategy": "gradual", "connection_grace": "200ms"},
         "shutdown": {"deadline": "4s", "min_drain": "0s", "stop_accepting": "at_drain_end"},
         "listeners": [{
             "name": "ingress",
-            "address": f"127.0.0.1:{free_port()}",
+            "address": f"127.0.0.1:{listen_port}",
             "health_check_path": "/health_check.html",
             "routes": [{"prefix": "/", "cluster": "app", "timeout": "30s"}],
         }],

@@ -473,11 +473,12 @@ def test_connect_method_403(ld: Lameduck) -> None:
     assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 0, 2)
 
 
-def test_upgrade_request_is_served_as_plain_http(ld: Lameduck) -> None:
-    """WebSocket is a later issue: the Upgrade is stripped and the request answered plainly;
-    the connection stays usable."""
+def test_non_websocket_upgrade_is_served_as_plain_http(ld: Lameduck) -> None:
+    """Only WebSocket is relayed (tests/integration/test_websocket.py): another Upgrade (h2c
+    here) is stripped and the request answered plainly; the connection stays usable."""
     with raw_connect(ld.port) as sock, sock.makefile("rb") as f:
-        sock.sendall(get("/headers", "Connection: Upgrade\r\nUpgrade: websocket\r\n") + get("/"))
+        sock.sendall(get("/headers", "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+                         "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n") + get("/"))
         r = read_wire_response(f)
         assert r.status == 200
         assert b"upgrade" not in r.body.lower()

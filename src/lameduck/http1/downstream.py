@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Final, Protocol
 import httptools
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
+from lameduck.drain.tunnel import TunnelKind
+from lameduck.http1.tunnel import Relay
 from lameduck.http1.upstream import H1Upstream, UpstreamError
 from lameduck.http1.wire import (
     HOP_BY_HOP,
@@ -56,6 +58,7 @@ PAUSE_PIPELINE = 1  # a request waits behind the one being answered
 PAUSE_UPSTREAM = 2  # the upstream cannot take the request body faster
 PAUSE_BUFFER = 4  # body bytes wait for an upstream connection
 PAUSE_CLOSING = 8
+PAUSE_UPGRADE = 16  # an Upgrade request waits for the upstream's answer
 
 BODY_BUFFER_LIMIT = 256 * 1024
 # Request bytes kept while a request rides a reused pooled connection and no response byte has
@@ -138,6 +141,8 @@ class Exchange:
     resp_started = False
     resp_chunked = False
     resp_done = False
+    upgrade = False  # a WebSocket Upgrade request: a 101 turns the connection into a tunnel
+    early = b""  # bytes the client sent after an Upgrade request, before the 101
 
     def __init__(self, down: H1Downstream, method: bytes, keep_alive: bool, v10: bool) -> None:
         self.down = down
@@ -339,6 +344,20 @@ class Exchange:
         self.finish()
         return True
 
+    def on_upgrade(self, lines: list[bytes], upgrade: bytes, rest: bytes) -> bool:
+        """The upstream switched protocols (101): relay the 101, then the tunnel. False when
+        this request did not ask for it (the caller fails the exchange)."""
+        if not self.upgrade or self.down.closing:
+            return False
+        self._answered(101)
+        self.resp_started = True
+        head = (b"HTTP/1.1 101 Switching Protocols\r\n" + b"".join(lines)
+                + b"connection: upgrade\r\nupgrade: %s\r\n\r\n" % upgrade)
+        deflate = any(line[:25].lower() == b"sec-websocket-extensions:"
+                      and b"permessage-deflate" in line.lower() for line in lines)
+        self.down.start_tunnel(self, head, rest, deflate)
+        return True
+
     def on_response_body(self, data: bytes) -> None:
         if self.resp_chunked:
             data = chunk(data)
@@ -454,6 +473,8 @@ class H1Downstream(asyncio.Protocol):
         self.router = ctx.router
         self.first_read = True  # until the HTTP/2 preface is ruled out (see ``_sniff``)
         self.sniffed = b""  # the first bytes, while they are a strict prefix of the preface
+        self.upgrading: Exchange | None = None  # an Upgrade request awaiting its answer
+        self.relay: Relay | None = None  # the tunnel this connection became (after a 101)
         # The read being parsed, and whether its first request begins at its first byte: then
         # that request's version can be read off its request line (see ``_version``).
         self.rdata = b""
@@ -484,6 +505,10 @@ class H1Downstream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.closing or self.last_read:
+            return
+        pending = self.upgrading  # a local: narrowing self.upgrading would outlive feed_data
+        if pending is not None:
+            pending.early += data  # read before the pause took effect
             return  # a staged close drains what the client still sends; so does the tail
         if self.first_read:
             data = self._sniff(data)
@@ -496,9 +521,16 @@ class H1Downstream(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as e:
+            offset = e.args[0] if e.args else len(data)
+            upgrading = self.upgrading  # set by on_message_complete, inside feed_data
+            if upgrading is not None:
+                # A WebSocket Upgrade: what follows is for the tunnel, if the upstream agrees.
+                upgrading.early += data[offset:]
+                self.pause(PAUSE_UPGRADE)
+                self.rdata = b""
+                return
             # The request was complete (a stripped Upgrade or a refused CONNECT); what
             # follows is either a new request or tunnel bytes we do not relay.
-            offset = e.args[0] if e.args else len(data)
             self.parser = httptools.HttpRequestParser(self)
             self.rdata = b""
             rest = data[offset:]
@@ -731,6 +763,7 @@ class H1Downstream(asyncio.Protocol):
         xff: bytes | None = None
         conn_tokens: bytes = b""
         te: bytes | None = None
+        upgrade: bytes | None = None
         retryable = method in IDEMPOTENT
         expect = False
         out = self.lines
@@ -742,6 +775,8 @@ class H1Downstream(asyncio.Protocol):
             elif n in HOP_BY_HOP:
                 if n == b"connection":
                     conn_tokens += b"," + value.lower()
+                elif n == b"upgrade":
+                    upgrade = value
                 elif n == b"transfer-encoding":
                     # several fields are one list (RFC 9110 §5.3)
                     te = value if te is None else te + b"," + value
@@ -756,6 +791,12 @@ class H1Downstream(asyncio.Protocol):
             # x-forwarded-proto: replaced below
         if conn_tokens:
             out = drop_nominated(out, conn_tokens)
+            if (upgrade is not None and method == b"GET" and upgrade.strip().lower() == b"websocket"
+                    and b"upgrade" in (t.strip() for t in conn_tokens.split(b","))):
+                # RFC 6455 §4.1: relayed as asked; a 101 turns the connection into a tunnel.
+                ex.upgrade = True
+                ex.close = True  # answered without a 101, the connection cannot be reused
+                out.append(b"connection: upgrade\r\nupgrade: websocket\r\n")
         if method == b"CONNECT":
             ex.close = True
             self._local(ex, 403, b"CONNECT not allowed\n")
@@ -829,7 +870,9 @@ class H1Downstream(asyncio.Protocol):
         ex = self.reading
         self.reading = None
         if ex is not None:
-            if ex.close or not ex.keep_alive:
+            if ex.upgrade:
+                self.upgrading = ex  # llhttp raises HttpParserUpgrade right after this
+            elif ex.close or not ex.keep_alive:
                 # Its response closes the connection: requests pipelined behind it will not
                 # be answered, so they are not read (nor sent upstream).
                 self.last_read = True
@@ -972,8 +1015,50 @@ class H1Downstream(asyncio.Protocol):
         else:
             self.staged_close()
 
+    # -- tunnel (after a 101) -------------------------------------------------------------------
+    def start_tunnel(self, ex: Exchange, head: bytes, rest: bytes, deflate: bool) -> None:
+        """The upstream switched protocols: send the 101 and relay both sockets from now on."""
+        up = ex.up
+        t = self.transport
+        assert up is not None and up.transport is not None and t is not None
+        self.upgrading = None
+        self.write(head)
+        self.flush()  # the 101 goes out before any relayed byte
+        st = self.ctx.stats
+        st.downstream_cx_upgrades_total += 1
+        st.downstream_cx_upgrades_active += 1
+        up.sink = None
+        up.alive = False  # never back to the pool
+        early, ex.early = ex.early, b""
+        self.paused = 0
+        relay = Relay(self.loop, t, up.transport, TunnelKind.WEBSOCKET, self.ctx.drain.grace,
+                      lambda cut: self._tunnel_ended(ex, up, cut), rsv1_allowed=deflate)
+        self.relay = relay
+        relay.start(early, rest)
+        if self.drain.drained_by is DrainedBy.PROACTIVE:
+            relay.drain_by(DrainedBy.PROACTIVE)  # its moment has passed already
+
+    def _tunnel_ended(self, ex: Exchange, up: H1Upstream, cut: bool) -> None:
+        """Both sockets of the tunnel are closed: settle the books of both connections."""
+        self.relay = None
+        self.ctx.stats.downstream_cx_upgrades_active -= 1
+        ex._detach(reusable=False)
+        up.connection_lost(None)  # the pool's and the cluster's bookkeeping
+        ex.resp_done = True
+        if cut and ex.admitted:
+            ex.admitted = False
+            self.ctx.process.ledger.cut_one()
+            self.ctx.drain_stats.cut_reset += 1
+        if self.queue and self.queue[0] is ex:
+            self.queue.popleft()
+            self._settle(ex, completed=not cut)
+        self.connection_lost(None)
+
     def cut(self) -> None:
         """The shutdown deadline: a 503 where no response byte was sent, else a reset."""
+        if self.relay is not None:
+            self.relay.drain_by(DrainedBy.END)  # reset both sides; counted when they are gone
+            return
         ds = self.ctx.drain_stats
         reset = False
         for ex in list(self.queue):
@@ -1025,6 +1110,9 @@ class H1Downstream(asyncio.Protocol):
 
     def close_at_end(self) -> None:
         """The drain is over: an idle connection is closed now."""
+        if self.relay is not None:
+            self.relay.drain_by(DrainedBy.END)
+            return
         if self.drain.drain_at_end(self.loop.time()):
             self.ctx.drain_stats.cx_closed_at_end += 1
         self.staged_close()
@@ -1087,6 +1175,8 @@ class H1Downstream(asyncio.Protocol):
             if was_open and d.drained_by is DrainedBy.PROACTIVE:
                 ctx.stats.downstream_cx_drain_close += 1
                 ctx.drain_stats.cx_drained_proactive += 1
+                if self.relay is not None:
+                    self.relay.drain_by(DrainedBy.PROACTIVE)  # seed 000: tunnels end now
             if action is ConnAction.CLOSE:
                 self.staged_close()
                 return

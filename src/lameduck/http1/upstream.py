@@ -38,6 +38,7 @@ class ExchangeSink(Protocol):
     def on_response_complete(self) -> None: ...
     def on_upstream_error(self, status: int, after_head: bool) -> None: ...
     def on_whole_response(self, status: int, data: bytes, end: int) -> bool: ...
+    def on_upgrade(self, lines: list[bytes], upgrade: bytes, rest: bytes) -> bool: ...
     def pause_request_body(self) -> None: ...
     def cork(self) -> None: ...
     def uncork(self) -> None: ...
@@ -72,6 +73,8 @@ class H1Upstream(asyncio.Protocol):
         self.fresh = False
         self.no_body = False  # HEAD request: llhttp cannot be told, so we end it ourselves
         self.close_delimited = False
+        self.switching = False  # a 101 Switching Protocols head was parsed
+        self.upgrade = b""  # its Upgrade field
         # The last response ``whole_response`` passed, kept to skip its scan when the next one
         # repeats it: its verdict depends only on the head's bytes and the total size, and a
         # keep-alive origin often sends the same head (and length) again.
@@ -183,8 +186,12 @@ class H1Upstream(asyncio.Protocol):
         sink.cork()
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(UpstreamError.RESET)  # 101 without an Upgrade request: not relayable
+        except httptools.HttpParserUpgrade as e:
+            # A 101: relayed only when the request asked for that upgrade (the sink takes the
+            # socket over); otherwise not relayable.
+            offset = e.args[0] if e.args else len(data)
+            if not (self.switching and sink.on_upgrade(self.lines, self.upgrade, data[offset:])):
+                self._fail(UpstreamError.RESET)
         except httptools.HttpParserError:
             self._fail(UpstreamError.RESET)
         finally:
@@ -243,6 +250,8 @@ class H1Upstream(asyncio.Protocol):
                     raise ValueError("transfer coding other than chunked")
             elif n == b"connection":
                 self.nominated += b"," + value.lower()
+            elif n == b"upgrade":
+                self.upgrade = value
             return
         if n == b"content-length":
             self.length = int(value)
@@ -254,7 +263,9 @@ class H1Upstream(asyncio.Protocol):
         if sink is None:
             return
         if status < 200:
-            if status != 101:
+            if status == 101:
+                self.switching = True  # llhttp stops here: see HttpParserUpgrade
+            else:
                 sink.on_informational(status, self.lines)
             return
         self.status = status

@@ -276,6 +276,9 @@ class H2Stream:
     def on_whole_response(self, status: int, data: bytes, end: int) -> bool:
         return False  # the HTTP/1 fast path forwards bytes as they came: not for HTTP/2
 
+    def on_upgrade(self, lines: list[bytes], upgrade: bytes, rest: bytes) -> bool:
+        return False  # no Upgrade is sent for an HTTP/2 stream: a 101 is a bad response
+
     def on_response_body(self, data: bytes) -> None:
         if self.resp_done:
             return
