@@ -11,7 +11,9 @@ FAST  := $(VENV)/.compiled
 # Ledger to spy on it, and interpreted classes cannot inherit from compiled ones.
 HOT   := lameduck/http1/wire.py lameduck/http1/upstream.py lameduck/http1/downstream.py \
          lameduck/upstream/router.py lameduck/upstream/pool.py lameduck/upstream/cluster.py \
-         lameduck/drain/listener.py lameduck/drain/connection.py lameduck/stats/scopes.py
+         lameduck/drain/listener.py lameduck/drain/connection.py lameduck/stats/scopes.py \
+         lameduck/http2/frames.py lameduck/http2/events.py lameduck/http2/codec.py \
+         lameduck/http2/connection.py lameduck/http2/downstream.py
 # Every compiled module (also those of an older HOT list).
 BUILT := src/*__mypyc*.so $$(find src/lameduck -name '*.so')
 
@@ -26,7 +28,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test,fast]'
 	touch $(STAMP)
 
-$(FAST): $(STAMP) $(addprefix src/,$(HOT))
+$(FAST): $(STAMP) Makefile $(addprefix src/,$(HOT))
 	rm -f $(BUILT)
 	# mypyc relinks only what changed and copies with the old time: stamp the result as new,
 	# or the stale-build check in lameduck/__init__.py would (rightly) refuse a module's shim.
@@ -52,7 +54,7 @@ test: $(FAST)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: $(FAST)
-	bash scripts/ensure-debs.sh wrk haproxy nginx-light
+	bash scripts/ensure-debs.sh wrk haproxy nginx-light nghttp2-client
 	$(PY) bench/run.py
 
 clean: pure
