@@ -306,6 +306,31 @@ def test_connect_tunnel_reset_g_after_proactive_moment(lameduck, origin_port):
     assert ld.stat("http.ingress.downstream_cx_upgrades_active") == 0
 
 
+def test_response_drained_connection_keeps_its_tunnel_until_the_moment(lameduck, origin_port):
+    """Seed 000: a connection drained by a response keeps its tunnels until it is drained
+    proactively as well; then (HTTP/2) they are reset G later."""
+    ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{origin_port}"]}},
+                  drain={"time": "1500ms", "strategy": "gradual", "connection_grace": "300ms"},
+                  shutdown={"deadline": "5s"})
+    c = RawH2(ld.port)
+    c.connect(1, f"127.0.0.1:{origin_port}")
+    assert c.wait(lambda: c.streams[1].status == 200)
+    t0 = time.monotonic()
+    assert ld.admin("POST", "/drain_listeners?graceful&skip_exit").status_code == 200
+    time.sleep(0.8)  # past T/2: every response drains
+    c.request(3, "/")
+    assert c.wait(lambda: c.done(3) and bool(c.goaways))
+    assert time.monotonic() - t0 < 1.0  # GOAWAY from the response, before any moment
+    assert c.wait(lambda: c.done(1), 3)
+    waited = time.monotonic() - t0
+    assert c.streams[1].reset == 8  # CANCEL, G after the moment in [1.0, 1.2)
+    assert waited >= 1.2, waited
+    assert c.goaways[:2] == [(MAX_ID, NO_ERROR), (3, NO_ERROR)]
+    c.close()
+    assert ld.stat("server.drain.cx_drained_by_response") == 1
+    assert ld.stat("server.drain.cut_reset") == 1
+
+
 # -- TLS ------------------------------------------------------------------------------------------
 
 

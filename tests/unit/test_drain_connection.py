@@ -92,7 +92,8 @@ class TestDrainedByResponse:
         play.run(until=17.0)  # grace elapsed at 17, but not idle: nothing
         assert play.state is ConnState.DRAINING
         assert play.conn.grace_elapsed
-        assert play.conn.next_deadline() is None  # the shell waits for on_idle now
+        # the shell waits for on_idle now; only the proactive moment (for tunnels) is left
+        assert play.conn.next_deadline() == 19.5
         play.end(at=19.0, drains=True)
         assert play.actions == [(16.0, RESPONSE_DRAINS), (19.0, RESPONSE_DRAINS), (19.0, CLOSE)]
 
@@ -319,11 +320,21 @@ def test_scripted_rng_fails_on_an_unscripted_draw() -> None:
         rng.push(1.0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "seed 000: 'A connection drained by a response keeps its tunneling streams until it is "
-    "drained proactively as well' -- a DRAINING connection never gets its proactive DRAIN"))
 def test_response_drained_connection_is_still_drained_proactively_for_its_tunnels() -> None:
+    """Seed 000: 'A connection drained by a response keeps its tunneling streams until it is
+    drained proactively as well'."""
     play = Play.through(EV, 0.0, 0.5)  # moment 19.5
     play.begin(at=11.0)  # e.g. an HTTP/2 CONNECT / WebSocket stream, open through the drain
     play.response(at=16.0)  # another stream's response drains the connection (GOAWAY)
-    assert (19.5, DRAIN) in play.run(until=30.0)
+    log = play.run(until=30.0)
+    assert (19.5, DRAIN) in log
+    assert play.conn.drained_by is DrainedBy.RESPONSE  # still counted as drained by response
+    assert [e for e in log if e[1] is DRAIN] == [(19.5, DRAIN)]  # once
+
+
+def test_moment_before_response_drain_fires_once() -> None:
+    """Drained proactively first: the moment is spent; a later response changes nothing."""
+    play = Play.through(EV, 0.0, 0.5)  # moment 19.5
+    play.begin(at=11.0)
+    log = play.run(until=30.0)
+    assert [e for e in log if e[1] is DRAIN] == [(19.5, DRAIN)]

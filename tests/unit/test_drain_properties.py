@@ -290,12 +290,14 @@ def test_idle_drained_connection_closes_exactly_at_drained_at_plus_g(
     drained_at = conn.drained_at
     assert drained_at is not None
     close_at = drained_at + grace
-    assert conn.next_deadline() in (close_at, None)
+    # the close, or first a proactive moment still due for the tunnels of a response-drained
+    # connection (seed 000)
+    assert conn.next_deadline() in (close_at, None, conn.proactive_at)
     # probes strictly before the close never close it
     for p in probes:
         t = drained_at + p * grace
         if t < close_at and conn.state is ConnState.DRAINING:
-            assert conn.on_timer(t, idle=True) is ConnAction.NONE
+            assert conn.on_timer(t, idle=True) is not ConnAction.CLOSE
     play.run(until=close_at + 10.0)
     closes = [t for t, a in play.log if a is CLOSE]
     assert closes == [close_at]

@@ -7,6 +7,9 @@ Rules kept here (DESIGN.md §2):
 - A draining connection is closed once G has elapsed and no request is in flight.
 - The proactive moment is drawn once per drain event, when the event reaches the connection
   (at the start of the drain, or at accept for later connections); the earliest moment wins.
+- A connection drained by a response keeps its tunnels (WebSocket, CONNECT) until its
+  proactive moment comes as well (seed 000): that moment still fires, as ``ConnAction.DRAIN``,
+  for the shell to end its tunnels; nothing else changes (it stays drained by the response).
 
 The shell asks ``next_deadline()`` for the one timer it must keep, and reports time with
 ``on_timer``; the answer is a ``ConnAction`` for the shell to carry out.
@@ -42,7 +45,7 @@ class DrainedBy(Enum):
 
 class ConnAction(Enum):
     NONE = "none"
-    DRAIN = "drain"  # drained proactively now: H2 sends GOAWAY, H1 tunnels end
+    DRAIN = "drain"  # the proactive moment: H2 sends GOAWAY (if not yet), tunnels end
     CLOSE = "close"  # close now (staged)
 
 
@@ -61,7 +64,7 @@ class ConnectionDrain:
     """The drain side of one downstream connection; the shell owns the socket."""
 
     __slots__ = ("accepted_at", "drained_at", "drained_by", "grace_elapsed", "listener",
-                 "proactive_at", "state")
+                 "proactive_at", "proactive_fired", "state")
 
     def __init__(self, listener: ListenerDrain, accepted_at: float, rng: Rng) -> None:
         self.listener = listener
@@ -71,6 +74,7 @@ class ConnectionDrain:
         self.drained_at: float | None = None
         self.drained_by: DrainedBy | None = None
         self.grace_elapsed = False
+        self.proactive_fired = False
         for event in listener.events:  # replay events that started before this accept
             self.on_drain_event(event, rng)
 
@@ -111,19 +115,32 @@ class ConnectionDrain:
         """The one moment the shell must call ``on_timer`` at, or None."""
         if self.state is ConnState.OPEN:
             return self.proactive_at
-        if self.state is ConnState.DRAINING and not self.grace_elapsed:
+        if self.state is not ConnState.DRAINING:
+            return None
+        at: float | None = None
+        if not self.grace_elapsed:
             assert self.drained_at is not None
-            return self.drained_at + self.listener.grace
-        return None
+            at = self.drained_at + self.listener.grace
+        p = self.proactive_at
+        if p is not None and not self.proactive_fired and (at is None or p < at):
+            at = p  # drained by a response: the moment still ends its tunnels
+        return at
 
     def on_timer(self, now: float, idle: bool) -> ConnAction:
         """Advance time; ``idle`` means no request is in flight on the connection."""
         if self.state is ConnState.OPEN:
             if self.proactive_at is None or now < self.proactive_at:
                 return ConnAction.NONE
+            self.proactive_fired = True
             self._drain(now, DrainedBy.PROACTIVE)
             return self._close_if_graced(now, idle) or ConnAction.DRAIN
-        return self._close_if_graced(now, idle) or ConnAction.NONE
+        moment = False
+        if (self.state is ConnState.DRAINING and self.proactive_at is not None
+                and not self.proactive_fired and now >= self.proactive_at):
+            self.proactive_fired = True
+            moment = True
+        return self._close_if_graced(now, idle) or (ConnAction.DRAIN if moment
+                                                     else ConnAction.NONE)
 
     def _close_if_graced(self, now: float, idle: bool) -> ConnAction | None:
         if self.state is not ConnState.DRAINING:

@@ -1035,7 +1035,7 @@ class H1Downstream(asyncio.Protocol):
                       lambda cut: self._tunnel_ended(ex, up, cut), rsv1_allowed=deflate)
         self.relay = relay
         relay.start(early, rest)
-        if self.drain.drained_by is DrainedBy.PROACTIVE:
+        if self.drain.proactive_fired:
             relay.drain_by(DrainedBy.PROACTIVE)  # its moment has passed already
 
     def _tunnel_ended(self, ex: Exchange, up: H1Upstream, cut: bool) -> None:
@@ -1175,8 +1175,10 @@ class H1Downstream(asyncio.Protocol):
             if was_open and d.drained_by is DrainedBy.PROACTIVE:
                 ctx.stats.downstream_cx_drain_close += 1
                 ctx.drain_stats.cx_drained_proactive += 1
-                if self.relay is not None:
-                    self.relay.drain_by(DrainedBy.PROACTIVE)  # seed 000: tunnels end now
+            if action is ConnAction.DRAIN and self.relay is not None:
+                # The proactive moment (also of a connection a response drained): its tunnel
+                # ends now (seed 000).
+                self.relay.drain_by(DrainedBy.PROACTIVE)
             if action is ConnAction.CLOSE:
                 self.staged_close()
                 return

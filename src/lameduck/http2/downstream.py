@@ -638,6 +638,8 @@ class H2Downstream(asyncio.Protocol):
         self.stats.downstream_cx_upgrades_active += 1
         s.tunnel = H2ConnectTunnel(self, s, target[0], target[1], ctx.drain.grace)
         s.tunnel.open(ctx.connect_timeout)
+        if self.drain.proactive_fired:
+            s.tunnel.drain_by(DrainedBy.PROACTIVE)  # the moment has passed already
 
     def tunnel_open(self, s: H2Stream) -> None:
         self.stats.count_status(200)
@@ -894,9 +896,12 @@ class H2Downstream(asyncio.Protocol):
                 self.stats.downstream_cx_drain_close += 1
                 ctx.drain_stats.cx_drained_proactive += 1
                 self._goaway_first()
+            if action is ConnAction.DRAIN:
+                # The proactive moment (also of a connection a response drained): its tunnels
+                # are reset G from now (seed 000).
                 for s in list(self.streams.values()):
                     if s.tunnel is not None:
-                        s.tunnel.drain_by(DrainedBy.PROACTIVE)  # reset G from now
+                        s.tunnel.drain_by(DrainedBy.PROACTIVE)
             if d.grace_elapsed:
                 self._goaway_final()
             if action is ConnAction.CLOSE or (self.goaways >= 2 and not self.streams):
