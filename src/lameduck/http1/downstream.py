@@ -32,7 +32,7 @@ import httptools
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
 from lameduck.drain.tunnel import TunnelKind
-from lameduck.http1.tunnel import Relay
+from lameduck.http1.tunnel import Pending, Relay, open_destination
 from lameduck.http1.upstream import H1Upstream, UpstreamError
 from lameduck.http1.wire import (
     HOP_BY_HOP,
@@ -95,7 +95,9 @@ class ListenerContext(Protocol):
     idle_timeout: float
     max_request_headers: int
     scheme: bytes
+    connect_timeout: float
 
+    def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
     def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[H1Upstream]: ...
     def on_connection_closed(self, conn: H1Downstream) -> None: ...
     def on_request_done(self) -> None: ...
@@ -142,6 +144,7 @@ class Exchange:
     resp_chunked = False
     resp_done = False
     upgrade = False  # a WebSocket Upgrade request: a 101 turns the connection into a tunnel
+    connect: tuple[str, int] | None = None  # a CONNECT's destination (on the allow-list)
     early = b""  # bytes the client sent after an Upgrade request, before the 101
 
     def __init__(self, down: H1Downstream, method: bytes, keep_alive: bool, v10: bool) -> None:
@@ -214,6 +217,12 @@ class Exchange:
                 down.idle_since = now = down.loop.time()
                 down.arm(now + down.ctx.idle_timeout)
             return
+        if self.connect is not None:
+            host, port = self.connect
+            ctx = down.ctx
+            open_destination(down.loop, host, port, ctx.connect_timeout).add_done_callback(
+                self._destination)
+            return
         cluster = self.cluster
         assert cluster is not None
         ep = cluster.pick()
@@ -236,6 +245,29 @@ class Exchange:
             self.local_error(UpstreamError.CONNECT, b"upstream connect error\n")
             return
         self.attach(fut.result())
+
+    def _destination(self, fut: asyncio.Future[tuple[asyncio.Transport, Pending]]) -> None:
+        """A CONNECT's destination answered (or not): 200 and the tunnel, or a 503."""
+        down = self.down
+        failed = fut.cancelled() or fut.exception() is not None
+        if self.resp_done or down.gone or down.closing:
+            if not failed:
+                fut.result()[0].abort()
+            return
+        if failed or fut.result()[1].lost:
+            if not failed:
+                fut.result()[0].abort()
+            self.resp_started = True
+            down.count_status(503)
+            down.write(simple_response(503, b"connect error\n", close=True))
+            self.finish()
+            return
+        t, pending = fut.result()
+        down.count_status(200)
+        self.resp_started = True
+        # RFC 9110 §9.3.6: a 2xx to CONNECT has no body, no framing; never Connection: close
+        down.start_tunnel(self, b"HTTP/1.1 200 Connection Established\r\n\r\n", t,
+                          pending.buf, TunnelKind.OPAQUE, False, None)
 
     def attach(self, up: H1Upstream) -> None:
         if self.resp_done or self.down.closing:
@@ -355,7 +387,9 @@ class Exchange:
                 + b"connection: upgrade\r\nupgrade: %s\r\n\r\n" % upgrade)
         deflate = any(line[:25].lower() == b"sec-websocket-extensions:"
                       and b"permessage-deflate" in line.lower() for line in lines)
-        self.down.start_tunnel(self, head, rest, deflate)
+        up = self.up
+        assert up is not None and up.transport is not None
+        self.down.start_tunnel(self, head, up.transport, rest, TunnelKind.WEBSOCKET, deflate, up)
         return True
 
     def on_response_body(self, data: bytes) -> None:
@@ -798,8 +832,18 @@ class H1Downstream(asyncio.Protocol):
                 ex.close = True  # answered without a 101, the connection cannot be reused
                 out.append(b"connection: upgrade\r\nupgrade: websocket\r\n")
         if method == b"CONNECT":
-            ex.close = True
-            self._local(ex, 403, b"CONNECT not allowed\n")
+            ex.close = True  # answered without a tunnel, the connection closes after
+            target = ctx.connect_target(url)
+            if target is None:
+                self._local(ex, 403, b"CONNECT not allowed\n")
+                return
+            if not ctx.process.ledger.begin():
+                ex.local = GOING_AWAY
+                ctx.stats.downstream_rq_going_away += 1
+                self.count_status(503)
+                return
+            ex.admitted = True
+            ex.connect = target
             return
         if te is not None:
             if te.strip().lower() != b"chunked":
@@ -870,7 +914,7 @@ class H1Downstream(asyncio.Protocol):
         ex = self.reading
         self.reading = None
         if ex is not None:
-            if ex.upgrade:
+            if ex.upgrade or ex.connect is not None:
                 self.upgrading = ex  # llhttp raises HttpParserUpgrade right after this
             elif ex.close or not ex.keep_alive:
                 # Its response closes the connection: requests pipelined behind it will not
@@ -1016,34 +1060,37 @@ class H1Downstream(asyncio.Protocol):
             self.staged_close()
 
     # -- tunnel (after a 101) -------------------------------------------------------------------
-    def start_tunnel(self, ex: Exchange, head: bytes, rest: bytes, deflate: bool) -> None:
-        """The upstream switched protocols: send the 101 and relay both sockets from now on."""
-        up = ex.up
+    def start_tunnel(self, ex: Exchange, head: bytes, ut: asyncio.Transport, rest: bytes,
+                     kind: TunnelKind, deflate: bool, up: H1Upstream | None) -> None:
+        """Send the 101 (or CONNECT's 200) and relay both sockets from now on; ``up`` is the
+        upstream connection that switched protocols (None for a CONNECT destination)."""
         t = self.transport
-        assert up is not None and up.transport is not None and t is not None
+        assert t is not None
         self.upgrading = None
         self.write(head)
         self.flush()  # the 101 goes out before any relayed byte
         st = self.ctx.stats
         st.downstream_cx_upgrades_total += 1
         st.downstream_cx_upgrades_active += 1
-        up.sink = None
-        up.alive = False  # never back to the pool
+        if up is not None:
+            up.sink = None
+            up.alive = False  # never back to the pool
         early, ex.early = ex.early, b""
         self.paused = 0
-        relay = Relay(self.loop, t, up.transport, TunnelKind.WEBSOCKET, self.ctx.drain.grace,
+        relay = Relay(self.loop, t, ut, kind, self.ctx.drain.grace,
                       lambda cut: self._tunnel_ended(ex, up, cut), rsv1_allowed=deflate)
         self.relay = relay
         relay.start(early, rest)
         if self.drain.proactive_fired:
             relay.drain_by(DrainedBy.PROACTIVE)  # its moment has passed already
 
-    def _tunnel_ended(self, ex: Exchange, up: H1Upstream, cut: bool) -> None:
+    def _tunnel_ended(self, ex: Exchange, up: H1Upstream | None, cut: bool) -> None:
         """Both sockets of the tunnel are closed: settle the books of both connections."""
         self.relay = None
         self.ctx.stats.downstream_cx_upgrades_active -= 1
         ex._detach(reusable=False)
-        up.connection_lost(None)  # the pool's and the cluster's bookkeeping
+        if up is not None:
+            up.connection_lost(None)  # the pool's and the cluster's bookkeeping
         ex.resp_done = True
         if cut and ex.admitted:
             ex.admitted = False

@@ -49,6 +49,34 @@ class TunnelEnd(asyncio.Protocol):
         self.relay.source(self.flow, back=True).resume_reading()
 
 
+class Pending(asyncio.Protocol):
+    """A CONNECT's destination socket until its relay starts: keeps what arrives meanwhile."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+
+    def eof_received(self) -> bool:
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+
+
+def open_destination(loop: asyncio.AbstractEventLoop, host: str, port: int,
+                     timeout: float) -> asyncio.Future[tuple[asyncio.Transport, Pending]]:
+    """Connect to a CONNECT destination (the listener's allow-list chose it)."""
+    return asyncio.ensure_future(asyncio.wait_for(
+        loop.create_connection(Pending, host, port), timeout))  # type: ignore[arg-type]
+
+
 class Relay:
     """Both sockets of one tunnel. ``on_end(cut)`` runs once, when both are closed."""
 
