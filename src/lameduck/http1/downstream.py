@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 import httptools
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
-from lameduck.drain.tunnel import TunnelKind
+from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http1.tunnel import Pending, Relay, open_destination
 from lameduck.http1.upstream import H1Upstream, UpstreamError
 from lameduck.http1.wire import (
@@ -268,6 +268,8 @@ class Exchange:
         # RFC 9110 §9.3.6: a 2xx to CONNECT has no body, no framing; never Connection: close
         down.start_tunnel(self, b"HTTP/1.1 200 Connection Established\r\n\r\n", t,
                           pending.buf, TunnelKind.OPAQUE, False, None)
+        if pending.eof and down.relay is not None:
+            down.relay.eof(Flow.TO_CLIENT)  # the destination half-closed before the relay began
 
     def attach(self, up: H1Upstream) -> None:
         if self.resp_done or self.down.closing:

@@ -55,6 +55,7 @@ class Pending(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.buf = b""
+        self.eof = False
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -64,6 +65,7 @@ class Pending(asyncio.Protocol):
         self.buf += data
 
     def eof_received(self) -> bool:
+        self.eof = True  # passed on once the relay starts
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -519,13 +519,18 @@ class H2Downstream(asyncio.Protocol):
         for s in self.streams.values():
             if s.up is not None:
                 s.up.pause_reading()
+            elif s.tunnel is not None:
+                s.tunnel.pause_reading()
 
     def resume_writing(self) -> None:
         self.write_paused = False
         h2 = self.h2
         for s in self.streams.values():
-            if s.up is not None and h2.outbound_buffered(s.sid) <= OUTBOUND_HIGH:
-                s.up.resume_reading()
+            if h2.outbound_buffered(s.sid) <= OUTBOUND_HIGH:
+                if s.up is not None:
+                    s.up.resume_reading()
+                elif s.tunnel is not None:
+                    s.tunnel.window_opened()
 
     def kick(self) -> None:
         """Write what the HTTP/2 layer queued, unless corked (one write per read)."""
@@ -638,6 +643,8 @@ class H2Downstream(asyncio.Protocol):
         self.stats.downstream_cx_upgrades_active += 1
         s.tunnel = H2ConnectTunnel(self, s, target[0], target[1], ctx.drain.grace)
         s.tunnel.open(ctx.connect_timeout)
+        if ev.end_stream:
+            s.tunnel.from_client(b"", 0, True)  # nothing to send: FIN once connected
         if self.drain.proactive_fired:
             s.tunnel.drain_by(DrainedBy.PROACTIVE)  # the moment has passed already
 
@@ -724,6 +731,11 @@ class H2Downstream(asyncio.Protocol):
     def _settle(self, s: H2Stream, completed: bool) -> None:
         if self.streams.pop(s.sid, None) is None:
             return
+        if s.unacked:
+            # Request bytes read but never handed upstream (answered, reset or failed before
+            # an upstream took them): the connection window gets them back all the same.
+            n, s.unacked = s.unacked, 0
+            self.h2.acknowledge_received_data(s.sid, n)
         ctx = self.ctx
         st = self.stats
         st.downstream_rq_active -= 1

@@ -40,6 +40,9 @@ class H2ConnectTunnel(asyncio.Protocol):
         self.client_done = False  # END_STREAM from the client
         self.up_done = False  # FIN from the destination
         self.ended = False
+        self.opened = False  # the 200 HEADERS went out
+        self.early = b""  # destination bytes that came before it
+        self.early_eof = False
         self.timer: asyncio.TimerHandle | None = None
 
     # -- opening ----------------------------------------------------------------------------
@@ -58,11 +61,20 @@ class H2ConnectTunnel(asyncio.Protocol):
         conn = self.conn
         if failed:
             self.ended = True
+            self._give_back()
             conn.tunnel_failed(self.stream)
             return
         conn.tunnel_open(self.stream)
+        self.opened = True
         t = self.transport
         assert t is not None
+        if self.early:
+            early, self.early = self.early, b""
+            self.data_received(early)
+        if self.early_eof:
+            self.eof_received()
+        if not conn.write_paused and not self.ended:
+            t.resume_reading()
         for piece in self.pending:
             t.write(piece)
         self.pending = []
@@ -97,15 +109,26 @@ class H2ConnectTunnel(asyncio.Protocol):
             self._maybe_done()
 
     def window_opened(self) -> None:
-        if self.transport is not None and not self.ended:
+        if self.transport is not None and not self.ended and self.stream.resp_started:
             self.transport.resume_reading()
+
+    def pause_reading(self) -> None:
+        """The client's socket is full: stop reading the destination."""
+        if self.transport is not None and not self.ended:
+            self.transport.pause_reading()
 
     # -- destination side (asyncio) ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # Not a byte to the client before its 200 HEADERS (sent in ``_opened``, which runs
+        # after this): a destination that speaks first waits (and what it sent is kept).
+        transport.pause_reading()  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         if self.ended:
+            return
+        if not self.opened:
+            self.early += data
             return
         conn = self.conn
         sid = self.stream.sid
@@ -115,6 +138,9 @@ class H2ConnectTunnel(asyncio.Protocol):
         conn.kick()
 
     def eof_received(self) -> bool:
+        if not self.opened:
+            self.early_eof = True
+            return True
         if not self.ended:
             self.up_done = True
             self.conn.h2.send_data(self.stream.sid, b"", end_stream=True)
@@ -151,11 +177,18 @@ class H2ConnectTunnel(asyncio.Protocol):
             self.drain.ended()
             self.conn.tunnel_done(self.stream)
 
+    def _give_back(self) -> None:
+        """Client bytes read but never written to the destination: window credit all the same."""
+        if self.unacked:
+            n, self.unacked = self.unacked, 0
+            self.conn.h2.acknowledge_received_data(self.stream.sid, n)
+
     def _end(self, code: ErrorCode, cut: bool) -> None:
         """Reset the stream and drop the socket."""
         if self.ended:
             return
         self.ended = True
+        self._give_back()
         self._cancel_timer()
         if self.transport is not None:
             self.transport.abort()
@@ -165,6 +198,7 @@ class H2ConnectTunnel(asyncio.Protocol):
         """The stream is gone (client reset, connection lost, cut): drop the socket."""
         if not self.ended:
             self.ended = True
+            self._give_back()
             self._cancel_timer()
             if self.transport is not None:
                 self.transport.abort()
