@@ -55,12 +55,12 @@ class RawH2:
 
     # -- sending ----------------------------------------------------------------------------
     def request(self, sid: int, path: str, method: str = "GET", body: bytes | None = None,
-                headers: list[tuple[str, str]] | None = None) -> None:
+                headers: list[tuple[str, str]] | None = None, end: bool = True) -> None:
         fields = [(":method", method), (":scheme", "http"), (":authority", self.authority),
                   (":path", path), *(headers or [])]
         hf = HeadersFrame(sid, self.enc.encode(fields))
         hf.flags.add("END_HEADERS")
-        if not body:
+        if not body and end:
             hf.flags.add("END_STREAM")
         out = hf.serialize()
         if body:

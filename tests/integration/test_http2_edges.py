@@ -738,10 +738,11 @@ def test_h2_upload_larger_than_windows_to_a_slow_upstream(lameduck):
         up.close()
 
 
-def test_extended_connect_websocket_is_501(lameduck):
+def test_extended_connect_other_protocol_is_501(lameduck):
+    """RFC 8441's :protocol is relayed for websocket only (test_websocket.py)."""
     ld = lameduck()
     c = H2(ld.port)
-    c.open(1, "/chat", method="CONNECT", extra=[(":protocol", "websocket")], end=False)
+    c.open(1, "/chat", method="CONNECT", extra=[(":protocol", "bytestream")], end=False)
     assert c.wait(lambda: c.done(1))
     assert c.streams[1].status == 501
     c.close()

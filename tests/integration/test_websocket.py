@@ -190,3 +190,89 @@ def test_upgrade_refused_by_upstream_is_a_plain_response(lameduck, origin_port):
     assert b"connection: close" in data.lower()
     sock.close()
     del origin_port
+
+
+# -- WebSocket over HTTP/2 (RFC 8441) ----------------------------------------------------------
+
+
+def _frame(opcode: int, payload: bytes) -> bytes:
+    """A masked client frame (RFC 6455 §5.2; RFC 8441 keeps the framing as it is)."""
+    key = os.urandom(4)
+    n = len(payload)
+    head = bytes([0x80 | opcode])
+    if n < 126:
+        head += bytes([0x80 | n])
+    elif n < 65536:
+        head += bytes([0x80 | 126]) + struct.pack(">H", n)
+    else:
+        head += bytes([0x80 | 127]) + struct.pack(">Q", n)
+    return head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+
+
+def _frames(data: bytes) -> list[tuple[int, bytes]]:
+    """Unmasked server frames in ``data`` (whole frames only)."""
+    out = []
+    i = 0
+    while i + 2 <= len(data):
+        op, n = data[i] & 0x0F, data[i + 1] & 0x7F
+        j = i + 2
+        if n == 126:
+            n, j = struct.unpack(">H", data[j : j + 2])[0], j + 2
+        elif n == 127:
+            n, j = struct.unpack(">Q", data[j : j + 8])[0], j + 8
+        if j + n > len(data):
+            break
+        out.append((op, data[j : j + n]))
+        i = j + n
+    return out
+
+
+def _h2_websocket(ld, sid: int):  # type: ignore[no-untyped-def]
+    from tests.h2raw import RawH2
+
+    c = RawH2(ld.port)
+    c.request(sid, "/chat", method="CONNECT", end=False,
+              headers=[(":protocol", "websocket"), ("sec-websocket-version", "13")])
+    assert c.wait(lambda: c.streams[sid].status is not None)
+    return c
+
+
+def test_websocket_over_http2_echo_and_drain_close(lameduck, wsecho):
+    ld = lameduck(**_ws_config(wsecho.port),
+                  drain={"time": "1500ms", "strategy": "gradual", "connection_grace": "300ms"},
+                  shutdown={"deadline": "5s"})
+    c = _h2_websocket(ld, 1)
+    assert c.streams[1].status == 200 and not c.streams[1].ended
+    c.data(1, _frame(1, b"hello over h2"))
+    assert c.wait(lambda: (1, b"hello over h2") in _frames(bytes(c.streams[1].body)))
+    assert ld.stat("http.ingress.downstream_cx_upgrades_active") == 1
+    t0 = time.monotonic()
+    assert ld.admin("POST", "/drain_listeners?graceful&skip_exit").status_code == 200
+    assert c.wait(lambda: any(op == 8 for op, _ in _frames(bytes(c.streams[1].body))), 4)
+    waited = time.monotonic() - t0
+    close = next(p for op, p in _frames(bytes(c.streams[1].body)) if op == 8)
+    assert struct.unpack(">H", close[:2])[0] == 1001
+    assert 0.8 <= waited <= 1.7, waited  # the proactive moment: in [1.0, 1.2) s
+    c.data(1, _frame(8, struct.pack(">H", 1001)))  # the client completes the handshake
+    assert c.wait(lambda: c.done(1), 3)
+    assert c.streams[1].ended and c.streams[1].reset is None  # END_STREAM, not a reset
+    c.close()
+    assert wsecho.closes(1) == ["closed 1001"]
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_cx_upgrades_active") == 0)
+    assert ld.stat("server.drain.cut") == 0
+
+
+def test_websocket_over_http2_stalled_close_is_reset_after_g(lameduck, wsecho):
+    ld = lameduck(**_ws_config(wsecho.port),
+                  drain={"time": "1500ms", "strategy": "gradual", "connection_grace": "300ms"},
+                  shutdown={"deadline": "5s"})
+    c = _h2_websocket(ld, 1)
+    assert ld.admin("POST", "/drain_listeners?graceful&skip_exit").status_code == 200
+    assert c.wait(lambda: any(op == 8 for op, _ in _frames(bytes(c.streams[1].body))), 4)
+    t_close = time.monotonic()
+    assert c.wait(lambda: c.done(1), 3)  # no answer from us: reset G later
+    assert c.streams[1].reset == 8
+    assert time.monotonic() - t_close >= 0.2
+    c.close()
+    assert wait_until(lambda: ld.stat("server.drain.cut") == 1)
+    assert ld.stat("server.drain.cut_reset") == 1

@@ -15,14 +15,18 @@ retry), and the connection closes (staged) once its last stream has ended.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import math
+import os
 import socket
 import struct
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
+from lameduck.drain.tunnel import TunnelKind
+from lameduck.http1.tunnel import Relay
 from lameduck.http1.upstream import H1Upstream, UpstreamError
 from lameduck.http1.wire import HOP_BY_HOP, LAST_CHUNK, chunk
 from lameduck.http2.connection import (
@@ -39,7 +43,7 @@ from lameduck.http2.connection import (
     TrailersReceived,
     WindowOpened,
 )
-from lameduck.http2.tunnel import H2ConnectTunnel
+from lameduck.http2.tunnel import H2ConnectTunnel, StreamSide
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -96,10 +100,34 @@ class H2Stream:
     """One request stream, from HEADERS to the end of its response."""
 
     __slots__ = (
-        "admitted", "body", "buffered", "chunked_req", "cluster", "conn", "cstats", "endpoint",
-        "head", "is_head", "local", "method", "req_done", "resp_done", "resp_started",
-        "retried", "retryable", "reused", "route_timeout", "sid", "status", "tunnel", "unacked",
-        "up", "up_write_paused",
+        "admitted",
+        "body",
+        "buffered",
+        "chunked_req",
+        "cluster",
+        "conn",
+        "cstats",
+        "endpoint",
+        "head",
+        "is_head",
+        "local",
+        "method",
+        "relay",
+        "req_done",
+        "resp_done",
+        "resp_started",
+        "retried",
+        "retryable",
+        "reused",
+        "route_timeout",
+        "sid",
+        "side",
+        "status",
+        "tunnel",
+        "unacked",
+        "up",
+        "up_write_paused",
+        "ws",
     )
 
     def __init__(self, conn: H2Downstream, sid: int, method: bytes) -> None:
@@ -128,10 +156,18 @@ class H2Stream:
         self.retryable = False
         self.retried = False
         self.tunnel: H2ConnectTunnel | None = None  # a CONNECT stream's destination socket
+        self.ws = False  # an extended CONNECT for a WebSocket (RFC 8441)
+        self.side: StreamSide | None = None  # this stream as a relay side, after the 101
+        self.relay: Relay | None = None
 
     # -- request side -----------------------------------------------------------------------
     def request_data(self, data: bytes, flow_len: int, end: bool) -> None:
         conn = self.conn
+        if self.side is not None:
+            if end:
+                self.req_done = True
+            self.side.received(data, flow_len, end)
+            return
         if self.tunnel is not None:
             if end:
                 self.req_done = True
@@ -277,7 +313,36 @@ class H2Stream:
         return False  # the HTTP/1 fast path forwards bytes as they came: not for HTTP/2
 
     def on_upgrade(self, lines: list[bytes], upgrade: bytes, rest: bytes) -> bool:
-        return False  # no Upgrade is sent for an HTTP/2 stream: a 101 is a bad response
+        """The upstream accepted the WebSocket (101): 200 on the stream, then relay it."""
+        up = self.up
+        conn = self.conn
+        if not self.ws or up is None or up.transport is None or conn.closing:
+            return False  # a 101 we did not ask for is a bad response
+        cs = self.cstats
+        assert cs is not None
+        cs.count_status(101)
+        conn.stats.count_status(200)
+        conn.response_drains()  # it may drain the connection; the tunnel itself stays
+        fields = [(n, v) for n, v in _fields(lines)
+                  if n in (b"sec-websocket-protocol", b"sec-websocket-extensions")]
+        deflate = any(n == b"sec-websocket-extensions" and b"permessage-deflate" in v.lower()
+                      for n, v in fields)
+        self.resp_started = True
+        conn.h2.send_headers(self.sid, 200, fields)
+        up.sink = None
+        up.alive = False  # never back to the pool
+        conn.stats.downstream_cx_upgrades_total += 1
+        conn.stats.downstream_cx_upgrades_active += 1
+        side = StreamSide(conn, self)
+        self.side = side
+        relay = Relay(conn.loop, side, up.transport, TunnelKind.WEBSOCKET, conn.ctx.drain.grace,
+                      lambda cut: conn.ws_ended(self, up, cut), rsv1_allowed=deflate)
+        self.relay = relay
+        relay.start(b"", rest)
+        if conn.drain.proactive_fired:
+            relay.drain_by(DrainedBy.PROACTIVE)  # the moment has passed already
+        conn.kick()
+        return True
 
     def on_response_body(self, data: bytes) -> None:
         if self.resp_done:
@@ -466,7 +531,9 @@ class H2Downstream(asyncio.Protocol):
         elif t is StreamReset:
             self.h2stats.rx_reset += 1
             s = self.streams.get(cast(StreamReset, ev).stream_id)
-            if s is not None:
+            if s is not None and s.side is not None:
+                s.side.gone()  # the relay closes the upstream and settles the stream
+            elif s is not None:
                 self.stats.downstream_rq_rx_reset += 1
                 s.resp_done = True
                 s.detach(reusable=False)
@@ -474,7 +541,9 @@ class H2Downstream(asyncio.Protocol):
         elif t is WindowOpened:
             s = self.streams.get(cast(WindowOpened, ev).stream_id)
             if s is not None and not self.write_paused:
-                if s.up is not None:
+                if s.side is not None:
+                    s.side.window_opened()
+                elif s.up is not None:
                     s.up.resume_reading()
                 elif s.tunnel is not None:
                     s.tunnel.window_opened()
@@ -507,6 +576,8 @@ class H2Downstream(asyncio.Protocol):
             if not self.aborted:
                 st.downstream_cx_destroy_remote_active_rq += 1
             for s in list(self.streams.values()):
+                if s.side is not None:
+                    s.side.gone()
                 s.resp_done = True
                 s.detach(reusable=False)
                 self._settle(s, completed=False)
@@ -517,7 +588,9 @@ class H2Downstream(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.write_paused = True
         for s in self.streams.values():
-            if s.up is not None:
+            if s.side is not None:
+                s.side.pause_source()
+            elif s.up is not None:
                 s.up.pause_reading()
             elif s.tunnel is not None:
                 s.tunnel.pause_reading()
@@ -527,7 +600,9 @@ class H2Downstream(asyncio.Protocol):
         h2 = self.h2
         for s in self.streams.values():
             if h2.outbound_buffered(s.sid) <= OUTBOUND_HIGH:
-                if s.up is not None:
+                if s.side is not None:
+                    s.side.window_opened()
+                elif s.up is not None:
                     s.up.resume_reading()
                 elif s.tunnel is not None:
                     s.tunnel.window_opened()
@@ -558,8 +633,13 @@ class H2Downstream(asyncio.Protocol):
         s.req_done = ev.end_stream
         method = ev.method
         if method == b"CONNECT":
-            self._connect(s, ev)
-            return
+            if ev.protocol != b"websocket":
+                self._connect(s, ev)
+                return
+            # RFC 8441: a WebSocket; to the HTTP/1.1 upstream it is a GET with an Upgrade
+            s.ws = True
+            s.body = False  # its DATA are frames for the tunnel, not a request body
+            method = b"GET"
         path = ev.path if ev.path is not None else b"/"  # None only for CONNECT (above)
         authority = ev.authority
         host = authority
@@ -584,7 +664,11 @@ class H2Downstream(asyncio.Protocol):
             self._local(s, 400, b"missing authority\n")
             return
         out.insert(0, b"host: %s\r\n" % host)
-        if s.body:
+        if s.ws:
+            out.append(b"connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: %s\r\n"
+                       % base64.b64encode(os.urandom(16)))
+            retryable = False
+        elif s.body:
             if content_length is not None:
                 out.append(b"content-length: %s\r\n" % content_length)
             else:
@@ -626,8 +710,8 @@ class H2Downstream(asyncio.Protocol):
         """A CONNECT stream: relayed to its destination if the listener allows it (else 403)."""
         ctx = self.ctx
         if ev.protocol is not None:
-            # RFC 8441 extended CONNECT (WebSocket over HTTP/2): not relayed yet
-            self._local(s, 501, b"extended CONNECT not supported yet\n")
+            # an extended CONNECT for a protocol other than websocket
+            self._local(s, 501, b"protocol not supported\n")
             return
         target = ctx.connect_target(ev.authority)
         if target is None:
@@ -676,6 +760,23 @@ class H2Downstream(asyncio.Protocol):
             self.ctx.drain_stats.cut_reset += 1
         if s.sid in self.streams:
             self.reset_stream(s, code)
+
+    def ws_ended(self, s: H2Stream, up: H1Upstream, cut: bool) -> None:
+        """Both sides of a WebSocket stream's relay are closed: settle the books."""
+        if s.relay is None:
+            return
+        s.relay = None
+        self.stats.downstream_cx_upgrades_active -= 1
+        s.detach(reusable=False)
+        up.connection_lost(None)  # the pool's and the cluster's bookkeeping
+        s.resp_done = True
+        if cut and s.admitted:
+            s.admitted = False
+            self.ctx.process.ledger.cut_one()
+            self.ctx.drain_stats.cut_reset += 1
+        s.req_done = True
+        self._settle(s, completed=not cut)
+        self.kick()
 
     def tunnel_gone(self, s: H2Stream) -> None:
         """The stream no longer has a destination socket (counted once)."""
@@ -808,6 +909,9 @@ class H2Downstream(asyncio.Protocol):
         """The drain is over: the final GOAWAY now; the connection closes once its streams end."""
         if self.drain.drain_at_end(self.loop.time()):
             self.ctx.drain_stats.cx_closed_at_end += 1
+        for s in list(self.streams.values()):
+            if s.relay is not None:
+                s.relay.drain_by(DrainedBy.END)
         self._goaway_final()
         if not self.streams:
             self.staged_close()
@@ -817,6 +921,9 @@ class H2Downstream(asyncio.Protocol):
         ds = self.ctx.drain_stats
         ledger = self.ctx.process.ledger
         for s in list(self.streams.values()):
+            if s.relay is not None:
+                s.relay.drain_by(DrainedBy.END)  # reset; counted when both sides are gone
+                continue
             if not s.admitted:
                 continue
             ledger.cut_one()
@@ -914,6 +1021,8 @@ class H2Downstream(asyncio.Protocol):
                 for s in list(self.streams.values()):
                     if s.tunnel is not None:
                         s.tunnel.drain_by(DrainedBy.PROACTIVE)
+                    elif s.relay is not None:
+                        s.relay.drain_by(DrainedBy.PROACTIVE)  # the close handshake, up to G
             if d.grace_elapsed:
                 self._goaway_final()
             if action is ConnAction.CLOSE or (self.goaways >= 2 and not self.streams):

@@ -225,3 +225,114 @@ class H2ConnectTunnel(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+
+class StreamSide(asyncio.Transport):
+    """An HTTP/2 stream as one side of a ``Relay`` (WebSocket over an extended CONNECT, RFC
+    8441): writes become DATA, the FIN END_STREAM, an abort RST_STREAM(CANCEL); what the client
+    sends is fed in by the shell. Reading is paused by holding back WINDOW_UPDATEs."""
+
+    def __init__(self, conn: H2Downstream, stream: H2Stream) -> None:
+        super().__init__()
+        self.conn = conn
+        self.stream = stream
+        self.end: asyncio.Protocol | None = None  # the relay's end reading this side
+        self.closing = False
+        self.eof_sent = False
+        self.paused = False
+        self.unacked = 0
+        self.lost = False
+
+    # -- what the relay calls -----------------------------------------------------------------
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.end = protocol  # type: ignore[assignment]
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self.end is not None
+        return self.end
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.closing or self.eof_sent or not data:
+            return
+        conn = self.conn
+        conn.h2.send_data(self.stream.sid, bytes(data))
+        conn.kick()
+        if conn.h2.outbound_buffered(self.stream.sid) > OUTBOUND_HIGH and self.end is not None:
+            self.end.pause_writing()  # type: ignore[attr-defined]  # the client's window is full
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        if not self.eof_sent and not self.closing:
+            self.eof_sent = True
+            self.conn.h2.send_data(self.stream.sid, b"", end_stream=True)
+            self.conn.kick()
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        if self.closing:
+            return
+        self.write_eof()
+        self.closing = True
+        self.conn.loop.call_soon(self.gone)
+
+    def abort(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        self.conn.h2.reset_stream(self.stream.sid, ErrorCode.CANCEL)
+        self.conn.h2stats.tx_reset += 1
+        self.conn.kick()
+        self.conn.loop.call_soon(self.gone)
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+        if self.unacked:
+            n, self.unacked = self.unacked, 0
+            self.conn.h2.acknowledge_received_data(self.stream.sid, n)
+            self.conn.kick()
+
+    # -- what the shell calls ---------------------------------------------------------------------
+    def received(self, data: bytes, flow_len: int, end_stream: bool) -> None:
+        end = self.end
+        if end is None or self.lost:
+            self.conn.h2.acknowledge_received_data(self.stream.sid, flow_len)
+            return
+        if data:
+            end.data_received(data)  # type: ignore[attr-defined]
+        if self.paused:
+            self.unacked += flow_len
+        else:
+            self.conn.h2.acknowledge_received_data(self.stream.sid, flow_len)
+        if end_stream:
+            end.eof_received()  # type: ignore[attr-defined]
+
+    def window_opened(self) -> None:
+        if self.end is not None and not self.lost:
+            self.end.resume_writing()  # type: ignore[attr-defined]
+
+    def pause_source(self) -> None:
+        """The client's socket is full: stop reading the upstream."""
+        if self.end is not None and not self.lost:
+            self.end.pause_writing()  # type: ignore[attr-defined]
+
+    def gone(self) -> None:
+        """The stream ended (closed or reset by us, reset by the client, connection lost)."""
+        if self.lost:
+            return
+        self.lost = True
+        self.closing = True
+        if self.unacked:
+            n, self.unacked = self.unacked, 0
+            self.conn.h2.acknowledge_received_data(self.stream.sid, n)
+        if self.end is not None:
+            self.end.connection_lost(None)
