@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import selectors
 import signal
 import socket
 import subprocess
@@ -493,3 +494,34 @@ def refused(addr: str) -> bool:
             return False
     except ConnectionRefusedError:
         return True
+
+
+WSECHO = Path(__file__).resolve().parent / "wsecho.py"
+
+
+class WsEcho:
+    """tests/wsecho.py (a real websockets echo server) in its own process, stopped by pid;
+    ``closes(n)`` reads the close codes it saw from its peers."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, str(WSECHO), str(self.port)],
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.strip() == "listening", line
+        self.lines: list[str] = []
+
+    def closes(self, n: int, timeout: float = 5.0) -> list[str]:
+        """The first ``n`` connection-end lines the server printed."""
+        assert self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        end = time.monotonic() + timeout
+        while len(self.lines) < n and time.monotonic() < end:
+            if sel.select(max(0.0, end - time.monotonic())):
+                line = self.proc.stdout.readline()
+                if not line:
+                    break
+                self.lines.append(line.strip())
+        return self.lines[:n]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.procs import Lameduck, base_config, start_origin, stop
+from tests.procs import Lameduck, WsEcho, base_config, start_origin, stop
 
 
 @pytest.fixture(scope="module")
@@ -47,3 +47,13 @@ def lameduck(
         ld.kill()
         # A traceback in lameduck's log is a bug even if every client check passed.
         assert "Traceback" not in ld.log(), ld.log()
+
+
+@pytest.fixture
+def wsecho() -> Iterator[WsEcho]:
+    """A real WebSocket echo server (tests/wsecho.py), stopped by pid."""
+    server = WsEcho()
+    try:
+        yield server
+    finally:
+        stop(server.proc)

@@ -10,61 +10,16 @@ import os
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 from websockets.sync.server import ServerConnection, serve
 
-from tests.procs import free_port, rss_kb, stop, wait_until
-
-WSECHO = Path(__file__).resolve().parents[1] / "wsecho.py"
-
-
-# -- peers -------------------------------------------------------------------------------------
-
-
-class WsEcho:
-    """tests/wsecho.py in its own process; ``closes(n)`` reads the close codes it saw."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, str(WSECHO), str(self.port)],
-                                     stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line.strip() == "listening", line
-        self.lines: list[str] = []
-
-    def closes(self, n: int, timeout: float = 5.0) -> list[str]:
-        import selectors
-
-        assert self.proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        end = time.monotonic() + timeout
-        while len(self.lines) < n and time.monotonic() < end:
-            if sel.select(max(0.0, end - time.monotonic())):
-                line = self.proc.stdout.readline()
-                if not line:
-                    break
-                self.lines.append(line.strip())
-        return self.lines[:n]
-
-
-@pytest.fixture
-def wsecho() -> Iterator[WsEcho]:
-    server = WsEcho()
-    try:
-        yield server
-    finally:
-        stop(server.proc)
+from tests.procs import rss_kb, wait_until
 
 
 class ByeServer:

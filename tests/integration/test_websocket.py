@@ -8,55 +8,13 @@ import base64
 import os
 import socket
 import struct
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.procs import free_port, stop, wait_until
-
-WSECHO = Path(__file__).resolve().parents[1] / "wsecho.py"
-
-
-class WsEcho:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, str(WSECHO), str(self.port)],
-                                     stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line.strip() == "listening", line
-        self.lines: list[str] = []
-
-    def closes(self, n: int, timeout: float = 5.0) -> list[str]:
-        """The first ``n`` connection-end lines the server printed."""
-        import selectors
-
-        assert self.proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        end = time.monotonic() + timeout
-        while len(self.lines) < n and time.monotonic() < end:
-            if sel.select(max(0.0, end - time.monotonic())):
-                line = self.proc.stdout.readline()
-                if not line:
-                    break
-                self.lines.append(line.strip())
-        return self.lines[:n]
-
-
-@pytest.fixture
-def wsecho() -> Iterator[WsEcho]:
-    server = WsEcho()
-    try:
-        yield server
-    finally:
-        stop(server.proc)
+from tests.procs import wait_until
 
 
 def _ws_config(port: int, **over):  # type: ignore[no-untyped-def]

@@ -20,11 +20,9 @@ last response is not lost to a reset (RFC 9112 §9.6).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import socket
-import struct
 from collections import deque
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -32,7 +30,7 @@ import httptools
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
 from lameduck.drain.tunnel import Flow, TunnelKind
-from lameduck.http1.tunnel import Pending, Relay, open_destination
+from lameduck.http1.tunnel import Pending, Relay, abort_with_rst, open_destination
 from lameduck.http1.upstream import H1Upstream, UpstreamError
 from lameduck.http1.wire import (
     HOP_BY_HOP,
@@ -708,11 +706,7 @@ class H1Downstream(asyncio.Protocol):
         self.aborted = True
         self.closing = True  # no staged close after this: a write_eof would turn it into a FIN
         self.last_read = True
-        sock = t.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        t.abort()
+        abort_with_rst(t)
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:

@@ -24,6 +24,16 @@ TO_UPSTREAM = Flow.TO_UPSTREAM
 TO_CLIENT = Flow.TO_CLIENT
 
 
+def abort_with_rst(t: asyncio.BaseTransport) -> None:
+    """Abort with a TCP reset, not a FIN (SO_LINGER 0): a cut body or tunnel must not look
+    complete to the peer."""
+    sock = t.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    t.abort()  # type: ignore[attr-defined]
+
+
 class TunnelEnd(asyncio.Protocol):
     """One socket of a tunnel; what it reads goes the way of ``flow``."""
 
@@ -248,11 +258,7 @@ class Relay:
             self.timer.cancel()
             self.timer = None
         for t in self.dest.values():
-            sock = t.get_extra_info("socket")
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            t.abort()
+            abort_with_rst(t)
         self._maybe_end()
 
     def _maybe_end(self) -> None:

@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import math
 import os
 import socket
-import struct
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
 from lameduck.drain.tunnel import TunnelKind
-from lameduck.http1.tunnel import Relay
+from lameduck.http1.tunnel import Relay, abort_with_rst
 from lameduck.http1.upstream import H1Upstream, UpstreamError
 from lameduck.http1.wire import HOP_BY_HOP, LAST_CHUNK, chunk
 from lameduck.http2.connection import (
@@ -969,11 +967,7 @@ class H2Downstream(asyncio.Protocol):
             return
         self.aborted = True
         self.closing = True
-        sock = t.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        t.abort()
+        abort_with_rst(t)
 
     # -- timers -----------------------------------------------------------------------------------
     def arm(self, at: float) -> None:
