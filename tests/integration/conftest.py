@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 
+from tests.peers import Destination
 from tests.procs import Lameduck, WsEcho, base_config, start_origin, stop
 
 
@@ -57,3 +59,25 @@ def wsecho() -> Iterator[WsEcho]:
         yield server
     finally:
         stop(server.proc)
+
+
+@pytest.fixture
+def destination() -> Iterator[Destination]:
+    """A CONNECT destination that answers with the size and sha256 of what it got."""
+    d = Destination()
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    d = tmp_path_factory.mktemp("tls")
+    ca_pem, cert_pem, key_pem = d / "ca.pem", d / "cert.pem", d / "key.pem"
+    ca.cert_pem.write_to_path(str(ca_pem))
+    cert.private_key_pem.write_to_path(str(key_pem))
+    cert_pem.write_bytes(b"".join(b.bytes() for b in cert.cert_chain_pems))
+    return ca_pem, cert_pem, key_pem

@@ -13,14 +13,13 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-import trustme
 from hyperframe.frame import DataFrame, HeadersFrame, RstStreamFrame, WindowUpdateFrame
 
 from tests.h2raw import RawH2, StreamResult
+from tests.peers import answer
 from tests.procs import rss_kb, wait_until
 
 MAX_ID = 2**31 - 1
@@ -384,18 +383,6 @@ def test_sigterm_busy_h2_stream_finishes_exit_0(lameduck):
 # -- TLS -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    d = tmp_path_factory.mktemp("tls")
-    ca_pem, cert_pem, key_pem = d / "ca.pem", d / "cert.pem", d / "key.pem"
-    ca.cert_pem.write_to_path(str(ca_pem))
-    cert.private_key_pem.write_to_path(str(key_pem))
-    cert_pem.write_bytes(b"".join(b.bytes() for b in cert.cert_chain_pems))
-    return ca_pem, cert_pem, key_pem
-
-
 def test_tls_h2_large_upload(lameduck, tls_files):
     ca, cert, key = tls_files
     ld = lameduck(listener={"tls": {"certificate": str(cert), "key": str(key)}})
@@ -496,53 +483,6 @@ def test_request_body_credit_returned_when_client_resets_before_upstream(lameduc
 # -- CONNECT streams ---------------------------------------------------------------------------
 
 
-class Destination:
-    """A TCP destination for CONNECT tests: reads until the client's FIN, then answers with
-    how many bytes it got and their sha256, then closes. One connection at a time."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.sock.settimeout(10)
-        self.port = self.sock.getsockname()[1]
-        self.received: list[bytes] = []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.stop = False
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            conn.settimeout(10)
-            data = b""
-            try:
-                while chunk := conn.recv(65536):
-                    data += chunk
-                self.received.append(data)
-                conn.sendall(b"got %d %s" % (len(data), hashlib.sha256(data).hexdigest().encode()))
-            except OSError:
-                pass
-            finally:
-                conn.close()
-
-    def close(self) -> None:
-        self.stop = True
-        self.sock.close()
-
-
-@pytest.fixture
-def destination() -> Iterator[Destination]:
-    d = Destination()
-    try:
-        yield d
-    finally:
-        d.close()
-
-
 def test_h2_connect_early_data_and_half_close(lameduck, destination):
     ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{destination.port}"]}})
     c = H2(ld.port)
@@ -636,14 +576,10 @@ def test_h2_connect_with_end_stream_on_headers(lameduck, destination):
     assert c.wait(lambda: c.done(1), 4)
     s = c.streams[1]
     assert s.status == 200 and s.ended
-    assert bytes(s.body) == _answer_h2(b"")
+    assert bytes(s.body) == answer(b"")
     assert wait_until(lambda: ld.stat("http.ingress.downstream_cx_upgrades_active") == 0, 3)
     assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 0, 3)
     c.close()
-
-
-def _answer_h2(data: bytes) -> bytes:
-    return b"got %d %s" % (len(data), hashlib.sha256(data).hexdigest().encode())
 
 
 def test_h2_connect_sigterm_deadline_resets_stream_exit_3(lameduck, destination):

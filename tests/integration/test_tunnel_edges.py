@@ -5,7 +5,6 @@ half-closes, memory with a client that does not read, and a tunnel cut at the sh
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
 import signal
 import socket
@@ -19,6 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 from websockets.sync.server import ServerConnection, serve
 
+from tests.peers import answer
 from tests.procs import rss_kb, wait_until
 
 
@@ -57,55 +57,6 @@ def byeserver() -> Iterator[ByeServer]:
         yield s
     finally:
         s.close()
-
-
-class Destination:
-    """A CONNECT destination (in a thread): reads until the client's FIN, then answers with
-    the byte count and sha256 of what it got, then closes."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.sock.settimeout(10)
-        self.port = self.sock.getsockname()[1]
-        self.received: list[bytes] = []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            conn.settimeout(10)
-            data = b""
-            try:
-                while chunk := conn.recv(65536):
-                    data += chunk
-                self.received.append(data)
-                conn.sendall(b"got %d %s" % (len(data), hashlib.sha256(data).hexdigest().encode()))
-            except OSError:
-                pass
-            finally:
-                conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-@pytest.fixture
-def destination() -> Iterator[Destination]:
-    d = Destination()
-    try:
-        yield d
-    finally:
-        d.close()
-
-
-def _answer(data: bytes) -> bytes:
-    return b"got %d %s" % (len(data), hashlib.sha256(data).hexdigest().encode())
 
 
 # -- raw WebSocket helpers ---------------------------------------------------------------------
@@ -312,7 +263,7 @@ def test_connect_early_data_in_the_same_packet_and_half_close(lameduck, destinat
     sock.shutdown(socket.SHUT_WR)  # our FIN reaches the destination; its answer still comes
     data, reset = _until_eof(sock, rest)
     assert not reset
-    assert data == _answer(early + later)
+    assert data == answer(early + later)
     assert destination.received == [early + later]
     sock.close()
     assert wait_until(lambda: _settled_connect(ld), 3), ld.stats()
@@ -337,7 +288,7 @@ def test_connect_large_upload_after_the_200(lameduck, destination):
     sock.sendall(payload)
     sock.shutdown(socket.SHUT_WR)
     data, reset = _until_eof(sock)
-    assert not reset and data == _answer(payload)
+    assert not reset and data == answer(payload)
     sock.close()
     assert wait_until(lambda: _settled_connect(ld), 3), ld.stats()
 
