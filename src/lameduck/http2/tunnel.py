@@ -40,6 +40,9 @@ class H2ConnectTunnel(asyncio.Protocol):
         self.client_done = False  # END_STREAM from the client
         self.up_done = False  # FIN from the destination
         self.ended = False
+        # Not a byte to the client before its 200 HEADERS: ``_opened`` sends them after
+        # connection_made, and a destination that speaks first is read meanwhile (uvloop
+        # starts reading after connection_made whatever it asked), so its bytes wait here.
         self.opened = False  # the 200 HEADERS went out
         self.early = b""  # destination bytes that came before it
         self.early_eof = False
@@ -73,8 +76,6 @@ class H2ConnectTunnel(asyncio.Protocol):
             self.data_received(early)
         if self.early_eof:
             self.eof_received()
-        if not conn.write_paused and not self.ended:
-            t.resume_reading()
         for piece in self.pending:
             t.write(piece)
         self.pending = []
@@ -120,9 +121,6 @@ class H2ConnectTunnel(asyncio.Protocol):
     # -- destination side (asyncio) ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        # Not a byte to the client before its 200 HEADERS (sent in ``_opened``, which runs
-        # after this): a destination that speaks first waits (and what it sent is kept).
-        transport.pause_reading()  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         if self.ended:
