@@ -8,12 +8,13 @@ FAST  := $(VENV)/.compiled
 # modules are the fallback when no compiler works. Compiled together, the codec reaches the
 # stats, the connection drain state, the router and the pools as native classes (struct fields
 # and direct calls instead of attribute lookups by name). Not drain/ledger.py: a test subclasses
-# Ledger to spy on it, and interpreted classes cannot inherit from compiled ones.
+# Ledger to spy on it, and interpreted classes cannot inherit from compiled ones — which is also
+# why http2/client.py (H2Client subclasses connection.py's H2Connection) must be here with it.
 HOT   := lameduck/http1/wire.py lameduck/http1/upstream.py lameduck/http1/downstream.py \
          lameduck/upstream/router.py lameduck/upstream/pool.py lameduck/upstream/cluster.py \
          lameduck/drain/listener.py lameduck/drain/connection.py lameduck/stats/scopes.py \
          lameduck/http2/frames.py lameduck/http2/events.py lameduck/http2/codec.py \
-         lameduck/http2/connection.py lameduck/http2/downstream.py
+         lameduck/http2/connection.py lameduck/http2/client.py lameduck/http2/downstream.py
 # Every compiled module (also those of an older HOT list).
 BUILT := src/*__mypyc*.so $$(find src/lameduck -name '*.so')
 

@@ -1,6 +1,9 @@
-"""HTTP/2 for lameduck: a lean sans-IO server connection (``connection``), its HPACK codec
-(``codec``) and frame layout (``frames``); the asyncio shell lives in ``downstream``."""
+"""HTTP/2 for lameduck: lean sans-IO connections — the server (``connection``, whose frame
+layer ``H2Connection`` the client shares) and the client for upstreams (``client``) — their
+HPACK codec (``codec``) and frame layout (``frames``); the asyncio shell lives in
+``downstream``."""
 
+from .client import H2Client
 from .connection import MAX_STREAM_ID, PREFACE, H2Limits, H2Server
 from .events import (
     ConnectionError,
@@ -9,6 +12,7 @@ from .events import (
     GoAwayReceived,
     HeadersTooLarge,
     RequestReceived,
+    ResponseReceived,
     StreamReset,
     TrailersReceived,
     WindowOpened,
@@ -17,6 +21,6 @@ from .frames import ErrorCode
 
 __all__ = [
     "MAX_STREAM_ID", "PREFACE", "ConnectionError", "DataReceived", "ErrorCode", "Event",
-    "GoAwayReceived", "H2Limits", "H2Server", "HeadersTooLarge", "RequestReceived",
-    "StreamReset", "TrailersReceived", "WindowOpened",
+    "GoAwayReceived", "H2Client", "H2Limits", "H2Server", "HeadersTooLarge", "RequestReceived",
+    "ResponseReceived", "StreamReset", "TrailersReceived", "WindowOpened",
 ]

@@ -1,11 +1,19 @@
-"""A lean sans-IO HTTP/2 server connection (RFC 9113): bytes in, events out, bytes to send.
+"""A lean sans-IO HTTP/2 server connection (RFC 9113) and the frame layer it shares with the
+client (``client.py``): bytes in, events out, bytes to send.
 
 Why not the ``h2`` library: per-frame objects and validation layers cost ~8x our budget, and
 its GOAWAY ends the connection (python-hyper/h2#1181) where lameduck's drain needs two
 (DESIGN.md §2). Frames are read in place from one bytearray with ``struct.unpack_from`` and
 dispatched on the type number; streams are small slotted objects.
 
-Rules it keeps (RFC 9113 unless noted):
+``H2Connection`` is the part that does not depend on the role: the frame loop, DATA and
+CONTINUATION, the control frames, flow control both ways, stream endings and the abuse
+counters. ``H2Server`` adds the preface it expects, its SETTINGS, request validation,
+responses and the two-step drain; ``client.H2Client`` the other side, for upstreams. The
+three are compiled together by mypyc (an interpreted class cannot subclass a compiled one).
+
+Rules the server keeps (RFC 9113 unless noted; those not about requests, refusal or the
+drain are kept by the client too — see client.py for how they read from its side):
 
 - Preface: the client magic, then a SETTINGS frame, else GOAWAY(PROTOCOL_ERROR) (§3.4).
   Our SETTINGS: MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_HEADER_LIST_SIZE,
@@ -112,12 +120,19 @@ from .frames import (
 
 __all__ = [
     "MAX_STREAM_ID", "PREFACE", "ConnectionError", "DataReceived", "ErrorCode", "Event",
-    "GoAwayReceived", "H2Limits", "H2Server", "HeadersTooLarge", "RequestReceived",
-    "StreamReset", "TrailersReceived", "WindowOpened",
+    "GoAwayReceived", "H2Connection", "H2Limits", "H2Server", "HeadersTooLarge",
+    "RequestReceived", "StreamReset", "TrailersReceived", "WindowOpened",
 ]
 
 PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 MAX_STREAM_ID: Final = 2**31 - 1
+# The peer's SETTINGS_MAX_CONCURRENT_STREAMS until its SETTINGS arrive (RFC 9113 §6.5.2 advises
+# no less than 100), and once they came without one: no limit, above any u32 it could name.
+DEFAULT_MAX_CONCURRENT: Final = 100
+UNLIMITED_STREAMS: Final = 1 << 32
+# A client stream's ``content_length`` until the final response head (see ``_Stream``).
+AWAITING_RESPONSE: Final = -2
+AWAITING_HEAD_RESPONSE: Final = -3
 
 # Typed, so that mypyc works on the fields as native ints rather than generic objects.
 _unpack_header: Final[Callable[[bytearray, int], tuple[int, int, int, int, int]]] = (
@@ -195,6 +210,11 @@ class _Rate:
 
 
 class _Stream:
+    """One stream's state, for either role. ``content_length``: -1 none, >= 0 the length the
+    peer's head declared (the DATA must add up to it); on a client stream also
+    ``AWAITING_RESPONSE`` or ``AWAITING_HEAD_RESPONSE`` until the final response head, so
+    DATA before it is caught by the same single test in ``_on_data``."""
+
     __slots__ = (
         "blocked_once", "content_length", "pending", "pending_end", "pending_trailers",
         "received", "recv_closed", "recv_window", "rejected", "send_done", "send_ended",
@@ -218,8 +238,10 @@ class _Stream:
         self.rejected = False  # HeadersTooLarge: body discarded here
 
 
-class H2Server:
-    """One server-side HTTP/2 connection. See the module docstring for the rules."""
+class H2Connection:
+    """What both roles share: the frame loop, flow control both ways, stream endings, the
+    abuse counters. The subclass says how a connection starts (``initiate``; ``_state``) and
+    what a header block means (``_on_block``). Not used on its own."""
 
     def __init__(self, limits: H2Limits | None = None, now: float = 0.0) -> None:
         lim = limits if limits is not None else H2Limits()
@@ -227,7 +249,8 @@ class H2Server:
         self._buf = bytearray()
         self._out: list[bytes] = []
         self._out_size = 0
-        self._state = 0  # 0: expecting the magic, 1: the client's SETTINGS, 2: running
+        # 0: expecting the client magic (server), 1: the peer's SETTINGS, 2: running.
+        self._state = 0
         self._initiated = False
         self._dec = Decoder()
         self._enc = Encoder()
@@ -236,7 +259,7 @@ class H2Server:
         self._closed_ring: list[int] = []
         self._ring_pos = 0
         self._blocked: dict[int, _Stream] = {}
-        self._highest = 0  # highest client stream id seen on a HEADERS
+        self._highest = 0  # highest client stream id seen on a HEADERS (client: opened)
         self._now = now
         # Our receive side.
         self._accept_frame = max(lim.max_frame_size, DEFAULT_MAX_FRAME)
@@ -253,6 +276,8 @@ class H2Server:
         self._peer_initial = DEFAULT_WINDOW
         self._peer_max_frame = DEFAULT_MAX_FRAME
         self.peer_max_header_list_size: int | None = None
+        self.peer_max_concurrent_streams = DEFAULT_MAX_CONCURRENT
+        self._max_enable_push = 1  # the highest SETTINGS_ENABLE_PUSH the peer may send
         # CONTINUATION in progress.
         self._cont_sid = 0
         self._cont_buf = bytearray()
@@ -303,24 +328,20 @@ class H2Server:
         self._out_size += len(frame)
 
     def _queue_reply(self, frame: bytes) -> None:
-        """A control frame the client made us send: bounded, or it is a flood."""
+        """A control frame the peer made us send: bounded, or it is a flood."""
         if self._out_size > self.limits.max_pending_output:
             self.flood += 1
             raise _ProtocolError(ErrorCode.ENHANCE_YOUR_CALM, "peer does not read our replies")
         self._queue(frame)
 
     def initiate(self) -> None:
+        """Queue what opens the connection on our side (the subclass knows what)."""
+        raise NotImplementedError
+
+    def _announce(self, settings: list[tuple[int, int]]) -> None:
         """Queue our SETTINGS and raise the connection window (RFC 9113 §3.4, §6.9.2)."""
-        if self._initiated:
-            return
         self._initiated = True
         lim = self.limits
-        settings = [
-            (SETTINGS_MAX_CONCURRENT_STREAMS, lim.max_concurrent_streams),
-            (SETTINGS_INITIAL_WINDOW_SIZE, lim.initial_window_size),
-            (SETTINGS_MAX_HEADER_LIST_SIZE, lim.max_header_list_size),
-            (SETTINGS_ENABLE_CONNECT_PROTOCOL, 1),
-        ]
         if self._accept_frame != DEFAULT_MAX_FRAME:
             settings.append((SETTINGS_MAX_FRAME_SIZE, self._accept_frame))
         self._queue(settings_frame(settings))
@@ -408,14 +429,22 @@ class H2Server:
                     if length < 8:
                         raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "GOAWAY length")
                     last, code = _unpack_two(buf, p)
-                    last &= 0x7FFFFFFF
-                    self.peer_goaway = last
-                    events.append(GoAwayReceived(last, error_code(code)))
+                    self._on_goaway(last & 0x7FFFFFFF, error_code(code), events)
                 elif ftype == PUSH_PROMISE:
-                    raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+                    self._on_push_promise()
                 # Unknown frame types are ignored (RFC 9113 §4.1, §5.5).
         finally:
             del buf[:pos]
+
+    def _on_goaway(self, last: int, code: ErrorCode | int, events: list[Event]) -> None:
+        """The peer's GOAWAY: reported; its streams up to ``last`` go on."""
+        self.peer_goaway = last
+        events.append(GoAwayReceived(last, code))
+
+    def _on_push_promise(self) -> None:
+        """A client cannot push (RFC 9113 §8.4); H2Client, which never enables push, gives
+        its own reason."""
+        raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
 
     def _flooded(self, reason: str) -> None:
         self.flood += 1
@@ -476,7 +505,8 @@ class H2Server:
         size = end - p
         st.received += size
         cl = st.content_length
-        if cl >= 0 and (st.received > cl or (end_stream and st.received != cl)):
+        # cl < -1: a client stream whose final response head has not come (§8.1).
+        if cl != -1 and (cl < 0 or st.received > cl or (end_stream and st.received != cl)):
             self._give_back(flow)
             self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
             return
@@ -569,55 +599,9 @@ class H2Server:
 
     def _on_block(self, sid: int, block: bytes, end_stream: bool, bad_priority: bool,
                   events: list[Event]) -> None:
-        headers, size = self._decode(block)
-        st = self._streams.get(sid)
-        if st is not None:
-            self._on_trailers(st, headers, end_stream, bad_priority, events)
-            return
-        if sid <= self._highest:
-            kind = self._closed_ids.get(sid)
-            if kind == _CLOSED_BY_US:
-                return  # in flight when we reset it (§5.1 closed)
-            if kind is None:
-                raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "stream id not increasing")
-            raise _ProtocolError(ErrorCode.STREAM_CLOSED, "HEADERS on a closed stream")
-        self._highest = sid
-        if self.goaway_sent == 2 and sid > self.last_processed:
-            self._refuse(sid, counted=False)  # after the final GOAWAY: safe to retry
-            return
-        if bad_priority:
-            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
-            return
-        if len(self._streams) >= self.limits.max_concurrent_streams:
-            self._refuse(sid, counted=True)
-            return
-        if size > self.limits.max_header_list_size:
-            st = self._open(sid, end_stream)
-            st.rejected = True
-            self.last_processed = sid
-            events.append(HeadersTooLarge(sid, end_stream))
-            return
-        try:
-            ev, cl = _request(sid, headers, end_stream)
-        except _Malformed:
-            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
-            return
-        st = self._open(sid, end_stream)
-        st.content_length = cl
-        self.last_processed = sid
-        events.append(ev)
-
-    def _open(self, sid: int, end_stream: bool) -> _Stream:
-        st = _Stream(sid, self._peer_initial, self._recv_initial, end_stream)
-        self._streams[sid] = st
-        return st
-
-    def _refuse(self, sid: int, counted: bool) -> None:
-        self._queue_reply(rst_stream(sid, ErrorCode.REFUSED_STREAM))
-        self.resets_sent += 1
-        self._remember(sid, _CLOSED_BY_US)
-        if counted and self._resets.hit(self._now):
-            self._flooded("too many refused streams")
+        """A complete header block (the subclass knows what it means); it must be decoded
+        even when it is dropped, so that the HPACK table stays in step."""
+        raise NotImplementedError
 
     def _on_trailers(self, st: _Stream, headers: list[tuple[bytes, bytes]], end_stream: bool,
                      bad_priority: bool, events: list[Event]) -> None:
@@ -724,6 +708,8 @@ class H2Server:
         self.settings += 1
         if self._settings.hit(self._now):
             self._flooded("SETTINGS flood")
+        if self.settings == 1:  # the first SETTINGS: no limit unless it names one (§6.5.2)
+            self.peer_max_concurrent_streams = UNLIMITED_STREAMS
         buf = self._buf
         for off in range(p, p + length, 6):
             key, value = _unpack_setting(buf, off)
@@ -743,11 +729,18 @@ class H2Server:
                 self._peer_max_frame = value
             elif key == SETTINGS_HEADER_TABLE_SIZE:
                 self._enc.set_max_table_size(value)
-            elif key in (SETTINGS_ENABLE_PUSH, SETTINGS_ENABLE_CONNECT_PROTOCOL):
+            elif key == SETTINGS_ENABLE_PUSH:
+                if value > 1:
+                    raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "boolean setting above 1")
+                if value > self._max_enable_push:
+                    raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "ENABLE_PUSH from a server")
+            elif key == SETTINGS_ENABLE_CONNECT_PROTOCOL:
                 if value > 1:
                     raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "boolean setting above 1")
             elif key == SETTINGS_MAX_HEADER_LIST_SIZE:
                 self.peer_max_header_list_size = value
+            elif key == SETTINGS_MAX_CONCURRENT_STREAMS:
+                self.peer_max_concurrent_streams = value
         self._queue_reply(SETTINGS_ACK)
         if self._blocked and self._send_window > 0:
             self._flush_blocked(events)
@@ -778,8 +771,8 @@ class H2Server:
 
     def _stream_error(self, sid: int, code: ErrorCode, events: list[Event],
                       report: bool = True) -> None:
-        """RST_STREAM because the client broke a rule on this stream; it counts toward the
-        rapid-reset limit, so a client cannot make us write resets without bound."""
+        """RST_STREAM because the peer broke a rule on this stream; it counts toward the
+        rapid-reset limit, so a peer cannot make us write resets without bound."""
         self._queue_reply(rst_stream(sid, code))
         self.resets_sent += 1
         st = self._streams.get(sid)
@@ -820,30 +813,6 @@ class H2Server:
             last = off + mf >= n
             self._queue(frame_header(len(chunk), CONTINUATION, END_HEADERS if last else 0, sid)
                         + chunk)
-
-    def send_headers(self, stream_id: int, status: int, headers: list[tuple[bytes, bytes]],
-                     end_stream: bool = False) -> None:
-        """A response head. 1xx may precede the final one (not with end_stream; no 101 in
-        HTTP/2, §8.6). Names are lower-cased and connection-specific fields dropped, so an
-        HTTP/1 upstream's head can be passed as it is. A stream already gone is ignored."""
-        if status < 200 and (end_stream or status == 101 or status < 100):
-            raise ValueError(f"status {status} cannot be sent here")
-        st = self._streams.get(stream_id)
-        if st is None or st.send_ended or self.closed:
-            return
-        fields: list[Row] = [_STATUS.get(status) or (b":status", b"%d" % status)]
-        names = _OUT_NAMES
-        for name, value in headers:
-            out = names.get(name)
-            if out is None:
-                out = _out_name(name)
-            if out:
-                fields.append((out, value))
-        block = self._enc.encode(cast("list[tuple[bytes, bytes]]", fields))
-        self._emit_block(stream_id, block, end_stream)
-        if end_stream:
-            st.send_ended = True
-            self._local_end(st)
 
     def send_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
         """Body bytes. What the windows do not allow now is held for this stream (see
@@ -961,6 +930,109 @@ class H2Server:
         self.resets_sent += 1
         self._forget(st, _CLOSED_BY_US)
 
+    def close(self, code: ErrorCode = ErrorCode.NO_ERROR, debug: bytes = b"") -> None:
+        """GOAWAY(last processed, code) and stop processing input."""
+        if self.closed:
+            return
+        self._queue(goaway(self.last_processed, code, debug))
+        self.goaway_sent = 2
+        self.closed = True
+        self._buf.clear()
+
+
+class H2Server(H2Connection):
+    """One server-side HTTP/2 connection. See the module docstring for the rules."""
+
+    def initiate(self) -> None:
+        """Queue our SETTINGS and raise the connection window (RFC 9113 §3.4, §6.9.2)."""
+        if self._initiated:
+            return
+        lim = self.limits
+        self._announce([
+            (SETTINGS_MAX_CONCURRENT_STREAMS, lim.max_concurrent_streams),
+            (SETTINGS_INITIAL_WINDOW_SIZE, lim.initial_window_size),
+            (SETTINGS_MAX_HEADER_LIST_SIZE, lim.max_header_list_size),
+            (SETTINGS_ENABLE_CONNECT_PROTOCOL, 1),
+        ])
+
+    # ------------------------------------------------------------------ receiving
+
+    def _on_block(self, sid: int, block: bytes, end_stream: bool, bad_priority: bool,
+                  events: list[Event]) -> None:
+        headers, size = self._decode(block)
+        st = self._streams.get(sid)
+        if st is not None:
+            self._on_trailers(st, headers, end_stream, bad_priority, events)
+            return
+        if sid <= self._highest:
+            kind = self._closed_ids.get(sid)
+            if kind == _CLOSED_BY_US:
+                return  # in flight when we reset it (§5.1 closed)
+            if kind is None:
+                raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "stream id not increasing")
+            raise _ProtocolError(ErrorCode.STREAM_CLOSED, "HEADERS on a closed stream")
+        self._highest = sid
+        if self.goaway_sent == 2 and sid > self.last_processed:
+            self._refuse(sid, counted=False)  # after the final GOAWAY: safe to retry
+            return
+        if bad_priority:
+            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+            return
+        if len(self._streams) >= self.limits.max_concurrent_streams:
+            self._refuse(sid, counted=True)
+            return
+        if size > self.limits.max_header_list_size:
+            st = self._open(sid, end_stream)
+            st.rejected = True
+            self.last_processed = sid
+            events.append(HeadersTooLarge(sid, end_stream))
+            return
+        try:
+            ev, cl = _request(sid, headers, end_stream)
+        except _Malformed:
+            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+            return
+        st = self._open(sid, end_stream)
+        st.content_length = cl
+        self.last_processed = sid
+        events.append(ev)
+
+    def _open(self, sid: int, end_stream: bool) -> _Stream:
+        st = _Stream(sid, self._peer_initial, self._recv_initial, end_stream)
+        self._streams[sid] = st
+        return st
+
+    def _refuse(self, sid: int, counted: bool) -> None:
+        self._queue_reply(rst_stream(sid, ErrorCode.REFUSED_STREAM))
+        self.resets_sent += 1
+        self._remember(sid, _CLOSED_BY_US)
+        if counted and self._resets.hit(self._now):
+            self._flooded("too many refused streams")
+
+    def send_headers(self, stream_id: int, status: int, headers: list[tuple[bytes, bytes]],
+                     end_stream: bool = False) -> None:
+        """A response head. 1xx may precede the final one (not with end_stream; no 101 in
+        HTTP/2, §8.6). Names are lower-cased and connection-specific fields dropped, so an
+        HTTP/1 upstream's head can be passed as it is. A stream already gone is ignored."""
+        if status < 200 and (end_stream or status == 101 or status < 100):
+            raise ValueError(f"status {status} cannot be sent here")
+        st = self._streams.get(stream_id)
+        if st is None or st.send_ended or self.closed:
+            return
+        fields: list[Row] = [_STATUS.get(status) or (b":status", b"%d" % status)]
+        names = _OUT_NAMES
+        for name, value in headers:
+            out = names.get(name)
+            if out is None:
+                out = _out_name(name)
+            if out:
+                fields.append((out, value))
+        block = self._enc.encode(cast("list[tuple[bytes, bytes]]", fields))
+        self._emit_block(stream_id, block, end_stream)
+        if end_stream:
+            st.send_ended = True
+            self._local_end(st)
+
     # ------------------------------------------------------------------ draining
 
     def start_drain(self) -> None:
@@ -974,15 +1046,6 @@ class H2Server:
         if self.goaway_sent < 2 and not self.closed:
             self._queue(goaway(self.last_processed, ErrorCode.NO_ERROR))
             self.goaway_sent = 2
-
-    def close(self, code: ErrorCode = ErrorCode.NO_ERROR, debug: bytes = b"") -> None:
-        """GOAWAY(last processed, code) and stop processing input."""
-        if self.closed:
-            return
-        self._queue(goaway(self.last_processed, code, debug))
-        self.goaway_sent = 2
-        self.closed = True
-        self._buf.clear()
 
 
 _STATUS: Final[dict[int, Row]] = {
@@ -1022,19 +1085,24 @@ _SCHEME: Final = 4
 _AUTHORITY: Final = 5
 _PATH: Final = 6
 _PROTOCOL: Final = 7
+_STATUS_FIELD: Final = 8  # a response's :status (client.py); malformed in a request
 _PSEUDO: Final[dict[bytes, int]] = {
     b":method": _METHOD, b":scheme": _SCHEME, b":authority": _AUTHORITY, b":path": _PATH,
-    b":protocol": _PROTOCOL,
+    b":protocol": _PROTOCOL, b":status": _STATUS_FIELD,
 }
-_FIELD_KINDS: Final[dict[Row, int]] = {}  # (name, value) → kind
+# (name, value) → kind, for requests and responses alike: a regular field's rules do not
+# depend on the direction (RFC 9113 §8.2), and each pseudo-field has its own kind.
+_FIELD_KINDS: Final[dict[Row, int]] = {}
 
 
 def _classify(field: Row) -> int:
-    """The kind of a request field, after the checks that depend on it alone (RFC 9113
-    §8.2.1, §8.2.2, §8.3.1): names lower-case visible ASCII or a known pseudo-field, values
-    without NUL/CR/LF or edge whitespace, no connection-specific field, te only "trailers",
-    content-length digits, :method a token, :path and :authority visible octets, :path not
-    empty. Raises _Malformed; remembers the kind of a field that passed."""
+    """The kind of a request or response field, after the checks that depend on it alone
+    (RFC 9113 §8.2.1, §8.2.2, §8.3.1, §8.3.2): names lower-case visible ASCII or a known
+    pseudo-field, values without NUL/CR/LF or edge whitespace, no connection-specific field,
+    te only "trailers", content-length digits, :method a token, :path and :authority visible
+    octets, :path not empty, :status three digits from 100 to 599 but not 101 (no 101 in
+    HTTP/2, §8.6). Raises _Malformed; remembers the kind of a field that passed. Whether a
+    pseudo-field belongs in the message at hand is for ``_request``/``_response`` to judge."""
     name, value = cast("tuple[bytes, bytes]", field)
     if value:
         if value.translate(None, _VALUE_OK):
@@ -1068,6 +1136,9 @@ def _classify(field: Row) -> int:
                 kind = _COOKIE
             else:
                 raise _Malformed
+    elif kind == _STATUS_FIELD and (len(value) != 3 or not value.isdigit()
+                                    or not 0x31 <= value[0] <= 0x35 or value == b"101"):
+        raise _Malformed
     if len(name) + len(value) <= _CACHE_ENTRY_MAX:
         cache = _FIELD_KINDS
         if len(cache) >= _CACHE_MAX:
@@ -1115,10 +1186,12 @@ def _request(sid: int, headers: list[tuple[bytes, bytes]],
                 if authority is not None:
                     raise _Malformed
                 authority = value
-            else:
+            elif kind == _PROTOCOL:
                 if protocol is not None:
                     raise _Malformed
                 protocol = value
+            else:  # :status
+                raise _Malformed
         elif kind == _CONTENT_LENGTH:
             n = int(value)
             if cl >= 0 and n != cl:

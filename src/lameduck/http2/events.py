@@ -1,9 +1,12 @@
-"""What ``H2Server.receive`` reports. NamedTuples: one allocation each, readable in tests.
+"""What ``H2Server.receive`` and ``H2Client.receive`` report. NamedTuples: one allocation
+each, readable in tests. ``RequestReceived`` and ``HeadersTooLarge`` are the server's,
+``ResponseReceived`` the client's; the rest (data, trailers, resets, windows, GOAWAY,
+connection errors) mean the same on either side, about the peer's half of the stream.
 
 There is no StreamEnded event: the shell knows a stream is finished when it has seen the
-request end (``end_stream`` on a request/data/trailers event) and has sent its own end, or on
-``StreamReset``; ``H2Server.open_streams`` counts what is still open on the wire (including
-responses held back by flow control)."""
+peer's end (``end_stream`` on a head/data/trailers event) and has sent its own end, or on
+``StreamReset``; ``open_streams`` counts what is still open on the wire (including output
+held back by flow control)."""
 
 from __future__ import annotations
 
@@ -26,6 +29,17 @@ class RequestReceived(NamedTuple):
     end_stream: bool
 
 
+class ResponseReceived(NamedTuple):
+    """A well-formed response head (client side). ``headers`` are the regular fields in
+    order. ``status`` < 200 is an interim response (``end_stream`` False): any number may
+    come before the final one."""
+
+    stream_id: int
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    end_stream: bool
+
+
 class HeadersTooLarge(NamedTuple):
     """The decoded header list exceeded max_header_list_size: answer 431 with end_stream.
     Any request body is discarded here, and the stream reset with NO_ERROR once the answer is
@@ -36,8 +50,9 @@ class HeadersTooLarge(NamedTuple):
 
 
 class DataReceived(NamedTuple):
-    """Request body bytes. Acknowledge ``flow_len`` (payload + padding) with
-    ``acknowledge_received_data`` once consumed, forwarded or dropped."""
+    """Body bytes (a request's on the server, a response's on the client). Acknowledge
+    ``flow_len`` (payload + padding) with ``acknowledge_received_data`` once consumed,
+    forwarded or dropped: the windows reopen only then."""
 
     stream_id: int
     data: bytes
@@ -51,14 +66,17 @@ class TrailersReceived(NamedTuple):
 
 
 class StreamReset(NamedTuple):
-    """The client reset the stream, or we did because it broke a rule on it: forget it."""
+    """The peer reset the stream, or we did because it broke a rule on it: forget it. On the
+    client, REFUSED_STREAM (sent, or implied by a GOAWAY below the stream) means the server
+    did not process the request: safe to retry (RFC 9113 §8.7)."""
 
     stream_id: int
     code: ErrorCode | int
 
 
 class WindowOpened(NamedTuple):
-    """Output held back by flow control on this stream is all sent: resume the upstream."""
+    """Output held back by flow control on this stream is all sent: resume its source (the
+    upstream's response on the server, the downstream's request body on the client)."""
 
     stream_id: int
 
@@ -75,5 +93,5 @@ class ConnectionError(NamedTuple):
     reason: str
 
 
-Event = (RequestReceived | HeadersTooLarge | DataReceived | TrailersReceived | StreamReset
-         | WindowOpened | GoAwayReceived | ConnectionError)
+Event = (RequestReceived | ResponseReceived | HeadersTooLarge | DataReceived | TrailersReceived
+         | StreamReset | WindowOpened | GoAwayReceived | ConnectionError)
