@@ -525,3 +525,77 @@ class WsEcho:
                     break
                 self.lines.append(line.strip())
         return self.lines[:n]
+
+
+H2ORIGIN = Path(__file__).resolve().parent / "h2origin.py"
+
+
+class H2Origin:
+    """tests/h2origin.py (an h2c origin on the ``h2`` library) in its own process, stopped by
+    pid. A reader thread collects its stdout lines (see the module docstring for them):
+    ``lines()`` is what it printed so far, ``records("request")`` those lines parsed, and
+    ``wait_line(...)`` polls for one."""
+
+    def __init__(self, max_streams: int | None = None, window: int | None = None,
+                 args: tuple[str, ...] = (), timeout: float = 10.0) -> None:
+        import tempfile
+        import threading
+
+        cmd = [sys.executable, str(H2ORIGIN), "--port", "0"]
+        if max_streams is not None:
+            cmd += ["--max-streams", str(max_streams)]
+        if window is not None:
+            cmd += ["--window", str(window)]
+        cmd += list(args)
+        self._err = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the origin)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._err, text=True)
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.startswith("listening on 127.0.0.1:"):
+            stop(self.proc)
+            raise RuntimeError(f"h2origin did not start: {line!r} {self.stderr()}")
+        self.port = int(line.rsplit(":", 1)[1])
+        self.addr = f"127.0.0.1:{self.port}"
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._lock:
+                self._lines.append(line.rstrip("\n"))
+
+    def url(self, path: str = "/") -> str:
+        return f"http://{self.addr}{path}"
+
+    def lines(self, prefix: str = "") -> list[str]:
+        """The stdout lines so far (after the ``listening`` one) that start with ``prefix``."""
+        with self._lock:
+            return [ln for ln in self._lines if ln.startswith(prefix)]
+
+    def records(self, kind: str) -> list[dict[str, str]]:
+        """Lines of one kind (``request``, ``closed``, ``goaway-received``, ...) as dicts of
+        their ``key=value`` fields: ``{"conn": "1", "stream": "3", "method": "GET", ...}``."""
+        out = []
+        for ln in self.lines(kind + " "):
+            fields = ln.split(" ")[1:]
+            out.append(dict(f.partition("=")[::2] for f in fields if "=" in f))
+        return out
+
+    def wait_line(self, prefix: str, count: int = 1, timeout: float = 5.0) -> bool:
+        """True once at least ``count`` lines starting with ``prefix`` were printed."""
+        return wait_until(lambda: len(self.lines(prefix)) >= count, timeout, 0.01)
+
+    def stderr(self) -> str:
+        self._err.seek(0)
+        return self._err.read().decode(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def stop(self) -> None:
+        stop(self.proc)
+        self._reader.join(timeout=5)

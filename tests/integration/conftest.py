@@ -11,7 +11,7 @@ import pytest
 import trustme
 
 from tests.peers import Destination
-from tests.procs import Lameduck, WsEcho, base_config, start_origin, stop
+from tests.procs import H2Origin, Lameduck, WsEcho, base_config, start_origin, stop
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +59,25 @@ def wsecho() -> Iterator[WsEcho]:
         yield server
     finally:
         stop(server.proc)
+
+
+@pytest.fixture
+def h2origin() -> Iterator[Callable[..., H2Origin]]:
+    """``h2origin(max_streams=None, window=None, args=())`` starts a real h2c origin
+    (tests/h2origin.py) and returns it; every one started is stopped by pid at teardown."""
+    started: list[H2Origin] = []
+
+    def make(**kw: Any) -> H2Origin:
+        o = H2Origin(**kw)
+        started.append(o)
+        return o
+
+    yield make
+    for o in started:
+        o.stop()
+    for o in started:
+        # A handler bug shows as a traceback on its stderr even if every client check passed.
+        assert "Traceback" not in o.stderr(), o.stderr()
 
 
 @pytest.fixture
