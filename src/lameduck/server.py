@@ -26,6 +26,8 @@ from lameduck.drain import (
     ShutdownSettings,
     Step,
 )
+from lameduck.http2.connection import H2Limits
+from lameduck.http2.upstream import H2Pool
 from lameduck.listeners import HttpListener
 from lameduck.stats import (
     DrainStats,
@@ -67,6 +69,15 @@ class Server:
         for cc in cfg.clusters:
             eps = [Endpoint(e.host, e.port, cc.max_idle_connections) for e in cc.endpoints]
             cluster = Cluster(cc.name, eps, cc.connect_timeout, cc.idle_timeout)
+            if cc.protocol == "h2":
+                h2 = cc.http2
+                # The upstream is configured, not a stranger: its refusals (REFUSED_STREAM
+                # under load) are not a rapid-reset attack.
+                limits = H2Limits(initial_window_size=h2.initial_stream_window_size,
+                                  connection_window=h2.initial_connection_window_size,
+                                  max_resets_per_window=1 << 20)
+                cluster.connector = H2Pool(cluster, limits, h2.max_concurrent_streams,
+                                           self.loop).connect
             self.registry.add(f"cluster.{cc.name}", cluster.stats)
             self.clusters[cc.name] = cluster
         self.listeners: list[HttpListener] = []

@@ -216,7 +216,7 @@ def test_every_model_forbids_extra_keys_and_is_frozen() -> None:
         return found
 
     models = set(walk(Config))
-    assert len(models) == 10
+    assert len(models) == 11
     for model in models:
         assert model.model_config.get("extra") == "forbid", model
         assert model.model_config.get("frozen") is True, model

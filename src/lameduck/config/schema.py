@@ -363,6 +363,17 @@ class Http2Config(BaseModel):
     flood_window: PositiveDuration = 10.0
 
 
+class UpstreamHttp2Config(BaseModel):
+    """HTTP/2 to a `protocol: h2` cluster (Envoy's cluster http2_protocol_options names)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Streams opened per connection at most; the upstream's own SETTINGS may lower it.
+    max_concurrent_streams: int = Field(100, ge=1, le=2**31 - 1)
+    initial_stream_window_size: int = Field(1 << 20, ge=65535, le=2**31 - 1)
+    initial_connection_window_size: int = Field(1 << 24, ge=65535, le=2**31 - 1)
+
+
 class ConnectConfig(BaseModel):
     """CONNECT tunnels (HTTP/1.1 CONNECT, HTTP/2 :method CONNECT): only to the listed
     destinations; anything else is answered 403. Empty (the default): no tunnels at all."""
@@ -402,6 +413,10 @@ class ClusterConfig(BaseModel):
     connect_timeout: PositiveDuration = 1.0
     max_idle_connections: int = Field(256, ge=0)  # per endpoint; 0 = no pooling
     idle_timeout: Duration = 30.0  # pooled upstream connection idle timeout; 0 = none
+    # "http1": a keep-alive pool, one request per connection at a time; "h2": HTTP/2 with
+    # prior knowledge (h2c), many streams per connection (Envoy's explicit http2 config).
+    protocol: Literal["http1", "h2"] = "http1"
+    http2: UpstreamHttp2Config = UpstreamHttp2Config()
 
 
 class Config(BaseModel):

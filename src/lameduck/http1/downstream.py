@@ -31,7 +31,7 @@ import httptools
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http1.tunnel import Pending, Relay, abort_with_rst, open_destination
-from lameduck.http1.upstream import H1Upstream, UpstreamError
+from lameduck.http1.upstream import H1Upstream, UpstreamConn, UpstreamError
 from lameduck.http1.wire import (
     HOP_BY_HOP,
     LAST_CHUNK,
@@ -96,7 +96,7 @@ class ListenerContext(Protocol):
     connect_timeout: float
 
     def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
-    def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[H1Upstream]: ...
+    def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]: ...
     def on_connection_closed(self, conn: H1Downstream) -> None: ...
     def on_request_done(self) -> None: ...
 
@@ -130,7 +130,6 @@ class Exchange:
     cstats: ClusterStats | None = None
     endpoint: Endpoint | None = None
     route_timeout = 0.0
-    up: H1Upstream | None = None
     reused = False
     retried = False
     retryable = False  # idempotent method or Idempotency-Key (DESIGN.md §3)
@@ -151,12 +150,14 @@ class Exchange:
         self.is_head = method == b"HEAD"
         self.keep_alive = keep_alive
         self.v10 = v10
+        # Set here, not as a class default: mypyc leaves a protocol-typed default undefined.
+        self.up: UpstreamConn | None = None
 
     # -- request body -----------------------------------------------------------------------
     def request_body(self, data: bytes) -> None:
         if self.local is not None:
             return  # answered locally: the body is read and dropped
-        self._send(chunk(data) if self.chunked_req else data)
+        self._send(data)
 
     def request_complete(self) -> None:
         self.req_done = True
@@ -164,8 +165,9 @@ class Exchange:
             if self.resp_started:
                 self.finish()  # the local answer went out before the request had ended
             return
-        if self.chunked_req:
-            self._send(LAST_CHUNK)
+        up = self.up
+        if up is not None and up.sink is self:
+            up.end()  # else ``attach`` ends it, after what was held
 
     def _send(self, data: bytes) -> None:
         """Request bytes to the upstream, or held (bounded) until one is attached."""
@@ -233,7 +235,7 @@ class Exchange:
             self.reused = False
             down.ctx.connect(cluster, ep).add_done_callback(self._connected)
 
-    def _connected(self, fut: asyncio.Future[H1Upstream]) -> None:
+    def _connected(self, fut: asyncio.Future[UpstreamConn]) -> None:
         if self.resp_done or self.down.gone:
             if not fut.cancelled() and fut.exception() is None:
                 fut.result().close()
@@ -269,7 +271,7 @@ class Exchange:
         if pending.eof and down.relay is not None:
             down.relay.eof(Flow.TO_CLIENT)  # the destination half-closed before the relay began
 
-    def attach(self, up: H1Upstream) -> None:
+    def attach(self, up: UpstreamConn) -> None:
         if self.resp_done or self.down.closing:
             up.close()  # cut or answered meanwhile: this request is not sent
             return
@@ -278,13 +280,18 @@ class Exchange:
         assert cs is not None
         cs.upstream_rq_total += 1
         cs.upstream_rq_active += 1
-        self.can_replay = self.reused and self.retryable and not self.retried
+        # Kept for a retry: a safe request on a reused connection, or any request on an
+        # HTTP/2 stream (which the upstream may refuse as unprocessed).
+        self.can_replay = not self.retried and (
+            (self.reused and self.retryable) or up.multiplexed)
         if not up.alive:  # lost between the pool (or the connect) and now
             self.on_upstream_error(UpstreamError.RESET, False)
             return
         if self.down.write_paused:
             up.pause_reading()  # the client is behind: this response waits for it too
-        up.start(self, self.head, self.is_head, self.route_timeout)
+        up.start(self, self.head, self.is_head, self.route_timeout, self.chunked_req)
+        if self.up is not up:
+            return  # refused at once (an HTTP/2 connection that went away): retried or answered
         if self.buffered:
             for piece in self.buffered:
                 if self.can_replay:
@@ -293,6 +300,8 @@ class Exchange:
             self.buffered = None
             self.buffered_size = 0
             self.down.resume(PAUSE_BUFFER)
+        if self.req_done and up.sink is self:
+            up.end()
 
     def _detach(self, reusable: bool) -> None:
         up = self.up
@@ -388,7 +397,7 @@ class Exchange:
         deflate = any(line[:25].lower() == b"sec-websocket-extensions:"
                       and b"permessage-deflate" in line.lower() for line in lines)
         up = self.up
-        assert up is not None and up.transport is not None
+        assert isinstance(up, H1Upstream) and up.transport is not None
         self.down.start_tunnel(self, head, up.transport, rest, TunnelKind.WEBSOCKET, deflate, up)
         return True
 
@@ -417,24 +426,42 @@ class Exchange:
             # Bytes of this response already went out: the client can only see a reset.
             self.down.abort_with_active_request()
             return
-        if (status == UpstreamError.RESET and can_replay and up_was is not None
+        if (status == UpstreamError.RESET and can_replay and self.reused and up_was is not None
                 and not up_was.got_bytes and not self.down.gone):
             # A pooled connection the upstream had already closed: retry once on a fresh one,
             # replaying what was sent (only safe requests get here: see ``attach``).
-            self.retried = True
-            self.can_replay = False
-            cs.upstream_rq_retry += 1
-            if self.replay:
-                self.buffered = self.replay + (self.buffered or [])
-                self.buffered_size += self.replay_size
-            self.replay = None
-            self.reused = False
-            assert self.cluster is not None and self.endpoint is not None
-            self.down.ctx.connect(self.cluster, self.endpoint).add_done_callback(self._connected)
+            self._retry()
             return
         body = {502: b"upstream reset before response\n", 503: b"upstream connect error\n",
                 504: b"upstream request timeout\n"}[status]
         self.local_error(status, body)
+
+    def on_upstream_refused(self) -> None:
+        can_replay = self.can_replay
+        self._detach(reusable=False)
+        if can_replay and not self.resp_started and not self.down.gone:
+            self._retry()
+            return
+        cs = self.cstats
+        assert cs is not None
+        cs.upstream_rq_rx_reset += 1
+        self.local_error(503, b"upstream refused the request\n")
+
+    def _retry(self) -> None:
+        """Send the request again on another upstream (stream), replaying what was sent."""
+        self.retried = True
+        self.can_replay = False
+        cs = self.cstats
+        assert cs is not None
+        cs.upstream_rq_retry += 1
+        if self.replay:
+            self.buffered = self.replay + (self.buffered or [])
+            self.buffered_size += self.replay_size
+        self.replay = None
+        self.replay_size = 0
+        self.reused = False
+        assert self.cluster is not None and self.endpoint is not None
+        self.down.ctx.connect(self.cluster, self.endpoint).add_done_callback(self._connected)
 
     def local_error(self, status: int, body: bytes) -> None:
         """Answer with a local error response, unless the response already started."""

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import httptools
 
-from lameduck.http1.wire import HOP_BY_HOP, drop_nominated, status_code, whole_response
+from lameduck.http1.wire import (
+    HOP_BY_HOP,
+    LAST_CHUNK,
+    chunk,
+    drop_nominated,
+    status_code,
+    whole_response,
+)
 
 if TYPE_CHECKING:
     from lameduck.upstream.pool import Endpoint
@@ -37,6 +44,9 @@ class ExchangeSink(Protocol):
     def on_response_body(self, data: bytes) -> None: ...
     def on_response_complete(self) -> None: ...
     def on_upstream_error(self, status: int, after_head: bool) -> None: ...
+    def on_upstream_refused(self) -> None:
+        """HTTP/2 proved the request unprocessed (RFC 9113 §8.7): safe to send again."""
+        ...
     def on_whole_response(self, status: int, data: bytes, end: int) -> bool: ...
     def on_upgrade(self, lines: list[bytes], upgrade: bytes, rest: bytes) -> bool: ...
     def pause_request_body(self) -> None: ...
@@ -45,8 +55,33 @@ class ExchangeSink(Protocol):
     def resume_request_body(self) -> None: ...
 
 
+class UpstreamConn(Protocol):
+    """What an exchange holds while its request is upstream: an ``H1Upstream`` (a whole
+    connection) or an HTTP/2 stream on a shared one (``http2.upstream``)."""
+
+    sink: ExchangeSink | None
+    alive: bool
+    read_paused: bool
+    got_bytes: bool  # a response byte came: no retry from here on
+    multiplexed: bool  # a stream of a shared connection (HTTP/2)
+    idle_since: float  # kept by the pool
+
+    @property
+    def reusable(self) -> bool: ...
+
+    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float,
+              chunked: bool) -> None: ...
+    def write(self, data: bytes) -> None: ...
+    def end(self) -> None: ...
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def close(self) -> None: ...
+
+
 class H1Upstream(asyncio.Protocol):
     """One keep-alive connection to one endpoint."""
+
+    multiplexed = False
 
     def __init__(self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> None:
         self.endpoint = endpoint
@@ -72,6 +107,7 @@ class H1Upstream(asyncio.Protocol):
         self.got_bytes = False
         self.fresh = False
         self.no_body = False  # HEAD request: llhttp cannot be told, so we end it ourselves
+        self.chunked_req = False  # the request body is sent in chunks (framed by ``write``)
         self.close_delimited = False
         self.switching = False  # a 101 Switching Protocols head was parsed
         self.upgrade = b""  # its Upgrade field
@@ -118,8 +154,11 @@ class H1Upstream(asyncio.Protocol):
                 self.transport.resume_reading()
 
     # -- sending ----------------------------------------------------------------------------
-    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float) -> None:
+    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float,
+              chunked: bool) -> None:
+        """Send a request head; ``chunked``: the body written after it is framed here."""
         self.sink = sink
+        self.chunked_req = chunked
         self.requests += 1
         self.fresh = True  # no byte of this response read yet: the parser is at a boundary
         self.head_seen = False
@@ -135,8 +174,15 @@ class H1Upstream(asyncio.Protocol):
         self.transport.write(head)
 
     def write(self, data: bytes) -> None:
-        if self.transport is not None and self.alive:
-            self.transport.write(data)
+        """Request body bytes, as the client sent them (unframed)."""
+        if self.transport is not None and self.alive and data:
+            self.transport.write(chunk(data) if self.chunked_req else data)
+
+    def end(self) -> None:
+        """The request body is complete."""
+        if self.chunked_req and self.transport is not None and self.alive:
+            self.chunked_req = False
+            self.transport.write(LAST_CHUNK)
 
     def _arm(self, at: float) -> None:
         if self.timer is not None:

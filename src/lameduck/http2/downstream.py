@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
 from lameduck.drain.tunnel import TunnelKind
 from lameduck.http1.tunnel import Relay, abort_with_rst
-from lameduck.http1.upstream import H1Upstream, UpstreamError
-from lameduck.http1.wire import HOP_BY_HOP, LAST_CHUNK, chunk
+from lameduck.http1.upstream import H1Upstream, UpstreamConn, UpstreamError
+from lameduck.http1.wire import HOP_BY_HOP
 from lameduck.http2.connection import (
     ConnectionError as H2ConnectionError,
 )
@@ -72,7 +72,7 @@ class H2ListenerContext(Protocol):
     connect_timeout: float
 
     def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
-    def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[H1Upstream]: ...
+    def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]: ...
     def on_connection_closed(self, conn: Any) -> None: ...
     def on_request_done(self) -> None: ...
 
@@ -144,7 +144,7 @@ class H2Stream:
         self.chunked_req = False
         self.buffered: list[bytes] | None = None  # request bytes before an upstream is attached
         self.unacked = 0  # flow-controlled bytes received, not yet given back to the client
-        self.up: H1Upstream | None = None
+        self.up: UpstreamConn | None = None
         self.up_write_paused = False
         self.req_done = False
         self.resp_started = False
@@ -176,7 +176,7 @@ class H2Stream:
             if end:
                 self.req_done = True
             return
-        piece = chunk(data) if self.chunked_req and data else data
+        piece = data
         up = self.up
         if up is not None and up.sink is self:
             if piece:
@@ -196,15 +196,11 @@ class H2Stream:
 
     def request_complete(self) -> None:
         self.req_done = True
-        if self.local or self.resp_done or not self.chunked_req:
+        if self.local or self.resp_done:
             return
         up = self.up
         if up is not None and up.sink is self:
-            up.write(LAST_CHUNK)
-        else:
-            if self.buffered is None:
-                self.buffered = []
-            self.buffered.append(LAST_CHUNK)
+            up.end()  # else ``attach`` ends it, after what was held
 
     # -- upstream ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -220,7 +216,7 @@ class H2Stream:
             self.reused = False
             self.conn.ctx.connect(cluster, ep).add_done_callback(self._connected)
 
-    def _connected(self, fut: asyncio.Future[H1Upstream]) -> None:
+    def _connected(self, fut: asyncio.Future[UpstreamConn]) -> None:
         if self.resp_done or self.conn.gone:
             if not fut.cancelled() and fut.exception() is None:
                 fut.result().close()
@@ -233,7 +229,7 @@ class H2Stream:
             return
         self.attach(fut.result())
 
-    def attach(self, up: H1Upstream) -> None:
+    def attach(self, up: UpstreamConn) -> None:
         conn = self.conn
         if self.resp_done or conn.closing:
             up.close()
@@ -248,11 +244,15 @@ class H2Stream:
             return
         if conn.write_paused:
             up.pause_reading()
-        up.start(self, self.head, self.is_head, self.route_timeout)
+        up.start(self, self.head, self.is_head, self.route_timeout, self.chunked_req)
+        if self.up is not up:
+            return  # refused at once (an HTTP/2 connection that went away): retried or answered
         if self.buffered:
             for piece in self.buffered:
                 up.write(piece)
             self.buffered = None
+        if self.req_done and up.sink is self:
+            up.end()
         if self.unacked and not self.up_write_paused:
             n, self.unacked = self.unacked, 0
             conn.h2.acknowledge_received_data(self.sid, n)
@@ -314,7 +314,7 @@ class H2Stream:
         """The upstream accepted the WebSocket (101): 200 on the stream, then relay it."""
         up = self.up
         conn = self.conn
-        if not self.ws or up is None or up.transport is None or conn.closing:
+        if not self.ws or not isinstance(up, H1Upstream) or up.transport is None or conn.closing:
             return False  # a 101 we did not ask for is a bad response
         cs = self.cstats
         assert cs is not None
@@ -377,15 +377,32 @@ class H2Stream:
                 and not self.body and up_was is not None and not up_was.got_bytes
                 and not conn.gone):
             # A pooled connection the upstream had already closed: retry once on a fresh one.
-            self.retried = True
-            self.reused = False
-            cs.upstream_rq_retry += 1
-            assert self.cluster is not None and self.endpoint is not None
-            conn.ctx.connect(self.cluster, self.endpoint).add_done_callback(self._connected)
+            self._retry()
             return
         body = {502: b"upstream reset before response\n", 503: b"upstream connect error\n",
                 504: b"upstream request timeout\n"}[status]
         self.local_error(status, body)
+
+    def on_upstream_refused(self) -> None:
+        """Unprocessed (RFC 9113 §8.7): sent again once if nothing of its body is lost (a
+        stream's request body is not kept for a replay)."""
+        self.detach(reusable=False)
+        conn = self.conn
+        cs = self.cstats
+        assert cs is not None
+        if not self.retried and not self.body and not self.resp_started and not conn.gone:
+            self._retry()
+            return
+        cs.upstream_rq_rx_reset += 1
+        self.local_error(503, b"upstream refused the request\n")
+
+    def _retry(self) -> None:
+        self.retried = True
+        self.reused = False
+        cs = self.cstats
+        assert cs is not None and self.cluster is not None and self.endpoint is not None
+        cs.upstream_rq_retry += 1
+        self.conn.ctx.connect(self.cluster, self.endpoint).add_done_callback(self._connected)
 
     def local_error(self, status: int, body: bytes) -> None:
         conn = self.conn

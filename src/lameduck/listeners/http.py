@@ -17,7 +17,7 @@ from collections.abc import Callable
 from lameduck.config import ListenerConfig
 from lameduck.drain import DrainEvent, ListenerDrain, ProcessDrain
 from lameduck.http1.downstream import H1Downstream
-from lameduck.http1.upstream import H1Upstream
+from lameduck.http1.upstream import H1Upstream, UpstreamConn
 from lameduck.http2.connection import H2Limits
 from lameduck.http2.downstream import H2Downstream
 from lameduck.listeners.tls import AlpnSwitch, server_context
@@ -129,8 +129,10 @@ class HttpListener:
         self._on_change = on_change
 
     # -- ListenerContext --------------------------------------------------------------------
-    def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[H1Upstream]:
-        return open_upstream(self.loop, cluster, endpoint)
+    def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]:
+        if cluster.connector is not None:
+            return cluster.connector(endpoint)  # type: ignore[no-any-return]
+        return open_upstream(self.loop, cluster, endpoint)  # type: ignore[return-value]
 
     def on_connection_closed(self, conn: H1Downstream) -> None:
         self._on_change()

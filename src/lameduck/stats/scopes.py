@@ -105,7 +105,9 @@ class ClusterStats:
     """One per upstream cluster, rendered under `cluster.<name>.`."""
 
     upstream_cx_total: int = 0
+    upstream_cx_http2_total: int = 0
     upstream_cx_active: int = 0
+    upstream_cx_close_notify: int = 0  # closed after the upstream's GOAWAY (or Connection: close)
     upstream_cx_connect_fail: int = 0
     upstream_cx_connect_timeout: int = 0
     upstream_cx_destroy_remote: int = 0
@@ -119,6 +121,7 @@ class ClusterStats:
     upstream_rq_5xx: int = 0
     upstream_rq_timeout: int = 0
     upstream_rq_rx_reset: int = 0
+    upstream_rq_tx_reset: int = 0
     upstream_rq_retry: int = 0
 
     def count_status(self, status: int) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from lameduck.stats import ClusterStats
 from lameduck.upstream.pool import Endpoint
 
@@ -9,7 +12,8 @@ from lameduck.upstream.pool import Endpoint
 class Cluster:
     """Static endpoints balanced round robin (health and admin states come later, issue 5)."""
 
-    __slots__ = ("connect_timeout", "endpoints", "idle_timeout", "name", "next_index", "stats")
+    __slots__ = ("connect_timeout", "connector", "endpoints", "idle_timeout", "name",
+                 "next_index", "stats")
 
     def __init__(
         self,
@@ -26,6 +30,9 @@ class Cluster:
         self.idle_timeout = idle_timeout
         self.stats = ClusterStats()
         self.next_index = 0
+        # How exchanges get an upstream of a multiplexed (HTTP/2) cluster, set by the wiring
+        # (upstream/ does not import the codecs); None: a keep-alive HTTP/1.1 pool.
+        self.connector: Callable[[Endpoint], Any] | None = None
 
     def pick(self) -> Endpoint:
         eps = self.endpoints

@@ -24,10 +24,21 @@ class PooledConnection(Protocol):
     def close(self) -> None: ...
 
 
-class Endpoint:
-    """One upstream address and its pool of idle connections."""
+class SharedConnection(Protocol):
+    """A multiplexed connection (HTTP/2): shared by many exchanges at once, never idle-listed."""
 
-    __slots__ = ("address", "host", "idle", "max_idle", "port")
+    idle_since: float
+
+    @property
+    def busy(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Endpoint:
+    """One upstream address, its pool of idle connections and its shared (HTTP/2) ones."""
+
+    __slots__ = ("address", "host", "idle", "max_idle", "port", "shared")
 
     def __init__(self, host: str, port: int, max_idle: int) -> None:
         self.host = host
@@ -35,6 +46,7 @@ class Endpoint:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.max_idle = max_idle
         self.idle: list[PooledConnection] = []
+        self.shared: list[SharedConnection] = []  # open, in the order they were opened
 
     def acquire(self) -> PooledConnection | None:
         """The most recently used live idle connection, or None (the caller connects)."""
@@ -58,6 +70,11 @@ class Endpoint:
         with contextlib.suppress(ValueError):
             self.idle.remove(conn)
 
+    def forget_shared(self, conn: SharedConnection) -> None:
+        """A shared connection closed (either side)."""
+        with contextlib.suppress(ValueError):
+            self.shared.remove(conn)
+
     def expire(self, now: float, idle_timeout: float) -> int:
         """Close connections idle longer than the timeout (oldest are at the front)."""
         n = 0
@@ -65,11 +82,19 @@ class Endpoint:
         while idle and now - idle[0].idle_since >= idle_timeout:
             idle.pop(0).close()
             n += 1
+        for conn in list(self.shared):
+            if not conn.busy and now - conn.idle_since >= idle_timeout:
+                conn.close()
+                n += 1
         return n
 
     def close_all(self) -> None:
+        """Close what no exchange is using (a shared connection with streams stays)."""
         while self.idle:
             self.idle.pop().close()
+        for conn in list(self.shared):
+            if not conn.busy:
+                conn.close()
 
 
 Connector = Callable[[Endpoint], Awaitable[PooledConnection]]

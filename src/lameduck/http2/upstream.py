@@ -1,0 +1,507 @@
+"""HTTP/2 upstreams (a cluster with ``protocol: h2``): many exchanges share one connection.
+
+An exchange (HTTP/1 or HTTP/2 downstream) talks to an upstream through the same calls either
+way (``UpstreamConn`` in ``http1.upstream``); here each exchange gets an ``H2UpstreamStream``,
+and the streams of an endpoint share the ``H2UpstreamConnection``s kept in its
+``Endpoint.shared`` list. A connection takes new streams while the upstream's
+MAX_CONCURRENT_STREAMS (and ours) allow; past that, or once the upstream sent GOAWAY, a new
+connection is opened. What HTTP/2 proves unprocessed (REFUSED_STREAM, or a stream above a
+GOAWAY's last id, RFC 9113 §8.7) is handed back to the exchange as refused: safe to send
+again whatever the method (DESIGN.md §3). That is how lameduck rides through an upstream's
+own drain without failing a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final, cast
+
+from lameduck.http1.upstream import ExchangeSink, UpstreamError
+
+from .client import H2Client
+from .connection import H2Limits
+from .events import (
+    ConnectionError,
+    DataReceived,
+    GoAwayReceived,
+    ResponseReceived,
+    StreamReset,
+    TrailersReceived,
+    WindowOpened,
+)
+from .frames import ErrorCode
+
+if TYPE_CHECKING:
+    from lameduck.stats import ClusterStats
+    from lameduck.upstream.cluster import Cluster
+    from lameduck.upstream.pool import Endpoint
+
+# Request fields that do not exist in HTTP/2 (RFC 9113 §8.2.2); host becomes :authority. te is
+# hop-by-hop, and "te: trailers" would promise trailers the exchanges do not carry back.
+_DROPPED: Final = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade",
+    b"host", b"te",
+})
+# Request body bytes held per stream (flow control) before the client is paused.
+OUTBOUND_HIGH: Final = 256 * 1024
+
+
+def request_fields(head: bytes) -> tuple[list[tuple[bytes, bytes]], bool]:
+    """An HTTP/1.1 request head as lameduck builds it, as HTTP/2 fields (pseudo-fields first),
+    and whether a body follows (Content-Length above 0, or chunked)."""
+    lines = head.split(b"\r\n")
+    method, _, rest = lines[0].partition(b" ")
+    target = rest.rpartition(b" ")[0]
+    authority = b""
+    body = False
+    fields: list[tuple[bytes, bytes]] = []
+    for line in lines[1:]:
+        if not line:
+            break
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        value = value.strip()
+        if name in _DROPPED:
+            if name == b"host":
+                authority = value
+            elif name == b"transfer-encoding":
+                body = True
+            continue
+        if name == b"content-length":
+            body = value != b"0"
+        fields.append((name, value))
+    pseudo = [(b":method", method), (b":scheme", b"http"), (b":authority", authority),
+              (b":path", target)]
+    return pseudo + fields, body
+
+
+def _lines(headers: list[tuple[bytes, bytes]]) -> tuple[list[bytes], int | None]:
+    """Response fields in the form the exchanges take (``name: value\\r\\n``), and the length."""
+    length: int | None = None
+    out = []
+    for name, value in headers:
+        if name == b"content-length":
+            length = int(value)
+        out.append(b"%s: %s\r\n" % (name, value))
+    return out, length
+
+
+class H2UpstreamStream:
+    """One exchange's stream: what an ``H1Upstream`` is to an exchange, on a shared socket."""
+
+    multiplexed = True
+    reusable = False  # a stream is used once; the connection is what is shared
+    transport = None  # never handed to a tunnel (no 101 in HTTP/2)
+    idle_since = 0.0  # never pooled itself
+
+    def __init__(self, conn: H2UpstreamConnection) -> None:
+        self.conn = conn
+        self.sink: ExchangeSink | None = None
+        self.sid = 0  # 0 until its HEADERS are sent
+        self.alive = True
+        self.started = False
+        self.read_paused = False
+        self.got_bytes = False
+        self.head_seen = False
+        self.ended = False  # our END_STREAM went out (or the stream is gone)
+        self.done = False  # finished on the wire (complete, reset, refused or lost)
+        self.unacked = 0  # response bytes received, not yet acknowledged (paused)
+        self.timer: asyncio.TimerHandle | None = None
+        # Waiting for a free stream slot: the request as it will be sent.
+        self.fields: list[tuple[bytes, bytes]] = []
+        self.body = False
+        self.no_body = False
+        self.held: list[bytes] = []
+
+    # -- what an exchange calls ----------------------------------------------------------------
+    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float,
+              chunked: bool) -> None:
+        conn = self.conn
+        conn.reserved -= 1
+        self.started = True
+        self.sink = sink
+        if not conn.alive or conn.goaway:
+            # lost, or GOAWAY came between the hand-out and now: never sent, so refused
+            self.refuse()
+            return
+        self.fields, self.body = request_fields(head)
+        self.no_body = no_body
+        self.ended = not self.body
+        if timeout > 0:
+            self.timer = conn.loop.call_later(timeout, self._timed_out)
+        if conn.has_room:
+            self.send_head()
+        else:
+            conn.waiting.append(self)  # sent when a stream ends (or refused with the rest)
+
+    def send_head(self) -> None:
+        conn = self.conn
+        h2 = conn.h2
+        self.sid = sid = h2.send_request(self.fields, end_stream=not self.body,
+                                         head=self.no_body)
+        self.fields = []
+        conn.streams[sid] = self
+        if self.held:
+            for data in self.held:
+                h2.send_data(sid, data)
+            self.held = []
+        if self.body and self.ended:
+            h2.send_data(sid, b"", end_stream=True)
+        conn.kick()
+
+    def write(self, data: bytes) -> None:
+        if self.done or not data:
+            return
+        if not self.sid:
+            self.held.append(data)
+            return
+        conn = self.conn
+        conn.h2.send_data(self.sid, data)
+        conn.kick()
+        if conn.h2.outbound_buffered(self.sid) > OUTBOUND_HIGH and self.sink is not None:
+            self.sink.pause_request_body()  # resumed on WindowOpened
+
+    def end(self) -> None:
+        if self.ended or self.done:
+            return
+        self.ended = True
+        if self.sid:
+            self.conn.h2.send_data(self.sid, b"", end_stream=True)
+            self.conn.kick()
+
+    def pause_reading(self) -> None:
+        """The client is behind: stop acknowledging this stream's DATA, so its window closes."""
+        self.read_paused = True
+
+    def resume_reading(self) -> None:
+        self.read_paused = False
+        if self.unacked:
+            n, self.unacked = self.unacked, 0
+            self.conn.h2.acknowledge_received_data(self.sid, n)
+            self.conn.kick()
+
+    def close(self) -> None:
+        """The exchange lets go: a stream it did not see to the end is cancelled."""
+        self.sink = None
+        if self.done:
+            return
+        conn = self.conn
+        self._finish()
+        if not self.started:
+            conn.reserved -= 1
+        elif self.sid:
+            conn.h2.reset_stream(self.sid, ErrorCode.CANCEL)
+            conn.stats.upstream_rq_tx_reset += 1
+            conn.kick()
+        conn.stream_gone()
+
+    abort = close
+
+    # -- what the connection reports -----------------------------------------------------------
+    def _finish(self) -> None:
+        self.done = True
+        self.alive = False
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.sid:
+            self.conn.streams.pop(self.sid, None)
+        elif self.started and self in self.conn.waiting:
+            self.conn.waiting.remove(self)
+        if self.unacked:
+            # connection credit for bytes nobody will read now
+            self.conn.h2.acknowledge_received_data(self.sid, self.unacked)
+            self.unacked = 0
+
+    def _timed_out(self) -> None:
+        self.timer = None
+        sink = self.sink
+        if sink is None or self.head_seen or self.done:
+            return
+        self.close()
+        sink.on_upstream_error(UpstreamError.TIMEOUT, False)
+
+    def on_response(self, ev: ResponseReceived) -> None:
+        sink = self.sink
+        self.got_bytes = True
+        if sink is None:
+            return
+        lines, length = _lines(ev.headers)
+        if ev.status < 200:
+            sink.on_informational(ev.status, lines)
+            return
+        self.head_seen = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        sink.on_response_head(ev.status, lines, length, False)
+        if ev.end_stream and self.sink is sink:
+            self.complete()
+
+    def on_data(self, ev: DataReceived) -> None:
+        sink = self.sink
+        if sink is None:
+            self.conn.h2.acknowledge_received_data(self.sid, ev.flow_len)
+            return
+        if ev.data:
+            sink.on_response_body(ev.data)
+        if self.read_paused:
+            self.unacked += ev.flow_len
+        else:
+            self.conn.h2.acknowledge_received_data(self.sid, ev.flow_len)
+        if ev.end_stream and self.sink is sink:
+            self.complete()
+
+    def complete(self) -> None:
+        sink = self.sink
+        self.ended = True
+        self._finish()
+        self.sink = None
+        self.conn.stream_gone()
+        if sink is not None:
+            sink.on_response_complete()
+
+    def refuse(self) -> None:
+        """Never sent (or proved unprocessed): the exchange may send it again elsewhere."""
+        self.on_reset(ErrorCode.REFUSED_STREAM)
+
+    def on_reset(self, code: int) -> None:
+        sink = self.sink
+        self.ended = True
+        self._finish()
+        self.sink = None
+        self.conn.stream_gone()
+        if sink is None:
+            return
+        if code == ErrorCode.REFUSED_STREAM and not self.head_seen:
+            sink.on_upstream_refused()
+        else:
+            sink.on_upstream_error(UpstreamError.RESET, self.head_seen)
+
+
+class H2UpstreamConnection(asyncio.Protocol):
+    """One HTTP/2 connection to an endpoint, shared by the streams of many exchanges."""
+
+    def __init__(self, endpoint: Endpoint, stats: ClusterStats, limits: H2Limits,
+                 max_streams: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.endpoint = endpoint
+        self.stats = stats
+        self.loop = loop
+        self.h2 = H2Client(limits, loop.time())
+        self.max_streams = max_streams
+        self.transport: asyncio.Transport | None = None
+        self.streams: dict[int, H2UpstreamStream] = {}
+        self.reserved = 0  # streams handed out, not yet started
+        self.waiting: deque[H2UpstreamStream] = deque()  # started, waiting for room
+        self.alive = True
+        self.goaway = False  # the upstream is draining this connection
+        self.closed_here = False
+        self.flush_pending = False
+        self.idle_since = loop.time()
+        self.on_closed: list[Callable[[H2UpstreamConnection], None]] = []
+
+    # -- the pool's view ---------------------------------------------------------------------
+    @property
+    def limit(self) -> int:
+        return min(self.max_streams, self.h2.peer_max_concurrent_streams)
+
+    @property
+    def has_room(self) -> bool:
+        """A stream can be opened on the wire now. Until the upstream's SETTINGS are in, one
+        stream at a time: its stream limit is not known, and a stream over it is refused."""
+        n = len(self.streams)
+        return self.h2.can_open and n < self.max_streams and (n == 0 or self.h2.settings > 0)
+
+    @property
+    def can_open(self) -> bool:
+        """A stream may be handed out: it will be sent at once, or after the ones before it."""
+        return (self.alive and not self.goaway and self.h2.can_open
+                and self.busy < self.limit)
+
+    @property
+    def busy(self) -> int:
+        return len(self.streams) + self.reserved + len(self.waiting)
+
+    def new_stream(self) -> H2UpstreamStream:
+        self.reserved += 1
+        return H2UpstreamStream(self)
+
+    def stream_gone(self) -> None:
+        """A stream ended: start one that waited for room; close a drained connection."""
+        waiting = self.waiting
+        while waiting and self.alive and not self.goaway and self.has_room:
+            waiting.popleft().send_head()
+        if not self.busy:
+            self.idle_since = self.loop.time()
+            if self.goaway or not self.alive:
+                self.close()
+
+    def _refuse_waiting(self) -> None:
+        while self.waiting:
+            self.waiting[0].refuse()  # leaves the queue
+
+    def close(self) -> None:
+        """GOAWAY(NO_ERROR) and close: no stream is cut (only idle ones are closed so)."""
+        if self.transport is None or self.closed_here:
+            return
+        self.closed_here = True
+        self.alive = False
+        self.h2.close()
+        self.flush()
+        self.transport.close()
+
+    def kick(self) -> None:
+        """Write what the frame layer queued, once per loop iteration."""
+        if not self.flush_pending:
+            self.flush_pending = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_pending = False
+        data = self.h2.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    # -- asyncio -----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.stats.upstream_cx_total += 1
+        self.stats.upstream_cx_http2_total += 1
+        self.stats.upstream_cx_active += 1
+        self.h2.initiate()
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        events = self.h2.receive(data, self.loop.time())
+        streams = self.streams
+        for ev in events:
+            t = type(ev)
+            if t is DataReceived:
+                s = streams.get(ev.stream_id)  # type: ignore[union-attr]
+                if s is not None:
+                    s.on_data(ev)  # type: ignore[arg-type]
+                else:
+                    self.h2.acknowledge_received_data(ev.stream_id, ev.flow_len)  # type: ignore[union-attr]
+            elif t is ResponseReceived:
+                s = streams.get(ev.stream_id)  # type: ignore[union-attr]
+                if s is not None:
+                    s.on_response(ev)  # type: ignore[arg-type]
+            elif t is TrailersReceived:
+                # The exchanges have no trailer path (an HTTP/1.1 client rarely asks for
+                # them, RFC 9110 §6.5): the body is complete.
+                s = streams.get(ev.stream_id)  # type: ignore[union-attr]
+                if s is not None:
+                    s.complete()
+            elif t is StreamReset:
+                s = streams.get(ev.stream_id)  # type: ignore[union-attr]
+                if s is not None:
+                    s.on_reset(ev.code)  # type: ignore[union-attr]
+            elif t is WindowOpened:
+                s = streams.get(ev.stream_id)  # type: ignore[union-attr]
+                if s is not None and s.sink is not None:
+                    s.sink.resume_request_body()
+            elif t is GoAwayReceived:
+                if not self.goaway:
+                    self.goaway = True  # no new streams here; the pool opens another
+                    self.stats.upstream_cx_close_notify += 1
+            elif t is ConnectionError:
+                self.alive = False
+        self.flush()
+        if not self.alive and self.transport is not None:
+            self.closed_here = True
+            self.transport.close()  # connection_lost fails what is left
+            return
+        if self.goaway:
+            self._refuse_waiting()  # retried on another connection
+        self.stream_gone()  # the upstream's SETTINGS may have made room, or ended streams
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.alive = False
+        if not self.closed_here:
+            self.stats.upstream_cx_destroy_remote += 1
+        self.stats.upstream_cx_active -= 1
+        self._refuse_waiting()
+        for s in list(self.streams.values()):
+            s.on_reset(ErrorCode.INTERNAL_ERROR)
+        for cb in self.on_closed:
+            cb(self)
+        self.on_closed = []
+
+
+class H2Pool:
+    """Streams for the exchanges of one ``protocol: h2`` cluster (its ``connect``)."""
+
+    def __init__(self, cluster: Cluster, limits: H2Limits, max_streams: int,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.cluster = cluster
+        self.limits = limits
+        self.max_streams = max_streams
+        self.loop = loop
+        # Connections being opened, per endpoint, with the streams promised on each.
+        self.opening: dict[Endpoint, list[tuple[asyncio.Future[H2UpstreamConnection], list[
+            asyncio.Future[H2UpstreamStream]]]]] = {}
+
+    def connect(self, ep: Endpoint) -> asyncio.Future[H2UpstreamStream]:
+        """A stream on a connection with room, or on one being opened for it."""
+        fut: asyncio.Future[H2UpstreamStream] = self.loop.create_future()
+        room = self.max_streams  # what a new connection is expected to take
+        for c in ep.shared:
+            conn = cast("H2UpstreamConnection", c)
+            if conn.can_open:
+                fut.set_result(conn.new_stream())
+                return fut
+            if conn.h2.settings:
+                room = conn.limit  # the endpoint's SETTINGS, as its last connection said
+        pending = self.opening.setdefault(ep, [])
+        for _, waiters in pending:
+            if len(waiters) < room:
+                waiters.append(fut)
+                return fut
+        conn_fut = asyncio.ensure_future(self._open(ep))
+        waiters = [fut]
+        pending.append((conn_fut, waiters))
+        conn_fut.add_done_callback(lambda f: self._opened(ep, f, waiters))
+        return fut
+
+    def _opened(self, ep: Endpoint, f: asyncio.Future[H2UpstreamConnection],
+                waiters: list[asyncio.Future[H2UpstreamStream]]) -> None:
+        pending = self.opening.get(ep, [])
+        for i, (cf, _) in enumerate(pending):
+            if cf is f:
+                del pending[i]
+                break
+        if not pending:
+            self.opening.pop(ep, None)
+        exc = f.exception() if not f.cancelled() else asyncio.CancelledError()
+        for w in waiters:
+            if w.done():
+                continue
+            if exc is not None:
+                w.set_exception(exc)
+            else:
+                w.set_result(f.result().new_stream())
+
+    async def _open(self, ep: Endpoint) -> H2UpstreamConnection:
+        cluster = self.cluster
+        stats = cluster.stats
+
+        def factory() -> H2UpstreamConnection:
+            conn = H2UpstreamConnection(ep, stats, self.limits, self.max_streams, self.loop)
+            conn.on_closed.append(ep.forget_shared)
+            return conn
+
+        try:
+            _, conn = await asyncio.wait_for(
+                self.loop.create_connection(factory, ep.host, ep.port), cluster.connect_timeout)
+        except TimeoutError:
+            stats.upstream_cx_connect_timeout += 1
+            raise
+        if not conn.alive:
+            raise ConnectionResetError("upstream closed the connection at once")
+        ep.shared.append(conn)
+        return conn

@@ -1,0 +1,396 @@
+"""HTTP/2 upstreams (a cluster with ``protocol: h2``, reached over h2c prior knowledge; see
+docs/http2.md "HTTP/2 upstreams"): real clients through lameduck to real h2c origins
+(tests/h2origin.py, built on the ``h2`` library, not on lameduck's own HTTP/2 code), over real
+sockets. The origin's stdout lines (``request conn=N stream=S ...``, ``closed``, ``ignored``,
+``goaway-sent``) show what lameduck did on the upstream side."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from lameduck.config import ConfigError, load_config_text
+from tests.procs import H2Origin, RawConn, _env, base_config, free_port
+
+CLUSTER = "cluster.h2app."
+
+
+def h2cfg(*origins: H2Origin, **cluster: object) -> dict:
+    """base_config with its one route going to an ``h2app`` cluster of ``origins``."""
+    cfg = base_config(origins[0].port)
+    cfg["clusters"] = [{"name": "h2app", "endpoints": [o.addr for o in origins],
+                        "protocol": "h2", **cluster}]
+    for route in cfg["listeners"][0]["routes"]:
+        route["cluster"] = "h2app"
+    return cfg
+
+
+def cstat(ld, name: str) -> int:
+    return ld.stats()[CLUSTER + name]
+
+
+def pattern(n: int) -> bytes:
+    return (bytes(range(251)) * (n // 251 + 1))[:n]
+
+
+def conns_of(o: H2Origin, path: str | None = None) -> list[str]:
+    """The origin connection of each processed request (optionally only for ``path``)."""
+    return [r["conn"] for r in o.records("request") if path is None or r["path"] == path]
+
+
+async def _gather_get(url: str, n: int, limit: int | None = None) -> list[int | str]:
+    """``n`` concurrent HTTP/1.1 GETs on up to ``limit`` client connections: status codes, or
+    the exception's name for a request that failed."""
+    limits = httpx.Limits(max_connections=limit or n, max_keepalive_connections=limit or n)
+    async with httpx.AsyncClient(limits=limits, timeout=20) as c:
+        async def one() -> int | str:
+            try:
+                return (await c.get(url)).status_code
+            except httpx.HTTPError as e:
+                return type(e).__name__
+        return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+# -- requests and responses ---------------------------------------------------------------------
+
+
+def test_http1_client_get_through_h2_upstream(lameduck, h2origin):
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    with httpx.Client(timeout=10) as c:
+        r = c.get(ld.url("/"))
+    assert r.http_version == "HTTP/1.1"
+    assert r.status_code == 200
+    assert r.text == "hello from h2 origin\n"
+    assert len(o.records("request")) == 1
+    s = ld.stats()
+    assert s[CLUSTER + "upstream_rq_total"] == 1
+    assert s[CLUSTER + "upstream_rq_2xx"] == 1
+    assert s[CLUSTER + "upstream_cx_total"] == 1
+
+
+def test_request_fields_sent_upstream(lameduck, h2origin):
+    """Host -> :authority, :scheme http, X-Forwarded-*, connection-specific fields and ``te``
+    (hop-by-hop) dropped."""
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    with httpx.Client(timeout=10) as c:
+        r = c.get(ld.url("/headers?x=1"), headers=[
+            ("host", "app.example:8080"), ("x-custom", "yes"), ("connection", "keep-alive"),
+            ("keep-alive", "timeout=5"), ("proxy-connection", "keep-alive"),
+            ("te", "trailers")])
+    assert r.status_code == 200, r.text
+    pairs = r.json()
+    names = [n for n, _ in pairs]
+    fields = dict(pairs)
+    assert [n for n in names if n.startswith(":")] == names[:4]  # pseudo-headers first
+    assert sorted(names[:4]) == [":authority", ":method", ":path", ":scheme"]
+    assert fields[":method"] == "GET"
+    assert fields[":scheme"] == "http"
+    assert fields[":authority"] == "app.example:8080"
+    assert fields[":path"] == "/headers?x=1"
+    assert fields["x-forwarded-for"] == "127.0.0.1"
+    assert fields["x-forwarded-proto"] == "http"
+    assert fields["x-custom"] == "yes"
+    assert "te" not in fields
+    for name in ("connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"):
+        assert name not in names
+    assert "host" not in names or fields["host"] == "app.example:8080"
+    assert all(n == n.lower() for n in names)
+
+
+def test_post_3mb_echo_sized_and_chunked(lameduck, h2origin):
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    body = pattern(3 * 1024 * 1024 + 13)[::-1]
+    with httpx.Client(timeout=30) as c:
+        r = c.post(ld.url("/echo"), content=body)  # content-length
+        assert r.status_code == 200
+        assert len(r.content) == len(body)
+        assert r.content == body
+
+        def gen():
+            for i in range(0, len(body), 100_000):
+                yield body[i:i + 100_000]
+
+        r = c.post(ld.url("/echo"), content=gen())  # chunked from the client: DATA frames
+        assert r.status_code == 200
+        assert r.content == body
+    assert [r["path"] for r in o.records("request")] == ["/echo", "/echo"]
+
+
+def test_h2_client_to_h2_upstream_8mb(lameduck, h2origin):
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    n = 8_000_000
+    r = subprocess.run(["curl", "-sS", "--http2-prior-knowledge", "--max-time", "30",
+                        "-w", "%{stderr}%{http_version} %{http_code}", ld.url(f"/bytes/{n}")],
+                       capture_output=True, timeout=40, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.endswith(b"2 200")
+    assert len(r.stdout) == n
+    assert hashlib.sha256(r.stdout).digest() == hashlib.sha256(pattern(n)).digest()
+    body = pattern(1024 * 1024 + 5)
+    with httpx.Client(http1=False, http2=True, timeout=20) as c:
+        r2 = c.post(ld.url("/echo"), content=body)
+        assert r2.http_version == "HTTP/2"
+        assert r2.content == body
+
+
+def test_concurrent_requests_are_multiplexed(lameduck, h2origin):
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    with httpx.Client(timeout=10) as c:  # warm: one upstream connection, its SETTINGS known
+        assert c.get(ld.url("/")).status_code == 200
+    t0 = time.monotonic()
+    statuses = asyncio.run(_gather_get(ld.url("/slow/300"), 50))
+    elapsed = time.monotonic() - t0
+    assert statuses == [200] * 50
+    assert elapsed < 5  # concurrent, not one after another (50 x 0.3 s)
+    conns = conns_of(o, "/slow/300")
+    assert len(conns) == 50
+    assert len(set(conns)) < 50
+    assert max(Counter(conns).values()) >= 10  # many streams on one connection
+    assert cstat(ld, "upstream_cx_total") < 50
+
+
+def test_cluster_stream_limit_opens_more_connections(lameduck, h2origin):
+    """The cluster's own ``http2.max_concurrent_streams`` caps streams per connection."""
+    o = h2origin()
+    ld = lameduck(h2cfg(o, http2={"max_concurrent_streams": 3}))
+    statuses = asyncio.run(_gather_get(ld.url("/slow/300"), 12))
+    assert statuses == [200] * 12
+    conns = conns_of(o, "/slow/300")
+    assert len(set(conns)) >= 4
+    assert o.lines("refused") == []
+
+
+def test_upstream_settings_stream_limit_respected(lameduck, h2origin):
+    """The origin's SETTINGS_MAX_CONCURRENT_STREAMS (3): the requests spread over more
+    connections and all succeed (a stream refused before a new connection's SETTINGS arrived
+    is retried)."""
+    o = h2origin(max_streams=3)
+    ld = lameduck(h2cfg(o))
+    with httpx.Client(timeout=10) as c:
+        assert c.get(ld.url("/")).status_code == 200
+    statuses = asyncio.run(_gather_get(ld.url("/slow/300"), 12))
+    assert statuses == [200] * 12
+    assert len(set(conns_of(o, "/slow/300"))) >= 4
+
+
+def test_204_trailers_interim_and_head(lameduck, h2origin):
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    with httpx.Client(timeout=10) as c:
+        r = c.get(ld.url("/status/204"))
+        assert r.status_code == 204 and r.content == b""
+        r = c.get(ld.url("/status/503"))
+        assert r.status_code == 503 and r.text == "status 503\n"
+        r = c.get(ld.url("/trailers"))
+        assert r.status_code == 200
+        assert r.content == b"".join(f"line {i} of a body with trailers\n".encode()
+                                     for i in range(100))
+    conn = RawConn(ld.addr)
+    try:
+        interim = conn.request("/interim")
+        assert interim.status == 103
+        assert interim.header("link") == "</a>; rel=preload"
+        final = conn.read_response()
+        assert final.status == 200 and final.body == b"interim done\n"
+        head = conn.request("/bytes/1000", method="HEAD")
+        assert head.status == 200
+        assert head.header("content-length") == "1000"
+        after = conn.request("/")  # no stray body bytes after the HEAD response
+        assert after.status == 200 and after.body == b"hello from h2 origin\n"
+    finally:
+        conn.close()
+
+
+# -- upstream errors ----------------------------------------------------------------------------
+
+
+def test_rst_stream_gives_502_and_is_counted(lameduck, h2origin):
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    with httpx.Client(timeout=10) as c:
+        r = c.get(ld.url("/reset"))
+        assert r.status_code == 502
+        assert cstat(ld, "upstream_rq_rx_reset") == 1
+        assert c.get(ld.url("/")).status_code == 200  # the connection and lameduck live on
+    assert cstat(ld, "upstream_rq_retry") == 0  # INTERNAL_ERROR is not a safe retry
+    assert len(conns_of(o, "/reset")) == 1
+    # After the head went out the client can only see the response cut short.
+    conn = RawConn(ld.addr)
+    try:
+        resp = conn.request("/reset-after-head")
+        assert resp.status == 200
+        assert not resp.complete
+        assert len(resp.body) < 100_000
+    finally:
+        conn.close()
+    assert cstat(ld, "upstream_rq_rx_reset") == 2
+
+
+def test_malformed_response_gives_502(lameduck, h2origin):
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    with httpx.Client(timeout=10) as c:
+        r = c.get(ld.url("/malformed"))
+        assert r.status_code == 502
+        assert c.get(ld.url("/")).status_code == 200
+    assert cstat(ld, "upstream_rq_rx_reset") == 1
+    assert cstat(ld, "upstream_rq_2xx") == 1
+
+
+def test_refused_stream_is_retried_once_then_503(lameduck, h2origin):
+    """REFUSED_STREAM proves the request unprocessed (RFC 9113 §8.7): sent again once, whatever
+    the method; a second refusal answers 503 (docs/http2.md)."""
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    with httpx.Client(timeout=10) as c:
+        r = c.get(ld.url("/refuse"))
+        assert r.status_code == 503
+        assert cstat(ld, "upstream_rq_retry") == 1
+        r = c.post(ld.url("/refuse"), content=b"x" * 1000)  # the body is replayed
+        assert r.status_code == 503
+        assert cstat(ld, "upstream_rq_retry") == 2
+        assert c.get(ld.url("/")).status_code == 200
+    refuse = [r for r in o.records("request") if r["path"] == "/refuse"]
+    assert [r["method"] for r in refuse] == ["GET", "GET", "POST", "POST"]
+
+
+def test_goaway_finishes_earlier_streams_and_retries_the_rest(lameduck, h2origin):
+    """/goaway on a connection with three slow streams in flight: GOAWAY(last = its id - 2), so
+    the slow ones (lower ids) are answered on it, the /goaway stream is unprocessed and retried
+    once on a fresh connection, where /goaway refuses it again (GOAWAY(0)): 503. Later requests
+    use yet another connection."""
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    with httpx.Client(timeout=10) as c:
+        assert c.get(ld.url("/")).status_code == 200  # one warm upstream connection
+    first = conns_of(o)[0]
+
+    async def run() -> tuple[list[int], int]:
+        async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=8)) as c:
+            slow = [asyncio.create_task(c.get(ld.url("/slow/500"))) for _ in range(3)]
+            for _ in range(200):  # all three are on the origin before /goaway goes out
+                if len(conns_of(o, "/slow/500")) == 3:
+                    break
+                await asyncio.sleep(0.01)
+            goaway = await c.get(ld.url("/goaway"))
+            return [(await t).status_code for t in slow], goaway.status_code
+
+    slow_statuses, goaway_status = asyncio.run(run())
+    assert conns_of(o, "/slow/500") == [first] * 3  # multiplexed on the warm connection
+    assert slow_statuses == [200, 200, 200]
+    assert goaway_status == 503
+    goaway_conns = conns_of(o, "/goaway")
+    assert len(goaway_conns) == 2 and goaway_conns[0] == first != goaway_conns[1]
+    assert cstat(ld, "upstream_rq_retry") == 1
+    with httpx.Client(timeout=10) as c:
+        assert [c.get(ld.url("/")).status_code for _ in range(3)] == [200] * 3
+    later = conns_of(o, "/")[1:]
+    assert later and not set(later) & set(goaway_conns)  # a third connection
+    assert o.wait_line(f"closed conn={first} ")  # closed once its streams were done
+    assert o.lines("ignored") == []
+    assert cstat(ld, "upstream_cx_close_notify") >= 1
+
+
+def test_upstream_drain_loses_no_request(lameduck, h2origin):
+    """Two origins behind one h2 cluster; one drains (two GOAWAYs, then closes) while 20
+    clients keep requesting: no request fails, lameduck stops opening streams on the draining
+    connection after the first GOAWAY (none is left above the final last-stream-id), and that
+    connection closes."""
+    a, b = h2origin(), h2origin()
+    ld = lameduck(h2cfg(a, b))
+    results: list[int | str] = []
+    drained_at: list[float] = []
+
+    async def worker(c: httpx.AsyncClient, until: float) -> None:
+        for _ in range(60):
+            if time.monotonic() >= until:
+                return
+            try:
+                results.append((await c.get(ld.url("/slow/50"))).status_code)
+            except httpx.HTTPError as e:
+                results.append(type(e).__name__)
+
+    async def run() -> None:
+        limits = httpx.Limits(max_connections=20)
+        async with httpx.AsyncClient(timeout=10, limits=limits) as c:
+            until = time.monotonic() + 3.0
+            workers = [asyncio.create_task(worker(c, until)) for _ in range(20)]
+            for _ in range(300):  # until lameduck has traffic on the origin to drain
+                if len(a.records("request")) >= 5:
+                    break
+                await asyncio.sleep(0.01)
+            proc = await asyncio.create_subprocess_exec(
+                "curl", "-sS", "--http2-prior-knowledge", "--max-time", "5", a.url("/drain"),
+                stdout=asyncio.subprocess.PIPE)
+            out, _ = await proc.communicate()
+            assert out == b"draining\n"
+            drained_at.append(time.monotonic())
+            await asyncio.gather(*workers)
+
+    asyncio.run(run())
+    assert results and all(r == 200 for r in results), Counter(results)
+    assert len(results) >= 200  # traffic kept flowing through the drain
+    drain_conn = conns_of(a, "/drain")[0]
+    old = {r["conn"] for r in a.records("request")
+           if r["conn"] != drain_conn and int(r["conn"]) < int(drain_conn)}
+    assert old, a.lines()
+    for conn in old:
+        assert a.wait_line(f"closed conn={conn} ", timeout=2), a.lines()
+        assert a.lines(f"ignored conn={conn} ") == []
+    assert cstat(ld, "upstream_cx_close_notify") >= len(old)
+    assert len(b.records("request")) > 0
+
+
+def test_lost_connection_gives_502_then_serves(lameduck, h2origin):
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    with httpx.Client(timeout=10) as c:
+        r = c.get(ld.url("/close"))
+        assert r.status_code == 502
+        assert cstat(ld, "upstream_rq_rx_reset") == 1
+        assert c.get(ld.url("/")).status_code == 200
+    assert o.wait_line("closed ", 1)
+    assert len(set(conns_of(o))) == 2  # a new connection after the lost one
+    assert len(conns_of(o, "/close")) == 1  # not retried: it may have been processed
+
+
+# -- config -------------------------------------------------------------------------------------
+
+
+def h2cfg_static(protocol: str) -> dict:
+    cfg = base_config(free_port())
+    cfg["clusters"][0]["protocol"] = protocol
+    return cfg
+
+
+def test_config_protocol_h2_and_unknown_protocol() -> None:
+    good = h2cfg_static("h2")
+    assert load_config_text(yaml.safe_dump(good), "lameduck.yaml").clusters[0].protocol == "h2"
+    with pytest.raises(ConfigError) as info:
+        load_config_text(yaml.safe_dump(h2cfg_static("h3")), "lameduck.yaml")
+    assert "lameduck.yaml: clusters[0].protocol:" in str(info.value)
+    assert [p for p, _ in info.value.problems] == ["clusters[0].protocol"]
+
+
+def test_run_refuses_unknown_protocol(tmp_path: Path) -> None:
+    path = tmp_path / "h3.yaml"
+    path.write_text(yaml.safe_dump(h2cfg_static("h3")))
+    out = subprocess.run([sys.executable, "-m", "lameduck", "run", "-c", str(path)],
+                         capture_output=True, text=True, timeout=30, env=_env(), check=False)
+    assert out.returncode == 2
+    assert f"{path}: clusters[0].protocol:" in out.stderr
+    assert "Traceback" not in out.stderr
