@@ -394,3 +394,103 @@ def test_run_refuses_unknown_protocol(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert f"{path}: clusters[0].protocol:" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+# -- what an HTTP/2 cluster does not carry, timeouts, idle connections ---------------------------
+
+def test_websocket_to_an_h2_cluster_is_answered_501(lameduck, h2origin):
+    """A WebSocket needs RFC 8441 towards an HTTP/2 upstream, which lameduck does not speak:
+    answered 501 before anything goes upstream, over HTTP/1.1 Upgrade and over RFC 8441."""
+    from tests.h2raw import RawH2
+
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    c = RawConn(f"127.0.0.1:{ld.port}")
+    c.send("/chat", headers={"Connection": "Upgrade", "Upgrade": "websocket",
+                             "Sec-WebSocket-Version": "13",
+                             "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    r = c.read_response()
+    assert r.status == 501, r
+    assert b"websocket" in r.body
+    h = RawH2(ld.port)
+    h.request(1, "/chat", method="CONNECT", end=False,
+              headers=[(":protocol", "websocket"), ("sec-websocket-version", "13")])
+    assert h.wait(lambda: h.streams[1].status is not None)
+    assert h.streams[1].status == 501
+    h.close()
+    assert o.records("request") == []
+
+
+def test_route_timeout_cancels_the_stream(lameduck, h2origin):
+    """No response within the route timeout: 504 to the client, the stream cancelled upstream
+    (RST_STREAM CANCEL, ``upstream_rq_tx_reset``) while the connection carries on."""
+    o = h2origin()
+    cfg = h2cfg(o)
+    cfg["listeners"][0]["routes"][0]["timeout"] = "300ms"
+    ld = lameduck(cfg)
+    with httpx.Client(timeout=10) as c:
+        r = c.get(ld.url("/slow/3000"))
+        assert r.status_code == 504
+        assert c.get(ld.url("/")).status_code == 200
+    assert cstat(ld, "upstream_rq_timeout") == 1
+    assert cstat(ld, "upstream_rq_tx_reset") == 1
+    assert cstat(ld, "upstream_cx_total") == 1  # the same connection served the next one
+
+
+def test_idle_connection_closed_with_goaway(lameduck, h2origin):
+    """A connection with no stream for the cluster's idle_timeout is closed, GOAWAY first."""
+    o = h2origin()
+    ld = lameduck(h2cfg(o, idle_timeout="300ms"))
+    with httpx.Client(timeout=10) as c:
+        assert c.get(ld.url("/")).status_code == 200
+    assert o.wait_line("goaway-received conn=1 ", timeout=5), o.lines()
+    assert o.wait_line("closed conn=1 ", timeout=5), o.lines()
+    deadline = time.monotonic() + 3
+    while cstat(ld, "upstream_cx_active") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cstat(ld, "upstream_cx_active") == 0
+    assert cstat(ld, "upstream_cx_idle_timeout") == 1
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_slow_client_holds_the_upstream_back(lameduck, h2origin):
+    """A client that does not read a 60 MB response: lameduck stops acknowledging the stream's
+    DATA, so the upstream's window closes and lameduck's memory stays bounded (it would grow by
+    the whole body if it buffered); then the client reads it all, intact."""
+    import socket
+
+    n = 60_000_000
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    with httpx.Client(timeout=10) as c:
+        assert c.get(ld.url("/")).status_code == 200
+    before = _rss_kb(ld.proc.pid)
+    s = socket.create_connection(("127.0.0.1", ld.port), timeout=10)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    s.sendall(f"GET /bytes/{n} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    time.sleep(2.0)  # not reading
+    grown = _rss_kb(ld.proc.pid) - before
+    assert grown < 20_000, f"lameduck grew by {grown} kB while the client did not read"
+    h = hashlib.sha256()
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += s.recv(65536)
+    head, _, rest = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert f"content-length: {n}".encode() in head.lower()
+    h.update(rest)
+    size = len(rest)
+    while size < n:
+        chunk = s.recv(1 << 20)
+        assert chunk, f"EOF after {size} bytes"
+        h.update(chunk)
+        size += len(chunk)
+    s.close()
+    assert size == n
+    assert h.hexdigest() == hashlib.sha256(pattern(n)).hexdigest()

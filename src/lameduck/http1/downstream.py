@@ -910,6 +910,10 @@ class H1Downstream(asyncio.Protocol):
             ex.close = expect
             self._local(ex, 404, b"no route\n")
             return
+        if ex.upgrade and route.cluster.connector is not None:
+            # an HTTP/2 cluster: a WebSocket would need RFC 8441 upstream, not supported
+            self._local(ex, 501, b"websocket to an HTTP/2 upstream not supported\n")
+            return
         if not ctx.process.ledger.begin():
             ex.close = True
             ex.local = GOING_AWAY if not ex.is_head else GOING_AWAY_HEAD

@@ -700,6 +700,10 @@ class H2Downstream(asyncio.Protocol):
         if route is None:
             self._local(s, 404, b"no route\n")
             return
+        if s.ws and route.cluster.connector is not None:
+            # an HTTP/2 cluster: a WebSocket would need RFC 8441 upstream, not supported
+            self._local(s, 501, b"websocket to an HTTP/2 upstream not supported\n")
+            return
         if not ctx.process.ledger.begin():
             # Past the drain time: REFUSED_STREAM tells the client it is safe to retry it
             # elsewhere (DESIGN.md §2 "In-flight accounting").
