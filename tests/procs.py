@@ -103,11 +103,16 @@ class Lameduck:
         self.addr = cfg["listeners"][0]["address"]
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 10.0) -> Lameduck:
+    def start(self, timeout: float = 10.0, wrapper: list[str] | None = None,
+              env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> Lameduck:
+        """``wrapper``: argv run first, that execs the rest (e.g. tests/sdactivate.py);
+        ``env``: variables added; ``pass_fds``: descriptors the process inherits."""
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "lameduck", "run", "-c", str(self.path)],
-                stdout=log, stderr=subprocess.STDOUT, env=_env(),
+                [*(wrapper or []), sys.executable, "-m", "lameduck", "run", "-c",
+                 str(self.path)],
+                stdout=log, stderr=subprocess.STDOUT, env={**_env(), **(env or {})},
+                pass_fds=pass_fds,
             )
         end = time.monotonic() + timeout
         while time.monotonic() < end:

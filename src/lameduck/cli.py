@@ -11,6 +11,7 @@ from typing import Any
 
 from lameduck import __version__
 from lameduck.config import Config, ConfigError, default_config, load_config
+from lameduck.restart import Notifier, listen_fds, match_listeners
 
 EXIT_CONFIG = 2
 EXIT_LISTEN = 1  # an address could not be bound
@@ -58,6 +59,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"lameduck: invalid config\n{e}", file=sys.stderr)
         return EXIT_CONFIG
     demo = args.config is None
+    try:
+        sockets = match_listeners(cfg.listeners, listen_fds())
+    except ValueError as e:
+        print(f"lameduck: socket activation: {e}", file=sys.stderr)
+        return EXIT_LISTEN
 
     async def main() -> int:
         from lameduck.demo.origin import serve as serve_origin
@@ -74,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"lameduck: cannot start the demo origin on {ep}: {e}", file=sys.stderr)
                 return EXIT_LISTEN
             logging.getLogger("lameduck").info("demo origin on %s", ep)
-        server = Server(cfg)
+        server = Server(cfg, sockets=sockets, notifier=Notifier())
         try:
             await server.start()
         except OSError as e:

@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import signal
+import socket
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ from lameduck.drain import (
 from lameduck.http2.connection import H2Limits
 from lameduck.http2.upstream import H2Pool
 from lameduck.listeners import HttpListener
+from lameduck.restart import Notifier
 from lameduck.stats import (
     DrainStats,
     Http2Stats,
@@ -52,7 +54,12 @@ EXIT_FLUSH = 0.25  # seconds the last writes get to leave before the process exi
 class Server:
     """One lameduck process: data plane and control in one event loop (one worker)."""
 
-    def __init__(self, cfg: Config, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, cfg: Config, loop: asyncio.AbstractEventLoop | None = None,
+                 sockets: dict[str, socket.socket] | None = None,
+                 notifier: Notifier | None = None) -> None:
+        # listener name → a listening socket handed to us (systemd socket activation)
+        self.sockets = sockets or {}
+        self.notifier = notifier if notifier is not None else Notifier({})
         self.cfg = cfg
         self.loop = loop or asyncio.get_running_loop()
         self.rng = random.random
@@ -106,7 +113,11 @@ class Server:
     # -- start ------------------------------------------------------------------------------
     async def start(self) -> None:
         for listener in self.listeners:
-            await listener.start()
+            sock = self.sockets.pop(listener.name, None)
+            if sock is not None:
+                sock.setblocking(False)
+                log.info("listener %s takes the socket passed by systemd", listener.name)
+            await listener.start(sock)
             log.info("listener %s on %s", listener.name, _fmt_addr(listener.sockname))
             self.lm_stats.listener_added += 1
         self.lm_stats.total_listeners_active = len(self.listeners)
@@ -116,6 +127,7 @@ class Server:
         log.info("admin on %s", _fmt_addr(self.admin.sockets[0].getsockname()))
         self.process.initialized()
         self._housekeeping = self.loop.call_later(1.0, self._housekeep)
+        self.notifier.ready()
 
     def install_signal_handlers(self) -> None:
         self.loop.add_signal_handler(signal.SIGTERM, self.begin_shutdown, "SIGTERM")
@@ -139,6 +151,8 @@ class Server:
     def drain_listeners(self, graceful: bool, skip_exit: bool, inbound_only: bool) -> None:
         now = self.loop.time()
         event, reached = self.process.drain_listeners(now, graceful, skip_exit, inbound_only)
+        if not skip_exit:
+            self.notifier.stopping("drain_listeners")
         self._log_event(event, f"graceful={graceful} skip_exit={skip_exit} "
                                f"inboundonly={inbound_only} listeners={len(reached)}")
         self._broadcast(event, reached)
@@ -209,6 +223,7 @@ class Server:
             return
         now = self.loop.time()
         event, reached = self.process.start_shutdown(now)
+        self.notifier.stopping(why)
         s = self.cfg.shutdown
         self._log_event(event, f"{why}: not ready; deadline={format_duration(s.deadline)} "
                                f"stop_accepting={s.stop_accepting.value}")

@@ -22,8 +22,10 @@ ALLOWED: dict[str, set[str]] = {
     "admin": {"stats", "config", "drain"},
     "listeners": {"http1", "http2", "tunnel", "upstream", "drain", "stats", "config"},
     "demo": set(),
-    "server": {"admin", "listeners", "http1", "http2", "upstream", "drain", "stats", "config"},
-    "cli": {"server", "config", "demo"},
+    "restart": {"config"},
+    "server": {"admin", "listeners", "http1", "http2", "upstream", "restart", "drain", "stats",
+               "config"},
+    "cli": {"server", "restart", "config", "demo"},
 }
 
 

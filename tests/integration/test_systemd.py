@@ -1,0 +1,134 @@
+"""systemd: Type=notify readiness and socket activation, with this test standing in for
+systemd (tests/sdactivate.py passes sockets exactly as sd_listen_fds(3) describes; a Unix
+datagram socket receives the sd_notify states)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.procs import Lameduck, base_config, free_port, port_in_use
+
+SDACTIVATE = [sys.executable, str(Path(__file__).resolve().parents[1] / "sdactivate.py")]
+
+
+def _listening(port: int = 0) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(128)
+    return s
+
+
+def _get(port: int, path: str = "/") -> httpx.Response:
+    return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5)
+
+
+def test_socket_passed_by_name_is_served_and_no_connection_is_refused(
+        origin_port: int, tmp_path: Path) -> None:
+    """The socket named after the listener (FileDescriptorName=ingress) is the one served,
+    whatever address the config names; a connection made before lameduck runs is queued by
+    the kernel and answered."""
+    passed = _listening()
+    port = passed.getsockname()[1]
+    early = socket.create_connection(("127.0.0.1", port), timeout=10)
+    early.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    ld = Lameduck(base_config(origin_port), tmp_path)
+    fd = passed.fileno()
+    try:
+        ld.start(wrapper=[*SDACTIVATE, f"{fd}=ingress", "--"], pass_fds=(fd,))
+        passed.close()  # lameduck holds its own copy
+        data = b""
+        while chunk := early.recv(65536):
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200"), data[:200]
+        assert _get(port).status_code == 200
+        assert not port_in_use(ld.port)  # the configured address was not bound
+        assert "takes the socket passed by systemd" in ld.log()
+    finally:
+        early.close()
+        ld.kill()
+
+
+def test_socket_matched_by_address(origin_port: int, tmp_path: Path) -> None:
+    """Without a name, the socket bound to a listener's address is that listener's: lameduck
+    does not try to bind it again (which would fail: the harness holds it)."""
+    cfg = base_config(origin_port)
+    passed = _listening(int(cfg["listeners"][0]["address"].rsplit(":", 1)[1]))
+    ld = Lameduck(cfg, tmp_path)
+    fd = passed.fileno()
+    try:
+        ld.start(wrapper=[*SDACTIVATE, str(fd), "--"], pass_fds=(fd,))
+        passed.close()
+        assert _get(ld.port).status_code == 200
+    finally:
+        ld.kill()
+
+
+def test_sockets_for_another_pid_are_ignored(origin_port: int, tmp_path: Path) -> None:
+    """LISTEN_PID names another process: the sockets are not ours; lameduck binds its own."""
+    passed = _listening()
+    ld = Lameduck(base_config(origin_port), tmp_path)
+    fd = passed.fileno()
+    try:
+        ld.start(wrapper=[*SDACTIVATE, "--pid-offset", "7", f"{fd}=ingress", "--"],
+                 pass_fds=(fd,))
+        assert _get(ld.port).status_code == 200
+        assert "passed by systemd" not in ld.log()
+    finally:
+        passed.close()
+        ld.kill()
+
+
+def test_a_passed_descriptor_that_is_not_a_listening_socket_is_refused(
+        origin_port: int, tmp_path: Path) -> None:
+    """A bad handover is an operator error with a clear message, not a traceback."""
+    r, w = os.pipe()
+    ld = Lameduck(base_config(origin_port), tmp_path)
+    try:
+        with pytest.raises(RuntimeError, match="exited early"):
+            ld.start(wrapper=[*SDACTIVATE, f"{r}=ingress", "--"], pass_fds=(r,))
+        assert ld.wait(5) == 1
+        assert "socket activation: LISTEN_FDS=1: fd 3 is not a socket" in ld.log()
+        assert "Traceback" not in ld.log()
+    finally:
+        os.close(r)
+        os.close(w)
+        ld.kill()
+
+
+@pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
+def test_notify_ready_then_stopping(origin_port: int, tmp_path: Path, abstract: bool) -> None:
+    """READY=1 once it serves (MAINPID its own pid), STOPPING=1 when SIGTERM starts the drain;
+    NOTIFY_SOCKET is a path, or @name in the abstract namespace."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if abstract:
+        name = f"@lameduck-test-{os.getpid()}-{free_port()}"
+        sock.bind("\0" + name[1:])
+    else:
+        name = str(tmp_path / "notify.sock")
+        sock.bind(name)
+    sock.settimeout(10)
+    ld = Lameduck(base_config(origin_port), tmp_path)
+    try:
+        ld.start(env={"NOTIFY_SOCKET": name})
+        ready = sock.recv(4096).decode().split("\n")
+        assert "READY=1" in ready
+        assert f"MAINPID={ld.pid}" in ready
+        assert _get(ld.port).status_code == 200
+        t0 = time.monotonic()
+        ld.signal(signal.SIGTERM)
+        stopping = sock.recv(4096).decode().split("\n")
+        assert "STOPPING=1" in stopping
+        assert time.monotonic() - t0 < 2  # at the start of the drain, not at its end
+        assert ld.wait(10) == 0
+    finally:
+        sock.close()
+        ld.kill()

@@ -1,0 +1,36 @@
+"""The example systemd units stay consistent with the config they run (deploy/systemd/)."""
+
+from __future__ import annotations
+
+import configparser
+from pathlib import Path
+
+from lameduck.config import load_config
+from lameduck.config.durations import parse_duration
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
+
+
+def _unit(name: str) -> configparser.ConfigParser:
+    p = configparser.ConfigParser(strict=False, interpolation=None)
+    p.optionxform = str  # type: ignore[assignment,method-assign]  # keys are case-sensitive
+    p.read(DEPLOY / name)
+    return p
+
+
+def test_service_outlives_the_shutdown_deadline() -> None:
+    cfg = load_config(DEPLOY / "lameduck.yaml")
+    svc = _unit("lameduck.service")["Service"]
+    assert svc["Type"] == "notify"
+    assert svc["KillSignal"] == "SIGTERM"
+    stop = parse_duration(svc["TimeoutStopSec"])
+    # systemd must not SIGKILL a process still inside its own deadline (plus time to flush)
+    assert stop >= cfg.shutdown.deadline + 5, (stop, cfg.shutdown.deadline)
+    assert cfg.shutdown.deadline >= cfg.drain.time
+
+
+def test_socket_names_a_listener_at_its_address() -> None:
+    cfg = load_config(DEPLOY / "lameduck.yaml")
+    sock = _unit("lameduck.socket")["Socket"]
+    listener = next(ls for ls in cfg.listeners if ls.name == sock["FileDescriptorName"])
+    assert str(listener.address) == sock["ListenStream"]
