@@ -33,6 +33,8 @@ Behaviour by request path (the query string is ignored; HEAD gets the head of wh
   /reset-after-head 200 head (content-length 100000) and 1000 bytes of body, then ~50 ms later
                     RST_STREAM(INTERNAL_ERROR).
   /refuse           RST_STREAM(REFUSED_STREAM), no response (RFC 9113 §8.7: safe to retry).
+  /refuse-once/KEY  the first request with KEY is refused like /refuse; later ones read the
+                    whole body and answer 200 "<size> <sha256 hex>" of it.
   /goaway           GOAWAY(last_stream_id = this stream's id - 2, NO_ERROR) and no answer to
                     this stream: it and every later stream on the connection are unprocessed
                     (later ones get an ``ignored`` line and no answer). Streams at or below the
@@ -139,6 +141,7 @@ class Origin:
         self.max_streams = max_streams
         self.window = window
         self.conns: set[Conn] = set()
+        self.refused_keys: set[str] = set()  # /refuse-once/KEY seen
         self.next_conn = 1
         self.server: asyncio.base_events.Server | None = None
         self.all_closed = asyncio.Event()
@@ -340,7 +343,8 @@ class Conn(asyncio.Protocol):
             self.h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
             return
         out(f"request {where}")
-        st.echo = path.split("?", 1)[0] == "/echo"
+        route = path.split("?", 1)[0]
+        st.echo = route == "/echo" or route.startswith("/refuse-once/")  # they read the body
         self.active.add(sid)
         st.task = asyncio.get_running_loop().create_task(self.run(st))
 
@@ -467,6 +471,21 @@ class Conn(asyncio.Protocol):
             self.h2.reset_stream(st.sid, ErrorCodes.INTERNAL_ERROR)
         elif path == "/refuse":
             self.h2.reset_stream(st.sid, ErrorCodes.REFUSED_STREAM)
+        elif parts[0] == "refuse-once" and len(parts) == 2:
+            if parts[1] not in self.origin.refused_keys:
+                self.origin.refused_keys.add(parts[1])
+                self.h2.reset_stream(st.sid, ErrorCodes.REFUSED_STREAM)
+                self.flush()
+                return
+            digest, size = hashlib.sha256(), 0
+            while (item := await st.body.get()) is not None:
+                data, flow = item
+                digest.update(data)
+                size += len(data)
+                if not self.lost:
+                    self.h2.acknowledge_received_data(flow, st.sid)
+                    self.flush()
+            await self.respond(st, 200, f"{size} {digest.hexdigest()}\n".encode())
         elif path == "/goaway":
             self.send_goaway(max(st.sid - 2, 0))
         elif path == "/drain":

@@ -494,3 +494,32 @@ def test_slow_client_holds_the_upstream_back(lameduck, h2origin):
     s.close()
     assert size == n
     assert h.hexdigest() == hashlib.sha256(pattern(n)).hexdigest()
+
+
+@pytest.mark.parametrize("client", ["http1", "h2"])
+def test_refused_request_body_is_replayed(lameduck, h2origin, client: str):
+    """A POST refused unprocessed is sent again with the body it had sent (kept up to 64 KiB),
+    from an HTTP/1.1 client and from an HTTP/2 client alike: the retry's body is whole."""
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    body = pattern(40_000)
+    want = f"{len(body)} {hashlib.sha256(body).hexdigest()}\n"
+    with httpx.Client(timeout=10, http1=client == "http1", http2=client == "h2") as c:
+        r = c.post(ld.url(f"/refuse-once/{client}"), content=body)
+        assert r.http_version == ("HTTP/1.1" if client == "http1" else "HTTP/2")
+    assert r.status_code == 200, r.text
+    assert r.text == want
+    assert cstat(ld, "upstream_rq_retry") == 1
+    assert [r["method"] for r in o.records("request")] == ["POST", "POST"]
+
+
+def test_refused_body_too_large_to_keep_is_answered_503(lameduck, h2origin):
+    """Past the replay limit the body is not kept: the refusal is answered, never replayed
+    with a hole in it."""
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    with httpx.Client(timeout=10) as c:
+        r = c.post(ld.url("/refuse-once/big"), content=pattern(200_000))
+    assert r.status_code == 503
+    assert cstat(ld, "upstream_rq_retry") == 0
+    assert len(o.records("request")) == 1

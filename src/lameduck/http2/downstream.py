@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
 from lameduck.drain.tunnel import TunnelKind
+from lameduck.http1.downstream import REPLAY_LIMIT
 from lameduck.http1.tunnel import Relay, abort_with_rst
 from lameduck.http1.upstream import H1Upstream, UpstreamConn, UpstreamError
 from lameduck.http1.wire import HOP_BY_HOP
@@ -111,6 +112,8 @@ class H2Stream:
         "local",
         "method",
         "relay",
+        "replay",
+        "replay_size",
         "req_done",
         "resp_done",
         "resp_started",
@@ -143,6 +146,10 @@ class H2Stream:
         self.body = False  # the request has a body (DATA frames follow)
         self.chunked_req = False
         self.buffered: list[bytes] | None = None  # request bytes before an upstream is attached
+        # Request bytes sent on an HTTP/2 upstream stream, kept (bounded) in case the upstream
+        # refuses it unprocessed; None when not kept.
+        self.replay: list[bytes] | None = None
+        self.replay_size = 0
         self.unacked = 0  # flow-controlled bytes received, not yet given back to the client
         self.up: UpstreamConn | None = None
         self.up_write_paused = False
@@ -180,6 +187,8 @@ class H2Stream:
         up = self.up
         if up is not None and up.sink is self:
             if piece:
+                if self.replay is not None:
+                    self._keep(piece)
                 up.write(piece)
             if self.up_write_paused:
                 self.unacked += flow_len
@@ -244,11 +253,16 @@ class H2Stream:
             return
         if conn.write_paused:
             up.pause_reading()
+        if up.multiplexed and not self.retried and self.body:
+            self.replay = []
+            self.replay_size = 0
         up.start(self, self.head, self.is_head, self.route_timeout, self.chunked_req)
         if self.up is not up:
             return  # refused at once (an HTTP/2 connection that went away): retried or answered
         if self.buffered:
             for piece in self.buffered:
+                if self.replay is not None:
+                    self._keep(piece)
                 up.write(piece)
             self.buffered = None
         if self.req_done and up.sink is self:
@@ -297,6 +311,7 @@ class H2Stream:
 
     def _answered(self, status: int) -> None:
         self.status = status
+        self.replay = None  # processed: never sent again
         cs = self.cstats
         assert cs is not None
         st = self.conn.stats
@@ -383,14 +398,28 @@ class H2Stream:
                 504: b"upstream request timeout\n"}[status]
         self.local_error(status, body)
 
+    def _keep(self, data: bytes) -> None:
+        replay = self.replay
+        assert replay is not None
+        self.replay_size += len(data)
+        if self.replay_size > REPLAY_LIMIT:
+            self.replay = None  # too much to keep: a refusal will be answered, not retried
+        else:
+            replay.append(data)
+
     def on_upstream_refused(self) -> None:
-        """Unprocessed (RFC 9113 §8.7): sent again once if nothing of its body is lost (a
-        stream's request body is not kept for a replay)."""
+        """Unprocessed (RFC 9113 §8.7): sent again once, with the body sent so far (kept up
+        to REPLAY_LIMIT)."""
         self.detach(reusable=False)
         conn = self.conn
         cs = self.cstats
         assert cs is not None
-        if not self.retried and not self.body and not self.resp_started and not conn.gone:
+        replay = self.replay
+        self.replay = None
+        if (not self.retried and not self.resp_started and not conn.gone
+                and (not self.body or replay is not None)):
+            if replay:
+                self.buffered = replay + (self.buffered or [])
             self._retry()
             return
         cs.upstream_rq_rx_reset += 1
