@@ -12,6 +12,7 @@ from typing import Any
 from lameduck import __version__
 from lameduck.config import Config, ConfigError, default_config, load_config
 from lameduck.restart import Notifier, listen_fds, match_listeners
+from lameduck.restart.hot import connect_parent, default_path
 
 EXIT_CONFIG = 2
 EXIT_LISTEN = 1  # an address could not be bound
@@ -80,7 +81,21 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"lameduck: cannot start the demo origin on {ep}: {e}", file=sys.stderr)
                 return EXIT_LISTEN
             logging.getLogger("lameduck").info("demo origin on %s", ep)
-        server = Server(cfg, sockets=sockets, notifier=Notifier())
+        inherited = None
+        restart_path = None
+        if not demo:  # the demo origin lives in this process: it cannot be handed over
+            restart_path = cfg.hot_restart.socket or default_path(cfg.admin.address.port)
+            try:
+                inherited = connect_parent(restart_path)
+            except (OSError, ValueError) as e:
+                print(f"lameduck: hot restart from {restart_path} failed: {e}", file=sys.stderr)
+                return EXIT_LISTEN
+            if inherited is not None:
+                logging.getLogger("lameduck").info(
+                    "hot restart: took the sockets of pid %d (epoch %d)",
+                    inherited.parent_pid, inherited.epoch)
+        server = Server(cfg, sockets=sockets, notifier=Notifier(), inherited=inherited,
+                        restart_path=restart_path)
         try:
             await server.start()
         except OSError as e:

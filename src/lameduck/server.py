@@ -20,6 +20,7 @@ from lameduck import __version__
 from lameduck.admin import AdminHandlers, start_admin
 from lameduck.config import Config, format_duration
 from lameduck.drain import (
+    Cause,
     DrainEvent,
     DrainSettings,
     ListenerDrain,
@@ -31,6 +32,7 @@ from lameduck.http2.connection import H2Limits
 from lameduck.http2.upstream import H2Pool
 from lameduck.listeners import HttpListener
 from lameduck.restart import Notifier
+from lameduck.restart.hot import HasFileno, Inherited, Rendezvous, follow_parent, take_over
 from lameduck.stats import (
     DrainStats,
     Http2Stats,
@@ -56,9 +58,15 @@ class Server:
 
     def __init__(self, cfg: Config, loop: asyncio.AbstractEventLoop | None = None,
                  sockets: dict[str, socket.socket] | None = None,
-                 notifier: Notifier | None = None) -> None:
+                 notifier: Notifier | None = None, inherited: Inherited | None = None,
+                 restart_path: str | None = None) -> None:
         # listener name → a listening socket handed to us (systemd socket activation)
         self.sockets = sockets or {}
+        # what the previous process handed over (hot restart), and where we wait for the next
+        self.inherited = inherited
+        self.restart_path = restart_path
+        self.rendezvous: Rendezvous | None = None
+        self.epoch = inherited.epoch if inherited is not None else 0
         self.notifier = notifier if notifier is not None else Notifier({})
         self.cfg = cfg
         self.loop = loop or asyncio.get_running_loop()
@@ -99,6 +107,10 @@ class Server:
                                                h2stats))
         self.started_mono = self.loop.time()
         self.started_wall = time.time()
+        self.started_all = inherited.started if inherited is not None else self.started_wall
+        self.server_stats.hot_restart_epoch = self.epoch
+        if inherited is not None:
+            self.registry.carried = dict(inherited.counters)  # stats do not reset
         self.admin: asyncio.AbstractServer | None = None
         self.admin_port = 0
         self.done: asyncio.Future[int] = self.loop.create_future()
@@ -112,22 +124,113 @@ class Server:
 
     # -- start ------------------------------------------------------------------------------
     async def start(self) -> None:
-        for listener in self.listeners:
-            sock = self.sockets.pop(listener.name, None)
-            if sock is not None:
+        # Every socket first (inherited, passed by systemd, or bound here), then serve: a
+        # failure (an address taken) must come before this process accepts any connection,
+        # or a hot restart that fails would drop what it had accepted.
+        inh = self.inherited
+        socks: list[socket.socket] = []
+        try:
+            for listener in self.listeners:
+                sock = self._inherited_socket(listener.name, str(listener.cfg.address))
+                if sock is None:
+                    sock = self.sockets.pop(listener.name, None)
+                    if sock is not None:
+                        log.info("listener %s takes the socket passed by systemd",
+                                 listener.name)
+                if sock is None:
+                    sock = listener.bind()
                 sock.setblocking(False)
-                log.info("listener %s takes the socket passed by systemd", listener.name)
+                socks.append(sock)
+            a = self.cfg.admin.address
+            admin_sock = None
+            if inh is not None and inh.admin is not None and inh.admin[0] == str(a):
+                admin_sock = inh.admin[1]
+                inh.admin = None
+                admin_sock.setblocking(False)
+            self.admin = await start_admin(self.loop, AdminHandlers(self), a.host, a.port,
+                                           sock=admin_sock)
+        except OSError:
+            for sock in socks:
+                sock.close()
+            raise
+        for listener, sock in zip(self.listeners, socks, strict=True):
             await listener.start(sock)
             log.info("listener %s on %s", listener.name, _fmt_addr(listener.sockname))
             self.lm_stats.listener_added += 1
         self.lm_stats.total_listeners_active = len(self.listeners)
-        a = self.cfg.admin.address
-        self.admin = await start_admin(self.loop, AdminHandlers(self), a.host, a.port)
         self.admin_port = self.admin.sockets[0].getsockname()[1]
         log.info("admin on %s", _fmt_addr(self.admin.sockets[0].getsockname()))
         self.process.initialized()
         self._housekeeping = self.loop.call_later(1.0, self._housekeep)
+        if inh is not None:
+            await self._take_over(inh)
+        if self.restart_path is not None:
+            self.rendezvous = Rendezvous(self.restart_path, self.loop, self)
+            self.rendezvous.start()
         self.notifier.ready()
+
+    def _inherited_socket(self, name: str, address: str) -> socket.socket | None:
+        """The previous process's listening socket for this listener, if its address is the
+        same (a listener moved elsewhere binds anew; the old one drains in the old process)."""
+        inh = self.inherited
+        if inh is None or name not in inh.listeners:
+            return None
+        addr, sock = inh.listeners.pop(name)
+        if addr != address:
+            sock.close()
+            return None
+        log.info("listener %s takes over the socket of pid %d", name, inh.parent_pid)
+        return sock
+
+    async def _take_over(self, inh: Inherited) -> None:
+        """Ready: the previous process stops accepting and drains; we follow its status."""
+        inh.close_unused()  # listeners that are gone: they drain in the old process
+        try:
+            await take_over(inh, self.loop)
+        except (OSError, TimeoutError) as e:
+            log.warning("hot restart: pid %d did not release: %s (serving anyway)",
+                        inh.parent_pid, e)
+            inh.link.close()
+            return
+        log.info("hot restart: epoch %d serving; pid %d drains", inh.epoch, inh.parent_pid)
+        self.server_stats.parent_connections = 1  # until its first status says how many
+
+        def status(connections: int, counters: dict[str, int]) -> None:
+            self.server_stats.parent_connections = connections
+            self.registry.carried = counters
+
+        def gone() -> None:
+            self.server_stats.parent_connections = 0
+            log.info("hot restart: pid %d has exited", inh.parent_pid)
+
+        follow_parent(inh, self.loop, status, gone)
+
+    # -- hot restart: the side that hands over ------------------------------------------------
+    def handover_sockets(self) -> tuple[list[tuple[str, str, HasFileno]],
+                                        tuple[str, HasFileno] | None]:
+        listeners = [(ls.name, str(ls.cfg.address), ls.server.sockets[0])
+                     for ls in self.listeners if ls.server is not None]
+        admin = (None if self.admin is None
+                 else (str(self.cfg.admin.address), self.admin.sockets[0]))
+        return listeners, admin  # type: ignore[return-value]
+
+    def counters(self) -> dict[str, int]:
+        self._refresh_gauges()
+        return self.registry.counters()
+
+    def connections(self) -> int:
+        return self._connections()
+
+    def hand_over(self) -> None:
+        """The new process is ready: stop accepting (it accepts on the same sockets), hand
+        it the admin port, and drain; exit by parent_shutdown_time."""
+        for ls in self.listeners:
+            ls.stop_accepting()
+        if self.admin is not None:
+            self.admin.close()
+            self.admin = None
+        self.begin_shutdown("hot restart", Cause.HOT_RESTART,
+                            self.cfg.hot_restart.parent_shutdown_time)
 
     def install_signal_handlers(self) -> None:
         self.loop.add_signal_handler(signal.SIGTERM, self.begin_shutdown, "SIGTERM")
@@ -190,12 +293,13 @@ class Server:
                 connection_grace=ev.grace,
             )
             if self.process.shutdown is not None:
-                drain["deadline"] = self.cfg.shutdown.deadline
+                drain["deadline"] = self.process.exit_after
         return {
             "version": f"lameduck/{__version__}",
             "state": self.process.state.name,
             "uptime_current_epoch": f"{int(uptime)}s",
-            "uptime_all_epochs": f"{int(uptime)}s",
+            "uptime_all_epochs": f"{int(time.time() - self.started_all)}s",
+            "hot_restart_epoch": self.epoch,
             "command_line_options": {
                 "drain_time": format_duration(d.time),
                 "drain_strategy": d.strategy.value.capitalize(),
@@ -217,15 +321,18 @@ class Server:
         self.loop.call_soon(self._finish, Step.CUT if not self.process.ledger.idle else Step.EXIT)
 
     # -- shutdown ---------------------------------------------------------------------------
-    def begin_shutdown(self, why: str = "SIGTERM") -> None:
+    def begin_shutdown(self, why: str = "SIGTERM", cause: Cause = Cause.SHUTDOWN,
+                       deadline: float | None = None) -> None:
         """Not ready at once (seed 002 step 1), then one drain event over every listener."""
         if self.process.shutdown is not None:
             return
         now = self.loop.time()
-        event, reached = self.process.start_shutdown(now)
-        self.notifier.stopping(why)
+        event, reached = self.process.start_shutdown(now, cause, deadline)
+        if cause is not Cause.HOT_RESTART:
+            self.notifier.stopping(why)
         s = self.cfg.shutdown
-        self._log_event(event, f"{why}: not ready; deadline={format_duration(s.deadline)} "
+        self._log_event(event, f"{why}: not ready; "
+                               f"deadline={format_duration(self.process.exit_after)} "
                                f"stop_accepting={s.stop_accepting.value}")
         self._broadcast(event, reached)
         for ls in self.listeners:
@@ -337,6 +444,8 @@ class Server:
             ds.cx_drained_by_response, ds.cx_drained_proactive, ds.cx_closed_at_end)
         if self.admin is not None:
             self.admin.close()
+        if self.rendezvous is not None:
+            self.rendezvous.close()  # a last status to a successor; the path is left to it
         if self._housekeeping is not None:
             self._housekeeping.cancel()
         if not self.done.done():

@@ -216,7 +216,7 @@ def test_every_model_forbids_extra_keys_and_is_frozen() -> None:
         return found
 
     models = set(walk(Config))
-    assert len(models) == 11
+    assert len(models) == 12
     for model in models:
         assert model.model_config.get("extra") == "forbid", model
         assert model.model_config.get("frozen") is True, model
@@ -287,7 +287,7 @@ def test_valid_fixture_loads() -> None:
             "drain: {time: 20s}",
             "drain: {time: 20s}\ndrian: {}",
             "lameduck.yaml: drian: unknown key (allowed: admin, drain, shutdown, listeners, "
-            "clusters)",
+            "clusters, hot_restart)",
         ),
         (  # unknown key inside a list item
             "{prefix: /, cluster: app}",

@@ -457,3 +457,29 @@ class TestSeed002:
         assert conn.on_response(0.020, ScriptedRng()) is True
         assert conn.next_deadline() == 0.020
         assert conn.on_timer(0.020, idle=True) is ConnAction.CLOSE
+
+
+# -- hot restart: the parent's drain ---------------------------------------------------------------
+
+
+class TestHotRestartDrain:
+    def test_parent_stops_accepting_at_once_drains_for_t_and_exits_by_its_own_deadline(
+            self) -> None:
+        pd = process(deadline=20.0, min_drain=0.0, at_drain_end=True)
+        event, reached = pd.start_shutdown(SIGTERM, Cause.HOT_RESTART, deadline=30.0)
+        assert event.cause is Cause.HOT_RESTART and event.time == T
+        # every listener, modify_only too (seed 000: they drain on hot restart)
+        assert {ls.name for ls in reached} == {"ingress", "egress", "sidecar-out"}
+        assert all(ls.stop_at == SIGTERM for ls in pd.listeners.values())
+        assert pd.deadline == SIGTERM + 30.0
+        pd.ledger.begin()  # a request still in flight
+        assert pd.shutdown_step(SIGTERM + 20.0, 1) is Step.WAIT  # past shutdown.deadline
+        assert pd.shutdown_step(BELOW(SIGTERM + 30.0, 0), 1) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + 30.0, 1) is Step.CUT
+        assert pd.next_deadline(SIGTERM + 20.0) == SIGTERM + 30.0
+
+    def test_sigterm_keeps_the_configured_deadline_and_stop(self) -> None:
+        pd = process(deadline=20.0, at_drain_end=True)
+        pd.start_shutdown(SIGTERM)
+        assert pd.deadline == SIGTERM + 20.0
+        assert all(ls.stop_at == SIGTERM + T for ls in pd.listeners.values())

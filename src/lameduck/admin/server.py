@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
 import httptools
 
@@ -71,7 +72,11 @@ def _phrase(status: int) -> str:
 
 
 async def start_admin(
-    loop: asyncio.AbstractEventLoop, handlers: AdminHandlers, host: str, port: int
+    loop: asyncio.AbstractEventLoop, handlers: AdminHandlers, host: str, port: int,
+    sock: socket.socket | None = None,
 ) -> asyncio.AbstractServer:
+    """``sock``: an already listening socket (handed over by a hot restart) instead of a bind."""
+    if sock is not None:
+        return await loop.create_server(lambda: AdminProtocol(handlers), sock=sock)
     return await loop.create_server(lambda: AdminProtocol(handlers), host, port,
                                     reuse_address=True)

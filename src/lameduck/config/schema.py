@@ -419,6 +419,18 @@ class ClusterConfig(BaseModel):
     http2: UpstreamHttp2Config = UpstreamHttp2Config()
 
 
+class HotRestartConfig(BaseModel):
+    """Hot restart: a new `lameduck run` takes the running one's sockets over a Unix socket."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The rendezvous socket; null = lameduck-<uid>/restart-<admin port>.sock in the temp dir.
+    socket: str | None = None
+    # The old process drains for drain.time and exits by this time at the latest (Envoy's
+    # --parent-shutdown-time-s).
+    parent_shutdown_time: PositiveDuration = 30.0
+
+
 class Config(BaseModel):
     """The whole config file. Cross-section rules live here because they need both sections."""
 
@@ -429,6 +441,7 @@ class Config(BaseModel):
     shutdown: ShutdownConfig = ShutdownConfig()
     listeners: tuple[ListenerConfig, ...] = ()
     clusters: tuple[ClusterConfig, ...] = ()
+    hot_restart: HotRestartConfig = HotRestartConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Self:
@@ -441,6 +454,16 @@ class Config(BaseModel):
                     f"{format_duration(self.shutdown.deadline)}: the drain has to fit before "
                     "the deadline cuts what is left",
                     format_duration(self.shutdown.deadline),
+                )
+            )
+        if self.hot_restart.parent_shutdown_time < self.drain.time:
+            pst = self.hot_restart.parent_shutdown_time
+            problems.append(
+                (
+                    ("hot_restart", "parent_shutdown_time"),
+                    f"must be >= drain.time ({format_duration(self.drain.time)}), got "
+                    f"{format_duration(pst)}: the old process has to drain before it is cut",
+                    format_duration(pst),
                 )
             )
         cluster_seen: dict[str, int] = {}

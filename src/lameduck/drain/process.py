@@ -73,6 +73,8 @@ class ProcessDrain:
         self.initializing = True
         self.hc_failed = False
         self.shutdown: DrainEvent | None = None
+        # Seconds from the start of the shutdown to the hard exit (a hot restart sets its own).
+        self.exit_after = self.shutdown_settings.deadline
         self.last_event: DrainEvent | None = None
 
     # -- the tree ---------------------------------------------------------------------------
@@ -128,14 +130,23 @@ class ProcessDrain:
                 listener.stop_accepting(event.ends_at)
         return event, reached
 
-    def start_shutdown(self, now: float) -> tuple[DrainEvent, list[ListenerDrain]]:
-        """SIGTERM: not ready at once, one event over every listener. Idempotent."""
+    def start_shutdown(
+        self, now: float, cause: Cause = Cause.SHUTDOWN, deadline: float | None = None,
+    ) -> tuple[DrainEvent, list[ListenerDrain]]:
+        """SIGTERM: not ready at once, one event over every listener. Idempotent.
+
+        A hot restart (``Cause.HOT_RESTART``) is the same drain with the parent's own deadline
+        (``parent_shutdown_time``); its listeners stop accepting at once, since the new process
+        accepts on the same sockets."""
         if self.shutdown is not None:
             return self.shutdown, []
-        event = self._event(now, Cause.SHUTDOWN)
+        event = self._event(now, cause)
         self.shutdown = event
+        if deadline is not None:
+            self.exit_after = deadline
         self.ledger.draining = True
-        stop = event.ends_at if self.shutdown_settings.stop_accepting_at_drain_end else now
+        stop = (event.ends_at if self.shutdown_settings.stop_accepting_at_drain_end
+                and cause is not Cause.HOT_RESTART else now)
         reached = [ls for ls in self.listeners.values() if ls.add_event(event)]
         for listener in self.listeners.values():
             listener.stop_accepting(stop)
@@ -144,8 +155,7 @@ class ProcessDrain:
 
     @property
     def deadline(self) -> float | None:
-        return None if self.shutdown is None else (
-            self.shutdown.start + self.shutdown_settings.deadline)
+        return None if self.shutdown is None else self.shutdown.start + self.exit_after
 
     def tick(self, now: float) -> None:
         """Apply time: from T on a shutting-down process takes no new work."""
@@ -158,7 +168,7 @@ class ProcessDrain:
         if ev is None:
             return Step.WAIT
         self.tick(now)
-        if now >= ev.start + self.shutdown_settings.deadline:
+        if now >= ev.start + self.exit_after:
             return Step.EXIT if self.ledger.idle else Step.CUT
         if now < ev.start + self.shutdown_settings.min_drain:
             return Step.WAIT
@@ -173,6 +183,6 @@ class ProcessDrain:
         if ev is None:
             return None
         marks = (ev.start + self.shutdown_settings.min_drain, ev.ends_at,
-                 ev.start + self.shutdown_settings.deadline)
+                 ev.start + self.exit_after)
         future = [m for m in marks if m > now]
         return min(future) if future else None

@@ -172,15 +172,25 @@ class HttpListener:
         return target if target in self.connect_allow else None
 
     # -- lifecycle --------------------------------------------------------------------------
-    async def start(self, sock: socket.socket | None = None) -> None:
-        if sock is None:
-            addr = self.cfg.address
-            family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
+    def bind(self) -> socket.socket:
+        """A listening socket at the configured address (raises OSError if taken)."""
+        addr = self.cfg.address
+        family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((addr.host, addr.port))
             sock.listen(1024)
-            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        return sock
+
+    async def start(self, sock: socket.socket | None = None) -> None:
+        """Serve on ``sock`` (bound here if None)."""
+        if sock is None:
+            sock = self.bind()
         self.sockname = sock.getsockname()
         if self.ssl is not None:
             self.server = await self.loop.create_server(

@@ -1,4 +1,4 @@
-"""Process handover: systemd readiness and socket activation (hot restart comes next)."""
+"""Process handover: hot restart (``hot``) and systemd readiness and socket activation."""
 
 from lameduck.restart.systemd import Notifier, PassedSocket, listen_fds, match_listeners
 

@@ -37,6 +37,9 @@ class StatsRegistry:
         self._scopes: dict[str, tuple[object, tuple[tuple[str, str, StatKind], ...]]] = {}
         self._gauge_fns: dict[str, Callable[[], int]] = {}
         self._names: set[str] = set()
+        # Counters of the processes before this one (hot restart): added when rendering, so
+        # counters do not reset across a restart.
+        self.carried: dict[str, int] = {}
 
     def add(self, prefix: str, scope: S) -> S:
         """Register a scope (e.g. an HttpStats under "http.ingress"); returns it for chaining."""
@@ -77,14 +80,20 @@ class StatsRegistry:
 
     def snapshot(self) -> list[Stat]:
         """Every stat's current value, sorted by name."""
+        carried = self.carried
         out = [
-            Stat(name, getattr(scope, attr), kind)
+            Stat(name, getattr(scope, attr) + (carried.get(name, 0) if kind == COUNTER else 0),
+                 kind)
             for scope, entries in self._scopes.values()
             for name, attr, kind in entries
         ]
         out.extend(Stat(name, int(fn()), GAUGE) for name, fn in self._gauge_fns.items())
         out.sort()
         return out
+
+    def counters(self) -> dict[str, int]:
+        """Every counter's value (carried ones included): what a successor carries on."""
+        return {s.name: s.value for s in self.snapshot() if s.kind == COUNTER}
 
     def _claim(self, names: list[str]) -> None:
         taken = self._names.intersection(names)

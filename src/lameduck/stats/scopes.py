@@ -154,9 +154,12 @@ class ServerStats:
     state: int = 0
     uptime: int = 0
     total_connections: int = 0
+    hot_restart_epoch: int = 0  # 0 for a first start, +1 per hot restart
+    parent_connections: int = 0  # connections the previous process still holds while it drains
 
 
-name_gauges(ServerStats, {"live", "state", "uptime", "total_connections"})
+name_gauges(ServerStats, {"live", "state", "uptime", "total_connections", "hot_restart_epoch",
+                          "parent_connections"})
 
 
 @dataclass(slots=True)

@@ -1,0 +1,374 @@
+"""Hot restart (seed 000; seed 002 "Socket handover"): a new process takes the running one's
+listening sockets over a Unix socket (SCM_RIGHTS), becomes ready, and only then tells it to
+stop accepting and drain. No connection is refused: both processes hold the same listening
+sockets, so the kernel's accept queue is never closed, and the old one stops accepting only
+once the new one accepts.
+
+The rendezvous socket (owner-only) speaks length-prefixed JSON messages (4-byte big-endian
+length); the one that carries descriptors sends them with its first byte.
+
+    new → old   {"op": "hello", "pid": P}
+    old → new   {"op": "sockets", "epoch": E, "pid": P, "listeners": [[name, address], ...],
+                 "admin": address or null, "counters": {...}, "started": wall}
+                + fds: the listeners', then the admin's
+    new → old   {"op": "drain"}        once the new process is ready
+    old → new   {"op": "released"}     the old one stopped accepting and left the rendezvous
+    old → new   {"op": "status", "connections": N, "counters": {...}}  every STATUS_EVERY s
+
+A new process that goes away before "drain" (a bad config caught late, a crash, a kill)
+changes nothing in the old one: it keeps serving, untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import struct
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+log = logging.getLogger("lameduck.restart")
+
+STATUS_EVERY: Final = 0.5
+MAX_MESSAGE: Final = 16 << 20
+MAX_FDS: Final = 512
+_LEN: Final = struct.Struct(">I")
+
+
+def default_path(admin_port: int) -> str:
+    """$TMPDIR/lameduck-<uid>/restart-<admin port>.sock: one per instance on a host."""
+    return os.path.join(tempfile.gettempdir(), f"lameduck-{os.getuid()}",
+                        f"restart-{admin_port}.sock")
+
+
+def _frame(msg: dict[str, Any]) -> bytes:
+    data = json.dumps(msg, separators=(",", ":")).encode()
+    return _LEN.pack(len(data)) + data
+
+
+class _Reader:
+    """Reassembles messages from a stream socket's reads (and the fds that came with them)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.fds: list[int] = []
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self.buf += data
+        out = []
+        while len(self.buf) >= 4:
+            (n,) = _LEN.unpack_from(self.buf)
+            if n > MAX_MESSAGE:
+                raise ValueError(f"hot restart message of {n} bytes")
+            if len(self.buf) < 4 + n:
+                break
+            msg = json.loads(bytes(self.buf[4:4 + n]))
+            del self.buf[:4 + n]
+            if not isinstance(msg, dict) or "op" not in msg:
+                raise ValueError("hot restart message without an op")
+            out.append(msg)
+        return out
+
+
+class HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+
+# -- the new process's side (blocking: it runs before the new process serves) ----------------
+
+
+@dataclass
+class Inherited:
+    """What the running process handed over."""
+
+    epoch: int  # this process's epoch (the parent's + 1)
+    parent_pid: int
+    listeners: dict[str, tuple[str, socket.socket]]  # name → (address as configured, socket)
+    admin: tuple[str, socket.socket] | None  # (address as configured, socket)
+    counters: dict[str, int]
+    started: float  # wall time the first epoch started
+    link: socket.socket
+    reader: _Reader = field(default_factory=_Reader)
+
+    def close_unused(self) -> None:
+        for _, sock in self.listeners.values():
+            sock.close()
+        self.listeners.clear()
+        if self.admin is not None:
+            self.admin[1].close()
+            self.admin = None
+
+
+def _recv_message(sock: socket.socket, reader: _Reader) -> dict[str, Any]:
+    while True:
+        data, fds, _, _ = socket.recv_fds(sock, 65536, MAX_FDS)
+        reader.fds.extend(fds)
+        if not data:
+            raise ConnectionError("the running lameduck closed the hot-restart socket")
+        msgs = reader.feed(data)
+        if msgs:
+            if len(msgs) > 1:
+                raise ValueError("unexpected hot restart messages")
+            return msgs[0]
+
+
+def connect_parent(path: str, timeout: float = 10.0) -> Inherited | None:
+    """Find the running lameduck at ``path`` and take its sockets; None if none runs there.
+    Raises OSError/ValueError when one answers but the handover fails (nothing changed in it)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        s.close()
+        return None
+    try:
+        s.sendall(_frame({"op": "hello", "pid": os.getpid()}))
+        reader = _Reader()
+        msg = _recv_message(s, reader)
+        if msg.get("op") != "sockets":
+            raise ValueError(f"unexpected hot restart reply {msg.get('op')!r}")
+        names = msg["listeners"]
+        fds = reader.fds
+        want = len(names) + (1 if msg["admin"] else 0)
+        if len(fds) != want:
+            raise ValueError(f"hot restart: {len(fds)} descriptors for {want} sockets")
+        socks = [socket.socket(fileno=fd) for fd in fds]
+        for sock in socks:
+            sock.set_inheritable(False)
+        reader.fds = []
+        return Inherited(
+            epoch=int(msg["epoch"]) + 1, parent_pid=int(msg["pid"]),
+            listeners={name: (addr, sock) for (name, addr), sock in zip(names, socks,
+                                                                         strict=False)},
+            admin=(str(msg["admin"]), socks[-1]) if msg["admin"] else None,
+            counters={str(k): int(v) for k, v in msg["counters"].items()},
+            started=float(msg["started"]), link=s, reader=reader)
+    except BaseException:
+        s.close()
+        raise
+
+
+async def take_over(inh: Inherited, loop: asyncio.AbstractEventLoop, timeout: float = 10.0,
+                    ) -> None:
+    """Ready: tell the old process to drain, and wait until it stopped accepting."""
+    link = inh.link
+    link.setblocking(False)
+    await asyncio.wait_for(loop.sock_sendall(link, _frame({"op": "drain"})), timeout)
+    end = loop.time() + timeout
+    while True:
+        data = await asyncio.wait_for(loop.sock_recv(link, 65536), max(end - loop.time(), 0))
+        if not data:
+            raise ConnectionError("the old lameduck went away before releasing its sockets")
+        for msg in inh.reader.feed(data):
+            if msg["op"] == "released":
+                return
+
+
+def follow_parent(inh: Inherited, loop: asyncio.AbstractEventLoop,
+                  on_status: Callable[[int, dict[str, int]], None],
+                  on_gone: Callable[[], None]) -> None:
+    """Read the old process's status until it exits (its end of the link closes)."""
+    link = inh.link
+
+    def readable() -> None:
+        try:
+            data = link.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            loop.remove_reader(link.fileno())
+            link.close()
+            on_gone()
+            return
+        try:
+            msgs = inh.reader.feed(data)
+        except ValueError as e:
+            log.warning("hot restart: bad status from the old process: %s", e)
+            return
+        for msg in msgs:
+            if msg["op"] == "status":
+                on_status(int(msg["connections"]),
+                          {str(k): int(v) for k, v in msg["counters"].items()})
+
+    loop.add_reader(link.fileno(), readable)
+
+
+# -- the running process's side (asyncio) ---------------------------------------------------
+
+
+class Source(Protocol):
+    """What the running process offers a successor (the server)."""
+
+    epoch: int
+    started_all: float  # wall time the first epoch started
+
+    def handover_sockets(self) -> tuple[list[tuple[str, str, HasFileno]],
+                                        tuple[str, HasFileno] | None]:
+        """[(listener name, configured address, listening socket)], (admin address, socket)."""
+        ...
+
+    def counters(self) -> dict[str, int]: ...
+
+    def connections(self) -> int: ...
+
+    def hand_over(self) -> None:
+        """The successor is ready: stop accepting (listeners, admin) and drain."""
+        ...
+
+
+class Rendezvous:
+    """The running process's end: waits for a successor on the Unix socket at ``path``."""
+
+    def __init__(self, path: str, loop: asyncio.AbstractEventLoop, source: Source) -> None:
+        self.path = path
+        self.loop = loop
+        self.source = source
+        self.sock: socket.socket | None = None
+        self.children: dict[int, tuple[socket.socket, _Reader]] = {}
+        self.successor: socket.socket | None = None
+        self.handed_over = False
+        self.status_timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        d = os.path.dirname(self.path)
+        if d:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)  # stale (a process that died), or the old one's, released
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            s.bind(self.path)  # created 0600: only our user may hand our sockets around
+        finally:
+            os.umask(old)
+        s.listen(8)
+        s.setblocking(False)
+        self.sock = s
+        self.loop.add_reader(s.fileno(), self._accept)
+
+    def _stop_listening(self, unlink: bool) -> None:
+        s = self.sock
+        if s is None:
+            return
+        self.sock = None
+        self.loop.remove_reader(s.fileno())
+        s.close()
+        if unlink:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+    def _accept(self) -> None:
+        if self.sock is None:
+            return
+        try:
+            conn, _ = self.sock.accept()
+        except BlockingIOError:
+            return
+        conn.setblocking(False)
+        self.children[conn.fileno()] = (conn, _Reader())
+        self.loop.add_reader(conn.fileno(), self._readable, conn)
+
+    def _drop(self, conn: socket.socket) -> None:
+        fd = conn.fileno()
+        if fd >= 0:
+            self.loop.remove_reader(fd)
+            self.children.pop(fd, None)
+        conn.close()
+
+    def _readable(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        entry = self.children.get(conn.fileno())
+        if not data or entry is None:
+            if not self.handed_over:
+                log.warning("hot restart: the new process went away before it was ready; "
+                            "this one keeps serving")
+            self._drop(conn)
+            return
+        try:
+            msgs = entry[1].feed(data)
+        except ValueError as e:
+            log.warning("hot restart: %s", e)
+            self._drop(conn)
+            return
+        for msg in msgs:
+            if msg["op"] == "hello":
+                self._send_sockets(conn, int(msg.get("pid", 0)))
+            elif msg["op"] == "drain" and not self.handed_over:
+                self._release(conn)
+
+    def _send_sockets(self, conn: socket.socket, pid: int) -> None:
+        src = self.source
+        listeners, admin = src.handover_sockets()
+        fds = [s.fileno() for _, _, s in listeners] + ([admin[1].fileno()] if admin else [])
+        msg = {"op": "sockets", "epoch": src.epoch, "pid": os.getpid(),
+               "listeners": [[name, addr] for name, addr, _ in listeners],
+               "admin": admin[0] if admin else None, "counters": src.counters(),
+               "started": src.started_all}
+        data = _frame(msg)
+        conn.setblocking(True)  # one message, once: let the kernel take it whole
+        try:
+            socket.send_fds(conn, [data[:1]], fds)
+            conn.sendall(data[1:])
+        except OSError as e:
+            log.warning("hot restart: could not hand the sockets to pid %d: %s", pid, e)
+            self._drop(conn)
+            return
+        finally:
+            if conn.fileno() >= 0:
+                conn.setblocking(False)
+        log.info("hot restart: sockets handed to pid %d; waiting for it to be ready", pid)
+
+    def _release(self, conn: socket.socket) -> None:
+        self.handed_over = True
+        self.successor = conn
+        self._stop_listening(unlink=False)  # the successor binds the path anew
+        for other, _ in list(self.children.values()):
+            if other is not conn:
+                self._drop(other)  # a second would-be successor: too late
+        self.source.hand_over()
+        self._send(conn, {"op": "released"})
+        self._status()
+
+    def _send(self, conn: socket.socket, msg: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):  # a full buffer drops a status; the next follows
+            conn.send(_frame(msg))
+
+    def _status(self) -> None:
+        self.status_timer = None
+        conn = self.successor
+        if conn is None or conn.fileno() < 0:
+            return
+        self._send(conn, {"op": "status", "connections": self.source.connections(),
+                          "counters": self.source.counters()})
+        self.status_timer = self.loop.call_later(STATUS_EVERY, self._status)
+
+    def close(self) -> None:
+        """At exit: a last status to the successor, then let go of everything."""
+        if self.status_timer is not None:
+            self.status_timer.cancel()
+            self.status_timer = None
+        if self.successor is not None and self.successor.fileno() >= 0:
+            conn = self.successor
+            conn.setblocking(True)
+            conn.settimeout(1.0)
+            with contextlib.suppress(OSError):
+                conn.sendall(_frame({"op": "status", "connections": 0,
+                                     "counters": self.source.counters()}))
+            self._drop(conn)
+        for conn, _ in list(self.children.values()):
+            self._drop(conn)
+        self._stop_listening(unlink=not self.handed_over)

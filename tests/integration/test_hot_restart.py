@@ -1,0 +1,214 @@
+"""Hot restart over real processes: a new `lameduck run` takes the running one's sockets over
+the rendezvous Unix socket, becomes ready, then the old one drains and exits. Load runs from
+a client that counts every failure (tests/loadgen.py): keep-alive and new connections mixed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests import loadgen
+from tests.procs import Lameduck, base_config, free_port, wait_until
+
+
+def _config(origin_port: int, tmp_path: Path, **over: Any) -> dict[str, Any]:
+    cfg = base_config(origin_port, **over)
+    cfg["drain"] = {"time": "600ms", "strategy": "gradual", "connection_grace": "200ms"}
+    cfg["shutdown"] = {"deadline": "3s", "min_drain": "0s", "stop_accepting": "at_drain_end"}
+    cfg["hot_restart"] = {"socket": str(tmp_path / "restart.sock"),
+                          "parent_shutdown_time": "3s"}
+    return cfg
+
+
+class Load:
+    """loadgen in a thread of its own, so the test can restart processes meanwhile."""
+
+    def __init__(self, port: int, seconds: float = 60.0) -> None:
+        self.counts: loadgen.Counts | None = None
+        self.stop = threading.Event()
+        self.started = time.monotonic()
+        self.elapsed = 0.0
+        self.thread = threading.Thread(target=self._run, args=(port, seconds), daemon=True)
+        self.thread.start()
+
+    def _run(self, port: int, seconds: float) -> None:
+        self.counts = asyncio.run(loadgen.run(port, seconds, stop=self.stop))
+        self.elapsed = time.monotonic() - self.started
+
+    def finish(self) -> loadgen.Counts:
+        self.stop.set()
+        self.thread.join(30)
+        assert self.counts is not None
+        return self.counts
+
+    def report(self) -> str:
+        c = self.counts
+        assert c is not None
+        return (f"ok={c.ok} ({c.ok / self.elapsed:.0f}/s) refused={c.refused} "
+                f"errors={c.errors} bad_status={c.bad_status} stale_retries={c.stale_retries} "
+                f"connections={c.connections} {c.samples}")
+
+
+def _epoch(ld: Lameduck) -> int:
+    try:
+        return ld.stat("server.hot_restart_epoch")
+    except (httpx.HTTPError, KeyError, ValueError):
+        return -1
+
+
+def _restart(cfg: dict[str, Any], tmp_path: Path, old: Lameduck, epoch: int) -> Lameduck:
+    """Start the next process; wait until it serves as ``epoch`` and the old one has exited."""
+    new = Lameduck(cfg, tmp_path)
+    new.start()  # ready: the old one answers /ready until the admin port moves
+    assert wait_until(lambda: _epoch(new) == epoch, 10), new.log()
+    assert old.wait(10) == 0, old.log()
+    return new
+
+
+def _start_failing(new: Lameduck) -> int:
+    """Start a successor that must fail; its exit code. (Its start may look ready: the old
+    process answers the admin's /ready until a successor takes the admin port.)"""
+    try:
+        new.start()
+    except RuntimeError as e:
+        assert "exited early" in str(e)
+    return new.wait(10)
+
+
+def test_ten_hot_restarts_under_load_fail_no_request(origin_port: int, tmp_path: Path) -> None:
+    cfg = _config(origin_port, tmp_path)
+    ld = Lameduck(cfg, tmp_path).start()
+    assert _epoch(ld) == 0
+    load = Load(ld.port)
+    procs = [ld]
+    try:
+        time.sleep(0.5)
+        for epoch in range(1, 11):
+            ld = _restart(cfg, tmp_path, ld, epoch)
+            procs.append(ld)
+            time.sleep(0.3)
+    finally:
+        counts = load.finish()
+    msg = load.report()
+    print(msg)
+    assert counts.failed == 0, msg
+    assert counts.connections > 100, msg
+    assert counts.ok / load.elapsed >= 500, msg  # a real load, on a noisy 2-core machine
+    # stats carried across the processes: the last one counts (nearly) every request
+    served = ld.stat("http.ingress.downstream_rq_total")
+    assert served >= counts.ok, (served, counts.ok)
+    assert ld.stat("server.hot_restart_epoch") == 10
+    assert all(p.proc is not None and p.proc.poll() == 0 for p in procs[:-1])
+    ld.kill()
+
+
+def test_a_successor_with_a_bad_config_leaves_the_old_one_serving(
+        origin_port: int, tmp_path: Path) -> None:
+    cfg = _config(origin_port, tmp_path)
+    ld = Lameduck(cfg, tmp_path).start()
+    load = Load(ld.port)
+    try:
+        bad = dict(cfg, drain={"time": "banana"})
+        new = Lameduck(bad, tmp_path)
+        assert _start_failing(new) == 2
+        assert "drain.time" in new.log()
+        time.sleep(0.5)
+    finally:
+        counts = load.finish()
+    assert counts.failed == 0 and counts.ok > 0, load.report()
+    assert _epoch(ld) == 0 and ld.proc is not None and ld.proc.poll() is None
+    ld.kill()
+
+
+def test_a_successor_that_fails_after_taking_the_sockets_changes_nothing(
+        origin_port: int, tmp_path: Path) -> None:
+    """It got the sockets, then could not bind a listener of its own (a crash before ready):
+    exit 1; the old one never stopped accepting."""
+    cfg = _config(origin_port, tmp_path)
+    ld = Lameduck(cfg, tmp_path).start()
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    load = Load(ld.port)
+    try:
+        second = dict(cfg["listeners"][0], name="second",
+                      address=f"127.0.0.1:{busy.getsockname()[1]}")
+        new = Lameduck(dict(cfg, listeners=[cfg["listeners"][0], second]), tmp_path)
+        assert _start_failing(new) == 1
+        assert wait_until(lambda: "went away before it was ready" in ld.log(), 5), ld.log()
+        time.sleep(0.5)
+    finally:
+        counts = load.finish()
+        busy.close()
+    assert counts.failed == 0 and counts.ok > 0, load.report()
+    assert ld.proc is not None and ld.proc.poll() is None
+    assert httpx.get(ld.url("/"), timeout=5).status_code == 200
+    # and a good successor still can take over afterwards
+    ld = _restart(cfg, tmp_path, ld, 1)
+    ld.kill()
+
+
+def test_a_successor_that_vanishes_mid_handshake(origin_port: int, tmp_path: Path) -> None:
+    """Speaking the protocol by hand: hello, take the descriptors, go away without "drain"
+    (a process killed before it was ready). The rendezvous is owner-only."""
+    cfg = _config(origin_port, tmp_path)
+    ld = Lameduck(cfg, tmp_path).start()
+    path = cfg["hot_restart"]["socket"]
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(path)
+    hello = b'{"op":"hello","pid":1}'
+    s.sendall(struct.pack(">I", len(hello)) + hello)
+    data, fds, _, _ = socket.recv_fds(s, 65536, 16)
+    while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
+        data += s.recv(65536)
+    assert b'"op":"sockets"' in data
+    assert len(fds) == 2  # the listener's and the admin's
+    got = socket.socket(fileno=fds[0])
+    assert got.getsockname()[1] == ld.port
+    s.close()
+    got.close()
+    os.close(fds[1])
+    assert wait_until(lambda: "went away before it was ready" in ld.log(), 5), ld.log()
+    for _ in range(20):
+        assert httpx.get(ld.url("/"), timeout=5).status_code == 200
+    assert _epoch(ld) == 0
+    ld.kill()
+
+
+def test_reload_by_hot_restart_adds_moves_and_removes_listeners(
+        origin_port: int, tmp_path: Path) -> None:
+    """The new process's config decides: a listener kept at its address keeps its socket (no
+    refused connection), one that moved binds anew, one that is gone drains in the old one."""
+    cfg = _config(origin_port, tmp_path)
+    keep = cfg["listeners"][0]
+    gone = dict(keep, name="gone", address=f"127.0.0.1:{free_port()}")
+    moved_old = dict(keep, name="moved", address=f"127.0.0.1:{free_port()}")
+    cfg["listeners"] = [keep, gone, moved_old]
+    ld = Lameduck(cfg, tmp_path).start()
+    moved_new = dict(moved_old, address=f"127.0.0.1:{free_port()}")
+    added = dict(keep, name="added", address=f"127.0.0.1:{free_port()}")
+    new_cfg = dict(cfg, listeners=[keep, moved_new, added])
+    load = Load(ld.port)
+    try:
+        new = _restart(new_cfg, tmp_path, ld, 1)
+    finally:
+        counts = load.finish()
+    assert counts.failed == 0 and counts.ok > 0, load.report()
+    for lc in (keep, moved_new, added):
+        assert httpx.get(f"http://{lc['address']}/", timeout=5).status_code == 200
+    for lc in (gone, moved_old):
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://{lc['address']}/", timeout=5)
+    assert new.stat("listener_manager.total_listeners_active") == 3
+    new.kill()
