@@ -104,12 +104,14 @@ class Lameduck:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 10.0, wrapper: list[str] | None = None,
-              env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> Lameduck:
+              env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
+              command: str = "run") -> Lameduck:
         """``wrapper``: argv run first, that execs the rest (e.g. tests/sdactivate.py);
-        ``env``: variables added; ``pass_fds``: descriptors the process inherits."""
+        ``env``: variables added; ``pass_fds``: descriptors the process inherits;
+        ``command``: ``run`` or ``supervise``."""
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                [*(wrapper or []), sys.executable, "-m", "lameduck", "run", "-c",
+                [*(wrapper or []), sys.executable, "-m", "lameduck", command, "-c",
                  str(self.path)],
                 stdout=log, stderr=subprocess.STDOUT, env={**_env(), **(env or {})},
                 pass_fds=pass_fds,

@@ -113,6 +113,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _run_loop(main)
 
 
+def cmd_supervise(args: argparse.Namespace) -> int:
+    try:
+        load_config(args.config)
+    except ConfigError as e:
+        print(f"lameduck: invalid config\n{e}", file=sys.stderr)
+        return EXIT_CONFIG
+    from lameduck.restart.supervisor import supervise
+
+    return _run_loop(lambda: supervise(args.config, args.log_level))
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     try:
         cfg = _load(args.config)
@@ -137,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "origin)")
     run.add_argument("-c", "--config", help="YAML config file")
     run.set_defaults(func=cmd_run)
+    sup = sub.add_parser("supervise", help="run `lameduck run` as a child: SIGHUP hot-restarts "
+                                           "it with the config, SIGTERM drains it, a dead child "
+                                           "is restarted")
+    sup.add_argument("-c", "--config", required=True, help="YAML config file")
+    sup.set_defaults(func=cmd_supervise)
     val = sub.add_parser("validate", help="check a config file and exit")
     val.add_argument("-c", "--config", help="YAML config file (default: the embedded one)")
     val.set_defaults(func=cmd_validate)
