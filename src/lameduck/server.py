@@ -67,6 +67,7 @@ class Server:
         self.restart_path = restart_path
         self.rendezvous: Rendezvous | None = None
         self.epoch = inherited.epoch if inherited is not None else 0
+        self.parent_draining = 0  # the previous process's listeners still draining
         self.notifier = notifier if notifier is not None else Notifier({})
         self.cfg = cfg
         self.loop = loop or asyncio.get_running_loop()
@@ -153,10 +154,18 @@ class Server:
             for sock in socks:
                 sock.close()
             raise
+        before = inh.definitions if inh is not None else {}
         for listener, sock in zip(self.listeners, socks, strict=True):
             await listener.start(sock)
             log.info("listener %s on %s", listener.name, _fmt_addr(listener.sockname))
-            self.lm_stats.listener_added += 1
+            # Envoy's LDS words, against the process before this one (hot restart)
+            old = before.get(listener.name)
+            if old is None:
+                self.lm_stats.listener_added += 1
+            elif old != listener.cfg.model_dump(mode="json"):
+                self.lm_stats.listener_modified += 1
+        names = {ls.name for ls in self.listeners}
+        self.lm_stats.listener_removed += sum(1 for name in before if name not in names)
         self.lm_stats.total_listeners_active = len(self.listeners)
         self.admin_port = self.admin.sockets[0].getsockname()[1]
         log.info("admin on %s", _fmt_addr(self.admin.sockets[0].getsockname()))
@@ -195,12 +204,14 @@ class Server:
         log.info("hot restart: epoch %d serving; pid %d drains", inh.epoch, inh.parent_pid)
         self.server_stats.parent_connections = 1  # until its first status says how many
 
-        def status(connections: int, counters: dict[str, int]) -> None:
+        def status(connections: int, draining: int, counters: dict[str, int]) -> None:
             self.server_stats.parent_connections = connections
+            self.parent_draining = draining
             self.registry.carried = counters
 
         def gone() -> None:
             self.server_stats.parent_connections = 0
+            self.parent_draining = 0
             log.info("hot restart: pid %d has exited", inh.parent_pid)
 
         follow_parent(inh, self.loop, status, gone)
@@ -213,6 +224,12 @@ class Server:
         admin = (None if self.admin is None
                  else (str(self.cfg.admin.address), self.admin.sockets[0]))
         return listeners, admin  # type: ignore[return-value]
+
+    def listener_definitions(self) -> dict[str, Any]:
+        return {lc.name: lc.model_dump(mode="json") for lc in self.cfg.listeners}
+
+    def draining_listeners(self) -> int:
+        return sum(1 for ls in self.listeners if ls.connections)
 
     def counters(self) -> dict[str, int]:
         self._refresh_gauges()
@@ -475,7 +492,7 @@ class Server:
         self.drain_stats.active = 1 if self._drain_active(now) else 0
         self._sync_drain_counts()
         self.lm_stats.total_listeners_active = sum(1 for ls in self.listeners if ls.accepting)
-        self.lm_stats.total_listeners_draining = sum(
+        self.lm_stats.total_listeners_draining = self.parent_draining + sum(
             1 for ls in self.listeners if ls.drain.draining)
 
 

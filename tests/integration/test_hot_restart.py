@@ -210,5 +210,70 @@ def test_reload_by_hot_restart_adds_moves_and_removes_listeners(
     for lc in (gone, moved_old):
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://{lc['address']}/", timeout=5)
-    assert new.stat("listener_manager.total_listeners_active") == 3
+    lm = {k.removeprefix("listener_manager."): v for k, v in new.stats().items()
+          if k.startswith("listener_manager.")}
+    # Envoy's LDS words against the process before (its own 3 additions carried over)
+    assert lm == {"listener_added": 3 + 1, "listener_modified": 1, "listener_removed": 1,
+                  "total_listeners_active": 3, "total_listeners_draining": 0}, lm
+    new.kill()
+
+
+def test_modify_only_ignores_healthcheck_fail_but_drains_on_hot_restart(
+        origin_port: int, tmp_path: Path) -> None:
+    """Envoy's drain_type modify_only (seed 000): /healthcheck/fail leaves it alone (its
+    responses keep the connection), a hot restart drains it like any listener."""
+    from tests.procs import RawConn
+
+    cfg = _config(origin_port, tmp_path)
+    side = dict(cfg["listeners"][0], name="sidecar", drain_type="modify_only",
+                address=f"127.0.0.1:{free_port()}")
+    cfg["listeners"].append(side)
+    ld = Lameduck(cfg, tmp_path).start()
+    default = RawConn(ld.addr)
+    sidecar = RawConn(side["address"])
+    assert ld.admin("POST", "/healthcheck/fail").status_code == 200
+    default.send("/")
+    assert default.read_response().closes  # default: every response drains
+    for _ in range(3):
+        sidecar.send("/")
+        r = sidecar.read_response()
+        assert r.status == 200 and not r.closes
+    new = Lameduck(cfg, tmp_path)
+    new.start()
+    assert wait_until(lambda: _epoch(new) == 1, 10), new.log()
+    time.sleep(0.4)  # past T/2 (300 ms): in the old process every response drains
+    sidecar.send("/")
+    r = sidecar.read_response()
+    assert r.status == 200 and r.closes
+    assert ld.wait(10) == 0
+    new.kill()
+
+
+def test_the_old_process_exits_by_parent_shutdown_time(origin_port: int, tmp_path: Path) -> None:
+    """A request longer than the old process may live is cut at parent_shutdown_time (counted,
+    exit code 3), while the new process serves."""
+    cfg = _config(origin_port, tmp_path)
+    cfg["hot_restart"]["parent_shutdown_time"] = "1s"
+    ld = Lameduck(cfg, tmp_path).start()
+    result: list[int | str] = []
+
+    def slow() -> None:
+        try:
+            result.append(httpx.get(ld.url("/sleep?ms=8000"), timeout=15).status_code)
+        except httpx.HTTPError as e:
+            result.append(type(e).__name__)
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(0.3)
+    new = Lameduck(cfg, tmp_path)
+    new.start()
+    assert wait_until(lambda: _epoch(new) == 1, 10), new.log()
+    t0 = time.monotonic()
+    assert ld.wait(10) == 3  # cut at the deadline
+    assert time.monotonic() - t0 < 3.0
+    t.join(15)
+    assert result and result[0] != 200, result  # cut: a 503 or a reset, never a hang
+    assert "cutting 1 requests" in ld.log()
+    assert httpx.get(new.url("/"), timeout=5).status_code == 200
     new.kill()

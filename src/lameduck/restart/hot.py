@@ -9,11 +9,13 @@ length); the one that carries descriptors sends them with its first byte.
 
     new → old   {"op": "hello", "pid": P}
     old → new   {"op": "sockets", "epoch": E, "pid": P, "listeners": [[name, address], ...],
-                 "admin": address or null, "counters": {...}, "started": wall}
+                 "admin": address or null, "counters": {...}, "started": wall,
+                 "definitions": {name: listener config}}
                 + fds: the listeners', then the admin's
     new → old   {"op": "drain"}        once the new process is ready
     old → new   {"op": "released"}     the old one stopped accepting and left the rendezvous
-    old → new   {"op": "status", "connections": N, "counters": {...}}  every STATUS_EVERY s
+    old → new   {"op": "status", "connections": N, "draining": L, "counters": {...}}
+                every STATUS_EVERY s (L: its listeners with connections left)
 
 A new process that goes away before "drain" (a bad config caught late, a crash, a kill)
 changes nothing in the old one: it keeps serving, untouched.
@@ -93,6 +95,7 @@ class Inherited:
     admin: tuple[str, socket.socket] | None  # (address as configured, socket)
     counters: dict[str, int]
     started: float  # wall time the first epoch started
+    definitions: dict[str, Any]  # the old process's listener configs, by name
     link: socket.socket
     reader: _Reader = field(default_factory=_Reader)
 
@@ -149,7 +152,8 @@ def connect_parent(path: str, timeout: float = 10.0) -> Inherited | None:
                                                                          strict=False)},
             admin=(str(msg["admin"]), socks[-1]) if msg["admin"] else None,
             counters={str(k): int(v) for k, v in msg["counters"].items()},
-            started=float(msg["started"]), link=s, reader=reader)
+            started=float(msg["started"]), definitions=dict(msg.get("definitions", {})),
+            link=s, reader=reader)
     except BaseException:
         s.close()
         raise
@@ -172,7 +176,7 @@ async def take_over(inh: Inherited, loop: asyncio.AbstractEventLoop, timeout: fl
 
 
 def follow_parent(inh: Inherited, loop: asyncio.AbstractEventLoop,
-                  on_status: Callable[[int, dict[str, int]], None],
+                  on_status: Callable[[int, int, dict[str, int]], None],
                   on_gone: Callable[[], None]) -> None:
     """Read the old process's status until it exits (its end of the link closes)."""
     link = inh.link
@@ -196,7 +200,7 @@ def follow_parent(inh: Inherited, loop: asyncio.AbstractEventLoop,
             return
         for msg in msgs:
             if msg["op"] == "status":
-                on_status(int(msg["connections"]),
+                on_status(int(msg["connections"]), int(msg.get("draining", 0)),
                           {str(k): int(v) for k, v in msg["counters"].items()})
 
     loop.add_reader(link.fileno(), readable)
@@ -216,9 +220,17 @@ class Source(Protocol):
         """[(listener name, configured address, listening socket)], (admin address, socket)."""
         ...
 
+    def listener_definitions(self) -> dict[str, Any]:
+        """Every listener's config, by name: the successor tells added/modified/removed."""
+        ...
+
     def counters(self) -> dict[str, int]: ...
 
     def connections(self) -> int: ...
+
+    def draining_listeners(self) -> int:
+        """Listeners with connections still open (they drain here)."""
+        ...
 
     def hand_over(self) -> None:
         """The successor is ready: stop accepting (listeners, admin) and drain."""
@@ -317,7 +329,7 @@ class Rendezvous:
         msg = {"op": "sockets", "epoch": src.epoch, "pid": os.getpid(),
                "listeners": [[name, addr] for name, addr, _ in listeners],
                "admin": admin[0] if admin else None, "counters": src.counters(),
-               "started": src.started_all}
+               "started": src.started_all, "definitions": src.listener_definitions()}
         data = _frame(msg)
         conn.setblocking(True)  # one message, once: let the kernel take it whole
         try:
@@ -353,6 +365,7 @@ class Rendezvous:
         if conn is None or conn.fileno() < 0:
             return
         self._send(conn, {"op": "status", "connections": self.source.connections(),
+                          "draining": self.source.draining_listeners(),
                           "counters": self.source.counters()})
         self.status_timer = self.loop.call_later(STATUS_EVERY, self._status)
 
@@ -366,7 +379,7 @@ class Rendezvous:
             conn.setblocking(True)
             conn.settimeout(1.0)
             with contextlib.suppress(OSError):
-                conn.sendall(_frame({"op": "status", "connections": 0,
+                conn.sendall(_frame({"op": "status", "connections": 0, "draining": 0,
                                      "counters": self.source.counters()}))
             self._drop(conn)
         for conn, _ in list(self.children.values()):
