@@ -3,6 +3,7 @@ started and stopped by pid. No mocks: the tests talk to these over real sockets.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -91,10 +92,32 @@ def base_config(origin_port: int, **over: Any) -> dict[str, Any]:
     return cfg
 
 
+def children_of(pid: int) -> list[int]:
+    """Live (not zombie) child processes of ``pid``, from /proc."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces, so split after its ")"
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry.name))
+    return out
+
+
 class Lameduck:
     """A lameduck process started with a config, stopped by pid."""
 
+    # Every one created, so a fixture can stop what a failed test left running (a hot-restart
+    # successor, a supervisor and its children).
+    created: list[Lameduck] = []
+
     def __init__(self, cfg: dict[str, Any], workdir: Path) -> None:
+        Lameduck.created.append(self)
         self.cfg = cfg
         self.path = workdir / f"lameduck-{free_port()}.yaml"
         self.path.write_text(yaml.safe_dump(cfg))
@@ -171,7 +194,12 @@ class Lameduck:
             return ""
 
     def kill(self) -> None:
+        """SIGKILL it, and its children first (``lameduck supervise`` has some)."""
         if self.proc is not None:
+            if self.proc.poll() is None:
+                for child in children_of(self.proc.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child, signal.SIGKILL)
             stop(self.proc)
 
 

@@ -32,6 +32,14 @@ def origin_port(origin: tuple[subprocess.Popen, int]) -> int:
     return origin[1]
 
 
+@pytest.fixture(autouse=True)
+def _no_stray_lameduck() -> Iterator[None]:
+    """Whatever a test started and did not stop (it failed first) is stopped by pid."""
+    yield
+    while Lameduck.created:
+        Lameduck.created.pop().kill()
+
+
 @pytest.fixture
 def lameduck(
     origin_port: int, tmp_path: Path

@@ -15,23 +15,11 @@ import httpx
 import yaml
 
 from tests.integration.test_hot_restart import Load, _config, _epoch
-from tests.procs import Lameduck, wait_until
+from tests.procs import Lameduck, children_of, wait_until
 
 
 def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid ...: comm may hold spaces, so split after its ")"
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(entry.name))
-    return out
+    return children_of(pid)
 
 
 def _supervised(origin_port: int, tmp_path: Path) -> tuple[Lameduck, dict[str, Any]]:
