@@ -3,7 +3,9 @@
 
 HTTP/1.1 rows: wrk against all three proxies. HTTP/2 rows (--h2, the default): h2load over
 h2c prior knowledge against lameduck and HAProxy, in two shapes (5 connections x 10 streams,
-50 connections x 1 stream); the origin stays HTTP/1.1 behind both.
+50 connections x 1 stream); the origin stays HTTP/1.1 behind both. HTTP/2-upstream rows
+(--h2-upstream, the default): wrk (HTTP/1.1) against lameduck and HAProxy, each forwarding to
+an nginx origin that speaks only h2c (HTTP/2 prior knowledge).
 
 Run with ``make bench`` (or ``.venv/bin/python bench/run.py --help``). Everything listens on
 127.0.0.1, every process it starts is stopped by pid before it returns (also on Ctrl-C and
@@ -11,7 +13,7 @@ SIGTERM), and the default run takes about two and a half minutes. See bench/READ
 
 Layout on a 2-core machine:
     CPU 0 (--proxy-cpu): the proxy under test (one of three, all pinned there)
-    CPU 1 (--load-cpu):  the demo origin and wrk / h2load
+    CPU 1 (--load-cpu):  the demo origin, the nginx h2c origin and wrk / h2load
 """
 
 from __future__ import annotations
@@ -62,6 +64,13 @@ TARGET_H2_RATIO = 0.25
 TARGET_H2_LINE = (f"target (issue 3): lameduck >= {TARGET_H2_RATIO:g}x HAProxy req/s and "
                   f"<= {TARGET_H2_CPU_US:g} µs CPU per request over h2c, in both shapes")
 
+# HTTP/1.1 clients -> proxy -> HTTP/2 (h2c prior knowledge) upstream: an nginx origin that
+# speaks only h2c, behind a second listener (lameduck) / frontend (HAProxy). No target.
+H2UP_PROXIES = ("lameduck", "haproxy")
+H2_HELLO = b"hello from the h2 origin\n"
+H2UP_LISTENER, H2UP_CLUSTER = "ingress-h2up", "origin-h2"
+H2UP_STREAMS = 100  # lameduck's clusters[].http2.max_concurrent_streams (its default)
+
 
 # --------------------------------------------------------------------------------------------
 # Processes: started pinned, tracked, stopped by pid.
@@ -85,6 +94,7 @@ class Proc:
     log: Path
     admin_port: int = 0
     h2_port: int = 0  # where it serves h2c prior knowledge (0: not tested over HTTP/2)
+    h2up_port: int = 0  # HTTP/1.1 listener whose upstream is the h2c origin (0: none)
 
     @property
     def pid(self) -> int:
@@ -251,8 +261,9 @@ def lameduck_bin() -> str:
 
 
 def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int,
-                   h2: bool = False) -> tuple[Proc, int]:
+                   h2: bool = False, h2up_origin_port: int = 0) -> tuple[Proc, int]:
     port, admin = free_port(), free_port()
+    h2up_port = free_port() if h2up_origin_port else 0
     cfg = {
         "admin": {"address": f"127.0.0.1:{admin}"},
         # Short drain so the SIGTERM at the end exits fast (no traffic is left by then anyway).
@@ -269,6 +280,21 @@ def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int,
                       "connect_timeout": "5s", "max_idle_connections": 256,
                       "idle_timeout": "60s"}],
     }
+    if h2up_origin_port:
+        # HTTP/1.1 listener #2, its cluster reached over h2c: requests are streams on shared
+        # connections (a second one opens only when H2UP_STREAMS are in flight on the first).
+        cfg["listeners"].append({
+            "name": H2UP_LISTENER,
+            "address": f"127.0.0.1:{h2up_port}",
+            "health_check_path": None,
+            "idle_timeout": "60s",
+            "routes": [{"prefix": "/", "cluster": H2UP_CLUSTER, "timeout": "30s"}],
+        })
+        cfg["clusters"].append({
+            "name": H2UP_CLUSTER, "endpoints": [f"127.0.0.1:{h2up_origin_port}"],
+            "protocol": "h2", "http2": {"max_concurrent_streams": H2UP_STREAMS},
+            "connect_timeout": "5s", "max_idle_connections": 256, "idle_timeout": "60s",
+        })
     path = workdir / "lameduck.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     # Its log is its stderr (stdout too); both go to lameduck.log in the work dir.
@@ -278,21 +304,32 @@ def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int,
     proc.admin_port = admin
     if h2:
         proc.h2_port = port  # the same listener serves h2c prior knowledge, no config needed
+    proc.h2up_port = h2up_port
     return proc, port
 
 
 LAMEDUCK_STATS = re.compile(
     r"(downstream_(cx|rq)_total|upstream_(cx|rq)_total|upstream_cx_destroy\w*|connect_fail"
     r"|upstream_rq_(retry|timeout)\w*|rq_5xx|rq_4xx)$")
+# Also, for the h2c upstream: connections opened over HTTP/2, GOAWAYs from the origin
+# (close_notify), streams reset by it (rx_reset) or by lameduck (tx_reset).
+LAMEDUCK_H2UP_STATS = re.compile(
+    r"(upstream_cx_http2_total|upstream_cx_close_notify|upstream_rq_(rx|tx)_reset"
+    r"|downstream_rq_2xx)$")
+_H2UP_SCOPES = (f"http.{H2UP_LISTENER}.", f"cluster.{H2UP_CLUSTER}.")
 
 
-def lameduck_counters(proc: Proc) -> dict[str, int]:
-    """Connection and request counters from lameduck's admin API (pool churn, errors)."""
+def lameduck_counters(proc: Proc, h2up: bool = False) -> dict[str, int]:
+    """Connection and request counters from lameduck's admin API (pool churn, errors): those
+    of the HTTP/1.1 rows' listener and cluster, or with ``h2up`` those of the h2c upstream's."""
     status, body = http_get(f"http://127.0.0.1:{proc.admin_port}/stats?format=json", timeout=5)
     if status != 200:
         return {}
     stats = json.loads(body)["stats"]
-    return {st["name"]: st["value"] for st in stats if LAMEDUCK_STATS.search(st["name"])}
+    return {st["name"]: st["value"] for st in stats
+            if st["name"].startswith(_H2UP_SCOPES) == h2up
+            and (LAMEDUCK_STATS.search(st["name"])
+                 or (h2up and LAMEDUCK_H2UP_STATS.search(st["name"])))}
 
 
 HAPROXY_CFG = """\
@@ -318,7 +355,7 @@ frontend fe
 {h2_frontend}
 backend origin
     server origin 127.0.0.1:{origin_port}
-"""
+{h2up}"""
 
 
 HAPROXY_H2_FRONTEND = """
@@ -329,14 +366,30 @@ frontend fe_h2
 """
 
 
+HAPROXY_H2UP = """
+# HTTP/1.1 clients, the h2c origin upstream (HTTP/2 prior knowledge, streams on reused
+# connections); option forwardfor from the defaults, as for the other rows.
+frontend fe_h2up
+    bind 127.0.0.1:{h2up_port}
+    default_backend origin_h2
+
+backend origin_h2
+    http-reuse always
+    server s1 127.0.0.1:{h2up_origin_port} proto h2
+"""
+
+
 def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
-                  h2: bool = False) -> tuple[Proc, int]:
+                  h2: bool = False, h2up_origin_port: int = 0) -> tuple[Proc, int]:
     port = free_port()
     h2_port = free_port() if h2 else 0
+    h2up_port = free_port() if h2up_origin_port else 0
     cfg = workdir / "haproxy.cfg"
     cfg.write_text(HAPROXY_CFG.format(
         port=port, origin_port=origin_port,
-        h2_frontend=HAPROXY_H2_FRONTEND.format(h2_port=h2_port) if h2 else ""))
+        h2_frontend=HAPROXY_H2_FRONTEND.format(h2_port=h2_port) if h2 else "",
+        h2up=HAPROXY_H2UP.format(h2up_port=h2up_port, h2up_origin_port=h2up_origin_port)
+        if h2up_origin_port else ""))
     check = subprocess.run(["haproxy", "-c", "-q", "-f", str(cfg)], capture_output=True,
                            text=True)
     if check.returncode != 0:
@@ -344,11 +397,12 @@ def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
     proc = procs.start("haproxy", cpu, ["haproxy", "-f", str(cfg), "-db"])
     wait_until(proc, "listening socket", lambda: _proxied_ok(port))
     proc.h2_port = h2_port
+    proc.h2up_port = h2up_port
     return proc, port
 
 
-NGINX_CFG = """\
-# Generated by bench/run.py: nginx as a keep-alive HTTP/1.1 proxy, one process, no logs.
+# What both nginx configs start with: one process, no daemon, no access log, paths in {tmp}.
+NGINX_PREAMBLE = """\
 worker_processes 1;
 daemon off;
 master_process off;
@@ -362,6 +416,11 @@ events {{
 http {{
     access_log off;
     {temp_paths}
+"""
+
+NGINX_CFG = """\
+# Generated by bench/run.py: nginx as a keep-alive HTTP/1.1 proxy, one process, no logs.
+""" + NGINX_PREAMBLE + """\
     keepalive_timeout 60s;
     keepalive_requests 100000000;   # default 1000 would reconnect mid-round
 
@@ -418,7 +477,92 @@ def _proxied_ok(port: int) -> bool:
     return status == 200 and body == HELLO
 
 
-def keepalive_check(port: int, requests: int = 3, timeout: float = 3.0) -> str | None:
+H2_ORIGIN_CFG = """\
+# Generated by bench/run.py: nginx as the h2c origin of the HTTP/2-upstream rows, one process.
+""" + NGINX_PREAMBLE + """\
+    default_type text/plain;
+    keepalive_timeout 60s;
+    # Also the HTTP/2 requests per connection (1.19.7+): the default of 1000 would GOAWAY the
+    # proxies' shared connections dozens of times a second.
+    keepalive_requests 100000000;
+
+    server {{
+        # "http2" on a plain listener: HTTP/2 prior knowledge (h2c) only; an HTTP/1.1 request
+        # gets the connection closed, so a proxy cannot quietly fall back to HTTP/1.1 here.
+        listen 127.0.0.1:{port} http2;
+        location / {{
+            return 200 "{body}";
+        }}
+    }}
+}}
+"""
+
+
+def run_short(procs: Procs, cpu: int, name: str, argv: list[str],
+              timeout: float) -> tuple[int | None, str]:
+    """A short-lived tool (curl), tracked and stopped by pid like everything else; (exit code,
+    or None when it had to be stopped, output)."""
+    proc = procs.start(name, cpu, argv)
+    try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(timeout=timeout)
+        rc = proc.popen.poll()
+    finally:
+        procs.stop(proc)
+    return rc, proc.log.read_text(errors="replace")
+
+
+def h2c_check(procs: Procs, cpu: int, port: int, expect: bytes) -> str | None:
+    """``GET /`` with curl --http2-prior-knowledge: None when it was answered over HTTP/2 with
+    200 and ``expect``, else what came back."""
+    marker = "\n--curl: "
+    rc, out = run_short(procs, cpu, "curl", [
+        "curl", "-sS", "--http2-prior-knowledge", "--max-time", "3",
+        "-w", marker + "%{http_version} %{http_code}", f"http://127.0.0.1:{port}/"], timeout=5)
+    body, _, info = out.rpartition(marker)
+    if rc == 0 and info.strip() == "2 200" and body.encode() == expect:
+        return None
+    return f"curl --http2-prior-knowledge: exit {rc}, {out.strip()[-200:]!r}"
+
+
+def start_h2_origin(procs: Procs, cpu: int, workdir: Path) -> tuple[Proc, int]:
+    """nginx serving a fixed body over h2c prior knowledge only, pinned like the demo origin;
+    ready once curl --http2-prior-knowledge gets that body over HTTP/2."""
+    build = subprocess.run(["nginx", "-V"], capture_output=True, text=True).stderr
+    if "--with-http_v2_module" not in build:
+        raise BenchError("this nginx has no http_v2 module (nginx -V): no h2c origin")
+    port = free_port()
+    tmp = workdir / "h2origin"
+    tmp.mkdir()
+    cfg = tmp / "nginx.conf"
+    cfg.write_text(H2_ORIGIN_CFG.format(
+        port=port, tmp=tmp, temp_paths=_nginx_temp_paths(tmp),
+        body=H2_HELLO.decode().replace("\n", "\\n")))
+    argv = ["nginx", "-p", str(tmp), "-e", str(tmp / "nginx-error.log"), "-c", str(cfg)]
+    check = subprocess.run([*argv, "-t", "-q"], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise BenchError(f"nginx rejected {cfg}:\n{check.stdout}{check.stderr}")
+    proc = procs.start("h2origin", cpu, argv)
+    proc.log = tmp / "nginx-error.log"  # its stderr is empty: errors go to the error_log
+
+    def listening() -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+
+    try:
+        wait_until(proc, "listening socket", listening)
+        problem = h2c_check(procs, cpu, port, H2_HELLO)
+        if problem:
+            raise BenchError(f"the nginx origin does not answer h2c prior knowledge on "
+                             f":{port}: {problem}; log tail ({proc.log}):\n{proc.tail()}")
+    except BenchError:
+        procs.stop(proc)
+        raise
+    return proc, port
+
+
+def keepalive_check(port: int, requests: int = 3, timeout: float = 3.0,
+                    expect: bytes = HELLO) -> str | None:
     """Several GETs on one connection, as wrk sends them. None when all are answered with the
     origin's body on the same connection, else what went wrong: a proxy that stalls on the
     second request of a connection would otherwise show up only as a tiny req/s figure."""
@@ -431,7 +575,7 @@ def keepalive_check(port: int, requests: int = 3, timeout: float = 3.0) -> str |
                 body = r.read()
             except (OSError, http.client.HTTPException) as e:
                 return f"request {i} on one keep-alive connection: {type(e).__name__}: {e}"
-            if r.status != 200 or body != HELLO:
+            if r.status != 200 or body != expect:
                 return f"request {i} on one keep-alive connection: {r.status} {body[:80]!r}"
             if r.will_close:
                 return f"request {i}: the proxy closed the keep-alive connection"
@@ -510,9 +654,10 @@ def run_wrk(procs: Procs, cpu: int, port: int, seconds: float, conns: int,
 
 
 def measure(procs: Procs, name: str, proxy: Proc, port: int, args: argparse.Namespace,
-            rnd: int) -> Sample:
+            rnd: int, duration: float | None = None) -> Sample:
     busy0, ticks0, t0 = cpu_busy(), cpu_ticks(proxy.pid), time.monotonic()
-    out = run_wrk(procs, args.load_cpu, port, args.duration, args.connections, args.threads)
+    out = run_wrk(procs, args.load_cpu, port, duration or args.duration, args.connections,
+                  args.threads)
     busy1, ticks1, wall = cpu_busy(), cpu_ticks(proxy.pid), time.monotonic() - t0
     if not proxy.alive():
         raise BenchError(f"{name} died during round {rnd}; log tail ({proxy.log}):\n"
@@ -820,6 +965,40 @@ def summarize_h2(samples: list[H2Sample], names: list[str], load_cpu: int,
     return rows, verdict, failures
 
 
+def summarize_h2up(samples: list[Sample], names: list[str], load_cpu: int,
+                   skipped: dict[str, str], h1_samples: list[Sample],
+                   ) -> tuple[list[list[str]], list[str], list[str]]:
+    """The HTTP/2-upstream rows (same columns as the HTTP/1.1 ones; a proxy in ``skipped``
+    reads FAILED), informational lines (no target: what the h2c upstream costs next to the
+    same proxy's HTTP/1.1-upstream row of this run) and one line per failed row."""
+    good = [n for n in names if n not in skipped and any(s.proxy == n for s in samples)]
+    by_name = dict(zip(good, summarize(samples, good, load_cpu)[0], strict=True)) if good else {}
+    rows, info, failures = [], [], []
+    for n in names:
+        if n in by_name:
+            rows.append(by_name[n])
+            continue
+        errors = sum(s.errors for s in samples if s.proxy == n)
+        rows.append([n, "FAILED", "-", "-", "-", "-", "-", str(errors), "-"])
+        failures.append(f"{n} h2-upstream: {skipped.get(n, 'no rounds ran')}")
+
+    def med(ss: list[Sample], n: str, key: str) -> float | None:
+        vals = [getattr(s, key) for s in ss if s.proxy == n]
+        return statistics.median(vals) if vals else None
+
+    for n in good:
+        cpu, h1 = med(samples, n, "cpu_us_per_req"), med(h1_samples, n, "cpu_us_per_req")
+        line = f"{n}: {cpu:.1f} µs CPU/request with the h2c upstream"
+        if h1 is not None:
+            line += (f", {h1:.1f} with the HTTP/1.1 upstream in this run's first table "
+                     f"({cpu - h1:+.1f} µs, {cpu / h1:.2f}x)")
+        info.append(line)
+    if "lameduck" in by_name and "haproxy" in by_name:
+        ratio = med(samples, "lameduck", "rps") / med(samples, "haproxy", "rps")
+        info.append(f"lameduck req/s vs HAProxy with an h2c upstream: {ratio:.2f}x")
+    return rows, info, failures
+
+
 H2_HEADERS = ["h2 shape", "proxy", "req/s (median)", "mean", "p50", "p99", "CPU µs/req",
               "proxy CPU", "vs HAProxy req/s", "errors", "saturated"]
 
@@ -911,8 +1090,42 @@ def h2_markdown(h2, args) -> list[str]:
     ]
 
 
+def h2up_markdown(h2up, args) -> list[str]:
+    """The HTTP/2-upstream section: ``h2up`` is (rows, info, failures, samples, notes)."""
+    rows, info, failures, samples, notes = h2up
+    warm = (f" after a {args.h2up_warmup:g} s warm-up each" if args.h2up_warmup > 0 else "")
+    return [
+        "## HTTP/1.1 clients → HTTP/2 (h2c) upstream",
+        "",
+        f"wrk -t{args.threads} -c{args.connections} keep-alive GET / against "
+        f"{', '.join(args.h2up_names)}, {args.rounds} interleaved rounds x "
+        f"{args.h2up_duration:g} s per proxy{warm}, after the other parts. The origin is nginx "
+        "(one worker process, on the load CPU) answering a fixed 25-byte body over h2c prior "
+        "knowledge only; lameduck reaches it through a cluster with `protocol: h2` "
+        f"(`http2.max_concurrent_streams: {H2UP_STREAMS}`), HAProxy through "
+        "`server ... proto h2` with `http-reuse always`. Both add X-Forwarded-For.",
+        "",
+        md_table(rows),
+        "",
+        "No target is set for this path; for information:",
+        "",
+        *[f"- {x}" for x in info],
+        "",
+        *[f"Failed: {f}\n" for f in failures],
+        *[f"Note: {n}.\n" for n in notes],
+        "Same columns and method as the HTTP/1.1 table (CPU µs/req = the proxy's utime+stime "
+        "over the round / requests wrk completed). The HTTP/1.1-upstream comparison above uses "
+        "a different origin (the Python demo origin); both answer a few headers and a short body.",
+        "",
+        "### HTTP/2-upstream rounds",
+        "",
+        md_table(round_rows(samples, args), round_headers(args)),
+        "",
+    ]
+
+
 def write_markdown(path: Path, rows, verdict, samples, args, command: str,
-                   notes: list[str], h2=None) -> None:
+                   notes: list[str], h2=None, h2up=None) -> None:
     v = _versions()
     lines = [
         "# lameduck benchmark results",
@@ -941,6 +1154,7 @@ def write_markdown(path: Path, rows, verdict, samples, args, command: str,
         md_table(round_rows(samples, args), round_headers(args)),
         "",
         *(h2_markdown(h2, args) if h2 else []),
+        *(h2up_markdown(h2up, args) if h2up else []),
         "## Environment",
         "",
         *[f"- {k}: {val}" for k, val in v.items()],
@@ -976,6 +1190,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--h2-warmup", type=float, default=None,
                    help="h2load --warm-up-time before each of those (default: --warmup, "
                    "at most 1; 0 = none)")
+    p.add_argument("--h2-upstream", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the HTTP/2-upstream rows: wrk (HTTP/1.1) against lameduck "
+                   "and haproxy (those of --proxies), each forwarding to an nginx origin over "
+                   "h2c prior knowledge (default on)")
+    p.add_argument("--h2-upstream-duration", type=float, default=None,
+                   help="seconds per proxy and round for those rows (default: --duration, "
+                   "at most 4)")
+    p.add_argument("--h2-upstream-warmup", type=float, default=None,
+                   help="wrk warm-up seconds per proxy before those rounds (default: "
+                   "--warmup, at most 1; 0 = none)")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.proxies.split(",") if n.strip()]
     bad = [n for n in names if n not in PROXIES]
@@ -991,6 +1215,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.h2_duration <= 0 or args.h2_warmup < 0:
         p.error("--h2-duration must be positive and --h2-warmup not negative")
     args.h2_names = [n for n in names if n in H2_PROXIES] if args.h2 else []
+    args.h2up_duration = (min(args.duration, 4.0) if args.h2_upstream_duration is None
+                          else args.h2_upstream_duration)
+    args.h2up_warmup = (max(0.0, min(args.warmup, 1.0)) if args.h2_upstream_warmup is None
+                        else args.h2_upstream_warmup)
+    if args.h2up_duration <= 0 or args.h2up_warmup < 0:
+        p.error("--h2-upstream-duration must be positive and --h2-upstream-warmup not "
+                "negative")
+    args.h2up_names = [n for n in names if n in H2UP_PROXIES] if args.h2_upstream else []
     cpus = os.sched_getaffinity(0)
     for flag, cpu in (("--proxy-cpu", args.proxy_cpu), ("--load-cpu", args.load_cpu)):
         if cpu not in cpus:
@@ -1054,6 +1286,64 @@ def run_h2_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], args: argp
     return ok
 
 
+def run_h2up_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], origin: Proc,
+                    args: argparse.Namespace, samples: list[Sample],
+                    skipped: dict[str, str]) -> bool:
+    """HTTP/1.1 clients -> proxy -> h2c origin, after the other parts: a keep-alive pre-check
+    per proxy on its h2-upstream listener, a wrk warm-up, then ``--rounds`` rounds of
+    ``--h2-upstream-duration`` with the order rotating. A proxy that fails the pre-check, dies
+    or whose wrk fails gets a FAILED row, never an exception. False when anything failed or
+    any round had errors (the caller then keeps the logs)."""
+    ok = True
+
+    def fail(name: str, why: str) -> None:
+        nonlocal ok
+        ok = False
+        skipped.setdefault(name, why)
+        proc = proxies[name][0]
+        print(f"bench: warning: {name} h2-upstream: {why}\n{name} log tail ({proc.log}):\n"
+              f"{proc.tail(15)}", file=sys.stderr)
+
+    for name in args.h2up_names:
+        if name not in skipped:
+            problem = keepalive_check(proxies[name][0].h2up_port, expect=H2_HELLO)
+            if problem:
+                fail(name, f"pre-check: {problem}; no rounds")
+    active = [n for n in args.h2up_names if n not in skipped]
+    if args.h2up_warmup > 0:
+        for name in active:
+            print(f"warm-up {name} h2-upstream {args.h2up_warmup:g}s", flush=True)
+            try:
+                run_wrk(procs, args.load_cpu, proxies[name][0].h2up_port, args.h2up_warmup,
+                        args.connections, args.threads)
+            except BenchError as e:
+                fail(name, f"warm-up: {e}")
+    for rnd in range(1, args.rounds + 1):
+        k = (rnd - 1) % max(1, len(active))
+        for name in active[k:] + active[:k]:
+            if name in skipped:
+                continue
+            proc = proxies[name][0]
+            try:
+                s = measure(procs, name, proc, proc.h2up_port, args, rnd, args.h2up_duration)
+            except BenchError as e:
+                fail(name, f"round {rnd}: {e}")
+                continue
+            samples.append(s)
+            ok = ok and s.errors == 0
+            print(f"round {rnd} h2up {name:9} {s.rps:>10,.0f} req/s  p50 {s.p50_ms:6.2f} ms  "
+                  f"p99 {s.p99_ms:6.2f} ms  {s.cpu_us_per_req:6.1f} µs/req  "
+                  f"proxy CPU {s.proxy_cpu_pct:3.0f}%  cpu{args.load_cpu} "
+                  f"{s.cpu_pct[args.load_cpu]:3.0f}%  errors {s.errors}", flush=True)
+            if not origin.alive():
+                why = (f"the nginx h2c origin exited (code {origin.popen.returncode}) in round "
+                       f"{rnd}; its log tail ({origin.log}):\n{origin.tail(15)}")
+                for n in active:
+                    fail(n, why)
+                return False
+    return ok
+
+
 def _on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -1061,11 +1351,13 @@ def _on_sigterm(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     for tool in ("taskset", "wrk", *(["haproxy"] if "haproxy" in args.names else []),
-                 *(["nginx"] if "nginx" in args.names else []),
-                 *(["h2load"] if args.h2_names else [])):
+                 *(["nginx"] if "nginx" in args.names or args.h2up_names else []),
+                 *(["h2load"] if args.h2_names else []),
+                 *(["curl"] if args.h2up_names else [])):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             print(f"bench: {tool} not found (make bench installs wrk, haproxy, nginx-light, "
-                  "nghttp2-client; --no-h2 skips the h2load rows)", file=sys.stderr)
+                  "nghttp2-client; --no-h2 skips the h2load rows, --no-h2-upstream the rows "
+                  "through the nginx h2c origin, which need curl)", file=sys.stderr)
             return 2
     os.environ["PATH"] += os.pathsep + "/usr/sbin:/sbin"
     exe = Path(sys.executable)
@@ -1083,6 +1375,9 @@ def main(argv: list[str] | None = None) -> int:
     h2_samples: list[H2Sample] = []
     h2_skipped: dict[str, str] = {}  # proxy -> why its h2 rounds did not run
     counters: dict[str, int] = {}
+    h2up_samples: list[Sample] = []
+    h2up_skipped: dict[str, str] = {}  # proxy -> why its h2-upstream row is FAILED
+    h2up_notes: list[str] = []
     idle = background_load((args.proxy_cpu, args.load_cpu))
     notes = []
     if max(idle.values()) > 10:
@@ -1093,13 +1388,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         origin, origin_port = start_origin(procs, args.load_cpu)
         print(f"origin: pid {origin.pid} on 127.0.0.1:{origin_port} (CPU {args.load_cpu})")
+        h2_origin, h2_origin_port = None, 0
+        if args.h2up_names:
+            try:
+                h2_origin, h2_origin_port = start_h2_origin(procs, args.load_cpu, workdir)
+                print(f"h2c origin (nginx): pid {h2_origin.pid} on 127.0.0.1:{h2_origin_port} "
+                      f"(CPU {args.load_cpu}), answers curl --http2-prior-knowledge")
+            except BenchError as e:  # the other parts still run; these rows read FAILED
+                keep = True
+                for n in args.h2up_names:
+                    h2up_skipped[n] = f"no h2c origin: {e}"
+                print(f"bench: warning: no h2c origin, no HTTP/2-upstream rounds: {e}",
+                      file=sys.stderr)
         proxies: dict[str, tuple[Proc, int]] = {}
         for name in args.names:
-            h2 = {"h2": True} if name in args.h2_names else {}
-            proc, port = STARTERS[name](procs, args.proxy_cpu, workdir, origin_port, **h2)
+            kw: dict = {"h2": True} if name in args.h2_names else {}
+            if name in args.h2up_names and h2_origin_port:
+                kw["h2up_origin_port"] = h2_origin_port
+            proc, port = STARTERS[name](procs, args.proxy_cpu, workdir, origin_port, **kw)
             proxies[name] = (proc, port)
             print(f"{name}: pid {proc.pid} on 127.0.0.1:{port} (CPU {args.proxy_cpu})"
-                  + (f", h2c on :{proc.h2_port}" if proc.h2_port else ""))
+                  + (f", h2c on :{proc.h2_port}" if proc.h2_port else "")
+                  + (f", h2c-upstream listener on :{proc.h2up_port}" if proc.h2up_port
+                     else ""))
         for name, (proc, port) in proxies.items():
             problem = keepalive_check(port)
             if problem:
@@ -1133,11 +1444,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.h2_names and not run_h2_rounds(procs, proxies, args, workdir, h2_samples,
                                                h2_skipped):
             keep = True
-            log = lameduck[0].tail(200)
-            if re.search(r"Traceback|ERROR|Exception", log):
+            if lameduck and re.search(r"Traceback|ERROR|Exception", lameduck[0].tail(200)):
                 print(f"bench: note: lameduck logged errors; tail of {lameduck[0].log}:\n"
                       f"{lameduck[0].tail(40)}", file=sys.stderr)
+        if h2_origin is not None:
+            if not run_h2up_rounds(procs, proxies, h2_origin, args, h2up_samples,
+                                   h2up_skipped):
                 keep = True
+            if lameduck and lameduck[0].alive():
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    c = lameduck_counters(lameduck[0], h2up=True)
+                    h2up_notes.append("lameduck counters of its h2c-upstream listener and "
+                                      "cluster after the run (warm-up included): " + ", ".join(
+                                          f"{k}={v}" for k, v in c.items()))
+            bad = "lameduck" in h2up_skipped or any(
+                s.errors for s in h2up_samples if s.proxy == "lameduck")
+            if lameduck and bad:
+                print(f"bench: note: lameduck's h2-upstream row failed or had errors; "
+                      f"{h2up_notes[-1] if h2up_notes else 'no counters'}\n"
+                      f"tail of {lameduck[0].log}:\n{lameduck[0].tail(40)}", file=sys.stderr)
     except BenchError as e:
         print(f"bench: {e}", file=sys.stderr)
         keep = True
@@ -1185,9 +1510,28 @@ def main(argv: list[str] | None = None) -> int:
             print("  failed: " + f)
     elif args.h2:
         notes.append("no HTTP/2 rows: --proxies has neither lameduck nor haproxy")
+    if args.h2_upstream and not args.h2up_names:
+        notes.append("no HTTP/2-upstream rows: --proxies has neither lameduck nor haproxy")
     for n in notes:
         print("note: " + n)
-    write_markdown(args.out, rows, verdict, samples, args, command, notes, h2)
+    h2up = None
+    if args.h2up_names:
+        up_rows, up_info, up_failures = summarize_h2up(h2up_samples, args.h2up_names,
+                                                       args.load_cpu, h2up_skipped, samples)
+        h2up = (up_rows, up_info, up_failures, h2up_samples, h2up_notes)
+        print()
+        print(f"HTTP/1.1 clients -> HTTP/2 (h2c) upstream (nginx origin; wrk -t{args.threads} "
+              f"-c{args.connections}; {args.h2up_duration:g} s rounds)")
+        print(text_table(up_rows))
+        print()
+        print("no target for this path (informational):")
+        for x in up_info:
+            print("  " + x)
+        for f in up_failures:
+            print("  failed: " + f)
+        for n in h2up_notes:
+            print("note: " + n)
+    write_markdown(args.out, rows, verdict, samples, args, command, notes, h2, h2up)
     print(f"\nwritten {args.out}")
     return 0
 
