@@ -14,7 +14,8 @@ HOT   := lameduck/http1/wire.py lameduck/http1/upstream.py lameduck/http1/downst
          lameduck/upstream/router.py lameduck/upstream/pool.py lameduck/upstream/cluster.py \
          lameduck/drain/listener.py lameduck/drain/connection.py lameduck/stats/scopes.py \
          lameduck/http2/frames.py lameduck/http2/events.py lameduck/http2/codec.py \
-         lameduck/http2/connection.py lameduck/http2/client.py lameduck/http2/downstream.py
+         lameduck/http2/connection.py lameduck/http2/client.py lameduck/http2/downstream.py \
+         lameduck/http2/upstream.py
 # Every compiled module (also those of an older HOT list).
 BUILT := src/*__mypyc*.so $$(find src/lameduck -name '*.so')
 

@@ -197,7 +197,8 @@ class H2UpstreamStream:
             conn.kick()
         conn.stream_gone()
 
-    abort = close
+    def abort(self) -> None:
+        self.close()
 
     # -- what the connection reports -----------------------------------------------------------
     def _finish(self) -> None:
