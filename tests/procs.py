@@ -119,7 +119,12 @@ class Lameduck:
     def __init__(self, cfg: dict[str, Any], workdir: Path) -> None:
         Lameduck.created.append(self)
         self.cfg = cfg
-        self.path = workdir / f"lameduck-{free_port()}.yaml"
+        n = free_port()
+        # Its own rendezvous under the test's tmp dir, unless the test shares one on purpose
+        # (hot restart): not the default in $TMPDIR, which a SIGKILLed process leaves behind.
+        hot = cfg.setdefault("hot_restart", {})
+        hot.setdefault("socket", str(workdir / f"restart-{n}.sock"))
+        self.path = workdir / f"lameduck-{n}.yaml"
         self.path.write_text(yaml.safe_dump(cfg))
         self.log_path = self.path.with_suffix(".log")
         self.admin_addr = cfg["admin"]["address"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -84,9 +86,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         inherited = None
         restart_path = None
         if not demo:  # the demo origin lives in this process: it cannot be handed over
-            restart_path = cfg.hot_restart.socket or default_path(cfg.admin.address.port)
+            a = cfg.admin.address
+            restart_path = cfg.hot_restart.socket or default_path(a.host, a.port)
             try:
-                inherited = connect_parent(restart_path)
+                inherited = connect_parent(restart_path) if restart_path else None
             except (OSError, ValueError) as e:
                 print(f"lameduck: hot restart from {restart_path} failed: {e}", file=sys.stderr)
                 return EXIT_LISTEN
@@ -96,6 +99,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                     inherited.parent_pid, inherited.epoch)
         server = Server(cfg, sockets=sockets, notifier=Notifier(), inherited=inherited,
                         restart_path=restart_path)
+        # A stop asked for while starting (a supervisor's SIGTERM during a hot restart) waits
+        # for the start to finish, then drains; the default action would kill the process
+        # with connections it had accepted on sockets it shares with the old one.
+        early: list[str] = []
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, early.append, sig.name)
         try:
             await server.start()
         except OSError as e:
@@ -104,6 +114,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 await shutdown_origin(origin, grace=0.0)
             return EXIT_LISTEN
         server.install_signal_handlers()
+        if early:
+            server.begin_shutdown(early[0])
         print(_banner(cfg, demo), file=sys.stderr, flush=True)
         code = await server.done
         if origin is not None:
@@ -119,6 +131,13 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"lameduck: invalid config\n{e}", file=sys.stderr)
         return EXIT_CONFIG
+    if os.environ.get("LISTEN_PID") == str(os.getpid()):
+        # Its children could not use them (LISTEN_PID names the supervisor), and nobody would
+        # accept on them: refuse rather than queue connections nobody serves.
+        print("lameduck: supervise does not take sockets from systemd socket activation; "
+              "use `lameduck run` with a .socket unit, or supervise without one",
+              file=sys.stderr)
+        return EXIT_LISTEN
     from lameduck.restart.supervisor import supervise
 
     return _run_loop(lambda: supervise(args.config, args.log_level))

@@ -277,3 +277,26 @@ def test_the_old_process_exits_by_parent_shutdown_time(origin_port: int, tmp_pat
     assert "cutting 1 requests" in ld.log()
     assert httpx.get(new.url("/"), timeout=5).status_code == 200
     new.kill()
+
+
+def test_one_successor_at_a_time(origin_port: int, tmp_path: Path) -> None:
+    """While one new process holds the sockets and is not ready yet, a second is refused
+    (exit 1, a clear message): two would both serve and one would never be drained."""
+    cfg = _config(origin_port, tmp_path)
+    ld = Lameduck(cfg, tmp_path).start()
+    first = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    first.settimeout(5)
+    first.connect(cfg["hot_restart"]["socket"])
+    hello = b'{"op":"hello","pid":1}'
+    first.sendall(struct.pack(">I", len(hello)) + hello)
+    _, fds, _, _ = socket.recv_fds(first, 65536, 16)
+    for fd in fds:
+        os.close(fd)
+    second = Lameduck(cfg, tmp_path)
+    assert _start_failing(second) == 1
+    assert "refused: another new process is taking over" in second.log()
+    first.close()  # the first one gives up (dies before it was ready)
+    assert wait_until(lambda: "went away before it was ready" in ld.log(), 5), ld.log()
+    third = _restart(cfg, tmp_path, ld, 1)  # now a successor is welcome again
+    assert httpx.get(third.url("/"), timeout=5).status_code == 200
+    third.kill()

@@ -71,3 +71,36 @@ def test_match_by_name_first_then_by_address_and_close_the_rest() -> None:
     assert c.fileno() == -1  # nobody's: closed
     a.close()
     b.close()
+
+
+def test_a_dual_stack_wildcard_stands_for_the_ipv4_wildcard() -> None:
+    """systemd's ListenStream=PORT is [::]:PORT, dual-stack: a listener at 0.0.0.0:PORT
+    takes it (else lameduck would close it and fail to bind the port systemd holds)."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")  # not a failure being hidden: no v6 at all
+    s = socket.socket(socket.AF_INET6)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind(("::", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+    out = match_listeners([_listener("any", f"0.0.0.0:{port}")],
+                          [PassedSocket(3, "unknown", s)])
+    assert out == {"any": s}
+    v6only = socket.socket(socket.AF_INET6)
+    v6only.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    v6only.bind(("::", 0))
+    v6only.listen(1)
+    port2 = v6only.getsockname()[1]
+    assert match_listeners([_listener("any", f"0.0.0.0:{port2}")],
+                           [PassedSocket(3, "unknown", v6only)]) == {}
+    s.close()
+
+
+def test_default_rendezvous_is_per_admin_address_and_none_for_an_ephemeral_port() -> None:
+    from lameduck.restart.hot import default_path
+
+    assert default_path("127.0.0.1", 0) is None
+    a = default_path("127.0.0.1", 9901)
+    assert a is not None and a.endswith("restart-127.0.0.1-9901.sock")
+    assert default_path("127.0.0.2", 9901) != a
+    assert "/" not in os.path.basename(default_path("::1", 9901) or "")

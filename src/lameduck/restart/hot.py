@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import struct
 import tempfile
 from collections.abc import Callable
@@ -43,10 +44,30 @@ MAX_FDS: Final = 512
 _LEN: Final = struct.Struct(">I")
 
 
-def default_path(admin_port: int) -> str:
-    """$TMPDIR/lameduck-<uid>/restart-<admin port>.sock: one per instance on a host."""
+def default_path(admin_host: str, admin_port: int) -> str | None:
+    """$TMPDIR/lameduck-<uid>/restart-<admin host>-<port>.sock: one per instance on a host
+    (its admin address is unique). None for an ephemeral admin port: two unrelated instances
+    would find each other, so hot restart needs ``hot_restart.socket`` there."""
+    if admin_port == 0:
+        return None
+    host = admin_host.replace(":", "_").replace("/", "_")
     return os.path.join(tempfile.gettempdir(), f"lameduck-{os.getuid()}",
-                        f"restart-{admin_port}.sock")
+                        f"restart-{host}-{admin_port}.sock")
+
+
+def _check_dir(d: str) -> None:
+    """The rendezvous directory must be ours and closed to others: whoever can replace the
+    socket in it could hand us sockets, or take ours."""
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise PermissionError(f"{d}: not a directory of uid {os.getuid()} closed to others "
+                              f"(mode {st.st_mode & 0o777:o}, uid {st.st_uid})")
+
+
+def _peer_is_us(sock: socket.socket) -> bool:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    return uid == os.getuid()
 
 
 def _frame(msg: dict[str, Any]) -> bytes:
@@ -124,6 +145,9 @@ def _recv_message(sock: socket.socket, reader: _Reader) -> dict[str, Any]:
 def connect_parent(path: str, timeout: float = 10.0) -> Inherited | None:
     """Find the running lameduck at ``path`` and take its sockets; None if none runs there.
     Raises OSError/ValueError when one answers but the handover fails (nothing changed in it)."""
+    d = os.path.dirname(path)
+    if d and os.path.exists(d):
+        _check_dir(d)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
@@ -132,9 +156,13 @@ def connect_parent(path: str, timeout: float = 10.0) -> Inherited | None:
         s.close()
         return None
     try:
+        if not _peer_is_us(s):
+            raise PermissionError(f"{path} is served by another user")
         s.sendall(_frame({"op": "hello", "pid": os.getpid()}))
         reader = _Reader()
         msg = _recv_message(s, reader)
+        if msg.get("op") == "refused":
+            raise ConnectionRefusedError(f"the running lameduck refused: {msg.get('why')}")
         if msg.get("op") != "sockets":
             raise ValueError(f"unexpected hot restart reply {msg.get('op')!r}")
         names = msg["listeners"]
@@ -196,7 +224,11 @@ def follow_parent(inh: Inherited, loop: asyncio.AbstractEventLoop,
         try:
             msgs = inh.reader.feed(data)
         except ValueError as e:
-            log.warning("hot restart: bad status from the old process: %s", e)
+            log.warning("hot restart: bad status from the old process: %s; no longer "
+                        "following it", e)
+            loop.remove_reader(link.fileno())
+            link.close()
+            on_gone()
             return
         for msg in msgs:
             if msg["op"] == "status":
@@ -247,13 +279,17 @@ class Rendezvous:
         self.sock: socket.socket | None = None
         self.children: dict[int, tuple[socket.socket, _Reader]] = {}
         self.successor: socket.socket | None = None
+        self.pending: socket.socket | None = None  # has the sockets, not yet ready
         self.handed_over = False
         self.status_timer: asyncio.TimerHandle | None = None
+        self.outbox = bytearray()  # status bytes the successor has not taken yet
+        self.inode: tuple[int, int] | None = None  # the path we bound, to unlink only it
 
     def start(self) -> None:
         d = os.path.dirname(self.path)
         if d:
             os.makedirs(d, mode=0o700, exist_ok=True)
+            _check_dir(d)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # stale (a process that died), or the old one's, released
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -262,6 +298,8 @@ class Rendezvous:
             s.bind(self.path)  # created 0600: only our user may hand our sockets around
         finally:
             os.umask(old)
+        st = os.stat(self.path)
+        self.inode = (st.st_dev, st.st_ino)
         s.listen(8)
         s.setblocking(False)
         self.sock = s
@@ -275,8 +313,11 @@ class Rendezvous:
         self.loop.remove_reader(s.fileno())
         s.close()
         if unlink:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+            # only the socket we bound: a successor may have bound the path anew meanwhile
+            with contextlib.suppress(OSError):
+                st = os.stat(self.path)
+                if (st.st_dev, st.st_ino) == self.inode:
+                    os.unlink(self.path)
 
     def _accept(self) -> None:
         if self.sock is None:
@@ -293,7 +334,11 @@ class Rendezvous:
         fd = conn.fileno()
         if fd >= 0:
             self.loop.remove_reader(fd)
+            if conn is self.successor:
+                self.loop.remove_writer(fd)
             self.children.pop(fd, None)
+        if conn is self.pending:
+            self.pending = None
         conn.close()
 
     def _readable(self, conn: socket.socket) -> None:
@@ -318,9 +363,20 @@ class Rendezvous:
             return
         for msg in msgs:
             if msg["op"] == "hello":
+                if self.pending is not None or self.handed_over or not _peer_is_us(conn):
+                    # one successor at a time: two would both serve, one never drained
+                    self._refuse(conn, "another new process is taking over")
+                    return
                 self._send_sockets(conn, int(msg.get("pid", 0)))
-            elif msg["op"] == "drain" and not self.handed_over:
+            elif msg["op"] == "drain" and conn is self.pending and not self.handed_over:
                 self._release(conn)
+
+    def _refuse(self, conn: socket.socket, why: str) -> None:
+        log.warning("hot restart: refused a new process: %s", why)
+        conn.settimeout(1.0)
+        with contextlib.suppress(OSError):
+            conn.sendall(_frame({"op": "refused", "why": why}))
+        self._drop(conn)
 
     def _send_sockets(self, conn: socket.socket, pid: int) -> None:
         src = self.source
@@ -331,7 +387,8 @@ class Rendezvous:
                "admin": admin[0] if admin else None, "counters": src.counters(),
                "started": src.started_all, "definitions": src.listener_definitions()}
         data = _frame(msg)
-        conn.setblocking(True)  # one message, once: let the kernel take it whole
+        # One message, once; bounded, so a successor that does not read cannot stall us.
+        conn.settimeout(2.0)
         try:
             socket.send_fds(conn, [data[:1]], fds)
             conn.sendall(data[1:])
@@ -342,11 +399,13 @@ class Rendezvous:
         finally:
             if conn.fileno() >= 0:
                 conn.setblocking(False)
+        self.pending = conn
         log.info("hot restart: sockets handed to pid %d; waiting for it to be ready", pid)
 
     def _release(self, conn: socket.socket) -> None:
         self.handed_over = True
         self.successor = conn
+        self.pending = None
         self._stop_listening(unlink=False)  # the successor binds the path anew
         for other, _ in list(self.children.values()):
             if other is not conn:
@@ -356,17 +415,36 @@ class Rendezvous:
         self._status()
 
     def _send(self, conn: socket.socket, msg: dict[str, Any]) -> None:
-        with contextlib.suppress(OSError):  # a full buffer drops a status; the next follows
-            conn.send(_frame(msg))
+        """Queue a whole frame and write what the socket takes; the rest goes when it is
+        writable (a frame cut in two would corrupt the link)."""
+        self.outbox += _frame(msg)
+        self._flush_outbox(conn)
+
+    def _flush_outbox(self, conn: socket.socket) -> None:
+        if conn.fileno() < 0:
+            return
+        try:
+            n = conn.send(self.outbox)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            self.outbox.clear()
+            return
+        del self.outbox[:n]
+        if self.outbox:
+            self.loop.add_writer(conn.fileno(), self._flush_outbox, conn)
+        else:
+            self.loop.remove_writer(conn.fileno())
 
     def _status(self) -> None:
         self.status_timer = None
         conn = self.successor
         if conn is None or conn.fileno() < 0:
             return
-        self._send(conn, {"op": "status", "connections": self.source.connections(),
-                          "draining": self.source.draining_listeners(),
-                          "counters": self.source.counters()})
+        if not self.outbox:  # the successor is behind: skip this one, the next follows
+            self._send(conn, {"op": "status", "connections": self.source.connections(),
+                              "draining": self.source.draining_listeners(),
+                              "counters": self.source.counters()})
         self.status_timer = self.loop.call_later(STATUS_EVERY, self._status)
 
     def close(self) -> None:
@@ -376,11 +454,13 @@ class Rendezvous:
             self.status_timer = None
         if self.successor is not None and self.successor.fileno() >= 0:
             conn = self.successor
-            conn.setblocking(True)
-            conn.settimeout(1.0)
+            self.loop.remove_writer(conn.fileno())
+            conn.settimeout(1.0)  # at exit: bounded, and after whatever was queued
             with contextlib.suppress(OSError):
-                conn.sendall(_frame({"op": "status", "connections": 0, "draining": 0,
-                                     "counters": self.source.counters()}))
+                conn.sendall(bytes(self.outbox) + _frame(
+                    {"op": "status", "connections": 0, "draining": 0,
+                     "counters": self.source.counters()}))
+            self.outbox.clear()
             self._drop(conn)
         for conn, _ in list(self.children.values()):
             self._drop(conn)

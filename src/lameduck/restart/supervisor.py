@@ -50,7 +50,9 @@ class Supervisor:
         self.children: dict[int, Child] = {}
         self.current: Child | None = None  # the one that serves (or is about to)
         self.stopping = False
+        self.stop_signal = signal.SIGTERM
         self.reloading = False
+        self.reload_again = False  # a SIGHUP came during a reload: one more after it
         self.backoff = RESTART_BACKOFF[0]
         self.exit_code = 0
         self.done: asyncio.Future[int] = self.loop.create_future()
@@ -64,13 +66,18 @@ class Supervisor:
     # -- children ------------------------------------------------------------------------------
     async def spawn(self) -> Child:
         env = dict(os.environ, NOTIFY_SOCKET=self.notify_path)
+        # Its own session: a terminal's Ctrl-C or hangup reaches only the supervisor, which
+        # forwards one signal (a second SIGINT would make the child quit without draining).
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "lameduck", "--log-level", self.log_level,
-            "run", "-c", self.config, env=env)
+            "run", "-c", self.config, env=env, start_new_session=True)
         child = Child(proc)
         self.children[proc.pid] = child
         log.info("child %d started", proc.pid)
         self.loop.create_task(self._reap(child))
+        if self.stopping:  # a SIGTERM came while it was being started: it drains too
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(self.stop_signal)
         return child
 
     async def _reap(self, child: Child) -> None:
@@ -82,7 +89,7 @@ class Supervisor:
         log.info("child %d exited with %d", child.pid, code)
         if child is self.current:
             self.current = None
-            self.exit_code = code
+            self.exit_code = code if code >= 0 else 128 - code  # killed by signal N: 128+N
             if not self.stopping:
                 # died on its own: start another (a hot restart finds no one; it binds anew)
                 log.warning("child %d died; restarting in %.1fs", child.pid, self.backoff)
@@ -118,8 +125,13 @@ class Supervisor:
 
     # -- signals -------------------------------------------------------------------------------
     def reload(self) -> None:
-        if self.stopping or self.reloading:
+        if self.stopping:
             return
+        if self.reloading:
+            self.reload_again = True
+            log.info("SIGHUP during a reload: another one follows it")
+            return
+        self.reloading = True  # set now: two SIGHUPs in one loop turn make one reload
         self.loop.create_task(self._reload())
 
     async def _reload(self) -> None:
@@ -128,27 +140,38 @@ class Supervisor:
             load_config(self.config)
         except ConfigError as e:
             log.error("SIGHUP: config not valid, nothing changed:\n%s", e)
+            self._reload_done()
             return
-        self.reloading = True
         self.systemd.send("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
         try:
             new = await self.spawn()
-            if await self._await_ready(new):
+            if await self._await_ready(new) and not self.stopping:
                 old, self.current = self.current, new
                 log.info("SIGHUP: child %d serves; child %s drains",
                          new.pid, old.pid if old else "-")
-            else:
-                # the old child never stopped accepting: it stays the current one
+            elif new.pid in self.children and not new.ready.done():
+                # never ready: the old child never stopped accepting and stays current;
+                # SIGTERM, not SIGKILL, in case it told the old one to drain after all
                 with contextlib.suppress(ProcessLookupError):
-                    new.proc.kill()
+                    new.proc.terminate()
+            elif self.stopping and new.ready.done():
+                self.current = new  # both drain (stop reached it); its exit code counts
         finally:
-            self.reloading = False
-            self.systemd.send("READY=1", "STATUS=serving")
+            if not self.stopping:
+                self.systemd.send("READY=1", "STATUS=serving")
+            self._reload_done()
+
+    def _reload_done(self) -> None:
+        self.reloading = False
+        if self.reload_again and not self.stopping:
+            self.reload_again = False
+            self.reload()
 
     def stop(self, sig: int) -> None:
         """SIGTERM/SIGINT: forwarded to every child (each drains); exit when they are gone."""
         if not self.stopping:
             self.stopping = True
+            self.stop_signal = signal.Signals(sig)
             self.systemd.send("STOPPING=1")
             log.info("%s: forwarding to %d children", signal.Signals(sig).name,
                      len(self.children))
@@ -182,8 +205,8 @@ async def supervise(config: str, log_level: str = "info") -> int:
             sup.systemd.send("READY=1", f"MAINPID={os.getpid()}", "STATUS=serving")
         else:
             # a first child that cannot start (an address in use...): report it, no loop
-            sup.exit_code = sup.exit_code or 1
             sup.stop(signal.SIGTERM)
+            return (await sup.done) or 1
         return await sup.done
     finally:
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):

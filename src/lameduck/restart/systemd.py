@@ -10,6 +10,7 @@ no process accepts.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -101,18 +102,26 @@ def listen_fds(env: MutableMapping[str, str] | None = None) -> list[PassedSocket
 
 
 def _same_address(sock: socket.socket, host: str, port: int) -> bool:
+    """Whether ``sock`` listens where a listener configured as host:port would. A dual-stack
+    IPv6 wildcard (systemd's ``ListenStream=8080``) also stands for ``0.0.0.0``."""
     try:
         bound = sock.getsockname()
-    except OSError:
+        want = ipaddress.ip_address(host)
+    except (OSError, ValueError):
         return False
     if not isinstance(bound, tuple) or bound[1] != port:
         return False
     try:
-        want = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                  flags=socket.AI_NUMERICHOST)[0][4][0]
-    except socket.gaierror:
+        got = ipaddress.ip_address(str(bound[0]).split("%", 1)[0])
+    except ValueError:
         return False
-    return str(bound[0]) == want
+    if got == want:
+        return True
+    if isinstance(got, ipaddress.IPv6Address) and got.ipv4_mapped == want:
+        return True
+    if got.is_unspecified and want.is_unspecified and sock.family == socket.AF_INET6:
+        return not sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
+    return False
 
 
 def match_listeners(listeners: Iterable[ListenerConfig],
