@@ -242,9 +242,15 @@ def test_modify_only_ignores_healthcheck_fail_but_drains_on_hot_restart(
     new.start()
     assert wait_until(lambda: _epoch(new) == 1, 10), new.log()
     time.sleep(0.4)  # past T/2 (300 ms): in the old process every response drains
-    sidecar.send("/")
-    r = sidecar.read_response()
-    assert r.status == 200 and r.closes
+    # Drained either way: its response says close, or (idle, its proactive moment came
+    # first) the old process has closed it already.
+    try:
+        sidecar.send("/")
+        r = sidecar.read_response()
+    except (ConnectionError, OSError):
+        pass
+    else:
+        assert r.status == 200 and r.closes
     assert ld.wait(10) == 0
     new.kill()
 
