@@ -167,24 +167,25 @@ def test_cluster_stream_limit_opens_more_connections(lameduck, h2origin):
     """The cluster's own ``http2.max_concurrent_streams`` caps streams per connection."""
     o = h2origin()
     ld = lameduck(h2cfg(o, http2={"max_concurrent_streams": 3}))
-    statuses = asyncio.run(_gather_get(ld.url("/slow/300"), 12))
+    # long enough that all 12 overlap even when the client is slow to send them
+    statuses = asyncio.run(_gather_get(ld.url("/slow/1500"), 12))
     assert statuses == [200] * 12
-    conns = conns_of(o, "/slow/300")
+    conns = conns_of(o, "/slow/1500")
     assert len(set(conns)) >= 4
     assert o.lines("refused") == []
 
 
 def test_upstream_settings_stream_limit_respected(lameduck, h2origin):
     """The origin's SETTINGS_MAX_CONCURRENT_STREAMS (3): the requests spread over more
-    connections and all succeed (a stream refused before a new connection's SETTINGS arrived
-    is retried)."""
+    connections (the endpoint's limit, as learned, sizes new ones) and all succeed."""
     o = h2origin(max_streams=3)
     ld = lameduck(h2cfg(o))
     with httpx.Client(timeout=10) as c:
         assert c.get(ld.url("/")).status_code == 200
-    statuses = asyncio.run(_gather_get(ld.url("/slow/300"), 12))
+    statuses = asyncio.run(_gather_get(ld.url("/slow/1500"), 12))
     assert statuses == [200] * 12
-    assert len(set(conns_of(o, "/slow/300"))) >= 4
+    assert len(set(conns_of(o, "/slow/1500"))) >= 4
+    assert o.lines("refused") == []  # one stream at a time until its SETTINGS were known
 
 
 def test_204_trailers_interim_and_head(lameduck, h2origin):
@@ -523,3 +524,114 @@ def test_refused_body_too_large_to_keep_is_answered_503(lameduck, h2origin):
     assert r.status_code == 503
     assert cstat(ld, "upstream_rq_retry") == 0
     assert len(o.records("request")) == 1
+
+
+# -- found in review: flushing to HTTP/2 clients, early answers, a zero stream limit -------------
+
+def _h2_client_read(sock, conn, seconds: float) -> list:  # type: ignore[no-untyped-def]
+    """Events an ``h2`` client connection receives within ``seconds`` (acknowledging DATA
+    at once, as a client with the default 64 KiB windows does)."""
+
+    import h2.events
+
+    sock.settimeout(0.1)
+    got = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue
+        if not data:
+            break
+        for ev in conn.receive_data(data):
+            got.append(ev)
+            if isinstance(ev, h2.events.DataReceived):
+                conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+        out = conn.data_to_send()
+        if out:
+            sock.sendall(out)
+        if any(isinstance(e, h2.events.StreamEnded) for e in got):
+            break
+    return got
+
+
+def _h2_client(port: int):  # type: ignore[no-untyped-def]
+    import socket as socket_mod
+
+    import h2.config
+    import h2.connection
+
+    sock = socket_mod.create_connection(("127.0.0.1", port), timeout=10)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    return sock, conn
+
+
+def test_h2_client_with_default_windows_gets_a_large_body(lameduck, h2origin):
+    """The response reaches an HTTP/2 client as it comes (not held until complete): with the
+    default 64 KiB windows a 2 MB body would otherwise never flow."""
+    import h2.events
+
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    sock, conn = _h2_client(ld.port)
+    conn.send_headers(1, [(":method", "GET"), (":scheme", "http"), (":authority", "x"),
+                          (":path", "/bytes/2000000")], end_stream=True)
+    sock.sendall(conn.data_to_send())
+    got = _h2_client_read(sock, conn, 10.0)
+    sock.close()
+    body = b"".join(e.data for e in got if isinstance(e, h2.events.DataReceived))
+    assert body == pattern(2_000_000)
+
+
+def test_h2_client_sees_a_streamed_response_while_its_request_is_open(lameduck, h2origin):
+    import h2.events
+
+    o = h2origin()
+    ld = lameduck(h2cfg(o))
+    sock, conn = _h2_client(ld.port)
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                          (":path", "/echo")])
+    conn.send_data(1, b"hello")
+    sock.sendall(conn.data_to_send())
+    got = _h2_client_read(sock, conn, 2.0)
+    sock.close()
+    assert any(isinstance(e, h2.events.ResponseReceived) for e in got)
+    assert b"".join(e.data for e in got if isinstance(e, h2.events.DataReceived)) == b"hello"
+
+
+def test_an_answer_before_the_request_body_ends_frees_the_stream(lameduck, h2origin):
+    """The origin answers 413 while the body is still coming: lameduck stops sending it
+    (RST_STREAM CANCEL), so the stream does not hold one of the connection's 2 slots."""
+    import socket as socket_mod
+
+    o = h2origin(max_streams=2)
+    ld = lameduck(h2cfg(o))
+    socks = []
+    try:
+        for _ in range(4):
+            s = socket_mod.create_connection(("127.0.0.1", ld.port), timeout=10)
+            s.sendall(b"POST /status/413 HTTP/1.1\r\nHost: x\r\ncontent-length: 100000\r\n\r\n"
+                      + b"z" * 10)
+            got = b""
+            while b"\r\n\r\n" not in got:
+                got += s.recv(65536)
+            assert got.startswith(b"HTTP/1.1 413"), got
+            socks.append(s)
+        with httpx.Client(timeout=10) as c:
+            assert c.get(ld.url("/")).status_code == 200
+    finally:
+        for s in socks:
+            s.close()
+    assert cstat(ld, "upstream_cx_total") == 1
+
+
+def test_an_upstream_that_allows_no_stream_does_not_cause_a_connection_storm(
+        lameduck, h2origin):
+    o = h2origin(max_streams=0)
+    ld = lameduck(h2cfg(o))
+    with httpx.Client(timeout=10) as c:
+        codes = [c.get(ld.url("/")).status_code for _ in range(5)]
+    assert all(code == 503 for code in codes), codes
+    assert cstat(ld, "upstream_cx_total") <= 2

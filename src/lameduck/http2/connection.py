@@ -539,6 +539,18 @@ class H2Connection:
         if n <= 0 or self.closed:
             return
         self._give_back(n)
+        self.acknowledge_stream_data(stream_id, n)
+
+    def acknowledge_connection_data(self, n: int) -> None:
+        """Connection credit only: the bytes left the connection's buffers (handed on), while
+        their stream stays held back (a slow reader must not stall its neighbours)."""
+        if n > 0 and not self.closed:
+            self._give_back(n)
+
+    def acknowledge_stream_data(self, stream_id: int, n: int) -> None:
+        """Stream credit only (the connection's was given with ``acknowledge_connection_data``)."""
+        if n <= 0 or self.closed:
+            return
         st = self._streams.get(stream_id)
         if st is not None and not st.recv_closed:
             st.unacked += n

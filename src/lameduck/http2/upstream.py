@@ -25,6 +25,7 @@ from .connection import H2Limits
 from .events import (
     ConnectionError,
     DataReceived,
+    Event,
     GoAwayReceived,
     ResponseReceived,
     StreamReset,
@@ -74,6 +75,8 @@ def request_fields(head: bytes) -> tuple[list[tuple[bytes, bytes]], bool]:
         fields.append((name, value))
     pseudo = [(b":method", method), (b":scheme", b"http"), (b":authority", authority),
               (b":path", target)]
+    if not authority:
+        del pseudo[2]  # an HTTP/1.0 request without Host: no :authority (RFC 9113 §8.3.1)
     return pseudo + fields, body
 
 
@@ -114,6 +117,8 @@ class H2UpstreamStream:
         self.body = False
         self.no_body = False
         self.held: list[bytes] = []
+        self.held_size = 0
+        self.held_paused = False
 
     # -- what an exchange calls ----------------------------------------------------------------
     def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float,
@@ -133,6 +138,8 @@ class H2UpstreamStream:
             self.timer = conn.loop.call_later(timeout, self._timed_out)
         if conn.has_room:
             self.send_head()
+        elif conn.allows_none:
+            self.refuse()  # never sent: the exchange may try again, then answers 503
         else:
             conn.waiting.append(self)  # sent when a stream ends (or refused with the rest)
 
@@ -147,15 +154,26 @@ class H2UpstreamStream:
             for data in self.held:
                 h2.send_data(sid, data)
             self.held = []
+            self.held_size = 0
         if self.body and self.ended:
             h2.send_data(sid, b"", end_stream=True)
         conn.kick()
+        if self.held_paused and h2.outbound_buffered(sid) <= OUTBOUND_HIGH:
+            self.held_paused = False
+            if self.sink is not None:
+                self.sink.resume_request_body()
+        elif self.held_paused:
+            self.held_paused = False  # still over: WindowOpened resumes it
 
     def write(self, data: bytes) -> None:
         if self.done or not data:
             return
         if not self.sid:
             self.held.append(data)
+            self.held_size += len(data)
+            if self.held_size > OUTBOUND_HIGH and not self.held_paused and self.sink is not None:
+                self.held_paused = True  # waiting for a slot: hold the client back too
+                self.sink.pause_request_body()
             return
         conn = self.conn
         conn.h2.send_data(self.sid, data)
@@ -179,7 +197,7 @@ class H2UpstreamStream:
         self.read_paused = False
         if self.unacked:
             n, self.unacked = self.unacked, 0
-            self.conn.h2.acknowledge_received_data(self.sid, n)
+            self.conn.h2.acknowledge_stream_data(self.sid, n)
             self.conn.kick()
 
     def close(self) -> None:
@@ -211,10 +229,7 @@ class H2UpstreamStream:
             self.conn.streams.pop(self.sid, None)
         elif self.started and self in self.conn.waiting:
             self.conn.waiting.remove(self)
-        if self.unacked:
-            # connection credit for bytes nobody will read now
-            self.conn.h2.acknowledge_received_data(self.sid, self.unacked)
-            self.unacked = 0
+        self.unacked = 0  # only stream credit, and the stream is done
 
     def _timed_out(self) -> None:
         self.timer = None
@@ -243,20 +258,29 @@ class H2UpstreamStream:
 
     def on_data(self, ev: DataReceived) -> None:
         sink = self.sink
+        h2 = self.conn.h2
+        # The connection's credit goes back at once: the bytes are handed on, and a paused
+        # stream must not hold the window its neighbours on this connection share.
+        h2.acknowledge_connection_data(ev.flow_len)
         if sink is None:
-            self.conn.h2.acknowledge_received_data(self.sid, ev.flow_len)
+            h2.acknowledge_stream_data(self.sid, ev.flow_len)
             return
         if ev.data:
             sink.on_response_body(ev.data)
         if self.read_paused:
             self.unacked += ev.flow_len
         else:
-            self.conn.h2.acknowledge_received_data(self.sid, ev.flow_len)
+            h2.acknowledge_stream_data(self.sid, ev.flow_len)
         if ev.end_stream and self.sink is sink:
             self.complete()
 
     def complete(self) -> None:
         sink = self.sink
+        if not self.ended and self.sid:
+            # Answered before the request body was all sent (a 413, an early 200): stop
+            # sending it, or the stream stays open on both sides and holds a slot for good.
+            self.conn.h2.reset_stream(self.sid, ErrorCode.CANCEL)
+            self.conn.kick()
         self.ended = True
         self._finish()
         self.sink = None
@@ -322,6 +346,11 @@ class H2UpstreamConnection(asyncio.Protocol):
                 and self.busy < self.limit)
 
     @property
+    def allows_none(self) -> bool:
+        """The upstream's SETTINGS said MAX_CONCURRENT_STREAMS 0: nothing can be sent here."""
+        return self.h2.settings > 0 and self.h2.peer_max_concurrent_streams == 0
+
+    @property
     def busy(self) -> int:
         return len(self.streams) + self.reserved + len(self.waiting)
 
@@ -330,14 +359,21 @@ class H2UpstreamConnection(asyncio.Protocol):
         return H2UpstreamStream(self)
 
     def stream_gone(self) -> None:
-        """A stream ended: start one that waited for room; close a drained connection."""
-        waiting = self.waiting
-        while waiting and self.alive and not self.goaway and self.has_room:
-            waiting.popleft().send_head()
+        """A stream ended: start one that waited for room; the idle clock starts when the
+        last one ends; a drained connection closes."""
+        self._start_waiting()
         if not self.busy:
             self.idle_since = self.loop.time()
             if self.goaway or not self.alive:
                 self.close()
+
+    def _start_waiting(self) -> None:
+        waiting = self.waiting
+        if self.allows_none:
+            self._refuse_waiting()  # they would wait for good
+            return
+        while waiting and self.alive and not self.goaway and self.has_room:
+            waiting.popleft().send_head()
 
     def _refuse_waiting(self) -> None:
         while self.waiting:
@@ -376,6 +412,25 @@ class H2UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         events = self.h2.receive(data, self.loop.time())
+        streams = self.streams
+        # What one read produces for a client leaves in one write, and leaves at all: an
+        # HTTP/2 client connection writes what its streams queued when uncorked.
+        corked: list[ExchangeSink] = []
+        for ev in events:
+            t = type(ev)
+            if t is GoAwayReceived or t is ConnectionError:
+                continue
+            s = streams.get(ev.stream_id)  # type: ignore[union-attr]
+            if s is not None and s.sink is not None and s.sink not in corked:
+                s.sink.cork()
+                corked.append(s.sink)
+        try:
+            self._dispatch(events)
+        finally:
+            for sink in corked:
+                sink.uncork()
+
+    def _dispatch(self, events: list[Event]) -> None:
         streams = self.streams
         for ev in events:
             t = type(ev)
@@ -416,7 +471,10 @@ class H2UpstreamConnection(asyncio.Protocol):
             return
         if self.goaway:
             self._refuse_waiting()  # retried on another connection
-        self.stream_gone()  # the upstream's SETTINGS may have made room, or ended streams
+            if not self.busy:
+                self.close()
+            return
+        self._start_waiting()  # the upstream's SETTINGS may have made room
 
     def eof_received(self) -> bool:
         return False
@@ -453,11 +511,14 @@ class H2Pool:
         room = self.max_streams  # what a new connection is expected to take
         for c in ep.shared:
             conn = cast("H2UpstreamConnection", c)
-            if conn.can_open:
+            if conn.can_open or (conn.alive and not conn.goaway and conn.allows_none):
+                # (an upstream that allows no stream refuses it: no new connection for that)
                 fut.set_result(conn.new_stream())
                 return fut
             if conn.h2.settings:
-                room = conn.limit  # the endpoint's SETTINGS, as its last connection said
+                # the endpoint's SETTINGS, as its last connection said (at least one: an
+                # upstream that allows none must not make every request open a connection)
+                room = max(conn.limit, 1)
         pending = self.opening.setdefault(ep, [])
         for _, waiters in pending:
             if len(waiters) < room:
