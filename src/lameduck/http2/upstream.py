@@ -318,6 +318,7 @@ class H2UpstreamConnection(asyncio.Protocol):
         self.max_streams = max_streams
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, H2UpstreamStream] = {}
+        self.expected = max_streams  # the upstream's limit as guessed before its SETTINGS
         self.reserved = 0  # streams handed out, not yet started
         self.waiting: deque[H2UpstreamStream] = deque()  # started, waiting for room
         self.alive = True
@@ -330,7 +331,10 @@ class H2UpstreamConnection(asyncio.Protocol):
     # -- the pool's view ---------------------------------------------------------------------
     @property
     def limit(self) -> int:
-        return min(self.max_streams, self.h2.peer_max_concurrent_streams)
+        """Streams it may carry: ours and the upstream's limit (until its SETTINGS come, what
+        the endpoint's earlier connections said)."""
+        peer = self.h2.peer_max_concurrent_streams if self.h2.settings else self.expected
+        return min(self.max_streams, peer)
 
     @property
     def has_room(self) -> bool:
@@ -501,6 +505,9 @@ class H2Pool:
         self.limits = limits
         self.max_streams = max_streams
         self.loop = loop
+        # Each endpoint's stream limit as its connections' SETTINGS said: a new connection
+        # expects it until its own SETTINGS come.
+        self.learned: dict[Endpoint, int] = {}
         # Connections being opened, per endpoint, with the streams promised on each.
         self.opening: dict[Endpoint, list[tuple[asyncio.Future[H2UpstreamConnection], list[
             asyncio.Future[H2UpstreamStream]]]]] = {}
@@ -519,6 +526,7 @@ class H2Pool:
                 # the endpoint's SETTINGS, as its last connection said (at least one: an
                 # upstream that allows none must not make every request open a connection)
                 room = max(conn.limit, 1)
+                self.learned[ep] = room
         pending = self.opening.setdefault(ep, [])
         for _, waiters in pending:
             if len(waiters) < room:
@@ -554,6 +562,7 @@ class H2Pool:
 
         def factory() -> H2UpstreamConnection:
             conn = H2UpstreamConnection(ep, stats, self.limits, self.max_streams, self.loop)
+            conn.expected = self.learned.get(ep, self.max_streams)
             conn.on_closed.append(ep.forget_shared)
             return conn
 
