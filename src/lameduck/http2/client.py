@@ -63,7 +63,6 @@ from .connection import (
     _CONTENT_LENGTH,
     _COOKIE,
     _FIELD_KINDS,
-    _OUT_NAMES,
     _STATUS_FIELD,
     AWAITING_HEAD_RESPONSE,
     AWAITING_RESPONSE,
@@ -73,7 +72,6 @@ from .connection import (
     H2Limits,
     _classify,
     _Malformed,
-    _out_name,
     _ProtocolError,
     _Stream,
 )
@@ -139,19 +137,7 @@ class H2Client(H2Connection):
         st = _Stream(sid, self._peer_initial, self._recv_initial, False)
         st.content_length = AWAITING_HEAD_RESPONSE if head else AWAITING_RESPONSE
         self._streams[sid] = st
-        fields: list[Row] = []
-        names = _OUT_NAMES
-        for name, value in headers:
-            out = names.get(name)
-            if out is None:
-                out = _out_name(name)
-            if out:
-                fields.append((out, value))
-        block = self._enc.encode(cast("list[tuple[bytes, bytes]]", fields))
-        self._emit_block(sid, block, end_stream)
-        if end_stream:
-            st.send_ended = True
-            self._local_end(st)
+        self._send_head(st, [], headers, end_stream)
         return sid
 
     # ------------------------------------------------------------------ receiving

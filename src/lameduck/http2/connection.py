@@ -809,6 +809,23 @@ class H2Connection:
 
     # ------------------------------------------------------------------ sending
 
+    def _send_head(self, st: _Stream, fields: list[Row], headers: list[tuple[bytes, bytes]],
+                   end_stream: bool) -> None:
+        """``fields`` (pseudo-fields) then ``headers``, lower-cased and without
+        connection-specific fields, as one header block."""
+        names = _OUT_NAMES
+        for name, value in headers:
+            out = names.get(name)
+            if out is None:
+                out = _out_name(name)
+            if out:
+                fields.append((out, value))
+        block = self._enc.encode(cast("list[tuple[bytes, bytes]]", fields))
+        self._emit_block(st.sid, block, end_stream)
+        if end_stream:
+            st.send_ended = True
+            self._local_end(st)
+
     def _emit_block(self, sid: int, block: bytes, end_stream: bool) -> None:
         flags = END_STREAM if end_stream else 0
         mf = self._peer_max_frame
@@ -1031,19 +1048,8 @@ class H2Server(H2Connection):
         st = self._streams.get(stream_id)
         if st is None or st.send_ended or self.closed:
             return
-        fields: list[Row] = [_STATUS.get(status) or (b":status", b"%d" % status)]
-        names = _OUT_NAMES
-        for name, value in headers:
-            out = names.get(name)
-            if out is None:
-                out = _out_name(name)
-            if out:
-                fields.append((out, value))
-        block = self._enc.encode(cast("list[tuple[bytes, bytes]]", fields))
-        self._emit_block(stream_id, block, end_stream)
-        if end_stream:
-            st.send_ended = True
-            self._local_end(st)
+        self._send_head(st, [_STATUS.get(status) or (b":status", b"%d" % status)], headers,
+                        end_stream)
 
     # ------------------------------------------------------------------ draining
 
