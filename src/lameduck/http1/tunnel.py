@@ -239,18 +239,13 @@ class Relay:
 
     # -- ending ---------------------------------------------------------------------------------
     def _close_both(self) -> None:
-        if self.ended:
-            return
-        self.ended = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        for t in self.dest.values():
-            if not t.is_closing():
-                t.close()  # after what is buffered has been written
-        self._maybe_end()
+        self._end(reset=False)
 
     def _reset_both(self) -> None:
+        self._end(reset=True)
+
+    def _end(self, reset: bool) -> None:
+        """Close both sides (after what is buffered has been written), or reset them."""
         if self.ended:
             return
         self.ended = True
@@ -258,7 +253,10 @@ class Relay:
             self.timer.cancel()
             self.timer = None
         for t in self.dest.values():
-            abort_with_rst(t)
+            if reset:
+                abort_with_rst(t)
+            elif not t.is_closing():
+                t.close()
         self._maybe_end()
 
     def _maybe_end(self) -> None:
