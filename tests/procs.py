@@ -35,28 +35,154 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_origin(stderr: IO[bytes] | int = subprocess.DEVNULL) -> tuple[subprocess.Popen, int]:
-    """Start ``python -m lameduck.demo --port 0`` and read the bound port from its stdout."""
+def _read_lines(proc: subprocess.Popen, n: int, timeout: float) -> list[str]:
+    """The first ``n`` lines of ``proc``'s stdout pipe, read straight off the fd (a buffered
+    readline could swallow the second line, which a select() would then wait for in vain)."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    buf = b""
+    end = time.monotonic() + timeout
+    while buf.count(b"\n") < n:
+        left = end - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        data = os.read(fd, 4096)
+        if not data:
+            break
+        buf += data
+    return [ln.decode(errors="replace") for ln in buf.split(b"\n")[:n]]
+
+
+def start_origin(stderr: IO[bytes] | int = subprocess.DEVNULL,
+                 args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int]:
+    """Start ``python -m lameduck.demo --port 0 [args]`` and read the bound port from its
+    stdout (the ``agent on`` line that ``--agent-port`` adds is left unread)."""
+    proc, ports = _start_demo(stderr, args, 1)
+    return proc, ports[0]
+
+
+def _start_demo(stderr: IO[bytes] | int, args: tuple[str, ...],
+                nlines: int) -> tuple[subprocess.Popen, list[int]]:
+    """Start the demo origin and read the ports of its ``nlines`` startup lines
+    (``listening on 127.0.0.1:P``, then ``agent on 127.0.0.1:P``)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lameduck.demo", "--port", "0"],
+        [sys.executable, "-m", "lameduck.demo", "--port", "0", *args],
         stdout=subprocess.PIPE, stderr=stderr, env=_env(),
     )
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], 10)
-    if not ready:
+    lines = _read_lines(proc, nlines, 10)
+    prefixes = ("listening on 127.0.0.1:", "agent on 127.0.0.1:")[:nlines]
+    if len(lines) < nlines:
         stop(proc)
-        raise RuntimeError("demo origin did not report its port within 10 s")
-    line = proc.stdout.readline().decode()
-    if not line.startswith("listening on 127.0.0.1:"):
-        stop(proc)
-        raise RuntimeError(f"unexpected startup line: {line!r}")
-    return proc, int(line.rsplit(":", 1)[1])
+        raise RuntimeError(f"demo origin did not report its port(s) within 10 s: {lines!r}")
+    for line, prefix in zip(lines, prefixes, strict=True):
+        if not line.startswith(prefix):
+            stop(proc)
+            raise RuntimeError(f"unexpected startup line: {line!r}")
+    return proc, [int(line.rsplit(":", 1)[1]) for line in lines]
 
 
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=5)
+
+
+class Origin:
+    """A demo origin process started with ``--name`` (see ``start_named_origin``): answers
+    carry ``x-origin: <name>``; ``log_lines()`` are the requests it saw (``--log``) as
+    ``METHOD PATH X-REQUEST-ID``; ``agent_port`` serves its HAProxy agent check (``--agent-port``).
+    """
+
+    def __init__(self, proc: subprocess.Popen, port: int, name: str,
+                 agent_port: int | None, log_path: Path | None, stderr: IO[bytes]) -> None:
+        self.proc = proc
+        self.port = port
+        self.name = name
+        self.agent_port = agent_port
+        self.log_path = log_path
+        self._stderr = stderr
+
+    @property
+    def addr(self) -> str:
+        """``127.0.0.1:port``, as a cluster endpoint."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def url(self, path: str = "/") -> str:
+        return f"http://{self.addr}{path}"
+
+    def get(self, path: str = "/") -> httpx.Response:
+        """GET straight from the origin (not through lameduck)."""
+        return httpx.get(self.url(path), timeout=5)
+
+    def post(self, path: str) -> httpx.Response:
+        """POST straight to the origin: ``post("/health/fail")``, ``post("/agent?say=drain")``."""
+        return httpx.post(self.url(path), timeout=5)
+
+    def agent(self, timeout: float = 5.0) -> str:
+        """What the agent port says now (the line, without its newline)."""
+        assert self.agent_port is not None, "started without agent=True"
+        with socket.create_connection(("127.0.0.1", self.agent_port), timeout=timeout) as s:
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+        return data.decode().rstrip("\n")
+
+    def log_lines(self) -> list[str]:
+        """The request log so far: one ``METHOD PATH X-REQUEST-ID`` per request (PATH with its
+        query; ``-`` for no x-request-id), written as each request's head arrived."""
+        assert self.log_path is not None, "started without a log_dir"
+        try:
+            return self.log_path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+
+    def stderr(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL it (if still running) and reap it."""
+        stop(self.proc)
+
+    def close(self) -> None:
+        """Kill it and release its stderr file."""
+        self.kill()
+        self._stderr.close()
+
+
+def start_named_origin(name: str, log_dir: Path | None = None, agent: bool = False,
+                       args: tuple[str, ...] = ()) -> Origin:
+    """Start a demo origin with ``--name name`` on a free port; with ``log_dir``, it logs its
+    requests to ``log_dir/<name>.log``; with ``agent``, it serves an agent check on another
+    free port; ``args`` are more options (``--agent-say maint``). Stop it with ``kill()`` (the
+    ``origins`` fixture does)."""
+    import tempfile
+
+    args = ("--name", name, *args)
+    log_path = None
+    if log_dir is not None:
+        log_path = log_dir / f"{name}.log"
+        args += ("--log", str(log_path))
+    if agent:
+        args += ("--agent-port", "0")
+    err = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the origin)
+    try:
+        proc, ports = _start_demo(err, args, 2 if agent else 1)
+    except BaseException:
+        err.close()
+        raise
+    return Origin(proc, ports[0], name, ports[1] if agent else None, log_path, err)
 
 
 def base_config(origin_port: int, **over: Any) -> dict[str, Any]:

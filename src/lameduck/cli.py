@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         origin = None
         if demo:
-            ep = cfg.clusters[0].endpoints[0]
+            ep = cfg.clusters[0].endpoints[0].address
             try:
                 origin = await serve_origin(ep.host, ep.port)
             except OSError as e:

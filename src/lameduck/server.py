@@ -18,7 +18,7 @@ from typing import Any
 
 from lameduck import __version__
 from lameduck.admin import AdminHandlers, start_admin
-from lameduck.config import Config, format_duration
+from lameduck.config import ClusterConfig, Config, format_duration
 from lameduck.drain import (
     Cause,
     DrainEvent,
@@ -28,21 +28,27 @@ from lameduck.drain import (
     ShutdownSettings,
     Step,
 )
+from lameduck.drain.endpoint import AdminState, EndpointDrain, PersistenceTable
+from lameduck.drain.health import OutlierDetector
+from lameduck.drain.retry import RetryBudget
 from lameduck.http2.connection import H2Limits
 from lameduck.http2.upstream import H2Pool
-from lameduck.listeners import HttpListener
+from lameduck.listeners import HttpListener, Listener, TcpListener
 from lameduck.restart import Notifier
 from lameduck.restart.hot import HasFileno, Inherited, Rendezvous, follow_parent, take_over
 from lameduck.stats import (
     DrainStats,
+    HealthCheckStats,
     Http2Stats,
     HttpStats,
     ListenerManagerStats,
     ServerStats,
     Stat,
     StatsRegistry,
+    TcpStats,
 )
 from lameduck.upstream.cluster import Cluster
+from lameduck.upstream.health import AgentChecker, HealthChecker
 from lameduck.upstream.pool import Endpoint
 from lameduck.upstream.router import Route, Router
 
@@ -82,9 +88,9 @@ class Server:
         self.drain_stats = self.registry.add("server.drain", DrainStats())
         self.lm_stats = self.registry.add("listener_manager", ListenerManagerStats())
         self.clusters: dict[str, Cluster] = {}
+        self.checkers: list[HealthChecker | AgentChecker] = []
         for cc in cfg.clusters:
-            eps = [Endpoint(e.host, e.port, cc.max_idle_connections) for e in cc.endpoints]
-            cluster = Cluster(cc.name, eps, cc.connect_timeout, cc.idle_timeout)
+            cluster = self._cluster(cc)
             if cc.protocol == "h2":
                 h2 = cc.http2
                 # The upstream is configured, not a stranger: its refusals (REFUSED_STREAM
@@ -95,10 +101,25 @@ class Server:
                 cluster.connector = H2Pool(cluster, limits, h2.max_concurrent_streams,
                                            self.loop).connect
             self.registry.add(f"cluster.{cc.name}", cluster.stats)
+            if cc.outlier_detection is not None:
+                self.registry.add(f"cluster.{cc.name}.outlier_detection", cluster.outlier_stats)
+            if cc.health_check is not None:
+                hstats = self.registry.add(f"cluster.{cc.name}.health_check",
+                                           HealthCheckStats())
+                self.checkers.append(HealthChecker(cluster, self.loop, cc.health_check, hstats))
+            if any(e.agent_port is not None for e in cc.endpoints):
+                self.checkers.append(AgentChecker(cluster, self.loop, cc.agent_check))
             self.clusters[cc.name] = cluster
-        self.listeners: list[HttpListener] = []
+        self.listeners: list[Listener] = []
         for lc in cfg.listeners:
             ld = self.process.add_listener(ListenerDrain(lc.name, lc.direction, lc.drain_type))
+            if lc.protocol == "tcp":
+                assert lc.cluster is not None
+                tstats = self.registry.add(f"tcp.{lc.name}", TcpStats())
+                self.listeners.append(TcpListener(lc, self.loop, self.process, ld,
+                                                  self.clusters[lc.cluster], tstats,
+                                                  self.drain_stats, self._changed, self.rng))
+                continue
             router = Router([Route(r.prefix, self.clusters[r.cluster], r.host, r.timeout)
                              for r in lc.routes])
             stats = self.registry.add(f"http.{lc.name}", HttpStats())
@@ -122,6 +143,38 @@ class Server:
         self._quitting = False
         self._finishing = False
         self._no_new_work_logged = False
+
+    def _cluster(self, cc: ClusterConfig) -> Cluster:
+        """A cluster and its endpoints as configured: drain stop, persistence, outlier
+        detection, retries; timers on this loop."""
+        eps = []
+        for e in cc.endpoints:
+            drain = EndpointDrain(cc.drain_stop, cc.drop_at_drain_end,
+                                  cc.clear_persistence_on_drain)
+            drain.set_state(e.state, self.loop.time())
+            eps.append(Endpoint(e.host, e.port, cc.max_idle_connections, e.weight, drain,
+                                e.agent_port))
+        cluster = Cluster(cc.name, eps, cc.connect_timeout, cc.idle_timeout, cc.lb_policy,
+                          self.rng)
+        cluster.schedule = self.loop.call_at
+        cluster.clock = self.loop.time
+        p = cc.persistence
+        if p is not None:
+            cluster.persistence = PersistenceTable(p.timeout, p.max_records)
+            cluster.by_cookie = p.type == "cookie"
+            cluster.cookie_name = p.cookie_name.encode()
+        od = cc.outlier_detection
+        if od is not None:
+            cluster.outlier = OutlierDetector(od.consecutive_5xx, od.consecutive_gateway_failure,
+                                              od.base_ejection_time, od.max_ejection_time,
+                                              od.max_ejection_percent)
+            for ep in eps:
+                cluster.outlier.add(ep)
+        rp = cc.retry_policy
+        cluster.num_retries = rp.num_retries
+        cluster.budget = RetryBudget(rp.retry_budget.budget_percent,
+                                     rp.retry_budget.min_retry_concurrency)
+        return cluster
 
     # -- start ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -171,6 +224,8 @@ class Server:
         log.info("admin on %s", _fmt_addr(self.admin.sockets[0].getsockname()))
         self.process.initialized()
         self._housekeeping = self.loop.call_later(1.0, self._housekeep)
+        for checker in self.checkers:
+            checker.start()
         if inh is not None:
             await self._take_over(inh)
         if self.restart_path is not None:
@@ -289,6 +344,44 @@ class Server:
 
     def state_name(self) -> str:
         return self.process.state.name
+
+    def clusters_view(self) -> list[dict[str, Any]]:
+        out = []
+        for c in self.clusters.values():
+            hosts = []
+            for ep in c.endpoints:
+                hosts.append({
+                    "address": ep.address,
+                    "stats": {"cx_active": ep.cx_active, "cx_connect_fail": ep.cx_connect_fail,
+                              "cx_total": ep.cx_total, "rq_active": ep.rq_active,
+                              "rq_error": ep.rq_error, "rq_success": ep.rq_success,
+                              "rq_timeout": ep.rq_timeout, "rq_total": ep.rq_total},
+                    "health_flags": ep.health_flags,
+                    "healthy": ep.drain.healthy,
+                    "admin_state": ep.drain.state.value,
+                    "weight": ep.weight,
+                    "maxconn": ep.maxconn,
+                    "agent": ep.agent_said,
+                })
+            out.append({"name": c.name, "lb_policy": c.lb_policy,
+                        "host_statuses": hosts})
+        return out
+
+    def set_endpoint_state(self, cluster: str, address: str, state: str) -> None:
+        c = self.clusters.get(cluster)
+        if c is None:
+            raise LookupError(f"no cluster {cluster!r} (clusters: {', '.join(self.clusters)})")
+        ep = c.find(address)
+        if ep is None:
+            known = ", ".join(e.address for e in c.endpoints)
+            raise LookupError(f"no endpoint {address!r} in cluster {cluster!r} ({known})")
+        try:
+            new = AdminState(state.lower())
+        except ValueError:
+            raise ValueError(f"unknown state {state!r}: use ready, drain or maint") from None
+        log.info("cluster %s endpoint %s: %s -> %s (admin)", cluster, address,
+                 ep.drain.state.value, new.value)
+        c.set_state(ep, new, self.loop.time())
 
     def stats_snapshot(self) -> list[Stat]:
         self._refresh_gauges()
@@ -465,6 +558,8 @@ class Server:
             self.rendezvous.close()  # a last status to a successor; the path is left to it
         if self._housekeeping is not None:
             self._housekeeping.cancel()
+        for checker in self.checkers:
+            checker.stop()
         if not self.done.done():
             self.done.set_result(EXIT_CUT if ds.cut else EXIT_OK)
 

@@ -11,7 +11,16 @@ import pytest
 import trustme
 
 from tests.peers import Destination
-from tests.procs import H2Origin, Lameduck, WsEcho, base_config, start_origin, stop
+from tests.procs import (
+    H2Origin,
+    Lameduck,
+    Origin,
+    WsEcho,
+    base_config,
+    start_named_origin,
+    start_origin,
+    stop,
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +68,33 @@ def lameduck(
         ld.kill()
         # A traceback in lameduck's log is a bug even if every client check passed.
         assert "Traceback" not in ld.log(), ld.log()
+
+
+@pytest.fixture
+def origins(tmp_path: Path) -> Iterator[Callable[..., list[Origin]]]:
+    """``origins(n, agent=False, log=False)`` starts ``n`` named demo origins (``o1``, ``o2``,
+    ...; a second call in the same test goes on from the next number) and returns them, each
+    with ``--agent-port`` if ``agent`` and a request log under tmp_path if ``log``. Every one
+    is SIGKILLed and reaped at teardown."""
+    started: list[Origin] = []
+
+    def make(n: int, agent: bool = False, log: bool = False) -> list[Origin]:
+        made = []
+        for _ in range(n):
+            o = start_named_origin(f"o{len(started) + 1}", tmp_path if log else None, agent)
+            started.append(o)
+            made.append(o)
+        return made
+
+    yield make
+    for o in started:
+        o.kill()
+    errors = {o.name: o.stderr() for o in started}
+    for o in started:
+        o.close()
+    # A handler bug shows as a traceback on its stderr even if every client check passed.
+    for name, err in errors.items():
+        assert "Traceback" not in err, f"{name}: {err}"
 
 
 @pytest.fixture

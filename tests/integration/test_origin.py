@@ -16,12 +16,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
 import httpx
 import pytest
 
-from tests.procs import SRC, start_origin, stop
+from tests.procs import SRC, Origin, start_named_origin, start_origin, stop, wait_until
 
 PATTERN = bytes(range(251))
 
@@ -352,3 +354,209 @@ def test_serve_in_process_on_plain_asyncio() -> None:
             assert r.text == "slept 100 ms\n" and r.headers["connection"] == "close"
 
     asyncio.run(run())
+
+
+# -- options for load-balancing tests: --name, /health, --log, --agent-port ---------------------
+
+Origins = Callable[..., list[Origin]]
+
+
+def agent_raw(port: int, send: bytes = b"") -> bytes:
+    """Everything the agent port sends before it closes (after sending ``send`` first)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        if send:
+            sock.sendall(send)
+        data = b""
+        while chunk := sock.recv(4096):
+            data += chunk
+    return data
+
+
+def test_name_on_every_response_and_in_info(origins: Origins) -> None:
+    o1, o2 = origins(2)
+    assert (o1.name, o2.name) == ("o1", "o2")
+    for o in (o1, o2):
+        r = o.get("/")
+        assert r.status_code == 200 and r.text == "hello from the lameduck demo origin\n"
+        assert r.headers["x-origin"] == o.name
+        assert r.headers["x-origin-port"] == str(o.port)
+        info = o.get("/info").json()
+        assert info["name"] == o.name and info["pid"] == o.pid and info["port"] == o.port
+    # Every kind of answer carries it: sized, chunked, errors, bodiless, HEAD, pipelined.
+    with connect(o1.port) as sock, sock.makefile("rb") as f:
+        sock.sendall(
+            b"GET /stream?chunks=2&size=3&interval_ms=0 HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /status/503 HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /status/204 HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+            b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+        )
+        for want in (200, 503, 204, 404, 200, 200):
+            status, headers, _ = read_response(f)
+            assert status == want
+            assert headers.count(("x-origin", "o1")) == 1, headers
+        sock.sendall(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, _ = read_response(f, head=True)
+        assert ("x-origin", "o1") in headers
+
+
+def test_no_name_no_x_origin(base: str) -> None:
+    r = httpx.get(base + "/")
+    assert "x-origin" not in r.headers
+    assert "name" not in httpx.get(base + "/info").json()
+
+
+def test_bad_name_is_refused() -> None:
+    for bad in ("a b", "", "caf\u00e9"):
+        r = subprocess.run(
+            [sys.executable, "-m", "lameduck.demo", "--port", "0", "--name", bad],
+            env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True, timeout=10,
+        )
+        assert r.returncode == 2 and b"--name" in r.stderr, r
+
+
+def test_health_toggles(origins: Origins) -> None:
+    o1, o2 = origins(2)
+    r = o1.get("/health")
+    assert (r.status_code, r.text) == (200, "ok\n")
+    assert "x-envoy-immediate-health-check-fail" not in r.headers
+
+    r = o1.post("/health/fail")
+    assert r.status_code == 200
+    r = o1.get("/health")
+    assert (r.status_code, r.text) == (503, "failing\n")
+    assert r.headers["x-origin"] == "o1"
+    assert "x-envoy-immediate-health-check-fail" not in r.headers
+    assert o2.get("/health").status_code == 200  # the state is per process
+
+    assert o1.post("/health/fail?immediate=1").status_code == 200
+    r = o1.get("/health")
+    assert (r.status_code, r.text) == (503, "failing\n")
+    assert r.headers["x-envoy-immediate-health-check-fail"] == "true"
+    with connect(o1.port) as sock, sock.makefile("rb") as f:  # HEAD: same head, no body
+        sock.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, _ = read_response(f, head=True)
+        assert status == 503
+        assert ("x-envoy-immediate-health-check-fail", "true") in headers
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(f)[::2] == (503, b"failing\n")
+
+    assert o1.post("/health/fail?immediate=0").status_code == 200
+    r = o1.get("/health")
+    assert r.status_code == 503 and "x-envoy-immediate-health-check-fail" not in r.headers
+
+    assert o1.post("/health/ok").status_code == 200
+    r = o1.get("/health")
+    assert (r.status_code, r.text) == (200, "ok\n")
+    assert "x-envoy-immediate-health-check-fail" not in r.headers
+
+    # Only POST changes it; other routes are untouched by it.
+    r = o1.get("/health/fail")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert o1.get("/health").status_code == 200
+    o1.post("/health/fail")
+    assert o1.get("/").status_code == 200
+    o1.post("/health/ok")
+
+
+def test_request_log(origins: Origins) -> None:
+    (o1,) = origins(1, log=True)
+    assert o1.log_path is not None and o1.log_path.name == "o1.log"
+    o1.get("/")
+    httpx.get(o1.url("/sleep?ms=1"), headers={"X-Request-Id": "abc-123"}, timeout=5)
+    httpx.post(o1.url("/echo"), content=b"body", headers={"x-request-id": "r2"}, timeout=5)
+    with connect(o1.port) as sock, sock.makefile("rb") as f:  # absolute-form: logged origin-form
+        sock.sendall(b"GET http://x/status/404?q=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(f)[0] == 404
+    assert o1.log_lines() == [
+        "GET / -",
+        "GET /sleep?ms=1 abc-123",
+        "POST /echo r2",
+        "GET /status/404?q=1 -",
+    ]
+
+
+def test_request_log_written_before_answer_and_survives_sigkill(origins: Origins) -> None:
+    o1, o2 = origins(2, log=True)
+    with connect(o1.port) as a, connect(o1.port) as b:
+        # Neither is ever answered: one hangs, the other's body never comes.
+        a.sendall(b"GET /hang HTTP/1.1\r\nHost: x\r\nX-Request-ID: hung-1\r\n\r\n")
+        b.sendall(b"POST /continue HTTP/1.1\r\nHost: x\r\nx-request-id: slow-2\r\n"
+                  b"Content-Length: 10\r\n\r\n12")
+        assert wait_until(lambda: len(o1.log_lines()) == 2, timeout=5)
+        o1.kill()
+        assert not o1.alive
+    assert sorted(o1.log_lines()) == ["GET /hang hung-1", "POST /continue slow-2"]
+    assert o1.log_path is not None and o1.log_path.read_bytes().endswith(b"\n")
+    assert o2.alive and o2.log_lines() == []  # each origin has its own log
+
+
+def test_request_log_appends(tmp_path: Path) -> None:
+    log = tmp_path / "shared.log"
+    log.write_text("earlier\n")
+    proc, port = start_origin(args=("--log", str(log)))
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+        assert log.read_text() == "earlier\nGET / -\nGET /health -\n"
+    finally:
+        stop(proc)
+
+
+def test_agent_port(origins: Origins) -> None:
+    o1, o2 = origins(2, agent=True)
+    assert o1.agent_port is not None and o1.agent_port not in (o1.port, o2.agent_port)
+    assert agent_raw(o1.agent_port) == b"ready up 100%\n"
+    # An agent-send string from the checker is read and ignored.
+    assert agent_raw(o1.agent_port, send=b"hello\n") == b"ready up 100%\n"
+    assert o1.get("/agent").text == "ready up 100%\n"
+    for say, quoted in [
+        ("drain", "drain"),
+        ("maint", "maint"),
+        ("down#bad disk", "down%23bad%20disk"),
+        ("up 50%", "up+50%25"),
+        ("50%", "50%25"),
+        ("maxconn:10", "maxconn%3A10"),
+        ("ready up 100%", "ready%20up%20100%25"),
+    ]:
+        r = o1.post(f"/agent?say={quoted}")
+        assert (r.status_code, r.text) == (200, say + "\n")
+        assert o1.agent() == say
+        assert o1.get("/agent").text == say + "\n"
+    o1.post("/agent?say=drain")
+    assert o2.agent() == "ready up 100%"  # per process
+    # Bad requests leave the text as it was.
+    for bad in ("/agent", "/agent?other=1", "/agent?say=a%0Ab", "/agent?say=" + "x" * 600):
+        assert o1.post(bad).status_code == 400, bad
+    assert httpx.put(o1.url("/agent?say=x"), timeout=5).status_code == 405
+    assert o1.agent() == "drain"
+    # Many checkers at once each get the whole line.
+    async def many() -> list[bytes]:
+        async def one() -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", o1.agent_port)
+            data = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+            return data
+
+        return await asyncio.gather(*(one() for _ in range(50)))
+
+    assert asyncio.run(many()) == [b"drain\n"] * 50
+
+
+def test_agent_say_option_and_sigterm() -> None:
+    o = start_named_origin("x", agent=True, args=("--agent-say", "maint"))
+    try:
+        assert o.agent() == "maint"
+        assert o.get("/").headers["x-origin"] == "x"
+        o.signal(signal.SIGTERM)
+        assert o.proc.wait(timeout=5) == 0
+        assert "Traceback" not in o.stderr()
+    finally:
+        o.close()
+
+
+def test_no_agent_port_without_option(origins: Origins) -> None:
+    (o1,) = origins(1)
+    assert o1.agent_port is None
+    assert o1.get("/agent").text == "ready up 100%\n"  # the text exists, nobody serves it

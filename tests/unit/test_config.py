@@ -177,7 +177,7 @@ def test_default_config_matches_the_documented_values() -> None:
     assert (route.prefix, route.cluster, route.host, route.timeout) == ("/", "demo", None, 15.0)
     [cluster] = config.clusters
     assert cluster.name == "demo"
-    assert cluster.endpoints == (HostPort("127.0.0.1", 8080),)
+    assert [e.address for e in cluster.endpoints] == [HostPort("127.0.0.1", 8080)]
     assert cluster.connect_timeout == 1.0
     assert cluster.max_idle_connections == 256
     assert cluster.idle_timeout == 30.0
@@ -216,7 +216,7 @@ def test_every_model_forbids_extra_keys_and_is_frozen() -> None:
         return found
 
     models = set(walk(Config))
-    assert len(models) == 12
+    assert len(models) == 18
     for model in models:
         assert model.model_config.get("extra") == "forbid", model
         assert model.model_config.get("frozen") is True, model
@@ -304,8 +304,8 @@ def test_valid_fixture_loads() -> None:
         (  # bad endpoint
             "endpoints: [127.0.0.1:8080]",
             "endpoints: [127.0.0.1:8080, '127.0.0.1:0']",
-            "lameduck.yaml: clusters[0].endpoints[1]: invalid address '127.0.0.1:0': port must "
-            "be 1..65535",
+            "lameduck.yaml: clusters[0].endpoints[1].address: invalid address '127.0.0.1:0': "
+            "port must be 1..65535",
         ),
         (  # bad duration
             "drain: {time: 20s}",
@@ -488,7 +488,8 @@ def test_ipv6_addresses() -> None:
     )
     assert config.listeners[0].address == HostPort("::1", 10000)
     assert str(config.listeners[0].address) == "[::1]:10000"
-    assert [str(e) for e in config.clusters[0].endpoints] == ["[::1]:8080", "[2001:db8::1]:80"]
+    assert [str(e.address) for e in config.clusters[0].endpoints] == [
+        "[::1]:8080", "[2001:db8::1]:80"]
 
 
 def test_route_host_is_lowercased() -> None:
@@ -542,4 +543,4 @@ def test_models_built_in_code_validate_too() -> None:
     with pytest.raises(ValidationError):
         ClusterConfig(name="c", endpoints=("127.0.0.1:0",))  # type: ignore[arg-type]
     cluster = ClusterConfig(name="c", endpoints=("127.0.0.1:80",))  # type: ignore[arg-type]
-    assert cluster.endpoints == (HostPort("127.0.0.1", 80),)
+    assert cluster.endpoints[0].address == HostPort("127.0.0.1", 80)

@@ -61,7 +61,8 @@ def test_scope_field_names_match_envoy() -> None:
         "downstream_rq_active",
     } == HttpStats.GAUGES
     assert {"goaway_sent", "rx_reset", "tx_reset"} <= {f.name for f in fields(Http2Stats)}
-    assert {"upstream_cx_active", "upstream_rq_active"} == ClusterStats.GAUGES
+    assert {"upstream_cx_active", "upstream_rq_active", "membership_total", "membership_healthy",
+            "membership_excluded", "lb_persistence_records"} == ClusterStats.GAUGES
     assert {"live", "state", "uptime", "total_connections", "hot_restart_epoch",
             "parent_connections"} == ServerStats.GAUGES
     assert {"active"} == DrainStats.GAUGES

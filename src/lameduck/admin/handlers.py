@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 
 from lameduck.admin.control import AdminControl
 from lameduck.stats import render_json, render_prometheus, render_text
@@ -37,11 +37,14 @@ class AdminHandlers:
             "/stats": ("GET", self.stats),
             "/stats/prometheus": ("GET", self.prometheus),
             "/quitquitquit": ("POST", self.quit),
+            "/clusters": ("GET", self.clusters),
         }
 
     def handle(self, method: str, path: str, query: str) -> tuple[int, str, bytes, str | None]:
         """Returns (status, content type, body, Allow header or None)."""
         route = self.routes.get(path)
+        if route is None and path.startswith("/clusters/"):
+            route = ("POST", lambda q: self.endpoint_state(path, q))
         if route is None:
             return 404, TEXT, b"not found\n", None
         want, fn = route
@@ -52,6 +55,8 @@ class AdminHandlers:
             status, ctype, body = fn(parse_query(query))
         except ValueError as e:
             return 400, TEXT, f"{e}\n".encode(), None
+        except LookupError as e:
+            return 404, TEXT, f"{e.args[0]}\n".encode(), None
         return status, ctype, body, None
 
     def home(self, q: Query) -> Reply:
@@ -96,4 +101,33 @@ class AdminHandlers:
 
     def quit(self, q: Query) -> Reply:
         self.c.quit()
+        return 200, TEXT, b"OK\n"
+
+    def clusters(self, q: Query) -> Reply:
+        """Envoy's /clusters: `cluster::host::stat::value` lines, or JSON with format=json;
+        lameduck adds each endpoint's admin_state, agent words and active connections."""
+        view = self.c.clusters_view()
+        if q.get("format", [""])[0] == "json":
+            return 200, JSON, (json.dumps({"cluster_statuses": view}, indent=2) + "\n").encode()
+        lines = []
+        for cluster in view:
+            name = cluster["name"]
+            lines.append(f"{name}::lb_policy::{cluster['lb_policy']}")
+            for ep in cluster["host_statuses"]:
+                prefix = f"{name}::{ep['address']}"
+                for stat, value in ep["stats"].items():
+                    lines.append(f"{prefix}::{stat}::{value}")
+                for key in ("health_flags", "admin_state", "weight", "maxconn", "agent"):
+                    lines.append(f"{prefix}::{key}::{ep[key]}")
+        return 200, TEXT, ("\n".join(lines) + "\n").encode()
+
+    def endpoint_state(self, path: str, q: Query) -> Reply:
+        """POST /clusters/<cluster>/endpoints/<host:port>?state=ready|drain|maint"""
+        parts = path.split("/")
+        if len(parts) != 5 or parts[3] != "endpoints" or not parts[2] or not parts[4]:
+            raise LookupError("not found: use /clusters/<cluster>/endpoints/<host:port>")
+        states = q.get("state")
+        if not states or not states[0]:
+            raise ValueError("missing state: use ?state=ready, drain or maint")
+        self.c.set_endpoint_state(unquote(parts[2]), unquote(parts[4]), states[0])
         return 200, TEXT, b"OK\n"

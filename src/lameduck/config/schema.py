@@ -19,6 +19,7 @@ from typing import Annotated, Final, Literal, Self, TypeVar
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PlainSerializer,
@@ -30,6 +31,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from lameduck.config.durations import Duration, format_duration
+from lameduck.drain.endpoint import AdminState
 from lameduck.drain.event import Direction, DrainType, Strategy
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "DrainConfig",
     "DrainType",
     "EndpointAddress",
+    "EndpointConfig",
     "HostPort",
     "Http2Config",
     "ListenAddress",
@@ -200,6 +203,15 @@ def _check_route_host(value: str | None) -> str | None:
             "when matching)"
         )
     return host
+
+
+_TOKEN_RE: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _check_cookie_name(value: str) -> str:
+    if not _TOKEN_RE.fullmatch(value):
+        raise ValueError(f"invalid cookie name {value!r}: must be an RFC 6265 token")
+    return value
 
 
 def _positive(value: float) -> float:
@@ -400,16 +412,150 @@ class ListenerConfig(BaseModel):
     tls: TlsConfig | None = None
     http2: Http2Config = Http2Config()
     connect: ConnectConfig = ConnectConfig()
-    routes: Annotated[tuple[RouteConfig, ...], AfterValidator(_non_empty("route"))]
+    # http: HTTP/1.1 and HTTP/2 through `routes`; tcp: bytes relayed to `cluster` (Layer 4:
+    # persistence by source IP, drain stop does not apply).
+    protocol: Literal["http", "tcp"] = "http"
+    routes: tuple[RouteConfig, ...] = ()
+    cluster: str | None = None  # protocol: tcp only
+    # protocol: tcp only. From its proactive drain moment a connection closes once it has
+    # carried no byte either way for this long (it has no requests to tell idle by).
+    quiet_period: PositiveDuration = 1.0
+
+    @model_validator(mode="after")
+    def _protocol_fields(self) -> Self:
+        problems: list[tuple[tuple[str | int, ...], str, object]] = []
+        if self.protocol == "http":
+            if not self.routes:
+                problems.append((("routes",), "at least one route is required", []))
+            if self.cluster is not None:
+                problems.append((("cluster",), "only for protocol: tcp (an HTTP listener "
+                                 "names its clusters in routes)", self.cluster))
+        else:
+            if self.cluster is None:
+                problems.append((("cluster",), "required for protocol: tcp", None))
+            if self.routes:
+                problems.append((("routes",), "not for protocol: tcp (bytes go to `cluster`)",
+                                 "..."))
+            if self.tls is not None:
+                problems.append((("tls",), "not supported for protocol: tcp", "..."))
+        _fail("ListenerConfig", problems)
+        return self
+
+
+class EndpointConfig(BaseModel):
+    """One upstream endpoint: written as "host:port", or as a mapping for weight, initial
+    admin state and an HAProxy agent-check port."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: EndpointAddress
+    # Relative share of new sessions (Envoy's load_balancing_weight range); an agent's
+    # "N%" scales it at run time.
+    weight: int = Field(1, ge=1, le=128)
+    # The admin state it starts in (HAProxy's words); the admin API and agents change it.
+    state: AdminState = AdminState.READY
+    # A TCP port on the endpoint's host where a feedback agent answers one line of HAProxy
+    # agent-check words (ready, drain, maint, up, down, N%, maxconn:N); null = no agent.
+    agent_port: int | None = Field(None, ge=1, le=65535)
+
+    @property
+    def host(self) -> str:
+        return self.address.host
+
+    @property
+    def port(self) -> int:
+        return self.address.port
+
+
+def _endpoint_mapping(value: object) -> object:
+    return {"address": value} if isinstance(value, (str, HostPort)) else value
+
+
+Endpoint = Annotated[EndpointConfig, BeforeValidator(_endpoint_mapping)]
+
+
+class PersistenceConfig(BaseModel):
+    """Session persistence (seed 004): a record per client key → endpoint, in a table per
+    cluster, expiring `timeout` after its last use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # source_ip: the client's address (HTTP and TCP listeners); cookie: a cookie the proxy
+    # inserts (HTTP listeners only; a TCP listener falls back to the source IP).
+    type: Literal["source_ip", "cookie"]
+    timeout: PositiveDuration = 1800.0
+    cookie_name: Annotated[str, AfterValidator(_check_cookie_name)] = "lameduck"
+    max_records: int = Field(100_000, ge=1)
+
+
+class HealthCheckConfig(BaseModel):
+    """Active HTTP health checks (Envoy's health_check names, HAProxy's rise/fall): `fall`
+    failures in a row take an endpoint out, `rise` successes bring it back. A 503 carrying
+    `x-envoy-immediate-health-check-fail` takes it out at once."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Annotated[str, AfterValidator(_check_path)] = "/health"
+    host: str | None = None  # the Host header sent; null = the endpoint's address
+    interval: PositiveDuration = 5.0
+    timeout: PositiveDuration = 1.0
+    rise: int = Field(2, ge=1)  # Envoy's healthy_threshold
+    fall: int = Field(3, ge=1)  # Envoy's unhealthy_threshold
+    expected_statuses: Annotated[tuple[Annotated[int, Field(ge=100, le=599)], ...],
+                                 AfterValidator(_non_empty("status"))] = (200,)
+
+
+class AgentCheckConfig(BaseModel):
+    """How often endpoints with an `agent_port` are asked for their words."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    interval: PositiveDuration = 2.0
+    timeout: PositiveDuration = 1.0
+
+
+class OutlierDetectionConfig(BaseModel):
+    """Passive ejection (Envoy's outlier_detection): an endpoint that fails this many requests
+    in a row is taken out for base_ejection_time x (times ejected), at most max_ejection_time.
+    Connect failures, resets and timeouts count as gateway failures. 0 disables a detector."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    consecutive_5xx: int = Field(5, ge=0)
+    consecutive_gateway_failure: int = Field(5, ge=0)
+    base_ejection_time: PositiveDuration = 30.0
+    max_ejection_time: PositiveDuration = 300.0
+    max_ejection_percent: int = Field(10, ge=0, le=100)
+
+
+class RetryBudgetConfig(BaseModel):
+    """Envoy's retry_budget: retries in flight at most budget_percent of the requests in
+    flight, but always min_retry_concurrency."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    budget_percent: float = Field(20.0, ge=0, le=100)
+    min_retry_concurrency: int = Field(3, ge=0)
+
+
+class RetryPolicyConfig(BaseModel):
+    """Retries on another endpoint, only when safe: never sent, idempotent method,
+    Idempotency-Key, or refused unprocessed by HTTP/2. 0 retries: none."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_retries: int = Field(2, ge=0, le=10)
+    retry_budget: RetryBudgetConfig = RetryBudgetConfig()
 
 
 class ClusterConfig(BaseModel):
-    """A named set of upstream endpoints and their connection pool settings."""
+    """A named set of upstream endpoints, how new sessions are spread over them, and how each
+    one is drained, checked and retried around."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Name
-    endpoints: Annotated[tuple[EndpointAddress, ...], AfterValidator(_non_empty("endpoint"))]
+    endpoints: Annotated[tuple[Endpoint, ...], AfterValidator(_non_empty("endpoint"))]
     connect_timeout: PositiveDuration = 1.0
     max_idle_connections: int = Field(256, ge=0)  # per endpoint; 0 = no pooling
     idle_timeout: Duration = 30.0  # pooled upstream connection idle timeout; 0 = none
@@ -417,6 +563,32 @@ class ClusterConfig(BaseModel):
     # prior knowledge (h2c), many streams per connection (Envoy's explicit http2 config).
     protocol: Literal["http1", "h2"] = "http1"
     http2: UpstreamHttp2Config = UpstreamHttp2Config()
+    # Envoy's lb_policy names: round_robin (weighted) or least_request (power of two choices).
+    lb_policy: Literal["round_robin", "least_request"] = "round_robin"
+    # An endpoint set to DRAIN keeps its persistent clients (HTTP listeners) this long;
+    # 0s = drop its connections at once (seed 004's drain stop timer).
+    drain_stop: Duration = 30.0
+    drop_at_drain_end: bool = False  # sever a DRAIN endpoint's connections when drain_stop ends
+    clear_persistence_on_drain: bool = False  # a DRAIN endpoint's records are not honoured
+    persistence: PersistenceConfig | None = None
+    health_check: HealthCheckConfig | None = None
+    agent_check: AgentCheckConfig = AgentCheckConfig()
+    outlier_detection: OutlierDetectionConfig | None = None
+    retry_policy: RetryPolicyConfig = RetryPolicyConfig()
+
+    @model_validator(mode="after")
+    def _distinct_endpoints(self) -> Self:
+        seen: dict[HostPort, int] = {}
+        problems: list[tuple[tuple[str | int, ...], str, object]] = []
+        for i, ep in enumerate(self.endpoints):
+            if ep.address in seen:
+                problems.append((("endpoints", i, "address"), f"duplicate endpoint "
+                                 f"{ep.address} (also endpoints[{seen[ep.address]}])",
+                                 str(ep.address)))
+            else:
+                seen[ep.address] = i
+        _fail("ClusterConfig", problems)
+        return self
 
 
 class HotRestartConfig(BaseModel):
@@ -507,6 +679,11 @@ class Config(BaseModel):
                     )
                 else:
                     addresses[listener.address] = f"listeners[{i}].address"
+            if listener.cluster is not None and listener.cluster not in cluster_seen:
+                known = ", ".join(sorted(cluster_seen)) or "none defined"
+                problems.append((("listeners", i, "cluster"),
+                                 f"unknown cluster {listener.cluster!r} (clusters: {known})",
+                                 listener.cluster))
             for j, route in enumerate(listener.routes):
                 if route.cluster not in cluster_seen:
                     known = ", ".join(sorted(cluster_seen)) or "none defined"

@@ -6,7 +6,22 @@ bodies) so the proxy's failure handling can be tested against a real peer.
 
 Endpoints: ``/``, ``/sleep?ms=``, ``/stream?chunks=&size=&interval_ms=``, ``/bytes?n=``,
 ``/echo`` (POST/PUT/PATCH), ``/status/N``, ``/headers``, ``/info``, ``/continue``,
-``/close``, ``/close-delimited?n=``, ``/reset``, ``/partial?n=``, ``/hang``.
+``/close``, ``/close-delimited?n=``, ``/reset``, ``/partial?n=``, ``/hang``, and for
+load-balancing tests:
+
+- ``/health``: 200 ``ok`` while healthy, 503 ``failing`` after ``POST /health/fail``
+  (``?immediate=1`` adds ``x-envoy-immediate-health-check-fail: true``), until
+  ``POST /health/ok``. The state is per process.
+- ``/agent``: ``GET`` shows the HAProxy agent-check text, ``POST /agent?say=TEXT`` (URL-encoded:
+  ``drain``, ``maint``, ``down#bad disk``, ``50%``, ``maxconn:10``, ...) replaces it.
+
+Options (``python -m lameduck.demo --help``): ``--name NAME`` adds ``X-Origin: NAME`` to every
+response and ``"name"`` to ``/info``; ``--log FILE`` appends ``METHOD PATH X-REQUEST-ID`` (``-``
+if absent; PATH with its query) per request as soon as its head is parsed, with one
+``os.write`` on an ``O_APPEND`` fd, so it survives a SIGKILL; ``--agent-port PORT`` (0: any)
+serves the agent text (``--agent-say``, default ``ready up 100%``) plus a newline to each TCP
+connection, then closes, as an HAProxy ``agent-check`` expects. None of them costs anything
+per request when off.
 """
 
 from __future__ import annotations
@@ -67,9 +82,13 @@ _LAST_CHUNK = b"0\r\n\r\n"
     K_RESET,
     K_PARTIAL,
     K_HANG,
+    K_HEALTH,
+    K_HEALTH_FAIL,
+    K_HEALTH_OK,
+    K_AGENT,
     K_NOT_FOUND,
     K_BAD,
-) = range(16)
+) = range(20)
 
 _ROUTES: dict[bytes, int] = {
     b"/": K_ROOT,
@@ -85,10 +104,25 @@ _ROUTES: dict[bytes, int] = {
     b"/reset": K_RESET,
     b"/partial": K_PARTIAL,
     b"/hang": K_HANG,
+    b"/health": K_HEALTH,
+    b"/health/fail": K_HEALTH_FAIL,
+    b"/health/ok": K_HEALTH_OK,
+    b"/agent": K_AGENT,
 }
 _ECHO_METHODS = frozenset((b"POST", b"PUT", b"PATCH"))
 
 _requests_served = 0
+
+# /health state of this process: healthy, failing, or failing with Envoy's immediate header.
+HEALTH_OK, HEALTH_FAILING, HEALTH_FAILING_IMMEDIATE = range(3)
+_health = HEALTH_OK
+_IMMEDIATE_FAIL = b"x-envoy-immediate-health-check-fail: true\r\n"
+_ALLOW_POST = b"Allow: POST\r\n"
+
+# What the agent-check port says (see serve_agent); changed by POST /agent?say=.
+DEFAULT_AGENT_SAY = "ready up 100%"
+AGENT_SAY_MAX = 512
+_agent_say = DEFAULT_AGENT_SAY
 
 
 def _status_line(status: int) -> bytes:
@@ -111,9 +145,9 @@ class _PortInfo:
 
     __slots__ = ("common", "port", "root")
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, extra: bytes = b"") -> None:
         self.port = port
-        self.common = b"Server: lameduck-demo\r\nX-Origin-Port: %d\r\n" % port
+        self.common = b"Server: lameduck-demo\r\nX-Origin-Port: %d\r\n" % port + extra
         self.root = (
             _STATUS_LINES[200]
             + self.common
@@ -121,16 +155,6 @@ class _PortInfo:
             + b"Content-Length: %d\r\n\r\n" % len(HELLO)
             + HELLO
         )
-
-
-_PORTS: dict[int, _PortInfo] = {}
-
-
-def _port_info(port: int) -> _PortInfo:
-    info = _PORTS.get(port)
-    if info is None:
-        info = _PORTS[port] = _PortInfo(port)
-    return info
 
 
 class _Request:
@@ -175,12 +199,23 @@ class _Request:
 
 
 class _ServerState:
-    """Live connections of one `serve()` call, so shutdown can close them."""
+    """One `serve()` call: its options and live connections (so shutdown can close them)."""
 
-    __slots__ = ("connections",)
+    __slots__ = ("connections", "extra", "log_fd", "name", "ports")
 
-    def __init__(self) -> None:
+    def __init__(self, name: str | None = None, log_fd: int | None = None) -> None:
         self.connections: set[_Conn] = set()
+        self.name = name
+        self.log_fd = log_fd
+        # Headers every response carries on top of the port's own.
+        self.extra = b"X-Origin: " + name.encode("latin-1") + b"\r\n" if name else b""
+        self.ports: dict[int, _PortInfo] = {}
+
+    def port_info(self, port: int) -> _PortInfo:
+        info = self.ports.get(port)
+        if info is None:
+            info = self.ports[port] = _PortInfo(port, self.extra)
+        return info
 
 
 _STATES: dict[asyncio.AbstractServer, _ServerState] = {}
@@ -223,7 +258,7 @@ class _Conn(asyncio.Protocol):
         self._transport = transport
         transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
         sockname = transport.get_extra_info("sockname")
-        self._info = _port_info(sockname[1] if isinstance(sockname, tuple) else 0)
+        self._info = self._state.port_info(sockname[1] if isinstance(sockname, tuple) else 0)
         self._state.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -448,8 +483,14 @@ class _Conn(asyncio.Protocol):
                 self._respond(req, 200, json.dumps(doc).encode(), _JSON)
                 return True
             if kind == K_INFO:
-                doc = {"pid": os.getpid(), "port": self._port().port, "requests": _requests_served}
-                self._respond(req, 200, json.dumps(doc).encode(), _JSON)
+                info: dict[str, Any] = {
+                    "pid": os.getpid(),
+                    "port": self._port().port,
+                    "requests": _requests_served,
+                }
+                if self._state.name is not None:
+                    info["name"] = self._state.name
+                self._respond(req, 200, json.dumps(info).encode(), _JSON)
                 return True
             if kind == K_CONTINUE:
                 self._respond(req, 200, b"received %d bytes\n" % req.body_len)
@@ -471,6 +512,17 @@ class _Conn(asyncio.Protocol):
                 self._active = req
                 self._discard = True  # never answered, so later requests never will be
                 return False
+            if kind == K_HEALTH:
+                if _health == HEALTH_OK:
+                    self._respond(req, 200, b"ok\n")
+                else:
+                    extra = _IMMEDIATE_FAIL if _health == HEALTH_FAILING_IMMEDIATE else b""
+                    self._respond(req, 503, b"failing\n", extra=extra)
+                return True
+            if kind in (K_HEALTH_FAIL, K_HEALTH_OK):
+                return self._set_health(req)
+            if kind == K_AGENT:
+                return self._agent(req)
             if kind == K_BAD:
                 req.keep_alive = False
                 self._respond(req, 400, b"bad request\n")
@@ -517,6 +569,39 @@ class _Conn(asyncio.Protocol):
             self._write(self._head(req, status, b"", None, bodiless=True))
         else:
             self._respond(req, status, b"status %d\n" % status)
+        return True
+
+    def _set_health(self, req: _Request) -> bool:
+        global _health
+        if req.method != b"POST":
+            self._respond(req, 405, b"use POST\n", extra=_ALLOW_POST)
+            return True
+        if req.kind == K_HEALTH_OK:
+            _health = HEALTH_OK
+            self._respond(req, 200, b"ok\n")
+            return True
+        immediate = _flag_param(req, b"immediate")
+        _health = HEALTH_FAILING_IMMEDIATE if immediate else HEALTH_FAILING
+        self._respond(req, 200, b"failing immediately\n" if immediate else b"failing\n")
+        return True
+
+    def _agent(self, req: _Request) -> bool:
+        """GET/HEAD: the current agent-check text; POST ?say=TEXT: replace it."""
+        global _agent_say
+        if req.method in (b"GET", b"HEAD"):
+            self._respond(req, 200, _agent_say.encode("ascii") + b"\n")
+            return True
+        if req.method != b"POST":
+            self._respond(req, 405, b"use GET or POST\n", extra=b"Allow: GET, POST\r\n")
+            return True
+        values = parse_qs(req.query.decode("latin-1"), keep_blank_values=True).get("say")
+        if not values:
+            raise _BadParam("say is required")
+        say = values[0]
+        if len(say) > AGENT_SAY_MAX or not all(" " <= c <= "~" for c in say):
+            raise _BadParam(f"say must be at most {AGENT_SAY_MAX} printable ASCII characters")
+        _agent_say = say
+        self._respond(req, 200, say.encode("ascii") + b"\n")
         return True
 
     def _echo(self, req: _Request) -> bool:
@@ -714,6 +799,33 @@ class _Conn(asyncio.Protocol):
         self._abort()
 
 
+class _LoggingConn(_Conn):
+    """A `_Conn` that appends ``METHOD PATH X-REQUEST-ID`` to the request log at each request's
+    headers-complete, before anything is answered. A subclass, so no log costs nothing."""
+
+    def on_headers_complete(self) -> None:
+        req = self._cur
+        assert req is not None
+        fd = self._state.log_fd
+        assert fd is not None
+        url = req.url
+        if url[:1] != b"/" and b"://" in url:  # absolute-form target: log it origin-form
+            parsed = httptools.parse_url(url)
+            url = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
+        rid = req.header(b"x-request-id") or b"-"
+        # One write on an O_APPEND fd: the line is in the file even if SIGKILL comes next.
+        os.write(fd, b"%s %s %s\n" % (self._parser.get_method(), url, rid))
+        super().on_headers_complete()
+
+
+def _flag_param(req: _Request, name: bytes) -> bool:
+    """A boolean query parameter: present and not ``0``/``false``/``no``/``off``/empty."""
+    if not req.query:
+        return False
+    values = parse_qs(req.query.decode("latin-1"), keep_blank_values=True).get(name.decode())
+    return values is not None and values[0].lower() not in ("", "0", "false", "no", "off")
+
+
 def _int_param(req: _Request, name: bytes, default: int, maximum: int) -> int:
     if not req.query:
         return default
@@ -729,15 +841,72 @@ def _int_param(req: _Request, name: bytes, default: int, maximum: int) -> int:
     return value
 
 
-async def serve(host: str, port: int) -> asyncio.AbstractServer:
-    """Start the demo origin on host:port (0 picks a free port) and return the server."""
+async def serve(
+    host: str, port: int, *, name: str | None = None, log_fd: int | None = None
+) -> asyncio.AbstractServer:
+    """Start the demo origin on host:port (0 picks a free port) and return the server.
+
+    ``name``: sent as ``X-Origin`` on every response and shown by ``/info``; ``log_fd``: an
+    fd opened for appending, that gets a ``METHOD PATH X-REQUEST-ID`` line per request.
+    """
+    if name is not None:
+        _check_name(name)
     loop = asyncio.get_running_loop()
-    state = _ServerState()
+    state = _ServerState(name, log_fd)
+    conn = _Conn if log_fd is None else _LoggingConn
     server = await loop.create_server(
-        lambda: _Conn(state), host, port, backlog=1024, reuse_address=True
+        lambda: conn(state), host, port, backlog=1024, reuse_address=True
     )
     _STATES[server] = state
     return server
+
+
+def _check_name(name: str) -> str:
+    if not name or not all(" " < c <= "~" for c in name):
+        raise ValueError(f"origin name must be printable ASCII without spaces: {name!r}")
+    return name
+
+
+class _AgentConn(asyncio.Protocol):
+    """HAProxy agent check: say the current text and a newline, then close.
+
+    The write side is shut first and the socket closed at the peer's EOF (or after a
+    timeout), so whatever the checker sent (``agent-send``) is read, not left unread: closing
+    with unread input would send a reset that can destroy the answer in flight.
+    """
+
+    CLOSE_AFTER = 5.0
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)
+        self._transport = transport
+        transport.write(_agent_say.encode("ascii") + b"\n")
+        if transport.can_write_eof():
+            transport.write_eof()
+        else:
+            transport.close()
+            return
+        self._timer = asyncio.get_running_loop().call_later(self.CLOSE_AFTER, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False  # close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+async def serve_agent(host: str, port: int) -> asyncio.Server:
+    """Serve the HAProxy agent-check text (``POST /agent?say=``) on host:port (0: any)."""
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(_AgentConn, host, port, reuse_address=True)
 
 
 async def shutdown(server: asyncio.AbstractServer, grace: float = 1.0) -> None:
@@ -760,21 +929,61 @@ async def shutdown(server: asyncio.AbstractServer, grace: float = 1.0) -> None:
     await asyncio.sleep(0)
 
 
-async def _run(host: str, port: int) -> int:
+async def _run(args: argparse.Namespace) -> int:
+    global _agent_say
+    host, port = args.host, args.port
+    log_fd = None
+    if args.log is not None:
+        try:
+            log_fd = os.open(args.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            print(f"lameduck demo origin: cannot open {args.log}: {exc}", file=sys.stderr)
+            return 1
     try:
-        server = await serve(host, port)
+        server = await serve(host, port, name=args.name, log_fd=log_fd)
     except OSError as exc:
         print(f"lameduck demo origin: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 1
+    agent = None
+    if args.agent_port is not None:
+        _agent_say = args.agent_say
+        try:
+            agent = await serve_agent(host, args.agent_port)
+        except OSError as exc:
+            print(
+                f"lameduck demo origin: cannot listen on {host}:{args.agent_port}: {exc}",
+                file=sys.stderr,
+            )
+            return 1
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     bound = server.sockets[0].getsockname()[1] if server.sockets else port
     print(f"listening on {host}:{bound}", flush=True)
+    if agent is not None:
+        agent_bound = agent.sockets[0].getsockname()[1] if agent.sockets else args.agent_port
+        print(f"agent on {host}:{agent_bound}", flush=True)
     await stop.wait()
+    if agent is not None:
+        agent.close()
     await shutdown(server)
+    if log_fd is not None:
+        os.close(log_fd)
     return 0
+
+
+def _agent_text(value: str) -> str:
+    if len(value) > AGENT_SAY_MAX or not all(" " <= c <= "~" for c in value):
+        raise argparse.ArgumentTypeError("must be printable ASCII")
+    return value
+
+
+def _name(value: str) -> str:
+    try:
+        return _check_name(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -784,6 +993,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--name", type=_name, help="send X-Origin: NAME on every response, show it in /info"
+    )
+    parser.add_argument(
+        "--log",
+        metavar="FILE",
+        help="append 'METHOD PATH X-REQUEST-ID' per request to FILE as its head arrives",
+    )
+    parser.add_argument(
+        "--agent-port",
+        type=int,
+        metavar="PORT",
+        help="serve an HAProxy agent check on PORT (0: any free port)",
+    )
+    parser.add_argument(
+        "--agent-say",
+        type=_agent_text,
+        default=DEFAULT_AGENT_SAY,
+        metavar="TEXT",
+        help="the agent check's first answer (default: %(default)r; POST /agent?say= changes it)",
+    )
     args = parser.parse_args(argv)
     loop_factory = None
     try:
@@ -793,4 +1023,4 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(_run(args.host, args.port))
+        return runner.run(_run(args))

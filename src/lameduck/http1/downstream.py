@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 import httptools
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
+from lameduck.drain.endpoint import Layer
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http1.tunnel import Pending, Relay, abort_with_rst, open_destination
 from lameduck.http1.upstream import H1Upstream, UpstreamConn, UpstreamError
@@ -37,6 +38,7 @@ from lameduck.http1.wire import (
     LAST_CHUNK,
     chunk,
     drop_nominated,
+    find_cookie,
     simple_response,
     status_line,
 )
@@ -63,6 +65,7 @@ BODY_BUFFER_LIMIT = 256 * 1024
 # come back, so a connection the upstream had already closed can be retried on a fresh one.
 REPLAY_LIMIT = 64 * 1024
 LINGER = 2.0  # seconds a staged close keeps reading before it closes
+RETRY_AFTER: Final = ((b"retry-after", b"1"),)
 GOING_AWAY = simple_response(503, b"going away\n", close=True, extra=((b"retry-after", b"1"),))
 GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True,
                                   extra=((b"retry-after", b"1"),), head_only=True)
@@ -131,8 +134,12 @@ class Exchange:
     endpoint: Endpoint | None = None
     route_timeout = 0.0
     reused = False
-    retried = False
+    retried = False  # sent again once on a fresh connection (a stale pooled one, a refusal)
+    tries = 0  # retries on other endpoints (retry_policy.num_retries)
+    retrying = False  # counted in the cluster's retries in flight (the retry budget)
     retryable = False  # idempotent method or Idempotency-Key (DESIGN.md §3)
+    pkey: str | None = None  # persistence key: the source IP, or the cookie's record key
+    set_cookie: bytes | None = None  # a persistence cookie to insert in the response
     can_replay = False
     replay: list[bytes] | None = None
     replay_size = 0
@@ -225,7 +232,10 @@ class Exchange:
             return
         cluster = self.cluster
         assert cluster is not None
-        ep = cluster.pick()
+        ep = cluster.pick() if cluster.persistence is None else self._sticky(cluster)
+        if ep is None:
+            self.no_upstream(cluster)
+            return
         self.endpoint = ep
         conn = ep.acquire()
         if conn is not None:
@@ -235,6 +245,22 @@ class Exchange:
             self.reused = False
             down.ctx.connect(cluster, ep).add_done_callback(self._connected)
 
+    def _sticky(self, cluster: Cluster) -> Endpoint | None:
+        """Seed 004's persistence decision; a new record under a cookie sets the cookie."""
+        key = self.pkey
+        ep, now_key = cluster.pick_sticky(key, Layer.L7, self.down.loop.time())
+        if now_key is not None and now_key != key:
+            self.pkey = now_key
+            if cluster.by_cookie:
+                self.set_cookie = b"set-cookie: %s=%s; Path=/; HttpOnly\r\n" % (
+                    cluster.cookie_name, now_key.encode())
+        return ep
+
+    def no_upstream(self, cluster: Cluster) -> None:
+        """No READY, healthy endpoint: 503 and when to come back (Envoy: no healthy upstream)."""
+        cluster.stats.upstream_cx_none_healthy += 1
+        self.local_error(503, b"no healthy upstream\n", RETRY_AFTER)
+
     def _connected(self, fut: asyncio.Future[UpstreamConn]) -> None:
         if self.resp_done or self.down.gone:
             if not fut.cancelled() and fut.exception() is None:
@@ -242,9 +268,34 @@ class Exchange:
             return
         exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
         if exc is not None:
-            self.local_error(UpstreamError.CONNECT, b"upstream connect error\n")
+            self._never_sent()
             return
         self.attach(fut.result())
+
+    def _never_sent(self) -> None:
+        """The connection failed before the request went: any request may go elsewhere."""
+        cluster = self.cluster
+        ep = self.endpoint
+        assert cluster is not None and ep is not None
+        cluster.stats.upstream_cx_connect_fail += 1
+        cluster.request_failed(ep, True)
+        if not self._retry_elsewhere():
+            self.local_error(UpstreamError.CONNECT, b"upstream connect error\n")
+
+    def _retry_elsewhere(self) -> bool:
+        """Send the request to another endpoint if the policy and budget allow (the caller
+        has checked that it is safe)."""
+        cluster = self.cluster
+        ep = self.endpoint
+        assert cluster is not None and ep is not None
+        if self.resp_started or self.down.gone or self.down.closing:
+            return False
+        target = cluster.retry_target(ep, self.tries)
+        if target is None:
+            return False
+        self.tries += 1
+        self._retry(target)
+        return True
 
     def _destination(self, fut: asyncio.Future[tuple[asyncio.Transport, Pending]]) -> None:
         """A CONNECT's destination answered (or not): 200 and the tunnel, or a 503."""
@@ -277,15 +328,21 @@ class Exchange:
             return
         self.up = up
         cs = self.cstats
-        assert cs is not None
+        ep = self.endpoint
+        assert cs is not None and ep is not None
         cs.upstream_rq_total += 1
         cs.upstream_rq_active += 1
-        # Kept for a retry: a safe request on a reused connection, or any request on an
-        # HTTP/2 stream (which the upstream may refuse as unprocessed).
-        self.can_replay = not self.retried and (
-            (self.reused and self.retryable) or up.multiplexed)
+        ep.rq_total += 1
+        ep.rq_active += 1
+        # Kept for a retry: a safe request (idempotent, Idempotency-Key), or any request on
+        # an HTTP/2 stream (which the upstream may refuse as unprocessed).
+        self.can_replay = self.retryable or up.multiplexed
         if not up.alive:  # lost between the pool (or the connect) and now
-            self.on_upstream_error(UpstreamError.RESET, False)
+            if self.reused:
+                self.on_upstream_error(UpstreamError.RESET, False)
+            else:
+                self._detach(reusable=False)
+                self._never_sent()
             return
         if self.down.write_paused:
             up.pause_reading()  # the client is behind: this response waits for it too
@@ -309,8 +366,9 @@ class Exchange:
             return
         self.up = None
         cs = self.cstats
-        assert cs is not None
+        assert cs is not None and self.endpoint is not None
         cs.upstream_rq_active -= 1
+        self.endpoint.rq_active -= 1
         if up.sink is self:
             up.sink = None
         # A flow-control pause on either side belongs to this exchange, not to what comes next.
@@ -349,6 +407,8 @@ class Exchange:
             self.close = True
         elif self.v10:
             out.append(b"connection: keep-alive\r\n")
+        if self.set_cookie is not None:
+            out.append(self.set_cookie)
         out.append(b"\r\n")
         self.resp_started = True
         down.write(b"".join(out))
@@ -360,18 +420,26 @@ class Exchange:
             self.can_replay = False
             self.replay = None
         cs = self.cstats
-        assert cs is not None
+        cluster = self.cluster
+        ep = self.endpoint
+        assert cs is not None and cluster is not None and ep is not None
         if 200 <= status < 300:
             cs.upstream_rq_2xx += 1
             self.down.stats.downstream_rq_2xx += 1
+            cluster.request_ok(ep)
         else:
             cs.count_status(status)
             self.down.stats.count_status(status)
+            if status >= 500:
+                cluster.request_failed(ep, 502 <= status <= 504)
+            else:
+                cluster.request_ok(ep)
 
     def on_whole_response(self, status: int, data: bytes, end: int) -> bool:
         """The fast path: a complete plain response (see ``wire.whole_response``) forwarded as
         it came, head and body in one write. False: the caller parses it instead."""
-        if self.is_head or self.v10 or self.close or not self.keep_alive or not self.req_done:
+        if (self.is_head or self.v10 or self.close or not self.keep_alive or not self.req_done
+                or self.set_cookie is not None):
             return False
         down = self.down
         self._answered(status)
@@ -414,60 +482,80 @@ class Exchange:
 
     def on_upstream_error(self, status: int, after_head: bool) -> None:
         cs = self.cstats
-        assert cs is not None
+        cluster = self.cluster
+        ep = self.endpoint
+        assert cs is not None and cluster is not None and ep is not None
         up_was = self.up
         can_replay = self.can_replay
         self._detach(reusable=False)
         if status == UpstreamError.TIMEOUT:
             cs.upstream_rq_timeout += 1
+            ep.rq_timeout += 1
         else:
             cs.upstream_rq_rx_reset += 1
         if after_head or self.resp_started:
             # Bytes of this response already went out: the client can only see a reset.
+            cluster.request_failed(ep, True)
             self.down.abort_with_active_request()
             return
         if (status == UpstreamError.RESET and can_replay and self.reused and up_was is not None
-                and not up_was.got_bytes and not self.down.gone):
+                and not up_was.got_bytes and not self.retried and not self.down.gone):
             # A pooled connection the upstream had already closed: retry once on a fresh one,
             # replaying what was sent (only safe requests get here: see ``attach``).
-            self._retry()
+            self._retry(ep)
             return
+        cluster.request_failed(ep, True)
+        if status == UpstreamError.RESET and can_replay and self._retry_elsewhere():
+            return  # reset before any response byte, and safe to send again (seed 003)
         body = {502: b"upstream reset before response\n", 503: b"upstream connect error\n",
                 504: b"upstream request timeout\n"}[status]
         self.local_error(status, body)
 
     def on_upstream_refused(self) -> None:
+        """HTTP/2 proved it unprocessed: sent again, to another endpoint if there is one."""
         can_replay = self.can_replay
+        ep = self.endpoint
+        cluster = self.cluster
+        assert ep is not None and cluster is not None
         self._detach(reusable=False)
         if can_replay and not self.resp_started and not self.down.gone:
-            self._retry()
-            return
+            if self._retry_elsewhere():
+                return
+            if not self.retried:
+                self._retry(ep)  # no other endpoint: a fresh connection to the same one
+                return
         cs = self.cstats
         assert cs is not None
         cs.upstream_rq_rx_reset += 1
         self.local_error(503, b"upstream refused the request\n")
 
-    def _retry(self) -> None:
-        """Send the request again on another upstream (stream), replaying what was sent."""
+    def _retry(self, target: Endpoint) -> None:
+        """Send the request again to ``target`` on a fresh connection, replaying what was
+        sent."""
         self.retried = True
         self.can_replay = False
-        cs = self.cstats
-        assert cs is not None
+        cluster = self.cluster
+        assert cluster is not None
+        cs = cluster.stats
         cs.upstream_rq_retry += 1
+        if not self.retrying:
+            self.retrying = True
+            cluster.retries_active += 1
         if self.replay:
             self.buffered = self.replay + (self.buffered or [])
             self.buffered_size += self.replay_size
         self.replay = None
         self.replay_size = 0
         self.reused = False
-        assert self.cluster is not None and self.endpoint is not None
-        self.down.ctx.connect(self.cluster, self.endpoint).add_done_callback(self._connected)
+        if target is not self.endpoint:
+            self.endpoint = target
+            if self.pkey is not None:
+                cluster.rebind(self.pkey, target, self.down.loop.time())
+        self.down.ctx.connect(cluster, target).add_done_callback(self._connected)
 
-    def local_error(self, status: int, body: bytes) -> None:
+    def local_error(self, status: int, body: bytes,
+                    extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         """Answer with a local error response, unless the response already started."""
-        if status == UpstreamError.CONNECT:
-            assert self.cstats is not None
-            self.cstats.upstream_cx_connect_fail += 1
         if self.down.closing:
             return  # cut at the deadline meanwhile: its answer went out already
         close = (self.close or not self.keep_alive or not self.req_done
@@ -476,7 +564,8 @@ class Exchange:
         self.local = b""
         self.resp_started = True
         self.down.count_status(status)
-        self.down.write(simple_response(status, body, close=close, head_only=self.is_head))
+        self.down.write(simple_response(status, body, close=close, head_only=self.is_head,
+                                        extra=extra))
         self.finish()
 
     def cork(self) -> None:
@@ -496,6 +585,12 @@ class Exchange:
         if self.resp_done:
             return
         self.resp_done = True
+        if self.retrying:
+            cluster = self.cluster
+            assert cluster is not None
+            cluster.retries_active -= 1
+            if 0 < self.status < 500:
+                cluster.stats.upstream_rq_retry_success += 1
         self.down.exchange_done(self)
 
 
@@ -922,8 +1017,12 @@ class H1Downstream(asyncio.Protocol):
             return
         ex.admitted = True
         ex.retryable = retryable
-        ex.cluster = route.cluster
-        ex.cstats = route.cluster.stats
+        cluster = route.cluster
+        ex.cluster = cluster
+        ex.cstats = cluster.stats
+        if cluster.persistence is not None:
+            ex.pkey = (find_cookie(out, cluster.cookie_name) if cluster.by_cookie
+                       else self.peer.decode())
         ex.route_timeout = route.timeout
         if xff:
             out.append(b"x-forwarded-for: %s, %s\r\nx-forwarded-proto: %s\r\n\r\n"

@@ -119,6 +119,7 @@ class Relay:
         self.on_end = on_end
         self.ended = False
         self.cut = False
+        self.last_activity = loop.time()  # the last byte relayed (opaque tunnels only)
 
     def start(self, to_upstream: bytes, to_client: bytes) -> None:
         """Take both sockets over; bytes that came with the request or the 101 go first."""
@@ -144,6 +145,7 @@ class Relay:
             return
         trackers = self.trackers
         if trackers is None:
+            self.last_activity = self.loop.time()
             self.dest[flow].write(data)
             return
         if self.deaf[flow]:
@@ -238,6 +240,13 @@ class Relay:
         self._arm()
 
     # -- ending ---------------------------------------------------------------------------------
+    def end(self, reset: bool) -> None:
+        """End the tunnel from outside (a TCP listener's drain, a drain stop): FIN both ways,
+        or reset both (counted as cut)."""
+        if reset:
+            self.cut = True
+        self._end(reset)
+
     def _close_both(self) -> None:
         self._end(reset=False)
 

@@ -252,3 +252,25 @@ def simple_response(
     if not head_only:
         parts.append(body)
     return b"".join(parts)
+
+
+def cookie_value(header: bytes, name: bytes) -> bytes | None:
+    """The value of cookie ``name`` in one Cookie field value (RFC 6265 §5.4: ``a=1; b=2``)."""
+    for pair in header.split(b";"):
+        key, eq, value = pair.strip().partition(b"=")
+        if eq and key == name:
+            return value.strip().strip(b'"')
+    return None
+
+
+def find_cookie(lines: list[bytes], name: bytes) -> str | None:
+    """Cookie ``name`` among formatted request fields (``Name: value\\r\\n``), as text."""
+    for line in lines:
+        if line[:7].lower() == b"cookie:":
+            value = cookie_value(line[7:-2], name)
+            if value is not None:
+                try:
+                    return value.decode("ascii")
+                except UnicodeDecodeError:
+                    return None
+    return None

@@ -23,11 +23,12 @@ import socket
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
+from lameduck.drain.endpoint import Layer
 from lameduck.drain.tunnel import TunnelKind
-from lameduck.http1.downstream import REPLAY_LIMIT
+from lameduck.http1.downstream import REPLAY_LIMIT, RETRY_AFTER
 from lameduck.http1.tunnel import Relay, abort_with_rst
 from lameduck.http1.upstream import H1Upstream, UpstreamConn, UpstreamError
-from lameduck.http1.wire import HOP_BY_HOP
+from lameduck.http1.wire import HOP_BY_HOP, cookie_value
 from lameduck.http2.connection import (
     ConnectionError as H2ConnectionError,
 )
@@ -111,6 +112,7 @@ class H2Stream:
         "is_head",
         "local",
         "method",
+        "pkey",
         "relay",
         "replay",
         "replay_size",
@@ -119,11 +121,14 @@ class H2Stream:
         "resp_started",
         "retried",
         "retryable",
+        "retrying",
         "reused",
         "route_timeout",
+        "set_cookie",
         "sid",
         "side",
         "status",
+        "tries",
         "tunnel",
         "unacked",
         "up",
@@ -159,7 +164,11 @@ class H2Stream:
         self.status = 0
         self.reused = False
         self.retryable = False
-        self.retried = False
+        self.retried = False  # sent again once on a fresh connection (stale pooled, refused)
+        self.tries = 0  # retries on other endpoints (retry_policy.num_retries)
+        self.retrying = False  # counted in the cluster's retries in flight (the retry budget)
+        self.pkey: str | None = None  # persistence key: source IP, or the cookie's record key
+        self.set_cookie: bytes | None = None  # a persistence cookie's value to set
         self.tunnel: H2ConnectTunnel | None = None  # a CONNECT stream's destination socket
         self.ws = False  # an extended CONNECT for a WebSocket (RFC 8441)
         self.side: StreamSide | None = None  # this stream as a relay side, after the 101
@@ -215,7 +224,11 @@ class H2Stream:
     def start(self) -> None:
         cluster = self.cluster
         assert cluster is not None
-        ep = cluster.pick()
+        ep = cluster.pick() if cluster.persistence is None else self._sticky(cluster)
+        if ep is None:
+            cluster.stats.upstream_cx_none_healthy += 1
+            self.local_error(503, b"no healthy upstream\n", RETRY_AFTER)
+            return
         self.endpoint = ep
         conn = ep.acquire()
         if conn is not None:
@@ -232,11 +245,45 @@ class H2Stream:
             return
         exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
         if exc is not None:
-            assert self.cstats is not None
-            self.cstats.upstream_cx_connect_fail += 1
-            self.local_error(UpstreamError.CONNECT, b"upstream connect error\n")
+            self._never_sent()
             return
         self.attach(fut.result())
+
+    def _sticky(self, cluster: Cluster) -> Endpoint | None:
+        """Seed 004's persistence decision; a new record under a cookie sets the cookie."""
+        key = self.pkey
+        ep, now_key = cluster.pick_sticky(key, Layer.L7, self.conn.loop.time())
+        if now_key is not None and now_key != key:
+            self.pkey = now_key
+            if cluster.by_cookie:
+                self.set_cookie = b"%s=%s; Path=/; HttpOnly" % (cluster.cookie_name,
+                                                               now_key.encode())
+        return ep
+
+    def _never_sent(self) -> None:
+        """The connection failed before the request went: any request may go elsewhere."""
+        cluster = self.cluster
+        ep = self.endpoint
+        assert cluster is not None and ep is not None
+        cluster.stats.upstream_cx_connect_fail += 1
+        cluster.request_failed(ep, True)
+        if not self._retry_elsewhere():
+            self.local_error(UpstreamError.CONNECT, b"upstream connect error\n")
+
+    def _retry_elsewhere(self) -> bool:
+        """Send the request to another endpoint if the policy and budget allow (the caller
+        has checked that it is safe)."""
+        cluster = self.cluster
+        ep = self.endpoint
+        assert cluster is not None and ep is not None
+        if self.resp_started or self.conn.gone or self.conn.closing:
+            return False
+        target = cluster.retry_target(ep, self.tries)
+        if target is None:
+            return False
+        self.tries += 1
+        self._retry(target)
+        return True
 
     def attach(self, up: UpstreamConn) -> None:
         conn = self.conn
@@ -245,15 +292,24 @@ class H2Stream:
             return
         self.up = up
         cs = self.cstats
-        assert cs is not None
+        ep = self.endpoint
+        assert cs is not None and ep is not None
         cs.upstream_rq_total += 1
         cs.upstream_rq_active += 1
+        ep.rq_total += 1
+        ep.rq_active += 1
         if not up.alive:
-            self.on_upstream_error(UpstreamError.RESET, False)
+            if self.reused:
+                self.on_upstream_error(UpstreamError.RESET, False)
+            else:
+                self.detach(reusable=False)
+                self._never_sent()
             return
         if conn.write_paused:
             up.pause_reading()
-        if up.multiplexed and not self.retried and self.body:
+        if (up.multiplexed or self.retryable) and self.body:
+            # kept for a retry: a safe request, or any on an HTTP/2 stream (it may be refused
+            # unprocessed)
             self.replay = []
             self.replay_size = 0
         up.start(self, self.head, self.is_head, self.route_timeout, self.chunked_req)
@@ -280,8 +336,9 @@ class H2Stream:
         if up is None:
             return
         self.up = None
-        assert self.cstats is not None
+        assert self.cstats is not None and self.endpoint is not None
         self.cstats.upstream_rq_active -= 1
+        self.endpoint.rq_active -= 1
         if up.sink is self:
             up.sink = None
         if up.read_paused:
@@ -305,7 +362,10 @@ class H2Stream:
         conn.response_drains()
         self.resp_started = True
         bodyless = self.is_head or status == 204 or status == 304
-        conn.h2.send_headers(self.sid, status, _fields(lines), end_stream=bodyless)
+        fields = _fields(lines)
+        if self.set_cookie is not None:
+            fields.append((b"set-cookie", self.set_cookie))
+        conn.h2.send_headers(self.sid, status, fields, end_stream=bodyless)
         if bodyless:
             self.resp_done = True  # the upstream still ends its message; we are done here
 
@@ -313,14 +373,21 @@ class H2Stream:
         self.status = status
         self.replay = None  # processed: never sent again
         cs = self.cstats
-        assert cs is not None
+        cluster = self.cluster
+        ep = self.endpoint
+        assert cs is not None and cluster is not None and ep is not None
         st = self.conn.stats
         if 200 <= status < 300:
             cs.upstream_rq_2xx += 1
             st.downstream_rq_2xx += 1
+            cluster.request_ok(ep)
         else:
             cs.count_status(status)
             st.count_status(status)
+            if status >= 500:
+                cluster.request_failed(ep, 502 <= status <= 504)
+            else:
+                cluster.request_ok(ep)
 
     def on_whole_response(self, status: int, data: bytes, end: int) -> bool:
         return False  # the HTTP/1 fast path forwards bytes as they came: not for HTTP/2
@@ -376,24 +443,39 @@ class H2Stream:
 
     def on_upstream_error(self, status: int, after_head: bool) -> None:
         cs = self.cstats
-        assert cs is not None
+        cluster = self.cluster
+        ep = self.endpoint
+        assert cs is not None and cluster is not None and ep is not None
         up_was = self.up
         self.detach(reusable=False)
         if status == UpstreamError.TIMEOUT:
             cs.upstream_rq_timeout += 1
+            ep.rq_timeout += 1
         else:
             cs.upstream_rq_rx_reset += 1
         conn = self.conn
         if after_head or self.resp_started:
             # Bytes of this response went out: the client can only see the stream reset.
+            cluster.request_failed(ep, True)
             conn.reset_stream(self, ErrorCode.INTERNAL_ERROR)
             return
-        if (status == UpstreamError.RESET and self.reused and self.retryable and not self.retried
-                and not self.body and up_was is not None and not up_was.got_bytes
-                and not conn.gone):
+        replay = self.replay
+        self.replay = None
+        safe = self.retryable and (not self.body or replay is not None)
+        if (status == UpstreamError.RESET and self.reused and safe and not self.retried
+                and up_was is not None and not up_was.got_bytes and not conn.gone):
             # A pooled connection the upstream had already closed: retry once on a fresh one.
-            self._retry()
+            if replay:
+                self.buffered = replay + (self.buffered or [])
+            self._retry(ep)
             return
+        cluster.request_failed(ep, True)
+        if status == UpstreamError.RESET and safe:
+            # reset before any response byte, and safe to send again (seed 003)
+            if replay:
+                self.buffered = replay + (self.buffered or [])
+            if self._retry_elsewhere():
+                return
         body = {502: b"upstream reset before response\n", 503: b"upstream connect error\n",
                 504: b"upstream request timeout\n"}[status]
         self.local_error(status, body)
@@ -408,37 +490,48 @@ class H2Stream:
             replay.append(data)
 
     def on_upstream_refused(self) -> None:
-        """Unprocessed (RFC 9113 §8.7): sent again once, with the body sent so far (kept up
-        to REPLAY_LIMIT)."""
+        """Unprocessed (RFC 9113 §8.7): sent again, to another endpoint if there is one, with
+        the body sent so far (kept up to REPLAY_LIMIT)."""
         self.detach(reusable=False)
         conn = self.conn
         cs = self.cstats
-        assert cs is not None
+        ep = self.endpoint
+        assert cs is not None and ep is not None
         replay = self.replay
         self.replay = None
-        if (not self.retried and not self.resp_started and not conn.gone
-                and (not self.body or replay is not None)):
+        if not self.resp_started and not conn.gone and (not self.body or replay is not None):
             if replay:
                 self.buffered = replay + (self.buffered or [])
-            self._retry()
-            return
+            if self._retry_elsewhere():
+                return
+            if not self.retried:
+                self._retry(ep)  # no other endpoint: a fresh connection to the same one
+                return
         cs.upstream_rq_rx_reset += 1
         self.local_error(503, b"upstream refused the request\n")
 
-    def _retry(self) -> None:
+    def _retry(self, target: Endpoint) -> None:
         self.retried = True
         self.reused = False
-        cs = self.cstats
-        assert cs is not None and self.cluster is not None and self.endpoint is not None
-        cs.upstream_rq_retry += 1
-        self.conn.ctx.connect(self.cluster, self.endpoint).add_done_callback(self._connected)
+        cluster = self.cluster
+        assert cluster is not None
+        cluster.stats.upstream_rq_retry += 1
+        if not self.retrying:
+            self.retrying = True
+            cluster.retries_active += 1
+        if target is not self.endpoint:
+            self.endpoint = target
+            if self.pkey is not None:
+                cluster.rebind(self.pkey, target, self.conn.loop.time())
+        self.conn.ctx.connect(cluster, target).add_done_callback(self._connected)
 
-    def local_error(self, status: int, body: bytes) -> None:
+    def local_error(self, status: int, body: bytes,
+                    extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         conn = self.conn
         if conn.closing or self.resp_done:
             return
         self.local = True
-        conn.respond(self, status, body)
+        conn.respond(self, status, body, extra)
         self.finish()
         conn.kick()
 
@@ -465,7 +558,27 @@ class H2Stream:
         if self.resp_done and self.sid not in self.conn.streams:
             return
         self.resp_done = True
+        if self.retrying:
+            self.retrying = False
+            cluster = self.cluster
+            assert cluster is not None
+            cluster.retries_active -= 1
+            if 0 < self.status < 500:
+                cluster.stats.upstream_rq_retry_success += 1
         self.conn.stream_done(self)
+
+
+def _cookie(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """Cookie ``name`` from the request (HTTP/2 may split cookies over several fields)."""
+    for n, v in headers:
+        if n == b"cookie":
+            value = cookie_value(v, name)
+            if value is not None:
+                try:
+                    return value.decode("ascii")
+                except UnicodeDecodeError:
+                    return None
+    return None
 
 
 def _fields(lines: list[bytes]) -> list[tuple[bytes, bytes]]:
@@ -742,8 +855,12 @@ class H2Downstream(asyncio.Protocol):
             return
         s.admitted = True
         s.retryable = retryable
-        s.cluster = route.cluster
-        s.cstats = route.cluster.stats
+        cluster = route.cluster
+        s.cluster = cluster
+        s.cstats = cluster.stats
+        if cluster.persistence is not None:
+            s.pkey = (_cookie(ev.headers, cluster.cookie_name) if cluster.by_cookie
+                      else self.peer.decode())
         s.route_timeout = route.timeout
         if xff:
             out.append(b"x-forwarded-for: %s, %s\r\nx-forwarded-proto: %s\r\n\r\n"

@@ -411,6 +411,10 @@ class H2UpstreamConnection(asyncio.Protocol):
         self.stats.upstream_cx_total += 1
         self.stats.upstream_cx_http2_total += 1
         self.stats.upstream_cx_active += 1
+        ep = self.endpoint
+        ep.cx_total += 1
+        ep.cx_active += 1
+        ep.conns.add(self)
         self.h2.initiate()
         self.flush()
 
@@ -488,6 +492,9 @@ class H2UpstreamConnection(asyncio.Protocol):
         if not self.closed_here:
             self.stats.upstream_cx_destroy_remote += 1
         self.stats.upstream_cx_active -= 1
+        ep = self.endpoint
+        ep.cx_active -= 1
+        ep.conns.discard(self)
         self._refuse_waiting()
         for s in list(self.streams.values()):
             s.on_reset(ErrorCode.INTERNAL_ERROR)
@@ -571,6 +578,10 @@ class H2Pool:
                 self.loop.create_connection(factory, ep.host, ep.port), cluster.connect_timeout)
         except TimeoutError:
             stats.upstream_cx_connect_timeout += 1
+            ep.cx_connect_fail += 1
+            raise
+        except OSError:
+            ep.cx_connect_fail += 1
             raise
         if not conn.alive:
             raise ConnectionResetError("upstream closed the connection at once")

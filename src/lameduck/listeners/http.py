@@ -15,11 +15,12 @@ import socket
 from collections.abc import Callable
 
 from lameduck.config import ListenerConfig
-from lameduck.drain import DrainEvent, ListenerDrain, ProcessDrain
+from lameduck.drain import ListenerDrain, ProcessDrain
 from lameduck.http1.downstream import H1Downstream
 from lameduck.http1.upstream import H1Upstream, UpstreamConn
 from lameduck.http2.connection import H2Limits
 from lameduck.http2.downstream import H2Downstream
+from lameduck.listeners.base import Listener
 from lameduck.listeners.tls import AlpnSwitch, server_context
 from lameduck.stats import DrainStats, Http2Stats, HttpStats
 from lameduck.upstream.cluster import Cluster
@@ -41,6 +42,8 @@ async def _connect(
 
     def closed(conn: H1Upstream) -> None:
         stats.upstream_cx_active -= 1
+        endpoint.cx_active -= 1
+        endpoint.conns.discard(conn)
         if not conn.closed_here:
             stats.upstream_cx_destroy_remote += 1
         endpoint.forget(conn)
@@ -48,6 +51,9 @@ async def _connect(
     def opened(conn: H1Upstream) -> None:
         stats.upstream_cx_total += 1
         stats.upstream_cx_active += 1
+        endpoint.cx_total += 1
+        endpoint.cx_active += 1
+        endpoint.conns.add(conn)
 
     def factory() -> H1Upstream:
         # The callbacks exist before the connection can be lost: an upstream that closes
@@ -64,6 +70,10 @@ async def _connect(
         )
     except TimeoutError:
         stats.upstream_cx_connect_timeout += 1
+        endpoint.cx_connect_fail += 1
+        raise
+    except OSError:
+        endpoint.cx_connect_fail += 1
         raise
     if not proto.alive:
         raise ConnectionResetError("upstream closed the connection at once")
@@ -77,7 +87,7 @@ def open_upstream(
     return asyncio.ensure_future(_connect(loop, cluster, endpoint))
 
 
-class HttpListener:
+class HttpListener(Listener):
     """One configured HTTP listener."""
 
     def __init__(
@@ -93,11 +103,7 @@ class HttpListener:
         rng: Callable[[], float] = random.random,
         h2stats: Http2Stats | None = None,
     ) -> None:
-        self.cfg = cfg
-        self.name = cfg.name
-        self.loop = loop
-        self.process = process
-        self.drain = drain
+        super().__init__(cfg, loop, process, drain, on_change)
         self.router = router
         self.stats = stats
         self.h2stats = h2stats if h2stats is not None else Http2Stats()
@@ -123,10 +129,6 @@ class HttpListener:
             max_pings_per_window=h2.max_pings, max_settings_per_window=h2.max_settings,
             max_empty_frames_per_window=h2.max_empty_frames, control_window=h2.flood_window,
         )
-        self.server: asyncio.AbstractServer | None = None
-        self.sockname: tuple = ()
-        self.stop_handle: asyncio.TimerHandle | None = None
-        self._on_change = on_change
 
     # -- ListenerContext --------------------------------------------------------------------
     def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]:
@@ -172,21 +174,6 @@ class HttpListener:
         return target if target in self.connect_allow else None
 
     # -- lifecycle --------------------------------------------------------------------------
-    def bind(self) -> socket.socket:
-        """A listening socket at the configured address (raises OSError if taken)."""
-        addr = self.cfg.address
-        family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((addr.host, addr.port))
-            sock.listen(1024)
-        except OSError:
-            sock.close()
-            raise
-        sock.setblocking(False)
-        return sock
-
     async def start(self, sock: socket.socket | None = None) -> None:
         """Serve on ``sock`` (bound here if None)."""
         if sock is None:
@@ -197,41 +184,3 @@ class HttpListener:
                 lambda: AlpnSwitch(self), sock=sock, ssl=self.ssl)
         else:
             self.server = await self.loop.create_server(lambda: H1Downstream(self), sock=sock)
-
-    @property
-    def accepting(self) -> bool:
-        return self.server is not None
-
-    @property
-    def port(self) -> int:
-        return self.sockname[1]
-
-    def stop_accepting(self) -> None:
-        """Close the listening socket; connections already accepted carry on."""
-        if self.stop_handle is not None:
-            self.stop_handle.cancel()
-            self.stop_handle = None
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-            log.info("listener %s stopped accepting", self.name)
-            self._on_change()
-
-    def schedule_stop(self) -> None:
-        """Follow the drain core's ``stop_at`` for this listener."""
-        at = self.drain.stop_at
-        if at is None or self.server is None:
-            return
-        delay = at - self.loop.time()
-        if delay <= 0:
-            self.stop_accepting()
-            return
-        if self.stop_handle is not None:
-            self.stop_handle.cancel()
-        self.stop_handle = self.loop.call_later(delay, self.stop_accepting)
-
-    def broadcast(self, event: DrainEvent) -> None:
-        """A drain event reached this listener: every connection draws its moment."""
-        for conn in list(self.connections):
-            conn.on_drain_event(event)
-        self.schedule_stop()

@@ -14,10 +14,13 @@ __all__ = [
     "SCOPE_CLASSES",
     "ClusterStats",
     "DrainStats",
+    "HealthCheckStats",
     "Http2Stats",
     "HttpStats",
     "ListenerManagerStats",
+    "OutlierStats",
     "ServerStats",
+    "TcpStats",
     "stat_fields",
 ]
 
@@ -123,6 +126,15 @@ class ClusterStats:
     upstream_rq_rx_reset: int = 0
     upstream_rq_tx_reset: int = 0
     upstream_rq_retry: int = 0
+    upstream_rq_retry_success: int = 0  # a retried request answered below 500
+    upstream_rq_retry_overflow: int = 0  # not retried: the retry budget was spent
+    upstream_rq_retry_limit_exceeded: int = 0  # not retried: retry_policy.num_retries reached
+    upstream_cx_none_healthy: int = 0  # answered 503: no READY, healthy endpoint
+    upstream_cx_drain_stop_drop: int = 0  # connections severed by drain stop (0s, drop at end)
+    membership_total: int = 0
+    membership_healthy: int = 0  # passing health checks, agent and outlier detection
+    membership_excluded: int = 0  # not given new sessions: DRAIN or MAINT
+    lb_persistence_records: int = 0
 
     def count_status(self, status: int) -> None:
         """Bump upstream_rq_<N>xx for an upstream status; statuses outside 100..599 are ignored."""
@@ -139,7 +151,54 @@ class ClusterStats:
             self.upstream_rq_1xx += 1
 
 
-name_gauges(ClusterStats, {"upstream_cx_active", "upstream_rq_active"})
+name_gauges(ClusterStats, {"upstream_cx_active", "upstream_rq_active", "membership_total",
+                           "membership_healthy", "membership_excluded",
+                           "lb_persistence_records"})
+
+
+@dataclass(slots=True)
+class TcpStats:
+    """One per `protocol: tcp` listener, rendered under `tcp.<listener>.` (Envoy tcp_proxy)."""
+
+    downstream_cx_total: int = 0
+    downstream_cx_active: int = 0
+    downstream_cx_no_route: int = 0  # closed at once: no READY, healthy endpoint to relay to
+    downstream_cx_drain_close: int = 0  # closed once quiet, from its proactive drain moment
+    downstream_cx_cut: int = 0  # reset: the shutdown deadline, or its endpoint's drain stop
+    upstream_connect_fail: int = 0  # an endpoint that could not be reached (then the next)
+
+
+name_gauges(TcpStats, {"downstream_cx_active"})
+
+
+@dataclass(slots=True)
+class HealthCheckStats:
+    """Active health checks of a cluster, rendered under `cluster.<name>.health_check.`."""
+
+    attempt: int = 0
+    success: int = 0
+    failure: int = 0  # a check answered with an unexpected status (or timed out)
+    network_failure: int = 0  # a check that could not connect or was reset
+    healthy: int = 0  # endpoints passing (gauge)
+
+
+name_gauges(HealthCheckStats, {"healthy"})
+
+
+@dataclass(slots=True)
+class OutlierStats:
+    """Passive outlier detection, rendered under `cluster.<name>.outlier_detection.`."""
+
+    ejections_active: int = 0
+    ejections_enforced_total: int = 0
+    ejections_overflow: int = 0
+    ejections_enforced_consecutive_5xx: int = 0
+    ejections_enforced_consecutive_gateway_failure: int = 0
+    ejections_detected_consecutive_5xx: int = 0
+    ejections_detected_consecutive_gateway_failure: int = 0
+
+
+name_gauges(OutlierStats, {"ejections_active"})
 
 
 @dataclass(slots=True)
@@ -198,6 +257,9 @@ SCOPE_CLASSES: tuple[type, ...] = (
     HttpStats,
     Http2Stats,
     ClusterStats,
+    TcpStats,
+    HealthCheckStats,
+    OutlierStats,
     ServerStats,
     DrainStats,
     ListenerManagerStats,

@@ -12,6 +12,14 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from lameduck.drain.endpoint import EndpointDrain
+
+
+class Closeable(Protocol):
+    """Any connection to an endpoint (pooled, shared, a TCP relay): severable."""
+
+    def close(self) -> None: ...
+
 
 class PooledConnection(Protocol):
     """What the pool needs of a connection."""
@@ -36,17 +44,69 @@ class SharedConnection(Protocol):
 
 
 class Endpoint:
-    """One upstream address, its pool of idle connections and its shared (HTTP/2) ones."""
+    """One upstream address: its drain state and health, its pool of idle connections and its
+    shared (HTTP/2) ones, every connection open to it (to sever them), and its counters."""
 
-    __slots__ = ("address", "host", "idle", "max_idle", "port", "shared")
+    __slots__ = ("address", "agent_port", "agent_said", "agent_up", "conns", "cx_active",
+                 "cx_connect_fail", "cx_total", "drain", "ejected", "hc_ok", "host", "idle",
+                 "max_idle", "maxconn", "port", "rq_active", "rq_error", "rq_success",
+                 "rq_timeout", "rq_total", "shared", "weight", "weight_config")
 
-    def __init__(self, host: str, port: int, max_idle: int) -> None:
+    def __init__(self, host: str, port: int, max_idle: int, weight: int = 1,
+                 drain: EndpointDrain | None = None, agent_port: int | None = None) -> None:
         self.host = host
         self.port = port
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.max_idle = max_idle
         self.idle: list[PooledConnection] = []
         self.shared: list[SharedConnection] = []  # open, in the order they were opened
+        self.conns: set[Closeable] = set()  # every open connection (and TCP relay)
+        self.drain = drain if drain is not None else EndpointDrain()
+        self.weight_config = weight
+        self.weight = weight  # as an agent's "N%" scaled it
+        self.maxconn = 0  # an agent's "maxconn:N"; 0 = no limit
+        self.agent_port = agent_port
+        self.agent_said = ""  # the agent's last words, as shown by /clusters
+        self.hc_ok = True  # the active health check's verdict
+        self.agent_up = True  # the agent's up/down
+        self.ejected = False  # by outlier detection
+        self.rq_active = 0
+        self.rq_total = 0
+        self.rq_success = 0
+        self.rq_error = 0
+        self.rq_timeout = 0
+        self.cx_total = 0
+        self.cx_active = 0
+        self.cx_connect_fail = 0
+
+    def update_health(self) -> bool:
+        """Fold the three health sources into the drain state's one flag; True if it changed."""
+        healthy = self.hc_ok and self.agent_up and not self.ejected
+        if healthy == self.drain.healthy:
+            return False
+        self.drain.healthy = healthy
+        return True
+
+    @property
+    def health_flags(self) -> str:
+        """Envoy's /clusters health_flags words."""
+        flags = []
+        if not self.hc_ok:
+            flags.append("/failed_active_hc")
+        if self.ejected:
+            flags.append("/failed_outlier_check")
+        if not self.agent_up:
+            flags.append("/failed_agent_check")
+        return "".join(flags) or "healthy"
+
+    def sever(self) -> int:
+        """Close every connection to this endpoint, busy or not (drain stop 0, drop at drain
+        end): what is in flight on them is cut. Returns how many."""
+        conns = list(self.conns)
+        self.idle.clear()
+        for conn in conns:
+            conn.close()
+        return len(conns)
 
     def acquire(self) -> PooledConnection | None:
         """The most recently used live idle connection, or None (the caller connects)."""

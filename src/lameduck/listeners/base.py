@@ -1,0 +1,94 @@
+"""What every listener has: a listening socket, its connections, and its drain fan-out.
+
+The drain core's ``ListenerDrain`` holds the decisions; this holds the sockets. A connection
+of any kind offers ``on_drain_event``, ``cut``, ``close_at_end``, ``transport`` and ``gone``
+(the server drives them at the deadline and the exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from lameduck.config import ListenerConfig
+from lameduck.drain import DrainEvent, ListenerDrain, ProcessDrain
+
+log = logging.getLogger("lameduck.listener")
+
+
+class Listener:
+    """A configured listener's socket lifecycle; subclasses say what serves a connection."""
+
+    def __init__(self, cfg: ListenerConfig, loop: asyncio.AbstractEventLoop,
+                 process: ProcessDrain, drain: ListenerDrain,
+                 on_change: Callable[[], None]) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.loop = loop
+        self.process = process
+        self.drain = drain
+        self.connections: set[Any] = set()
+        self.server: asyncio.AbstractServer | None = None
+        self.sockname: tuple = ()
+        self.stop_handle: asyncio.TimerHandle | None = None
+        self._on_change = on_change
+
+    async def start(self, sock: socket.socket | None = None) -> None:
+        raise NotImplementedError
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def bind(self) -> socket.socket:
+        """A listening socket at the configured address (raises OSError if taken)."""
+        addr = self.cfg.address
+        family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((addr.host, addr.port))
+            sock.listen(1024)
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        return sock
+
+    @property
+    def accepting(self) -> bool:
+        return self.server is not None
+
+    @property
+    def port(self) -> int:
+        return self.sockname[1]
+
+    def stop_accepting(self) -> None:
+        """Close the listening socket; connections already accepted carry on."""
+        if self.stop_handle is not None:
+            self.stop_handle.cancel()
+            self.stop_handle = None
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+            log.info("listener %s stopped accepting", self.name)
+            self._on_change()
+
+    def schedule_stop(self) -> None:
+        """Follow the drain core's ``stop_at`` for this listener."""
+        at = self.drain.stop_at
+        if at is None or self.server is None:
+            return
+        delay = at - self.loop.time()
+        if delay <= 0:
+            self.stop_accepting()
+            return
+        if self.stop_handle is not None:
+            self.stop_handle.cancel()
+        self.stop_handle = self.loop.call_later(delay, self.stop_accepting)
+
+    def broadcast(self, event: DrainEvent) -> None:
+        """A drain event reached this listener: every connection draws its moment."""
+        for conn in list(self.connections):
+            conn.on_drain_event(event)
+        self.schedule_stop()

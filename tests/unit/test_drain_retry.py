@@ -1,0 +1,121 @@
+"""The safe-retry rule (seed 003), Envoy's retry budget and the per-request retry count."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from lameduck.drain.retry import IDEMPOTENT_METHODS, RetryBudget, RetryState, may_retry
+
+
+def test_idempotent_methods_are_rfc9110s() -> None:
+    assert frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"}) == (
+        IDEMPOTENT_METHODS
+    )
+    for method in (b"POST", b"PATCH", b"CONNECT", b"get"):
+        assert method not in IDEMPOTENT_METHODS
+
+
+FLAGS = ("sent", "idempotent", "idempotency_key", "unprocessed", "response_started")
+
+
+@pytest.mark.parametrize("values", list(itertools.product((False, True), repeat=len(FLAGS))))
+def test_retry_rule_truth_table(values: tuple[bool, ...]) -> None:
+    f = dict(zip(FLAGS, values, strict=True))
+    # written independently: a retry is unsafe iff a byte went out to the client, or the
+    # request reached the upstream, may have been processed, and is neither idempotent nor keyed
+    unsafe = f["response_started"] or (
+        f["sent"] and not f["unprocessed"] and not f["idempotent"] and not f["idempotency_key"]
+    )
+    assert may_retry(**f) is (not unsafe)
+
+
+def test_retry_rule_landmarks() -> None:
+    base = dict.fromkeys(FLAGS, False)
+    assert may_retry(**base)  # never sent
+    assert not may_retry(**{**base, "sent": True})  # a POST that reached the upstream
+    assert may_retry(**{**base, "sent": True, "unprocessed": True})  # REFUSED_STREAM
+    assert may_retry(**{**base, "sent": True, "idempotent": True})
+    assert may_retry(**{**base, "sent": True, "idempotency_key": True})
+    everything = dict.fromkeys(FLAGS, True)
+    assert not may_retry(**everything)  # a response byte already reached the client
+
+
+def test_retry_rule_is_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        may_retry(True, True, True, True, True)  # type: ignore[call-arg]
+
+
+# --------------------------------------------------------------------------- budget
+
+
+def test_budget_defaults_are_envoys() -> None:
+    b = RetryBudget()
+    assert (b.budget_percent, b.min_retry_concurrency) == (20.0, 3)
+
+
+def test_min_retry_concurrency_is_a_floor() -> None:
+    b = RetryBudget(20.0, 3)
+    for active in (0, 1, 10, 19):  # 20% of 19 = 3.8 → 3
+        assert b.limit(active) == 3
+        assert b.allows(active, 2)
+        assert not b.allows(active, 3)
+
+
+def test_budget_percent_of_active_requests() -> None:
+    b = RetryBudget(20.0, 3)
+    assert b.limit(20) == 4
+    assert b.allows(20, 3)
+    assert not b.allows(20, 4)
+    assert b.limit(100) == 20
+    assert b.allows(100, 19)
+    assert not b.allows(100, 20)
+    assert b.limit(104) == 20  # 20.8 truncated, as Envoy's uint64 conversion
+    assert RetryBudget(25.0, 10).limit(100) == 25  # Envoy's doc example
+
+
+def test_budget_edges() -> None:
+    assert not RetryBudget(0.0, 0).allows(1000, 0)  # no budget at all
+    assert RetryBudget(0.0, 1).allows(1000, 0)
+    assert RetryBudget(100.0, 0).limit(7) == 7
+    assert not RetryBudget(100.0, 0).allows(0, 0)
+
+
+@pytest.mark.parametrize(("pct", "floor"), [(-1.0, 3), (100.5, 3), (20.0, -1)])
+def test_budget_config_is_validated(pct: float, floor: int) -> None:
+    with pytest.raises(ValueError):
+        RetryBudget(pct, floor)
+
+
+# --------------------------------------------------------------------------- per request
+
+
+def test_next_try_counts_retries() -> None:
+    s: RetryState[str] = RetryState(2)
+    assert s.retries == 0
+    assert s.next_try() is True
+    assert s.next_try() is True
+    assert s.retries == 2
+    assert s.next_try() is False
+    assert s.next_try() is False
+    assert s.retries == 2
+
+
+def test_zero_retries_never_retries() -> None:
+    s: RetryState[str] = RetryState(0)
+    assert s.next_try() is False
+
+
+def test_tried_hosts_are_the_callers_list() -> None:
+    s: RetryState[str] = RetryState(1)
+    s.tried.append("a")
+    s.tried.append("b")
+    assert s.tried == ["a", "b"]
+    with pytest.raises(AttributeError):
+        s.other = 1  # type: ignore[attr-defined]  # slots
+
+
+def test_negative_retries_are_rejected() -> None:
+    with pytest.raises(ValueError):
+        RetryState(-1)
