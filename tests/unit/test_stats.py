@@ -306,6 +306,13 @@ def test_prometheus_envoy_tag_extraction() -> None:
         "envoy_cluster_upstream_cx_total",
         (("envoy_cluster_name", "app"),),
     )
+    # a cluster's sub-scopes are part of the family, as in Envoy
+    assert prometheus_name("cluster.app.health_check.attempt") == (
+        "envoy_cluster_health_check_attempt", (("envoy_cluster_name", "app"),))
+    assert prometheus_name("cluster.app.outlier_detection.ejections_active") == (
+        "envoy_cluster_outlier_detection_ejections_active", (("envoy_cluster_name", "app"),))
+    assert prometheus_name("tcp.db.downstream_cx_total") == (
+        "envoy_tcp_downstream_cx_total", (("envoy_tcp_prefix", "db"),))
     assert prometheus_name("server.drain.cut") == ("envoy_server_drain_cut", ())
     assert prometheus_name("listener_manager.total_listeners_draining") == (
         "envoy_listener_manager_total_listeners_draining",

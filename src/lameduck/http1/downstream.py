@@ -248,7 +248,8 @@ class Exchange:
     def _sticky(self, cluster: Cluster) -> Endpoint | None:
         """Seed 004's persistence decision; a new record under a cookie sets the cookie."""
         key = self.pkey
-        ep, now_key = cluster.pick_sticky(key, Layer.L7, self.down.loop.time())
+        ep, now_key = cluster.pick_sticky(key, Layer.L7, self.down.loop.time(),
+                                           cluster.by_cookie)
         if now_key is not None and now_key != key:
             self.pkey = now_key
             if cluster.by_cookie:

@@ -43,6 +43,7 @@ class TcpDownstream(asyncio.Protocol):
         self.gone = False
         self.admitted = False
         self.finished = False
+        self.deadline_cut = False  # reset by the shutdown deadline (a drain cut)
         self.tries = 0
         self.timer: asyncio.TimerHandle | None = None
         self.drain: ConnectionDrain = None  # type: ignore[assignment]  # set at connection_made
@@ -60,14 +61,10 @@ class TcpDownstream(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         now = self.loop.time()
         self.drain = ConnectionDrain(ctx.drain, now, ctx.rng)
-        if not ctx.process.ledger.begin():
-            self._close(reset=False)  # past the drain time: going away
-            return
-        self.admitted = True
         cluster = ctx.cluster
         if cluster.persistence is not None:
             peer = t.get_extra_info("peername")
-            ep, _ = cluster.pick_sticky(peer[0] if peer else "", Layer.L4, now)
+            ep, _ = cluster.pick_sticky(peer[0] if peer else "", Layer.L4, now, cookie=False)
         else:
             ep = cluster.pick()
         if ep is None:
@@ -75,6 +72,10 @@ class TcpDownstream(asyncio.Protocol):
             st.downstream_cx_no_route += 1
             self._close(reset=True)
             return
+        if not ctx.process.ledger.begin():
+            self._close(reset=False)  # past the drain time: going away
+            return
+        self.admitted = True
         self._connect(ep)
         self._arm()
 
@@ -106,7 +107,7 @@ class TcpDownstream(asyncio.Protocol):
                     cluster.stats.upstream_rq_retry += 1
                     self._connect(other)
                     return
-            self._close(reset=True)
+            self._close(reset=True)  # nothing reachable: not a drain cut (abandoned)
             return
         ut, pending = fut.result()
         t = self.transport
@@ -126,6 +127,8 @@ class TcpDownstream(asyncio.Protocol):
             relay.eof(Flow.TO_UPSTREAM)
         if pending.eof:
             relay.eof(Flow.TO_CLIENT)
+        if self.drain.drained_by is not None:
+            self._arm()  # its proactive moment came while it was connecting
 
     # -- before the relay takes the sockets -----------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -168,10 +171,13 @@ class TcpDownstream(asyncio.Protocol):
             else:
                 ep.rq_success += 1
         ledger = ctx.process.ledger
+        if cut:
+            ctx.stats.downstream_cx_cut += 1
         if self.admitted:
-            if cut:
+            if self.deadline_cut:
                 ledger.cut_one()
-                ctx.stats.downstream_cx_cut += 1
+            elif cut or self.relay is None:
+                ledger.abandon()  # severed by a drain stop, or never relayed
             else:
                 ledger.end()
         self.drain.closed()
@@ -189,10 +195,9 @@ class TcpDownstream(asyncio.Protocol):
                 abort_with_rst(t)
             else:
                 t.close()
-        if reset and self.admitted and not self.finished:
-            # cut before any byte was relayed: counted as cut, not as a completed request
+        if reset and not self.finished:
             self.gone = True
-            self._finish(cut=True)
+            self._finish(cut=self.deadline_cut)
 
     def close(self) -> None:
         """Its endpoint's drain stop severs it (the endpoint's ``conns``)."""
@@ -239,11 +244,12 @@ class TcpDownstream(asyncio.Protocol):
 
     def cut(self) -> None:
         """The shutdown deadline: reset what is left."""
-        self._close(reset=True)
+        if not self.finished:
+            self.deadline_cut = True
+            self._close(reset=True)
 
     def close_at_end(self) -> None:
-        if not self.finished:
-            self._close(reset=True)
+        self.cut()
 
 
 class TcpListener(Listener):

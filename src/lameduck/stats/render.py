@@ -26,7 +26,11 @@ __all__ = [
 _TAGGED: Final = (
     ("http.", "envoy_http_", "envoy_http_conn_manager_prefix"),
     ("cluster.", "envoy_cluster_", "envoy_cluster_name"),
+    ("tcp.", "envoy_tcp_", "envoy_tcp_prefix"),
 )
+# A cluster's sub-scopes, whose names are part of the family in Envoy
+# (envoy_cluster_health_check_attempt{envoy_cluster_name="app"}).
+_CLUSTER_SUBSCOPES: Final = (".health_check", ".outlier_detection")
 _INVALID_METRIC_CHARS: Final = re.compile(r"[^a-zA-Z0-9_:]")
 _CODE_CLASS: Final = re.compile(r"_rq_(\d)xx$")  # Envoy's RESPONSE_CODE_CLASS extractor
 
@@ -63,7 +67,9 @@ def prometheus_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
 
     `http.<L>.X` -> envoy_http_X{envoy_http_conn_manager_prefix="<L>"} (`http.<L>.http2.X` ->
     envoy_http2_X with the same label); `cluster.<C>.X` ->
-    envoy_cluster_X{envoy_cluster_name="<C>"}; `*_rq_<N>xx` -> `*_rq_xx` with
+    envoy_cluster_X{envoy_cluster_name="<C>"} (`cluster.<C>.health_check.X` ->
+    envoy_cluster_health_check_X, likewise outlier_detection); `tcp.<L>.X` ->
+    envoy_tcp_X{envoy_tcp_prefix="<L>"}; `*_rq_<N>xx` -> `*_rq_xx` with
     envoy_response_code_class="<N>" (so Envoy dashboards' `envoy_cluster_upstream_rq_xx` work);
     anything else -> envoy_<name, dots as _>. Stat fields never contain dots, so <L>/<C> is all up
     to the last dot: a listener named "api.v2" keeps its whole name (Envoy would split it).
@@ -81,6 +87,12 @@ def prometheus_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
                 if prefix == "http." and scope.endswith(".http2"):
                     # a listener's HTTP/2 codec stats: Envoy's envoy_http2_* families
                     scope, family_prefix = scope[: -len(".http2")], "envoy_http2_"
+                elif prefix == "cluster.":
+                    for sub in _CLUSTER_SUBSCOPES:
+                        if scope.endswith(sub):
+                            scope = scope[: -len(sub)]
+                            stat = sub[1:] + "_" + stat
+                            break
                 labels.append((label, scope))
                 family = family_prefix + stat
                 break

@@ -104,11 +104,12 @@ class Cluster:
             ep = self.balancer.pick(room) if room else None
         return ep
 
-    def pick_sticky(self, key: str | None, layer: Layer, now: float) -> tuple[Endpoint | None,
-                                                                              str | None]:
+    def pick_sticky(self, key: str | None, layer: Layer, now: float,
+                    cookie: bool) -> tuple[Endpoint | None, str | None]:
         """Seed 004's decision for a new session with persistence: (endpoint, the key its
-        record is now under). A key other than the one given means a new record (a cookie to
-        set); ``key`` None: the client brought none."""
+        record is now under). ``cookie``: the key is a cookie's value, and a new record gets a
+        new random one (the cookie is rewritten); else the key is the source IP. ``key`` None:
+        the client brought no cookie."""
         table = self.persistence
         assert table is not None
         found = table.lookup(key, now) if key is not None else None
@@ -121,7 +122,7 @@ class Cluster:
         ep = self.pick()
         if ep is None:
             return None, None
-        if self.by_cookie or key is None:
+        if cookie or key is None:
             key = os.urandom(12).hex()  # a new record: the cookie is (re)written
         table.record(key, ep, now)
         self.stats.lb_persistence_records = len(table)
