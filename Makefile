@@ -12,6 +12,7 @@ FAST  := $(VENV)/.compiled
 # why http2/client.py (H2Client subclasses connection.py's H2Connection) must be here with it.
 HOT   := lameduck/http1/wire.py lameduck/http1/upstream.py lameduck/http1/downstream.py \
          lameduck/upstream/router.py lameduck/upstream/pool.py lameduck/upstream/cluster.py \
+         lameduck/upstream/balancer.py \
          lameduck/drain/listener.py lameduck/drain/connection.py lameduck/stats/scopes.py \
          lameduck/http2/frames.py lameduck/http2/events.py lameduck/http2/codec.py \
          lameduck/http2/connection.py lameduck/http2/client.py lameduck/http2/downstream.py \
