@@ -38,7 +38,7 @@ class Conn:
         self.closed = False
         ep.conns.add(self)
 
-    def close(self) -> None:
+    def sever(self) -> None:
         self.closed = True
         self.ep.conns.discard(self)
 

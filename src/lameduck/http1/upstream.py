@@ -133,6 +133,12 @@ class H1Upstream(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def sever(self) -> None:
+        """Cut by its endpoint's drain stop: the exchange on it fails (a close-delimited body
+        too: the FIN that follows is ours, not the end of the body)."""
+        self.close_delimited = False
+        self.close()
+
     def abort(self) -> None:
         self.alive = False
         self.closed_here = True

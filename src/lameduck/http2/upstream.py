@@ -393,6 +393,10 @@ class H2UpstreamConnection(asyncio.Protocol):
         self.flush()
         self.transport.close()
 
+    def sever(self) -> None:
+        """Cut by its endpoint's drain stop: GOAWAY and close; its streams fail."""
+        self.close()
+
     def kick(self) -> None:
         """Write what the frame layer queued, once per loop iteration."""
         if not self.flush_pending:

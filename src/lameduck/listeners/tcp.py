@@ -199,7 +199,7 @@ class TcpDownstream(asyncio.Protocol):
             self.gone = True
             self._finish(cut=self.deadline_cut)
 
-    def close(self) -> None:
+    def sever(self) -> None:
         """Its endpoint's drain stop severs it (the endpoint's ``conns``)."""
         self._close(reset=True)
 

@@ -15,10 +15,11 @@ from typing import Protocol
 from lameduck.drain.endpoint import EndpointDrain
 
 
-class Closeable(Protocol):
-    """Any connection to an endpoint (pooled, shared, a TCP relay): severable."""
+class Severable(Protocol):
+    """Any connection to an endpoint (pooled, shared, a TCP relay)."""
 
-    def close(self) -> None: ...
+    def sever(self) -> None:
+        """Close it now; whatever is in flight on it fails (and is counted so)."""
 
 
 class PooledConnection(Protocol):
@@ -60,7 +61,7 @@ class Endpoint:
         self.max_idle = max_idle
         self.idle: list[PooledConnection] = []
         self.shared: list[SharedConnection] = []  # open, in the order they were opened
-        self.conns: set[Closeable] = set()  # every open connection (and TCP relay)
+        self.conns: set[Severable] = set()  # every open connection (and TCP relay)
         self.drain = drain if drain is not None else EndpointDrain()
         self.weight_config = weight
         self.weight = weight  # as an agent's "N%" scaled it
@@ -105,7 +106,7 @@ class Endpoint:
         conns = list(self.conns)
         self.idle.clear()
         for conn in conns:
-            conn.close()
+            conn.sever()
         return len(conns)
 
     def acquire(self) -> PooledConnection | None:
