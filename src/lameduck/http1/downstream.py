@@ -278,8 +278,7 @@ class Exchange:
         cluster = self.cluster
         ep = self.endpoint
         assert cluster is not None and ep is not None
-        cluster.stats.upstream_cx_connect_fail += 1
-        cluster.request_failed(ep, True)
+        cluster.connect_failed(ep)
         if not self._retry_elsewhere():
             self.local_error(UpstreamError.CONNECT, b"upstream connect error\n")
 

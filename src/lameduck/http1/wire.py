@@ -254,23 +254,24 @@ def simple_response(
     return b"".join(parts)
 
 
-def cookie_value(header: bytes, name: bytes) -> bytes | None:
-    """The value of cookie ``name`` in one Cookie field value (RFC 6265 §5.4: ``a=1; b=2``)."""
+def cookie_value(header: bytes, name: bytes) -> str | None:
+    """The value of cookie ``name`` in one Cookie field value (RFC 6265 §5.4: ``a=1; b=2``),
+    as text (None if absent or not ASCII)."""
     for pair in header.split(b";"):
         key, eq, value = pair.strip().partition(b"=")
         if eq and key == name:
-            return value.strip().strip(b'"')
+            try:
+                return value.strip().strip(b'"').decode("ascii")
+            except UnicodeDecodeError:
+                return None
     return None
 
 
 def find_cookie(lines: list[bytes], name: bytes) -> str | None:
-    """Cookie ``name`` among formatted request fields (``Name: value\\r\\n``), as text."""
+    """Cookie ``name`` among formatted request fields (``Name: value\r\n``)."""
     for line in lines:
         if line[:7].lower() == b"cookie:":
             value = cookie_value(line[7:-2], name)
             if value is not None:
-                try:
-                    return value.decode("ascii")
-                except UnicodeDecodeError:
-                    return None
+                return value
     return None

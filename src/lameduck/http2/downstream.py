@@ -266,8 +266,7 @@ class H2Stream:
         cluster = self.cluster
         ep = self.endpoint
         assert cluster is not None and ep is not None
-        cluster.stats.upstream_cx_connect_fail += 1
-        cluster.request_failed(ep, True)
+        cluster.connect_failed(ep)
         if not self._retry_elsewhere():
             self.local_error(UpstreamError.CONNECT, b"upstream connect error\n")
 
@@ -575,10 +574,7 @@ def _cookie(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
         if n == b"cookie":
             value = cookie_value(v, name)
             if value is not None:
-                try:
-                    return value.decode("ascii")
-                except UnicodeDecodeError:
-                    return None
+                return value
     return None
 
 

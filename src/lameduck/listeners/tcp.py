@@ -97,9 +97,8 @@ class TcpDownstream(asyncio.Protocol):
             if not failed:
                 fut.result()[0].abort()
             ep.cx_connect_fail += 1
-            cluster.stats.upstream_cx_connect_fail += 1
+            cluster.connect_failed(ep)
             self.ctx.stats.upstream_connect_fail += 1
-            cluster.request_failed(ep, True)
             if self.tries < cluster.num_retries:
                 other = cluster.pick(ep)
                 if other is not None:

@@ -128,6 +128,12 @@ class Cluster:
         self.stats.lb_persistence_records = len(table)
         return ep, key
 
+    def connect_failed(self, ep: Endpoint) -> None:
+        """A connection to ``ep`` failed before the request went (counted, and towards its
+        outlier ejection)."""
+        self.stats.upstream_cx_connect_fail += 1
+        self.request_failed(ep, True)
+
     def rebind(self, key: str, ep: Endpoint, now: float) -> None:
         """A retried request moved to ``ep``: its record follows it."""
         if self.persistence is not None:
