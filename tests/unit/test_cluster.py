@@ -153,6 +153,11 @@ def test_agent_words_move_state_health_weight_and_maxconn() -> None:
     assert (b.weight, b.maxconn) == (2, 1)
     b.rq_active = 1  # full: new sessions go elsewhere
     assert all(c.pick() is not b for _ in range(10))
+    c.agent_report(b, parse_agent(b"0%"), 4.0)  # weight 0: out, even when alone
+    for ep in c.endpoints:
+        if ep is not b:
+            c.set_state(ep, AdminState.MAINT, 4.0)
+    assert c.pick() is None
 
 
 def test_outlier_ejection_takes_an_endpoint_out_and_brings_it_back() -> None:
@@ -173,13 +178,14 @@ def test_outlier_ejection_takes_an_endpoint_out_and_brings_it_back() -> None:
 def test_retry_target_is_another_endpoint_within_the_limit_and_the_budget() -> None:
     c, (a, b), _ = make(n=2, persistence=False)
     c.num_retries = 1
-    assert c.retry_target(a, 0) is b
-    assert c.retry_target(a, 1) is None
+    assert c.retry_target(a, 0, False) is b
+    assert c.retry_target(a, 1, True) is None
     assert c.stats.upstream_rq_retry_limit_exceeded == 1
     c.budget = RetryBudget(0.0, 1)
     c.retries_active = 1
-    assert c.retry_target(a, 0) is None
+    assert c.retry_target(a, 0, False) is None  # another request holds the only slot
     assert c.stats.upstream_rq_retry_overflow == 1
+    assert c.retry_target(a, 0, True) is b  # its own slot, reused
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "least_request"])

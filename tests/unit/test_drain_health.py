@@ -197,6 +197,8 @@ def test_agent_weight_is_haproxys_scaled_and_capped_weight() -> None:
     assert agent_weight(200, 150) == 256  # capped at 256
     assert agent_weight(1, 0) == 0
     assert agent_weight(1, 100) == 1
+    assert agent_weight(1, 50) == 1  # a nonzero percent never rounds an endpoint out
+    assert agent_weight(4, 1) == 1
 
 
 # --------------------------------------------------------------------------- outlier detection

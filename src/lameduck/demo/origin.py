@@ -13,7 +13,7 @@ load-balancing tests:
   (``?immediate=1`` adds ``x-envoy-immediate-health-check-fail: true``), until
   ``POST /health/ok``. The state is per process.
 - ``/agent``: ``GET`` shows the HAProxy agent-check text, ``POST /agent?say=TEXT`` (URL-encoded:
-  ``drain``, ``maint``, ``down#bad disk``, ``50%``, ``maxconn:10``, ...) replaces it.
+  ``drain``, ``maint``, ``down #bad disk``, ``50%``, ``maxconn:10``, ...) replaces it.
 
 Options (``python -m lameduck.demo --help``): ``--name NAME`` adds ``X-Origin: NAME`` to every
 response and ``"name"`` to ``/info``; ``--log FILE`` appends ``METHOD PATH X-REQUEST-ID`` (``-``

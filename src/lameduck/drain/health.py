@@ -143,10 +143,13 @@ def parse_agent(line: bytes | str) -> AgentReport:
 
 def agent_weight(initial_weight: int, percent: int) -> int:
     """The effective weight an agent's ``<percent>%`` sets: HAProxy's
-    ``initial * percent / 100`` (integer), capped at 256. 0 takes the endpoint out of the
-    balancing like DRAIN (HAProxy shows it as DRAIN)."""
+    ``initial * percent / 100`` (integer), capped at 256. 0% takes the endpoint out of the
+    balancing like DRAIN (HAProxy shows it as DRAIN); any other percent keeps at least 1
+    (weights here are small integers, default 1: 50% of 1 must not mean "out")."""
     percent = max(0, min(percent, _MAX_PERCENT))
-    return min(initial_weight * percent // 100, MAX_WEIGHT)
+    if percent == 0:
+        return 0
+    return max(1, min(initial_weight * percent // 100, MAX_WEIGHT))
 
 
 # --------------------------------------------------------------------------- outlier ejection

@@ -290,7 +290,7 @@ class Exchange:
         assert cluster is not None and ep is not None
         if self.resp_started or self.down.gone or self.down.closing:
             return False
-        target = cluster.retry_target(ep, self.tries)
+        target = cluster.retry_target(ep, self.tries, self.retrying)
         if target is None:
             return False
         self.tries += 1

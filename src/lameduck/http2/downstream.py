@@ -278,7 +278,7 @@ class H2Stream:
         assert cluster is not None and ep is not None
         if self.resp_started or self.conn.gone or self.conn.closing:
             return False
-        target = cluster.retry_target(ep, self.tries)
+        target = cluster.retry_target(ep, self.tries, self.retrying)
         if target is None:
             return False
         self.tries += 1

@@ -82,7 +82,7 @@ class Cluster:
     # -- which endpoints take new sessions ------------------------------------------------------
     def refresh(self) -> None:
         """Recompute the endpoints that take new sessions (after any state or health change)."""
-        self.available = [ep for ep in self.endpoints if ep.drain.up]
+        self.available = [ep for ep in self.endpoints if ep.drain.up and ep.weight > 0]
         st = self.stats
         st.membership_total = len(self.endpoints)
         st.membership_healthy = sum(1 for ep in self.endpoints if ep.drain.healthy)
@@ -139,13 +139,15 @@ class Cluster:
         if self.persistence is not None:
             self.persistence.record(key, ep, now)
 
-    def retry_target(self, failed: Endpoint, tries: int) -> Endpoint | None:
-        """Another endpoint for a retry, if the policy and the budget allow one."""
+    def retry_target(self, failed: Endpoint, tries: int, retrying: bool) -> Endpoint | None:
+        """Another endpoint for a retry, if the policy and the budget allow one. ``retrying``:
+        this request is retrying already; its slot in the budget is reused, as Envoy releases
+        the previous retry before it asks for the next."""
         st = self.stats
         if tries >= self.num_retries:
             st.upstream_rq_retry_limit_exceeded += 1
             return None
-        if not self.budget.allows(st.upstream_rq_active, self.retries_active):
+        if not self.budget.allows(st.upstream_rq_active, self.retries_active - retrying):
             st.upstream_rq_retry_overflow += 1
             return None
         return self.pick(failed)
