@@ -687,11 +687,9 @@ def test_origin_killed_under_load(lameduck, origins, origin_port) -> None:
         "outlier_detection": {"consecutive_5xx": 5, "consecutive_gateway_failure": 3,
                               "base_ejection_time": "10s", "max_ejection_time": "10s",
                               "max_ejection_percent": 34},
-        # A budget for the load: the default (min 3 retries in flight) may refuse one of the
-        # burst of retries o2's death causes (a 503 for a GET); test_retry_limit_budget_and_
-        # safety checks the budget itself.
-        "retry_policy": {"num_retries": 2,
-                         "retry_budget": {"budget_percent": 20, "min_retry_concurrency": 10}},
+        # retry_policy: the defaults (2 retries, budget 20% but at least 10 in flight: the burst
+        # of retries an origin's death causes fits); test_retry_limit_budget_and_safety checks
+        # the budget itself.
     }, "catch": {"endpoints": [o2.addr, o1.addr, o3.addr]},
         "held": {"endpoints": [o2.addr, o1.addr, o3.addr]}}))
     results, t0, t_kill = asyncio.run(_acceptance_load(ld.port, [o1, o2, o3], 3.0, 1.0))

@@ -535,7 +535,9 @@ class RetryBudgetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     budget_percent: float = Field(20.0, ge=0, le=100)
-    min_retry_concurrency: int = Field(3, ge=0)
+    # Envoy's default is 3; lameduck's is higher because an endpoint that dies (or is cut by a
+    # drain stop) fails all its requests at once, and each of those retries is a safe one.
+    min_retry_concurrency: int = Field(10, ge=0)
 
 
 class RetryPolicyConfig(BaseModel):
