@@ -18,6 +18,7 @@ from typing import Any
 
 from lameduck import __version__
 from lameduck.admin import AdminHandlers, start_admin
+from lameduck.admin.control import NotFound
 from lameduck.config import ClusterConfig, Config, format_duration
 from lameduck.drain import (
     Cause,
@@ -151,13 +152,15 @@ class Server:
         for e in cc.endpoints:
             drain = EndpointDrain(cc.drain_stop, cc.drop_at_drain_end,
                                   cc.clear_persistence_on_drain)
-            drain.set_state(e.state, self.loop.time())
             eps.append(Endpoint(e.host, e.port, cc.max_idle_connections, e.weight, drain,
                                 e.agent_port))
         cluster = Cluster(cc.name, eps, cc.connect_timeout, cc.idle_timeout, cc.lb_policy,
                           self.rng)
         cluster.schedule = self.loop.call_at
         cluster.clock = self.loop.time
+        for ep, e in zip(eps, cc.endpoints, strict=True):
+            if e.state is not AdminState.READY:  # as if set at start: drain stop runs from now
+                cluster.set_state(ep, e.state, self.loop.time())
         p = cc.persistence
         if p is not None:
             cluster.persistence = PersistenceTable(p.timeout, p.max_records)
@@ -370,11 +373,11 @@ class Server:
     def set_endpoint_state(self, cluster: str, address: str, state: str) -> None:
         c = self.clusters.get(cluster)
         if c is None:
-            raise LookupError(f"no cluster {cluster!r} (clusters: {', '.join(self.clusters)})")
+            raise NotFound(f"no cluster {cluster!r} (clusters: {', '.join(self.clusters)})")
         ep = c.find(address)
         if ep is None:
             known = ", ".join(e.address for e in c.endpoints)
-            raise LookupError(f"no endpoint {address!r} in cluster {cluster!r} ({known})")
+            raise NotFound(f"no endpoint {address!r} in cluster {cluster!r} ({known})")
         try:
             new = AdminState(state.lower())
         except ValueError:

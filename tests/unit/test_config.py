@@ -544,3 +544,47 @@ def test_models_built_in_code_validate_too() -> None:
         ClusterConfig(name="c", endpoints=("127.0.0.1:0",))  # type: ignore[arg-type]
     cluster = ClusterConfig(name="c", endpoints=("127.0.0.1:80",))  # type: ignore[arg-type]
     assert cluster.endpoints[0].address == HostPort("127.0.0.1", 80)
+
+
+def test_issue5_cluster_keys_are_checked_naming_the_field() -> None:
+    base = ("listeners: [{name: a, address: 127.0.0.1:0, routes: [{cluster: c}]}]\n"
+            "clusters: [{name: c, endpoints: [127.0.0.1:1, 127.0.0.1:2], %s}]\n")
+    cases = {
+        "outlier_detection: {base_ejection_time: 600s}":
+            "clusters[0].outlier_detection.max_ejection_time: must be >= base_ejection_time",
+        "persistence: {type: cookie, cookie_name: 'a b'}":
+            "clusters[0].persistence.cookie_name: invalid cookie name",
+        "lb_policy: random": "clusters[0].lb_policy",
+        "endpoints: [127.0.0.1:1, {address: 127.0.0.1:1}]":
+            "clusters[0].endpoints[1].address: duplicate endpoint 127.0.0.1:1",
+        "endpoints: [{address: 127.0.0.1:1, state: paused}]": "clusters[0].endpoints[0].state",
+        "health_check: {rise: 0}": "clusters[0].health_check.rise",
+    }
+    for extra, expected in cases.items():
+        text = base % extra
+        if extra.startswith("endpoints:"):
+            text = text.replace("endpoints: [127.0.0.1:1, 127.0.0.1:2], ", "")
+        with pytest.raises(ConfigError) as err:
+            load_config_text(text)
+        assert expected in str(err.value), (extra, str(err.value))
+
+
+def test_tcp_listener_fields() -> None:
+    ok = load_config_text(
+        "listeners: [{name: t, address: 127.0.0.1:0, protocol: tcp, cluster: c}]\n"
+        "clusters: [{name: c, endpoints: [127.0.0.1:1]}]\n")
+    assert ok.listeners[0].protocol == "tcp" and ok.listeners[0].quiet_period == 1.0
+    for listener, expected in {
+        "{name: t, address: 127.0.0.1:0, protocol: tcp}": "listeners[0].cluster: required",
+        "{name: t, address: 127.0.0.1:0, protocol: tcp, cluster: x}":
+            "listeners[0].cluster: unknown cluster 'x'",
+        "{name: t, address: 127.0.0.1:0, protocol: tcp, cluster: c, routes: [{cluster: c}]}":
+            "listeners[0].routes: not for protocol: tcp",
+        "{name: t, address: 127.0.0.1:0, cluster: c, routes: [{cluster: c}]}":
+            "listeners[0].cluster: only for protocol: tcp",
+        "{name: t, address: 127.0.0.1:0}": "listeners[0].routes: at least one route",
+    }.items():
+        with pytest.raises(ConfigError) as err:
+            load_config_text(f"listeners: [{listener}]\n"
+                             "clusters: [{name: c, endpoints: [127.0.0.1:1]}]\n")
+        assert expected in str(err.value), (listener, str(err.value))

@@ -7,6 +7,10 @@ from typing import Any, Protocol
 from lameduck.stats import Stat
 
 
+class NotFound(Exception):
+    """What the admin API was asked about does not exist (answered 404 with the message)."""
+
+
 class AdminControl(Protocol):
     def drain_listeners(self, graceful: bool, skip_exit: bool, inbound_only: bool) -> None: ...
     def healthcheck_fail(self) -> None: ...
@@ -17,4 +21,4 @@ class AdminControl(Protocol):
     def quit(self) -> None: ...
     def clusters_view(self) -> list[dict[str, Any]]: ...
     def set_endpoint_state(self, cluster: str, address: str, state: str) -> None:
-        """LookupError: no such cluster or endpoint; ValueError: no such state."""
+        """NotFound: no such cluster or endpoint; ValueError: no such state."""

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from urllib.parse import parse_qs, unquote
 
-from lameduck.admin.control import AdminControl
+from lameduck.admin.control import AdminControl, NotFound
 from lameduck.stats import render_json, render_prometheus, render_text
 
 Query = dict[str, list[str]]
@@ -55,8 +55,8 @@ class AdminHandlers:
             status, ctype, body = fn(parse_query(query))
         except ValueError as e:
             return 400, TEXT, f"{e}\n".encode(), None
-        except LookupError as e:
-            return 404, TEXT, f"{e.args[0]}\n".encode(), None
+        except NotFound as e:
+            return 404, TEXT, f"{e}\n".encode(), None
         return status, ctype, body, None
 
     def home(self, q: Query) -> Reply:
@@ -125,7 +125,7 @@ class AdminHandlers:
         """POST /clusters/<cluster>/endpoints/<host:port>?state=ready|drain|maint"""
         parts = path.split("/")
         if len(parts) != 5 or parts[3] != "endpoints" or not parts[2] or not parts[4]:
-            raise LookupError("not found: use /clusters/<cluster>/endpoints/<host:port>")
+            raise NotFound("not found: use /clusters/<cluster>/endpoints/<host:port>")
         states = q.get("state")
         if not states or not states[0]:
             raise ValueError("missing state: use ?state=ready, drain or maint")

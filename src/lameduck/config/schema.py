@@ -527,6 +527,16 @@ class OutlierDetectionConfig(BaseModel):
     max_ejection_time: PositiveDuration = 300.0
     max_ejection_percent: int = Field(10, ge=0, le=100)
 
+    @model_validator(mode="after")
+    def _times(self) -> Self:
+        if self.max_ejection_time < self.base_ejection_time:
+            _fail("OutlierDetectionConfig", [(
+                ("max_ejection_time",),
+                f"must be >= base_ejection_time ({format_duration(self.base_ejection_time)}), "
+                f"got {format_duration(self.max_ejection_time)}",
+                format_duration(self.max_ejection_time))])
+        return self
+
 
 class RetryBudgetConfig(BaseModel):
     """Envoy's retry_budget: retries in flight at most budget_percent of the requests in

@@ -494,8 +494,8 @@ class Exchange:
         else:
             cs.upstream_rq_rx_reset += 1
         if after_head or self.resp_started:
-            # Bytes of this response already went out: the client can only see a reset.
-            cluster.request_failed(ep, True)
+            # Bytes of this response already went out (its status was counted): the client
+            # can only see a reset.
             self.down.abort_with_active_request()
             return
         if (status == UpstreamError.RESET and can_replay and self.reused and up_was is not None
@@ -505,8 +505,12 @@ class Exchange:
             self._retry(ep)
             return
         cluster.request_failed(ep, True)
-        if status == UpstreamError.RESET and can_replay and self._retry_elsewhere():
-            return  # reset before any response byte, and safe to send again (seed 003)
+        if (status == UpstreamError.RESET and self.retryable and can_replay
+                and self._retry_elsewhere()):
+            # reset before any response byte, safe to send again (seed 003), and its body is
+            # still kept (``can_replay`` alone says only that: an HTTP/2 stream keeps it for
+            # a refusal)
+            return
         body = {502: b"upstream reset before response\n", 503: b"upstream connect error\n",
                 504: b"upstream request timeout\n"}[status]
         self.local_error(status, body)
@@ -585,12 +589,6 @@ class Exchange:
         if self.resp_done:
             return
         self.resp_done = True
-        if self.retrying:
-            cluster = self.cluster
-            assert cluster is not None
-            cluster.retries_active -= 1
-            if 0 < self.status < 500:
-                cluster.stats.upstream_rq_retry_success += 1
         self.down.exchange_done(self)
 
 
@@ -1071,6 +1069,10 @@ class H1Downstream(asyncio.Protocol):
         ctx = self.ctx
         st = self.stats
         st.downstream_rq_active -= 1
+        if ex.retrying:  # every way an exchange ends comes here: its retry slot is given back
+            ex.retrying = False
+            assert ex.cluster is not None
+            ex.cluster.retry_ended(0 < ex.status < 500)
         if ex.admitted:
             ex.admitted = False
             ledger = ctx.process.ledger

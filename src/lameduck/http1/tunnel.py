@@ -245,6 +245,13 @@ class Relay:
         or reset both (counted as cut)."""
         if reset:
             self.cut = True
+            if self.ended:
+                # closed with a FIN already, but a side is still open (its peer does not
+                # read what is buffered for it): reset what is left
+                for t in self.dest.values():
+                    if not t.is_closing() or t.get_write_buffer_size():
+                        abort_with_rst(t)
+                return
         self._end(reset)
 
     def _close_both(self) -> None:

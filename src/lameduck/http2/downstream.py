@@ -455,8 +455,8 @@ class H2Stream:
             cs.upstream_rq_rx_reset += 1
         conn = self.conn
         if after_head or self.resp_started:
-            # Bytes of this response went out: the client can only see the stream reset.
-            cluster.request_failed(ep, True)
+            # Bytes of this response went out (its status was counted): the client can only
+            # see the stream reset.
             conn.reset_stream(self, ErrorCode.INTERNAL_ERROR)
             return
         replay = self.replay
@@ -558,13 +558,6 @@ class H2Stream:
         if self.resp_done and self.sid not in self.conn.streams:
             return
         self.resp_done = True
-        if self.retrying:
-            self.retrying = False
-            cluster = self.cluster
-            assert cluster is not None
-            cluster.retries_active -= 1
-            if 0 < self.status < 500:
-                cluster.stats.upstream_rq_retry_success += 1
         self.conn.stream_done(self)
 
 
@@ -1002,6 +995,10 @@ class H2Downstream(asyncio.Protocol):
         ctx = self.ctx
         st = self.stats
         st.downstream_rq_active -= 1
+        if s.retrying:  # every way a stream ends comes here: its retry slot is given back
+            s.retrying = False
+            assert s.cluster is not None
+            s.cluster.retry_ended(0 < s.status < 500)
         if s.admitted:
             s.admitted = False
             ledger = ctx.process.ledger

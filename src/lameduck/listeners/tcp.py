@@ -45,6 +45,7 @@ class TcpDownstream(asyncio.Protocol):
         self.finished = False
         self.deadline_cut = False  # reset by the shutdown deadline (a drain cut)
         self.tries = 0
+        self.pkey: str | None = None  # the source IP, with persistence
         self.timer: asyncio.TimerHandle | None = None
         self.drain: ConnectionDrain = None  # type: ignore[assignment]  # set at connection_made
 
@@ -64,7 +65,8 @@ class TcpDownstream(asyncio.Protocol):
         cluster = ctx.cluster
         if cluster.persistence is not None:
             peer = t.get_extra_info("peername")
-            ep, _ = cluster.pick_sticky(peer[0] if peer else "", Layer.L4, now, cookie=False)
+            self.pkey = peer[0] if peer else ""
+            ep, _ = cluster.pick_sticky(self.pkey, Layer.L4, now, cookie=False)
         else:
             ep = cluster.pick()
         if ep is None:
@@ -104,6 +106,8 @@ class TcpDownstream(asyncio.Protocol):
                 if other is not None:
                     self.tries += 1
                     cluster.stats.upstream_rq_retry += 1
+                    if self.pkey is not None:  # the record follows the endpoint that answers
+                        cluster.rebind(self.pkey, other, self.loop.time())
                     self._connect(other)
                     return
             self._close(reset=True)  # nothing reachable: not a drain cut (abandoned)

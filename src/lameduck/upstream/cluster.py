@@ -39,7 +39,7 @@ class Cluster:
     __slots__ = ("available", "balancer", "budget", "by_cookie", "clock", "connect_timeout",
                  "connector", "cookie_name", "endpoints", "idle_timeout", "lb_policy", "name",
                  "num_retries", "on_change", "outlier", "outlier_stats", "persistence",
-                 "retries_active", "schedule", "stats")
+                 "retries_active", "schedule", "stats", "uneject_timer")
 
     def __init__(
         self,
@@ -66,6 +66,7 @@ class Cluster:
         # (upstream/ does not import the codecs); None: a keep-alive HTTP/1.1 pool.
         self.connector: Callable[[Endpoint], Any] | None = None
         self.schedule: Schedule | None = None
+        self.uneject_timer: Any = None  # what ``schedule`` returned (a TimerHandle)
         self.clock: Callable[[], float] = time.monotonic  # the wiring gives loop.time
         self.on_change: Callable[[], None] | None = None
         self.persistence: PersistenceTable[str, Endpoint] | None = None
@@ -127,6 +128,12 @@ class Cluster:
         table.record(key, ep, now)
         self.stats.lb_persistence_records = len(table)
         return ep, key
+
+    def retry_ended(self, answered: bool) -> None:
+        """A request that retried has ended (any way): its slot in the budget is free."""
+        self.retries_active -= 1
+        if answered:
+            self.stats.upstream_rq_retry_success += 1
 
     def connect_failed(self, ep: Endpoint) -> None:
         """A connection to ``ep`` failed before the request went (counted, and towards its
@@ -211,10 +218,20 @@ class Cluster:
         if od.failure(ep, self.clock(), gateway):
             ep.ejected = True
             self.health_changed(ep)
-            at = od.next_uneject()
-            if at is not None and self.schedule is not None:
-                self.schedule(at, self._uneject)
+            self._arm_uneject()
         self._sync_outlier()
+
+    def _arm_uneject(self) -> None:
+        """One timer, at the earliest ejection's end."""
+        od = self.outlier
+        if od is None or self.schedule is None:
+            return
+        if self.uneject_timer is not None:
+            self.uneject_timer.cancel()
+            self.uneject_timer = None
+        at = od.next_uneject()
+        if at is not None:
+            self.uneject_timer = self.schedule(at, self._uneject)
 
     def request_ok(self, ep: Endpoint) -> None:
         ep.rq_success += 1
@@ -223,16 +240,14 @@ class Cluster:
             od.success(ep, self.clock())
 
     def _uneject(self) -> None:
+        self.uneject_timer = None
         od = self.outlier
-        if od is None or self.schedule is None:
+        if od is None:
             return
-        now = self.clock()
-        for ep in od.uneject_due(now):
+        for ep in od.uneject_due(self.clock()):
             ep.ejected = False
             self.health_changed(ep)
-        at = od.next_uneject()
-        if at is not None:
-            self.schedule(at, self._uneject)
+        self._arm_uneject()
         self._sync_outlier()
 
     def _sync_outlier(self) -> None:

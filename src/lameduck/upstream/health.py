@@ -44,7 +44,10 @@ async def _http_check(ep: Endpoint, request: bytes, expected: frozenset[int]) ->
         try:
             head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.LimitOverrunError:
-            head = await reader.read(MAX_HEAD)
+            try:
+                head = await reader.read(MAX_HEAD)  # a huge head: its status line will do
+            except OSError:
+                raise CheckFailed(network=True) from None
         except (asyncio.IncompleteReadError, OSError):
             raise CheckFailed(network=True) from None
     finally:
@@ -105,23 +108,29 @@ class HealthChecker:
         cfg = self.cfg
         request = self._request(ep)
         while True:
-            await self.check_once(ep, request)
+            try:
+                await self.check_once(ep, request)
+            except Exception:  # a check must never end the endpoint's checking
+                log.exception("cluster %s endpoint %s: health check failed unexpectedly",
+                              self.cluster.name, ep.address)
             await asyncio.sleep(cfg.interval)
 
     async def check_once(self, ep: Endpoint, request: bytes) -> None:
         st = self.stats
         st.attempt += 1
         hc = self.checks[ep]
+        # Envoy's counting: `failure` is every failed check, `network_failure` those that
+        # could not connect, were reset or timed out.
         try:
             await asyncio.wait_for(_http_check(ep, request, self.expected), self.cfg.timeout)
         except CheckFailed as e:
+            st.failure += 1
             if e.network:
                 st.network_failure += 1
-            else:
-                st.failure += 1
             changed = hc.failure(immediate=e.immediate)
         except TimeoutError:
             st.failure += 1
+            st.network_failure += 1
             changed = hc.failure()
         else:
             st.success += 1
@@ -159,7 +168,11 @@ class AgentChecker:
 
     async def _run(self, ep: Endpoint) -> None:
         while True:
-            await self.check_once(ep)
+            try:
+                await self.check_once(ep)
+            except Exception:  # an agent's nonsense must never end the asking
+                log.exception("cluster %s endpoint %s: agent check failed unexpectedly",
+                              self.cluster.name, ep.address)
             await asyncio.sleep(self.cfg.interval)
 
     async def check_once(self, ep: Endpoint) -> None:
