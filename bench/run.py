@@ -5,7 +5,9 @@ HTTP/1.1 rows: wrk against all three proxies. HTTP/2 rows (--h2, the default): h
 h2c prior knowledge against lameduck and HAProxy, in two shapes (5 connections x 10 streams,
 50 connections x 1 stream); the origin stays HTTP/1.1 behind both. HTTP/2-upstream rows
 (--h2-upstream, the default): wrk (HTTP/1.1) against lameduck and HAProxy, each forwarding to
-an nginx origin that speaks only h2c (HTTP/2 prior knowledge).
+an nginx origin that speaks only h2c (HTTP/2 prior knowledge). Pool rows (--pool, the default):
+wrk against lameduck and HAProxy, each spreading requests round robin over three demo origins
+with active health checks on.
 
 Run with ``make bench`` (or ``.venv/bin/python bench/run.py --help``). Everything listens on
 127.0.0.1, every process it starts is stopped by pid before it returns (also on Ctrl-C and
@@ -13,13 +15,14 @@ SIGTERM), and the default run takes about two and a half minutes. See bench/READ
 
 Layout on a 2-core machine:
     CPU 0 (--proxy-cpu): the proxy under test (one of three, all pinned there)
-    CPU 1 (--load-cpu):  the demo origin, the nginx h2c origin and wrk / h2load
+    CPU 1 (--load-cpu):  the demo origins, the nginx h2c origin and wrk / h2load
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import ctypes
 import http.client
 import json
@@ -71,6 +74,15 @@ H2_HELLO = b"hello from the h2 origin\n"
 H2UP_LISTENER, H2UP_CLUSTER = "ingress-h2up", "origin-h2"
 H2UP_STREAMS = 100  # lameduck's clusters[].http2.max_concurrent_streams (its default)
 
+# HTTP/1.1 through a pool of POOL_SIZE demo origins, round robin, active health checks on
+# (GET /health every second, rise 2, fall 3), behind a third listener (lameduck) / frontend
+# (HAProxy) of the same processes. No target.
+POOL_PROXIES = ("lameduck", "haproxy")
+POOL_SIZE = 3
+POOL_LISTENER, POOL_CLUSTER = "ingress-pool", "origin-pool"
+POOL_HAPROXY_BACKEND = "origin_pool"
+POOL_HEALTH_CHECK = {"path": "/health", "interval": "1s", "timeout": "1s", "rise": 2, "fall": 3}
+
 
 # --------------------------------------------------------------------------------------------
 # Processes: started pinned, tracked, stopped by pid.
@@ -95,6 +107,8 @@ class Proc:
     admin_port: int = 0
     h2_port: int = 0  # where it serves h2c prior knowledge (0: not tested over HTTP/2)
     h2up_port: int = 0  # HTTP/1.1 listener whose upstream is the h2c origin (0: none)
+    pool_port: int = 0  # HTTP/1.1 listener whose upstream is the pool of origins (0: none)
+    stats_socket: Path | None = None  # HAProxy's stats socket (for the pool's server counts)
 
     @property
     def pid(self) -> int:
@@ -233,8 +247,8 @@ def cpu_busy() -> dict[int, tuple[int, int]]:
 # The origin and the three proxies.
 # --------------------------------------------------------------------------------------------
 
-def start_origin(procs: Procs, cpu: int) -> tuple[Proc, int]:
-    proc = procs.start("origin", cpu, [sys.executable, "-m", "lameduck.demo", "--port", "0"])
+def start_origin(procs: Procs, cpu: int, name: str = "origin") -> tuple[Proc, int]:
+    proc = procs.start(name, cpu, [sys.executable, "-m", "lameduck.demo", "--port", "0"])
     port: list[int] = []
 
     def reported() -> bool:
@@ -261,9 +275,11 @@ def lameduck_bin() -> str:
 
 
 def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int,
-                   h2: bool = False, h2up_origin_port: int = 0) -> tuple[Proc, int]:
+                   h2: bool = False, h2up_origin_port: int = 0,
+                   pool_origin_ports: tuple[int, ...] = ()) -> tuple[Proc, int]:
     port, admin = free_port(), free_port()
     h2up_port = free_port() if h2up_origin_port else 0
+    pool_port = free_port() if pool_origin_ports else 0
     cfg = {
         "admin": {"address": f"127.0.0.1:{admin}"},
         # Short drain so the SIGTERM at the end exits fast (no traffic is left by then anyway).
@@ -295,6 +311,22 @@ def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int,
             "protocol": "h2", "http2": {"max_concurrent_streams": H2UP_STREAMS},
             "connect_timeout": "5s", "max_idle_connections": 256, "idle_timeout": "60s",
         })
+    if pool_origin_ports:
+        # HTTP/1.1 listener #3, its cluster a pool of demo origins: round robin, active health
+        # checks, outlier detection with its defaults, the default retry_policy.
+        cfg["listeners"].append({
+            "name": POOL_LISTENER,
+            "address": f"127.0.0.1:{pool_port}",
+            "health_check_path": None,
+            "idle_timeout": "60s",
+            "routes": [{"prefix": "/", "cluster": POOL_CLUSTER, "timeout": "30s"}],
+        })
+        cfg["clusters"].append({
+            "name": POOL_CLUSTER, "endpoints": [f"127.0.0.1:{p}" for p in pool_origin_ports],
+            "connect_timeout": "5s", "max_idle_connections": 256, "idle_timeout": "60s",
+            "lb_policy": "round_robin", "health_check": dict(POOL_HEALTH_CHECK),
+            "outlier_detection": {},
+        })
     path = workdir / "lameduck.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     # Its log is its stderr (stdout too); both go to lameduck.log in the work dir.
@@ -305,6 +337,7 @@ def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int,
     if h2:
         proc.h2_port = port  # the same listener serves h2c prior knowledge, no config needed
     proc.h2up_port = h2up_port
+    proc.pool_port = pool_port
     return proc, port
 
 
@@ -317,19 +350,77 @@ LAMEDUCK_H2UP_STATS = re.compile(
     r"(upstream_cx_http2_total|upstream_cx_close_notify|upstream_rq_(rx|tx)_reset"
     r"|downstream_rq_2xx)$")
 _H2UP_SCOPES = (f"http.{H2UP_LISTENER}.", f"cluster.{H2UP_CLUSTER}.")
+# Also, for the pool: health checks, outlier ejections, requests answered 503 for want of a
+# healthy endpoint, and the 2xx count.
+LAMEDUCK_POOL_STATS = re.compile(
+    r"(health_check\.(attempt|success|failure|network_failure)|ejections_enforced_total"
+    r"|upstream_cx_none_healthy|upstream_rq_2xx|downstream_rq_2xx)$")
+_POOL_SCOPES = (f"http.{POOL_LISTENER}.", f"cluster.{POOL_CLUSTER}.")
 
 
-def lameduck_counters(proc: Proc, h2up: bool = False) -> dict[str, int]:
+def lameduck_counters(proc: Proc, h2up: bool = False, pool: bool = False) -> dict[str, int]:
     """Connection and request counters from lameduck's admin API (pool churn, errors): those
-    of the HTTP/1.1 rows' listener and cluster, or with ``h2up`` those of the h2c upstream's."""
+    of the HTTP/1.1 rows' listener and cluster, with ``h2up`` those of the h2c upstream's, with
+    ``pool`` those of the pool's."""
     status, body = http_get(f"http://127.0.0.1:{proc.admin_port}/stats?format=json", timeout=5)
     if status != 200:
         return {}
     stats = json.loads(body)["stats"]
-    return {st["name"]: st["value"] for st in stats
-            if st["name"].startswith(_H2UP_SCOPES) == h2up
-            and (LAMEDUCK_STATS.search(st["name"])
-                 or (h2up and LAMEDUCK_H2UP_STATS.search(st["name"])))}
+    out = {}
+    for st in stats:
+        name = st["name"]
+        if h2up or pool:
+            if not name.startswith(_H2UP_SCOPES if h2up else _POOL_SCOPES):
+                continue
+        elif name.startswith(_H2UP_SCOPES + _POOL_SCOPES):
+            continue
+        if (LAMEDUCK_STATS.search(name) or (h2up and LAMEDUCK_H2UP_STATS.search(name))
+                or (pool and LAMEDUCK_POOL_STATS.search(name))):
+            out[name] = st["value"]
+    return out
+
+
+def lameduck_pool_hosts(proc: Proc) -> list[dict]:
+    """The pool cluster's endpoints from lameduck's GET /clusters?format=json: address,
+    rq_total, rq_error, health_flags."""
+    status, body = http_get(f"http://127.0.0.1:{proc.admin_port}/clusters?format=json",
+                            timeout=5)
+    if status != 200:
+        raise BenchError(f"lameduck GET /clusters?format=json: {status} {body[:200]!r}")
+    for c in json.loads(body)["cluster_statuses"]:
+        if c["name"] == POOL_CLUSTER:
+            return [{"address": h["address"], "rq_total": h["stats"]["rq_total"],
+                     "rq_error": h["stats"]["rq_error"], "health": h["health_flags"]}
+                    for h in c["host_statuses"]]
+    raise BenchError(f"lameduck GET /clusters?format=json has no cluster {POOL_CLUSTER!r}")
+
+
+def haproxy_pool_servers(proc: Proc) -> list[dict]:
+    """The pool backend's servers from HAProxy's stats socket (``show stat``): name, address,
+    hrsp_2xx (responses it answered 2xx), status and failed checks."""
+    if proc.stats_socket is None:
+        raise BenchError("haproxy has no stats socket")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(proc.stats_socket))
+        s.sendall(b"show stat\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    lines = data.decode(errors="replace").splitlines()
+    if not lines or not lines[0].startswith("# "):
+        raise BenchError(f"haproxy show stat: unexpected answer {data[:200]!r}")
+    out = []
+    for row in csv.DictReader([lines[0][2:], *lines[1:]]):
+        if row.get("pxname") == POOL_HAPROXY_BACKEND and row.get("svname") not in (
+                "BACKEND", "FRONTEND"):
+            out.append({"name": row["svname"], "address": row.get("addr", "?"),
+                        "hrsp_2xx": int(row.get("hrsp_2xx") or 0),
+                        "status": row.get("status", "?"),
+                        "chkfail": int(row.get("chkfail") or 0)})
+    if not out:
+        raise BenchError(f"haproxy show stat: no servers of backend {POOL_HAPROXY_BACKEND}")
+    return out
 
 
 HAPROXY_CFG = """\
@@ -337,7 +428,7 @@ HAPROXY_CFG = """\
 global
     nbthread 1
     maxconn 4096
-
+{stats_socket}
 defaults
     mode http
     option http-keep-alive
@@ -355,7 +446,7 @@ frontend fe
 {h2_frontend}
 backend origin
     server origin 127.0.0.1:{origin_port}
-{h2up}"""
+{h2up}{pool}"""
 
 
 HAPROXY_H2_FRONTEND = """
@@ -379,17 +470,41 @@ backend origin_h2
 """
 
 
+HAPROXY_POOL = """
+# HTTP/1.1 clients, a pool of demo origins: round robin, active health checks (GET /health
+# every second, rise 2, fall 3), keep-alive and reuse as the other backends.
+frontend fe_pool
+    bind 127.0.0.1:{pool_port}
+    default_backend {backend}
+
+backend {backend}
+    balance roundrobin
+    option httpchk GET /health
+    http-reuse always
+{servers}"""
+
+HAPROXY_STATS_SOCKET = "    stats socket {path} mode 600 level user  # pool server counts\n"
+
+
 def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
-                  h2: bool = False, h2up_origin_port: int = 0) -> tuple[Proc, int]:
+                  h2: bool = False, h2up_origin_port: int = 0,
+                  pool_origin_ports: tuple[int, ...] = ()) -> tuple[Proc, int]:
     port = free_port()
     h2_port = free_port() if h2 else 0
     h2up_port = free_port() if h2up_origin_port else 0
+    pool_port = free_port() if pool_origin_ports else 0
+    sock = workdir / "haproxy.sock" if pool_origin_ports else None
+    servers = "".join(f"    server p{i} 127.0.0.1:{p} check inter 1s rise 2 fall 3\n"
+                      for i, p in enumerate(pool_origin_ports, 1))
     cfg = workdir / "haproxy.cfg"
     cfg.write_text(HAPROXY_CFG.format(
         port=port, origin_port=origin_port,
+        stats_socket=HAPROXY_STATS_SOCKET.format(path=sock) if sock else "",
         h2_frontend=HAPROXY_H2_FRONTEND.format(h2_port=h2_port) if h2 else "",
         h2up=HAPROXY_H2UP.format(h2up_port=h2up_port, h2up_origin_port=h2up_origin_port)
-        if h2up_origin_port else ""))
+        if h2up_origin_port else "",
+        pool=HAPROXY_POOL.format(pool_port=pool_port, backend=POOL_HAPROXY_BACKEND,
+                                 servers=servers) if pool_origin_ports else ""))
     check = subprocess.run(["haproxy", "-c", "-q", "-f", str(cfg)], capture_output=True,
                            text=True)
     if check.returncode != 0:
@@ -398,6 +513,8 @@ def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
     wait_until(proc, "listening socket", lambda: _proxied_ok(port))
     proc.h2_port = h2_port
     proc.h2up_port = h2up_port
+    proc.pool_port = pool_port
+    proc.stats_socket = sock
     return proc, port
 
 
@@ -999,6 +1116,42 @@ def summarize_h2up(samples: list[Sample], names: list[str], load_cpu: int,
     return rows, info, failures
 
 
+def summarize_pool(samples: list[Sample], names: list[str], load_cpu: int,
+                   skipped: dict[str, str], h1_samples: list[Sample],
+                   ) -> tuple[list[list[str]], list[str], list[str]]:
+    """The pool rows (same columns as the HTTP/1.1 ones; a proxy in ``skipped`` reads FAILED),
+    informational lines (no target: CPU µs/request and req/s next to the same proxy's
+    single-endpoint HTTP/1.1 row of this run) and one line per failed row."""
+    good = [n for n in names if n not in skipped and any(s.proxy == n for s in samples)]
+    by_name = dict(zip(good, summarize(samples, good, load_cpu)[0], strict=True)) if good else {}
+    rows, info, failures = [], [], []
+    for n in names:
+        if n in by_name:
+            rows.append(by_name[n])
+            continue
+        errors = sum(s.errors for s in samples if s.proxy == n)
+        rows.append([n, "FAILED", "-", "-", "-", "-", "-", str(errors), "-"])
+        failures.append(f"{n} pool: {skipped.get(n, 'no rounds ran')}")
+
+    def med(ss: list[Sample], n: str, key: str) -> float | None:
+        vals = [getattr(s, key) for s in ss if s.proxy == n]
+        return statistics.median(vals) if vals else None
+
+    for n in good:
+        cpu, h1 = med(samples, n, "cpu_us_per_req"), med(h1_samples, n, "cpu_us_per_req")
+        line = f"{n}: {cpu:.1f} µs CPU/request through the pool of {POOL_SIZE}"
+        if h1 is not None:
+            rps, h1_rps = med(samples, n, "rps"), med(h1_samples, n, "rps")
+            line += (f", {h1:.1f} with the single endpoint in this run's first table "
+                     f"({cpu - h1:+.1f} µs, {cpu / h1:.2f}x); req/s {rps:,.0f} vs "
+                     f"{h1_rps:,.0f} ({rps / h1_rps:.2f}x)")
+        info.append(line)
+    if "lameduck" in by_name and "haproxy" in by_name:
+        ratio = med(samples, "lameduck", "rps") / med(samples, "haproxy", "rps")
+        info.append(f"lameduck req/s vs HAProxy through the pool: {ratio:.2f}x")
+    return rows, info, failures
+
+
 H2_HEADERS = ["h2 shape", "proxy", "req/s (median)", "mean", "p50", "p99", "CPU µs/req",
               "proxy CPU", "vs HAProxy req/s", "errors", "saturated"]
 
@@ -1124,8 +1277,46 @@ def h2up_markdown(h2up, args) -> list[str]:
     ]
 
 
+def pool_markdown(pool, args) -> list[str]:
+    """The pool section: ``pool`` is (rows, info, failures, samples, notes)."""
+    rows, info, failures, samples, notes = pool
+    warm = (f" after a {args.pool_warmup:g} s warm-up each" if args.pool_warmup > 0 else "")
+    hc = POOL_HEALTH_CHECK
+    return [
+        f"## HTTP/1.1 through a pool of {POOL_SIZE} origins (round robin, health checks)",
+        "",
+        f"wrk -t{args.threads} -c{args.connections} keep-alive GET / against "
+        f"{', '.join(args.pool_names)}, {args.rounds} interleaved rounds x "
+        f"{args.pool_duration:g} s per proxy{warm}, after the other parts. The origins are "
+        f"{POOL_SIZE} demo origins (one Python process each, on the load CPU, like the first "
+        "table's). lameduck reaches them through a cluster with `lb_policy: round_robin`, "
+        f"`health_check: {{path: {hc['path']}, interval: {hc['interval']}, timeout: "
+        f"{hc['timeout']}, rise: {hc['rise']}, fall: {hc['fall']}}}`, `outlier_detection: {{}}` "
+        "and the default retry_policy; HAProxy through `balance roundrobin`, "
+        "`option httpchk GET /health` and `server ... check inter 1s rise 2 fall 3`, with "
+        "`http-reuse always`. Both add X-Forwarded-For.",
+        "",
+        md_table(rows),
+        "",
+        "No target is set for this path; for information:",
+        "",
+        *[f"- {x}" for x in info],
+        "",
+        *[f"Failed: {f}\n" for f in failures],
+        *[f"Note: {n}.\n" for n in notes],
+        "Same columns and method as the HTTP/1.1 table (CPU µs/req = the proxy's utime+stime "
+        "over the round / requests wrk completed); the single-endpoint comparison uses the same "
+        "demo origin program.",
+        "",
+        "### Pool rounds",
+        "",
+        md_table(round_rows(samples, args), round_headers(args)),
+        "",
+    ]
+
+
 def write_markdown(path: Path, rows, verdict, samples, args, command: str,
-                   notes: list[str], h2=None, h2up=None) -> None:
+                   notes: list[str], h2=None, h2up=None, pool=None) -> None:
     v = _versions()
     lines = [
         "# lameduck benchmark results",
@@ -1155,6 +1346,7 @@ def write_markdown(path: Path, rows, verdict, samples, args, command: str,
         "",
         *(h2_markdown(h2, args) if h2 else []),
         *(h2up_markdown(h2up, args) if h2up else []),
+        *(pool_markdown(pool, args) if pool else []),
         "## Environment",
         "",
         *[f"- {k}: {val}" for k, val in v.items()],
@@ -1200,6 +1392,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--h2-upstream-warmup", type=float, default=None,
                    help="wrk warm-up seconds per proxy before those rounds (default: "
                    "--warmup, at most 1; 0 = none)")
+    p.add_argument("--pool", action=argparse.BooleanOptionalAction, default=True,
+                   help=f"also run the pool rows: wrk against lameduck and haproxy (those of "
+                   f"--proxies), each spreading requests round robin over {POOL_SIZE} demo "
+                   "origins with active health checks (default on)")
+    p.add_argument("--pool-duration", type=float, default=None,
+                   help="seconds per proxy and round for those rows (default: --duration, "
+                   "at most 4)")
+    p.add_argument("--pool-warmup", type=float, default=None,
+                   help="wrk warm-up seconds per proxy before those rounds (default: "
+                   "--warmup, at most 1; 0 = none)")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.proxies.split(",") if n.strip()]
     bad = [n for n in names if n not in PROXIES]
@@ -1223,6 +1425,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--h2-upstream-duration must be positive and --h2-upstream-warmup not "
                 "negative")
     args.h2up_names = [n for n in names if n in H2UP_PROXIES] if args.h2_upstream else []
+    args.pool_duration = (min(args.duration, 4.0) if args.pool_duration is None
+                          else args.pool_duration)
+    args.pool_warmup = (max(0.0, min(args.warmup, 1.0)) if args.pool_warmup is None
+                        else args.pool_warmup)
+    if args.pool_duration <= 0 or args.pool_warmup < 0:
+        p.error("--pool-duration must be positive and --pool-warmup not negative")
+    args.pool_names = [n for n in names if n in POOL_PROXIES] if args.pool else []
     cpus = os.sched_getaffinity(0)
     for flag, cpu in (("--proxy-cpu", args.proxy_cpu), ("--load-cpu", args.load_cpu)):
         if cpu not in cpus:
@@ -1294,6 +1503,36 @@ def run_h2up_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], origin: 
     ``--h2-upstream-duration`` with the order rotating. A proxy that fails the pre-check, dies
     or whose wrk fails gets a FAILED row, never an exception. False when anything failed or
     any round had errors (the caller then keeps the logs)."""
+    return _run_wrk_part(
+        procs, proxies, [("the nginx h2c origin", origin)], args, samples, skipped,
+        names=args.h2up_names, port_of=lambda proc: proc.h2up_port, expect=H2_HELLO,
+        precheck_requests=3, label="h2-upstream", tag="h2up", duration=args.h2up_duration,
+        warmup=args.h2up_warmup)
+
+
+def run_pool_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], origins: list[Proc],
+                    args: argparse.Namespace, samples: list[Sample],
+                    skipped: dict[str, str]) -> bool:
+    """HTTP/1.1 clients -> proxy -> pool of demo origins, last: as ``run_h2up_rounds``, on the
+    pool listener, with ``--pool-duration`` and ``--pool-warmup``; the pre-check sends two
+    requests per origin on one connection."""
+    return _run_wrk_part(
+        procs, proxies, [(f"pool origin {o.name}", o) for o in origins], args, samples,
+        skipped, names=args.pool_names, port_of=lambda proc: proc.pool_port, expect=HELLO,
+        precheck_requests=2 * POOL_SIZE, label="pool", tag="pool",
+        duration=args.pool_duration, warmup=args.pool_warmup)
+
+
+def _run_wrk_part(procs: Procs, proxies: dict[str, tuple[Proc, int]],
+                  origins: list[tuple[str, Proc]], args: argparse.Namespace,
+                  samples: list[Sample], skipped: dict[str, str], *, names: list[str],
+                  port_of: Callable[[Proc], int], expect: bytes, precheck_requests: int,
+                  label: str, tag: str, duration: float, warmup: float) -> bool:
+    """A wrk part after the HTTP/1.1 rows, on another listener of the same proxies: a
+    keep-alive pre-check per proxy, a wrk warm-up, then ``--rounds`` rounds of ``duration``
+    with the order rotating. A proxy that fails the pre-check, dies or whose wrk fails gets a
+    FAILED row, never an exception; so do all when one of ``origins`` (description, process)
+    exits. False when anything failed or any round had errors (the caller keeps the logs)."""
     ok = True
 
     def fail(name: str, why: str) -> None:
@@ -1301,20 +1540,21 @@ def run_h2up_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], origin: 
         ok = False
         skipped.setdefault(name, why)
         proc = proxies[name][0]
-        print(f"bench: warning: {name} h2-upstream: {why}\n{name} log tail ({proc.log}):\n"
+        print(f"bench: warning: {name} {label}: {why}\n{name} log tail ({proc.log}):\n"
               f"{proc.tail(15)}", file=sys.stderr)
 
-    for name in args.h2up_names:
+    for name in names:
         if name not in skipped:
-            problem = keepalive_check(proxies[name][0].h2up_port, expect=H2_HELLO)
+            problem = keepalive_check(port_of(proxies[name][0]), requests=precheck_requests,
+                                      expect=expect)
             if problem:
                 fail(name, f"pre-check: {problem}; no rounds")
-    active = [n for n in args.h2up_names if n not in skipped]
-    if args.h2up_warmup > 0:
+    active = [n for n in names if n not in skipped]
+    if warmup > 0:
         for name in active:
-            print(f"warm-up {name} h2-upstream {args.h2up_warmup:g}s", flush=True)
+            print(f"warm-up {name} {label} {warmup:g}s", flush=True)
             try:
-                run_wrk(procs, args.load_cpu, proxies[name][0].h2up_port, args.h2up_warmup,
+                run_wrk(procs, args.load_cpu, port_of(proxies[name][0]), warmup,
                         args.connections, args.threads)
             except BenchError as e:
                 fail(name, f"warm-up: {e}")
@@ -1325,23 +1565,76 @@ def run_h2up_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], origin: 
                 continue
             proc = proxies[name][0]
             try:
-                s = measure(procs, name, proc, proc.h2up_port, args, rnd, args.h2up_duration)
+                s = measure(procs, name, proc, port_of(proc), args, rnd, duration)
             except BenchError as e:
                 fail(name, f"round {rnd}: {e}")
                 continue
             samples.append(s)
             ok = ok and s.errors == 0
-            print(f"round {rnd} h2up {name:9} {s.rps:>10,.0f} req/s  p50 {s.p50_ms:6.2f} ms  "
+            print(f"round {rnd} {tag} {name:9} {s.rps:>10,.0f} req/s  p50 {s.p50_ms:6.2f} ms  "
                   f"p99 {s.p99_ms:6.2f} ms  {s.cpu_us_per_req:6.1f} µs/req  "
                   f"proxy CPU {s.proxy_cpu_pct:3.0f}%  cpu{args.load_cpu} "
                   f"{s.cpu_pct[args.load_cpu]:3.0f}%  errors {s.errors}", flush=True)
-            if not origin.alive():
-                why = (f"the nginx h2c origin exited (code {origin.popen.returncode}) in round "
-                       f"{rnd}; its log tail ({origin.log}):\n{origin.tail(15)}")
-                for n in active:
-                    fail(n, why)
-                return False
+            for what, origin in origins:
+                if not origin.alive():
+                    why = (f"{what} exited (code {origin.popen.returncode}) in round {rnd}; "
+                           f"its log tail ({origin.log}):\n{origin.tail(15)}")
+                    for n in active:
+                        fail(n, why)
+                    return False
     return ok
+
+
+def pool_checks(proxies: dict[str, tuple[Proc, int]], args: argparse.Namespace,
+                samples: list[Sample], skipped: dict[str, str]) -> tuple[list[str], bool]:
+    """After the pool rounds: how many requests each origin served through each proxy (lameduck:
+    rq_total per host of GET /clusters?format=json; HAProxy: hrsp_2xx per server of its stats
+    socket; warm-ups and pre-checks included), lameduck's pool counters, and whether every
+    origin served requests and no round had errors. (note lines, all checks passed)"""
+    notes, ok = [], True
+    for name in args.pool_names:
+        proc = proxies[name][0]
+        if not proc.alive():
+            continue
+        try:
+            if name == "lameduck":
+                hosts = lameduck_pool_hosts(proc)
+                counts = [h["rq_total"] for h in hosts]
+                notes.append(
+                    "lameduck requests per pool origin (GET /clusters?format=json, rq_total; "
+                    "warm-up and pre-check included): " + ", ".join(
+                        f"{h['address']}={h['rq_total']:,} (rq_error {h['rq_error']}, "
+                        f"{h['health']})" for h in hosts))
+            else:
+                servers = haproxy_pool_servers(proc)
+                counts = [sv["hrsp_2xx"] for sv in servers]
+                notes.append(
+                    "haproxy responses per pool server (show stat, hrsp_2xx; warm-up and "
+                    "pre-check included): " + ", ".join(
+                        f"{sv['name']} {sv['address']}={sv['hrsp_2xx']:,} ({sv['status']}, "
+                        f"chkfail {sv['chkfail']})" for sv in servers))
+        except (OSError, ValueError, KeyError, BenchError) as e:
+            notes.append(f"{name}: could not read its per-origin counts: {e}")
+            ok = False
+            continue
+        if len(counts) != POOL_SIZE or min(counts) <= 0:
+            notes.append(f"CHECK FAILED: not every pool origin served requests through {name}")
+            ok = False
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        if "lameduck" in proxies and proxies["lameduck"][0].alive():
+            c = lameduck_counters(proxies["lameduck"][0], pool=True)
+            notes.append("lameduck counters of its pool listener and cluster after the run "
+                         "(warm-up included): " + ", ".join(f"{k}={v}" for k, v in c.items()))
+    errors = {n: sum(s.errors for s in samples if s.proxy == n) for n in args.pool_names}
+    if any(errors.values()) or skipped:
+        notes.append("CHECK FAILED: errors in the pool rounds: " + ", ".join(
+            f"{n} {e}" for n, e in errors.items()) + (
+            f"; failed: {', '.join(skipped)}" if skipped else ""))
+        ok = False
+    else:
+        notes.append("checked: every pool origin served requests through "
+                     f"{' and '.join(args.pool_names)}, 0 errors")
+    return notes, ok
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -1378,6 +1671,9 @@ def main(argv: list[str] | None = None) -> int:
     h2up_samples: list[Sample] = []
     h2up_skipped: dict[str, str] = {}  # proxy -> why its h2-upstream row is FAILED
     h2up_notes: list[str] = []
+    pool_samples: list[Sample] = []
+    pool_skipped: dict[str, str] = {}  # proxy -> why its pool row is FAILED
+    pool_notes: list[str] = []
     idle = background_load((args.proxy_cpu, args.load_cpu))
     notes = []
     if max(idle.values()) > 10:
@@ -1400,17 +1696,40 @@ def main(argv: list[str] | None = None) -> int:
                     h2up_skipped[n] = f"no h2c origin: {e}"
                 print(f"bench: warning: no h2c origin, no HTTP/2-upstream rounds: {e}",
                       file=sys.stderr)
+        pool_origins: list[Proc] = []
+        pool_ports: tuple[int, ...] = ()
+        if args.pool_names:
+            try:
+                for i in range(1, POOL_SIZE + 1):
+                    o, o_port = start_origin(procs, args.load_cpu, f"pool-origin{i}")
+                    pool_origins.append(o)
+                    pool_ports += (o_port,)
+                print("pool origins: " + ", ".join(
+                    f"pid {o.pid} on 127.0.0.1:{o_port}"
+                    for o, o_port in zip(pool_origins, pool_ports, strict=True))
+                    + f" (CPU {args.load_cpu})")
+            except BenchError as e:  # the other parts still run; these rows read FAILED
+                keep = True
+                for o in pool_origins:
+                    procs.stop(o)
+                pool_origins, pool_ports = [], ()
+                for n in args.pool_names:
+                    pool_skipped[n] = f"no pool origins: {e}"
+                print(f"bench: warning: no pool origins, no pool rounds: {e}", file=sys.stderr)
         proxies: dict[str, tuple[Proc, int]] = {}
         for name in args.names:
             kw: dict = {"h2": True} if name in args.h2_names else {}
             if name in args.h2up_names and h2_origin_port:
                 kw["h2up_origin_port"] = h2_origin_port
+            if name in args.pool_names and pool_ports:
+                kw["pool_origin_ports"] = pool_ports
             proc, port = STARTERS[name](procs, args.proxy_cpu, workdir, origin_port, **kw)
             proxies[name] = (proc, port)
             print(f"{name}: pid {proc.pid} on 127.0.0.1:{port} (CPU {args.proxy_cpu})"
                   + (f", h2c on :{proc.h2_port}" if proc.h2_port else "")
                   + (f", h2c-upstream listener on :{proc.h2up_port}" if proc.h2up_port
-                     else ""))
+                     else "")
+                  + (f", pool listener on :{proc.pool_port}" if proc.pool_port else ""))
         for name, (proc, port) in proxies.items():
             problem = keepalive_check(port)
             if problem:
@@ -1463,6 +1782,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"bench: note: lameduck's h2-upstream row failed or had errors; "
                       f"{h2up_notes[-1] if h2up_notes else 'no counters'}\n"
                       f"tail of {lameduck[0].log}:\n{lameduck[0].tail(40)}", file=sys.stderr)
+        if pool_origins and not run_pool_rounds(procs, proxies, pool_origins, args,
+                                                pool_samples, pool_skipped):
+            keep = True
+        if args.pool_names:
+            pool_notes, checks_ok = pool_checks(proxies, args, pool_samples, pool_skipped)
+            if not checks_ok:
+                keep = True
+                if lameduck and "lameduck" in args.pool_names:
+                    print(f"bench: note: the pool checks failed; tail of {lameduck[0].log}:\n"
+                          f"{lameduck[0].tail(40)}", file=sys.stderr)
     except BenchError as e:
         print(f"bench: {e}", file=sys.stderr)
         keep = True
@@ -1531,7 +1860,26 @@ def main(argv: list[str] | None = None) -> int:
             print("  failed: " + f)
         for n in h2up_notes:
             print("note: " + n)
-    write_markdown(args.out, rows, verdict, samples, args, command, notes, h2, h2up)
+    if args.pool and not args.pool_names:
+        notes.append("no pool rows: --proxies has neither lameduck nor haproxy")
+    pool = None
+    if args.pool_names:
+        pool_rows, pool_info, pool_failures = summarize_pool(
+            pool_samples, args.pool_names, args.load_cpu, pool_skipped, samples)
+        pool = (pool_rows, pool_info, pool_failures, pool_samples, pool_notes)
+        print()
+        print(f"HTTP/1.1 through a pool of {POOL_SIZE} origins (round robin, health checks on; "
+              f"wrk -t{args.threads} -c{args.connections}; {args.pool_duration:g} s rounds)")
+        print(text_table(pool_rows))
+        print()
+        print("no target for this path (informational):")
+        for x in pool_info:
+            print("  " + x)
+        for f in pool_failures:
+            print("  failed: " + f)
+        for n in pool_notes:
+            print("note: " + n)
+    write_markdown(args.out, rows, verdict, samples, args, command, notes, h2, h2up, pool)
     print(f"\nwritten {args.out}")
     return 0
 
