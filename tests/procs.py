@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import select
 import selectors
 import signal
@@ -765,3 +766,26 @@ class H2Origin:
     def stop(self) -> None:
         stop(self.proc)
         self._reader.join(timeout=5)
+
+
+PERSISTENCE_COOKIE = re.compile(r"^lameduck=([0-9a-f]+); Path=/; HttpOnly$")
+
+
+class Reply:
+    """What a client saw through a balancing lameduck: the status, the origin that answered
+    (the demo origin's ``x-origin``) and the persistence cookie set, if any (its value)."""
+
+    def __init__(self, r: httpx.Response, http_version: str | None = None) -> None:
+        if http_version is not None:
+            assert r.http_version == http_version, r.http_version
+        self.status = r.status_code
+        self.origin = r.headers.get("x-origin")
+        self.text = r.text
+        self.headers = r.headers
+        sc = r.headers.get_list("set-cookie")
+        assert len(sc) <= 1, sc
+        self.cookie: str | None = None
+        if sc:
+            m = PERSISTENCE_COOKIE.match(sc[0])
+            assert m, f"unexpected set-cookie {sc[0]!r}"
+            self.cookie = m.group(1)

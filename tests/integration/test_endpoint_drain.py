@@ -29,13 +29,13 @@ from tests.procs import (
     Lameduck,
     Origin,
     RawConn,
+    Reply,
     base_config,
     free_port,
     start_named_origin,
     wait_until,
 )
 
-COOKIE = re.compile(r"^lameduck=([0-9a-f]+); Path=/; HttpOnly$")
 STREAM = "/stream?chunks=50&size=100&interval_ms=100"  # 5000 bytes over ~4.9 s
 STREAM_BYTES = 5000
 
@@ -121,23 +121,6 @@ def shared(pool: list[Origin], tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 # -- helpers --------------------------------------------------------------------------------------
-
-
-class Reply:
-    """What a client saw: the origin that answered, the cookie set (its value), the status."""
-
-    def __init__(self, r: httpx.Response) -> None:
-        self.status = r.status_code
-        self.origin = r.headers.get("x-origin")
-        self.text = r.text
-        self.headers = r.headers
-        sc = r.headers.get_list("set-cookie")
-        assert len(sc) <= 1, sc
-        self.cookie: str | None = None
-        if sc:
-            m = COOKIE.match(sc[0])
-            assert m, f"unexpected set-cookie {sc[0]!r}"
-            self.cookie = m.group(1)
 
 
 def get(ld: Lameduck, c: str, path: str = "/", cookie: str | None = None,

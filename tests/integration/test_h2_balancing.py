@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import re
 import threading
 import time
 from typing import Any
@@ -23,9 +22,16 @@ import httpx
 from hyperframe.frame import RstStreamFrame
 
 from tests.h2raw import RawH2
-from tests.procs import H2Origin, Lameduck, Origin, base_config, wait_until
+from tests.procs import (
+    PERSISTENCE_COOKIE,
+    H2Origin,
+    Lameduck,
+    Origin,
+    Reply,
+    base_config,
+    wait_until,
+)
 
-COOKIE = re.compile(r"^lameduck=([0-9a-f]+); Path=/; HttpOnly$")
 INTERNAL_ERROR, CANCEL = 2, 8
 
 
@@ -50,28 +56,10 @@ def h2client(local_address: str | None = None) -> httpx.Client:
     return httpx.Client(transport=transport, timeout=15)
 
 
-class Reply:
-    """What an HTTP/2 client saw: status, the origin that answered, the cookie set (its value)."""
-
-    def __init__(self, r: httpx.Response) -> None:
-        assert r.http_version == "HTTP/2", r.http_version
-        self.status = r.status_code
-        self.origin = r.headers.get("x-origin")
-        self.text = r.text
-        self.headers = r.headers
-        sc = r.headers.get_list("set-cookie")
-        assert len(sc) <= 1, sc
-        self.cookie: str | None = None
-        if sc:
-            m = COOKIE.match(sc[0])
-            assert m, f"unexpected set-cookie {sc[0]!r}"
-            self.cookie = m.group(1)
-
-
 def get2(c: httpx.Client, ld: Lameduck, path: str = "/", cookie: str | None = None) -> Reply:
     c.cookies.clear()
     headers = {"cookie": f"lameduck={cookie}"} if cookie else {}
-    r = Reply(c.get(ld.url(path), headers=headers))
+    r = Reply(c.get(ld.url(path), headers=headers), "HTTP/2")
     c.cookies.clear()
     return r
 
@@ -160,7 +148,7 @@ def test_h2_client_cookie_sticky_drain_stop_maint_and_503(lameduck, origins) -> 
         keys = []
         for sid in (1, 3):
             (sc,) = header(raw, sid, "set-cookie")
-            m = COOKIE.match(sc)
+            m = PERSISTENCE_COOKIE.match(sc)
             assert m, sc
             keys.append(m.group(1))
         assert len({a, *keys}) == 3
@@ -299,11 +287,11 @@ def test_h2_client_connect_failure_retried_on_other_endpoint(lameduck, origins) 
     ld = lameduck(_cfg(o2.port, endpoints=[dead.addr, o2.addr]))
     with h2client() as c:
         for _ in range(2):
-            r = Reply(c.get(ld.url("/")))
+            r = Reply(c.get(ld.url("/")), "HTTP/2")
             assert (r.status, r.origin) == (200, o2.name)
             # never sent: even a POST without Idempotency-Key may go elsewhere
             r = Reply(c.post(ld.url("/echo"), content=b"hello",
-                             headers={"x-request-id": "rid-post"}))
+                             headers={"x-request-id": "rid-post"}), "HTTP/2")
             assert (r.status, r.origin, r.text) == (200, o2.name, "hello")
     s = ld.stats()
     fails = s["cluster.app.upstream_cx_connect_fail"]
@@ -339,7 +327,8 @@ def test_h2_client_retry_ended_by_client_gives_back_its_retry_budget(lameduck,
     for how in ("rst", "close"):
         retrying_stream_ended_by_client(how)
         with h2client() as c:
-            got = [Reply(c.get(ld.url("/"))) for _ in range(2)]  # one of them lands on dead
+            # one of them lands on dead
+            got = [Reply(c.get(ld.url("/")), "HTTP/2") for _ in range(2)]
         assert [(r.status, r.origin) for r in got] == [(200, o2.name)] * 2, (
             how, [r.text for r in got], ld.stats()["cluster.app.upstream_rq_retry_overflow"])
     assert cstat(ld, "upstream_rq_retry_overflow") == 0
