@@ -483,7 +483,8 @@ backend {backend}
     http-reuse always
 {servers}"""
 
-HAPROXY_STATS_SOCKET = "    stats socket {path} mode 600 level user  # pool server counts\n"
+# level operator: "show stat" then fills the servers' addr column.
+HAPROXY_STATS_SOCKET = "    stats socket {path} mode 600 level operator  # pool server counts\n"
 
 
 def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,

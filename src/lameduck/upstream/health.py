@@ -107,13 +107,18 @@ class HealthChecker:
     async def _run(self, ep: Endpoint) -> None:
         cfg = self.cfg
         request = self._request(ep)
+        loop = self.loop
         while True:
+            # A fixed rate: checks start `interval` apart, however long each takes (so fall
+            # failures take an endpoint out within about interval x fall, not that plus the
+            # checks' own time; a check slower than the interval is followed at once).
+            next_at = loop.time() + cfg.interval
             try:
                 await self.check_once(ep, request)
             except Exception:  # a check must never end the endpoint's checking
                 log.exception("cluster %s endpoint %s: health check failed unexpectedly",
                               self.cluster.name, ep.address)
-            await asyncio.sleep(cfg.interval)
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
 
     async def check_once(self, ep: Endpoint, request: bytes) -> None:
         st = self.stats
