@@ -11,7 +11,7 @@ with active health checks on.
 
 Run with ``make bench`` (or ``.venv/bin/python bench/run.py --help``). Everything listens on
 127.0.0.1, every process it starts is stopped by pid before it returns (also on Ctrl-C and
-SIGTERM), and the default run takes about two and a half minutes. See bench/README.md.
+SIGTERM), and the default run takes under three minutes. See bench/README.md.
 
 Layout on a 2-core machine:
     CPU 0 (--proxy-cpu): the proxy under test (one of three, all pinned there)
