@@ -1083,36 +1083,46 @@ def summarize_h2(samples: list[H2Sample], names: list[str], load_cpu: int,
     return rows, verdict, failures
 
 
-def summarize_h2up(samples: list[Sample], names: list[str], load_cpu: int,
-                   skipped: dict[str, str], h1_samples: list[Sample],
-                   ) -> tuple[list[list[str]], list[str], list[str]]:
-    """The HTTP/2-upstream rows (same columns as the HTTP/1.1 ones; a proxy in ``skipped``
-    reads FAILED), informational lines (no target: what the h2c upstream costs next to the
-    same proxy's HTTP/1.1-upstream row of this run) and one line per failed row."""
+def _median(ss: list[Sample], n: str, key: str) -> float | None:
+    vals = [getattr(s, key) for s in ss if s.proxy == n]
+    return statistics.median(vals) if vals else None
+
+
+def _side_rows(samples: list[Sample], names: list[str], load_cpu: int,
+               skipped: dict[str, str], part: str,
+               ) -> tuple[list[str], dict[str, list[str]], list[list[str]], list[str]]:
+    """Rows of a part measured like the HTTP/1.1 one (same columns; a proxy in ``skipped``
+    reads FAILED): (proxies with rounds, their rows by name, all rows, one line per failure)."""
     good = [n for n in names if n not in skipped and any(s.proxy == n for s in samples)]
     by_name = dict(zip(good, summarize(samples, good, load_cpu)[0], strict=True)) if good else {}
-    rows, info, failures = [], [], []
+    rows, failures = [], []
     for n in names:
         if n in by_name:
             rows.append(by_name[n])
             continue
         errors = sum(s.errors for s in samples if s.proxy == n)
         rows.append([n, "FAILED", "-", "-", "-", "-", "-", str(errors), "-"])
-        failures.append(f"{n} h2-upstream: {skipped.get(n, 'no rounds ran')}")
+        failures.append(f"{n} {part}: {skipped.get(n, 'no rounds ran')}")
+    return good, by_name, rows, failures
 
-    def med(ss: list[Sample], n: str, key: str) -> float | None:
-        vals = [getattr(s, key) for s in ss if s.proxy == n]
-        return statistics.median(vals) if vals else None
 
+def summarize_h2up(samples: list[Sample], names: list[str], load_cpu: int,
+                   skipped: dict[str, str], h1_samples: list[Sample],
+                   ) -> tuple[list[list[str]], list[str], list[str]]:
+    """The HTTP/2-upstream rows, informational lines (no target: what the h2c upstream costs
+    next to the same proxy's HTTP/1.1-upstream row of this run) and one line per failed row."""
+    good, by_name, rows, failures = _side_rows(samples, names, load_cpu, skipped,
+                                               "h2-upstream")
+    info = []
     for n in good:
-        cpu, h1 = med(samples, n, "cpu_us_per_req"), med(h1_samples, n, "cpu_us_per_req")
+        cpu, h1 = _median(samples, n, "cpu_us_per_req"), _median(h1_samples, n, "cpu_us_per_req")
         line = f"{n}: {cpu:.1f} µs CPU/request with the h2c upstream"
         if h1 is not None:
             line += (f", {h1:.1f} with the HTTP/1.1 upstream in this run's first table "
                      f"({cpu - h1:+.1f} µs, {cpu / h1:.2f}x)")
         info.append(line)
     if "lameduck" in by_name and "haproxy" in by_name:
-        ratio = med(samples, "lameduck", "rps") / med(samples, "haproxy", "rps")
+        ratio = _median(samples, "lameduck", "rps") / _median(samples, "haproxy", "rps")
         info.append(f"lameduck req/s vs HAProxy with an h2c upstream: {ratio:.2f}x")
     return rows, info, failures
 
@@ -1120,35 +1130,21 @@ def summarize_h2up(samples: list[Sample], names: list[str], load_cpu: int,
 def summarize_pool(samples: list[Sample], names: list[str], load_cpu: int,
                    skipped: dict[str, str], h1_samples: list[Sample],
                    ) -> tuple[list[list[str]], list[str], list[str]]:
-    """The pool rows (same columns as the HTTP/1.1 ones; a proxy in ``skipped`` reads FAILED),
-    informational lines (no target: CPU µs/request and req/s next to the same proxy's
-    single-endpoint HTTP/1.1 row of this run) and one line per failed row."""
-    good = [n for n in names if n not in skipped and any(s.proxy == n for s in samples)]
-    by_name = dict(zip(good, summarize(samples, good, load_cpu)[0], strict=True)) if good else {}
-    rows, info, failures = [], [], []
-    for n in names:
-        if n in by_name:
-            rows.append(by_name[n])
-            continue
-        errors = sum(s.errors for s in samples if s.proxy == n)
-        rows.append([n, "FAILED", "-", "-", "-", "-", "-", str(errors), "-"])
-        failures.append(f"{n} pool: {skipped.get(n, 'no rounds ran')}")
-
-    def med(ss: list[Sample], n: str, key: str) -> float | None:
-        vals = [getattr(s, key) for s in ss if s.proxy == n]
-        return statistics.median(vals) if vals else None
-
+    """The pool rows, informational lines (no target: CPU µs/request and req/s next to the
+    same proxy's single-endpoint HTTP/1.1 row of this run) and one line per failed row."""
+    good, by_name, rows, failures = _side_rows(samples, names, load_cpu, skipped, "pool")
+    info = []
     for n in good:
-        cpu, h1 = med(samples, n, "cpu_us_per_req"), med(h1_samples, n, "cpu_us_per_req")
+        cpu, h1 = _median(samples, n, "cpu_us_per_req"), _median(h1_samples, n, "cpu_us_per_req")
         line = f"{n}: {cpu:.1f} µs CPU/request through the pool of {POOL_SIZE}"
         if h1 is not None:
-            rps, h1_rps = med(samples, n, "rps"), med(h1_samples, n, "rps")
+            rps, h1_rps = _median(samples, n, "rps"), _median(h1_samples, n, "rps")
             line += (f", {h1:.1f} with the single endpoint in this run's first table "
                      f"({cpu - h1:+.1f} µs, {cpu / h1:.2f}x); req/s {rps:,.0f} vs "
                      f"{h1_rps:,.0f} ({rps / h1_rps:.2f}x)")
         info.append(line)
     if "lameduck" in by_name and "haproxy" in by_name:
-        ratio = med(samples, "lameduck", "rps") / med(samples, "haproxy", "rps")
+        ratio = _median(samples, "lameduck", "rps") / _median(samples, "haproxy", "rps")
         info.append(f"lameduck req/s vs HAProxy through the pool: {ratio:.2f}x")
     return rows, info, failures
 
@@ -1244,20 +1240,15 @@ def h2_markdown(h2, args) -> list[str]:
     ]
 
 
-def h2up_markdown(h2up, args) -> list[str]:
-    """The HTTP/2-upstream section: ``h2up`` is (rows, info, failures, samples, notes)."""
-    rows, info, failures, samples, notes = h2up
-    warm = (f" after a {args.h2up_warmup:g} s warm-up each" if args.h2up_warmup > 0 else "")
+def _side_markdown(title: str, intro: str, part, tail: str, rounds_title: str,
+                   args) -> list[str]:
+    """A part measured like the HTTP/1.1 one: ``part`` is (rows, info, failures, samples,
+    notes)."""
+    rows, info, failures, samples, notes = part
     return [
-        "## HTTP/1.1 clients → HTTP/2 (h2c) upstream",
+        f"## {title}",
         "",
-        f"wrk -t{args.threads} -c{args.connections} keep-alive GET / against "
-        f"{', '.join(args.h2up_names)}, {args.rounds} interleaved rounds x "
-        f"{args.h2up_duration:g} s per proxy{warm}, after the other parts. The origin is nginx "
-        "(one worker process, on the load CPU) answering a fixed 25-byte body over h2c prior "
-        "knowledge only; lameduck reaches it through a cluster with `protocol: h2` "
-        f"(`http2.max_concurrent_streams: {H2UP_STREAMS}`), HAProxy through "
-        "`server ... proto h2` with `http-reuse always`. Both add X-Forwarded-For.",
+        intro,
         "",
         md_table(rows),
         "",
@@ -1268,24 +1259,38 @@ def h2up_markdown(h2up, args) -> list[str]:
         *[f"Failed: {f}\n" for f in failures],
         *[f"Note: {n}.\n" for n in notes],
         "Same columns and method as the HTTP/1.1 table (CPU µs/req = the proxy's utime+stime "
-        "over the round / requests wrk completed). The HTTP/1.1-upstream comparison above uses "
-        "a different origin (the Python demo origin); both answer a few headers and a short body.",
+        f"over the round / requests wrk completed){tail}",
         "",
-        "### HTTP/2-upstream rounds",
+        f"### {rounds_title}",
         "",
         md_table(round_rows(samples, args), round_headers(args)),
         "",
     ]
 
 
+def h2up_markdown(h2up, args) -> list[str]:
+    """The HTTP/2-upstream section: ``h2up`` is (rows, info, failures, samples, notes)."""
+    warm = (f" after a {args.h2up_warmup:g} s warm-up each" if args.h2up_warmup > 0 else "")
+    intro = (
+        f"wrk -t{args.threads} -c{args.connections} keep-alive GET / against "
+        f"{', '.join(args.h2up_names)}, {args.rounds} interleaved rounds x "
+        f"{args.h2up_duration:g} s per proxy{warm}, after the other parts. The origin is nginx "
+        "(one worker process, on the load CPU) answering a fixed 25-byte body over h2c prior "
+        "knowledge only; lameduck reaches it through a cluster with `protocol: h2` "
+        f"(`http2.max_concurrent_streams: {H2UP_STREAMS}`), HAProxy through "
+        "`server ... proto h2` with `http-reuse always`. Both add X-Forwarded-For.")
+    return _side_markdown(
+        "HTTP/1.1 clients → HTTP/2 (h2c) upstream", intro, h2up,
+        ". The HTTP/1.1-upstream comparison above uses a different origin (the Python demo "
+        "origin); both answer a few headers and a short body.",
+        "HTTP/2-upstream rounds", args)
+
+
 def pool_markdown(pool, args) -> list[str]:
     """The pool section: ``pool`` is (rows, info, failures, samples, notes)."""
-    rows, info, failures, samples, notes = pool
     warm = (f" after a {args.pool_warmup:g} s warm-up each" if args.pool_warmup > 0 else "")
     hc = POOL_HEALTH_CHECK
-    return [
-        f"## HTTP/1.1 through a pool of {POOL_SIZE} origins (round robin, health checks)",
-        "",
+    intro = (
         f"wrk -t{args.threads} -c{args.connections} keep-alive GET / against "
         f"{', '.join(args.pool_names)}, {args.rounds} interleaved rounds x "
         f"{args.pool_duration:g} s per proxy{warm}, after the other parts. The origins are "
@@ -1295,25 +1300,11 @@ def pool_markdown(pool, args) -> list[str]:
         f"{hc['timeout']}, rise: {hc['rise']}, fall: {hc['fall']}}}`, `outlier_detection: {{}}` "
         "and the default retry_policy; HAProxy through `balance roundrobin`, "
         "`option httpchk GET /health` and `server ... check inter 1s rise 2 fall 3`, with "
-        "`http-reuse always`. Both add X-Forwarded-For.",
-        "",
-        md_table(rows),
-        "",
-        "No target is set for this path; for information:",
-        "",
-        *[f"- {x}" for x in info],
-        "",
-        *[f"Failed: {f}\n" for f in failures],
-        *[f"Note: {n}.\n" for n in notes],
-        "Same columns and method as the HTTP/1.1 table (CPU µs/req = the proxy's utime+stime "
-        "over the round / requests wrk completed); the single-endpoint comparison uses the same "
-        "demo origin program.",
-        "",
-        "### Pool rounds",
-        "",
-        md_table(round_rows(samples, args), round_headers(args)),
-        "",
-    ]
+        "`http-reuse always`. Both add X-Forwarded-For.")
+    return _side_markdown(
+        f"HTTP/1.1 through a pool of {POOL_SIZE} origins (round robin, health checks)", intro,
+        pool, "; the single-endpoint comparison uses the same demo origin program.",
+        "Pool rounds", args)
 
 
 def write_markdown(path: Path, rows, verdict, samples, args, command: str,
