@@ -12,7 +12,14 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from lameduck import __version__
-from lameduck.config import Config, ConfigError, default_config, load_config
+from lameduck.config import (
+    Config,
+    ConfigError,
+    default_config,
+    format_duration,
+    load_config,
+    parse_duration,
+)
 from lameduck.restart import Notifier, listen_fds, match_listeners
 from lameduck.restart.hot import connect_parent, default_path
 
@@ -154,6 +161,72 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _duration_arg(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _count_arg(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    """Check the timer chain (seeds 001-003); exit 0 all hold, 1 one breaks, 2 bad input."""
+    import json
+
+    import yaml
+
+    from lameduck.orchestrate import budget as bud
+
+    try:
+        cfg = _load(args.config)
+    except ConfigError as e:
+        print(f"lameduck: invalid config\n{e}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        with open(args.pod, encoding="utf-8") as f:
+            docs = [d for d in yaml.safe_load_all(f) if d is not None]
+        if not docs:
+            raise bud.BudgetError("the file holds no YAML document")
+        pod = bud.pod_timers(docs[0], args.container)
+        b = bud.budget_from(cfg, pod, max_request=args.max_request, prestop=args.prestop,
+                            exit_margin=args.exit_margin, lb_interval=args.lb_interval,
+                            lb_fall=args.lb_fall, lb_rise=args.lb_rise,
+                            lb_buffer=args.lb_buffer, lb_idle=args.lb_idle,
+                            client_idle=args.client_idle)
+    except (OSError, yaml.YAMLError, bud.BudgetError) as e:
+        print(f"lameduck: budget: {args.pod}: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    ineqs = bud.check(b)
+    ok = all(q.holds for q in ineqs)
+    solved = bud.solve(b) if args.solve else None
+    notes = [*pod.notes, *pod.prestop.notes]
+    if args.json:
+        out: dict[str, Any] = {"ok": ok, "prestop": pod.prestop.source, "notes": notes,
+                               "inequalities": [q.as_dict() for q in ineqs]}
+        if solved is not None:
+            out["proposal"] = bud.proposal(cfg, b, solved)
+        print(json.dumps(out, indent=2))
+        return 0 if ok else 1
+    print(f"preStop: {pod.prestop.source} = {format_duration(b.prestop)}"
+          + ("" if args.prestop is None else " (--prestop)"))
+    for note in notes:
+        print(f"note: {note}")
+    print("\n".join(bud.render(ineqs)))
+    if solved is not None:
+        print("\n# --solve: the smallest consistent values (seed 001 §8: max request + LB "
+              "detection + LB buffer + drain + margin)")
+        print(yaml.safe_dump(bud.proposal(cfg, b, solved), sort_keys=False).rstrip())
+    broken = [q.name for q in ineqs if not q.holds]
+    if broken:
+        print(f"lameduck: budget: broken: {', '.join(broken)}", file=sys.stderr)
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lameduck",
@@ -175,6 +248,36 @@ def build_parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check a config file and exit")
     val.add_argument("-c", "--config", help="YAML config file (default: the embedded one)")
     val.set_defaults(func=cmd_validate)
+    bg = sub.add_parser("budget", help="check the timer chain of a pod, the config and the "
+                                       "load balancer (grace, keep-alive, deadline, LB "
+                                       "detection); --solve proposes values that fit")
+    bg.add_argument("--pod", required=True, help="Kubernetes Pod or Deployment YAML")
+    bg.add_argument("-c", "--config", help="lameduck YAML config (default: the embedded one)")
+    bg.add_argument("--container", help="the container whose preStop counts (default: "
+                                        "'lameduck', else the first with a preStop)")
+    bg.add_argument("--prestop", type=_duration_arg,
+                    help="how long the preStop hook runs (default: read from the hook)")
+    bg.add_argument("--max-request", type=_duration_arg,
+                    help="the longest request (default: the largest route timeout)")
+    bg.add_argument("--exit-margin", type=_duration_arg, default=5.0,
+                    help="slack between the shutdown deadline and SIGKILL (default 5s)")
+    bg.add_argument("--lb-interval", type=_duration_arg, default=2.0,
+                    help="LB health-check interval (default 2s)")
+    bg.add_argument("--lb-fall", type=_count_arg, default=3,
+                    help="failed checks before the LB takes the instance out (default 3)")
+    bg.add_argument("--lb-rise", type=_count_arg, default=2,
+                    help="good checks before the LB puts an instance in (default 2)")
+    bg.add_argument("--lb-buffer", type=_duration_arg, default=5.0,
+                    help="slack after the LB should have noticed (seed 001 LB_BUFFER, "
+                         "default 5s)")
+    bg.add_argument("--lb-idle", type=_duration_arg, default=60.0,
+                    help="the LB's idle timeout (default 60s)")
+    bg.add_argument("--client-idle", type=_duration_arg, default=30.0,
+                    help="the clients' keep-alive idle timeout (default 30s)")
+    bg.add_argument("--solve", action="store_true",
+                    help="print the smallest values that make every inequality hold")
+    bg.add_argument("--json", action="store_true", help="machine-readable output")
+    bg.set_defaults(func=cmd_budget)
     return p
 
 

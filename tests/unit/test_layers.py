@@ -23,9 +23,10 @@ ALLOWED: dict[str, set[str]] = {
     "listeners": {"http1", "http2", "tunnel", "upstream", "drain", "stats", "config"},
     "demo": set(),
     "restart": {"config"},
+    "orchestrate": {"config", "drain"},
     "server": {"admin", "listeners", "http1", "http2", "upstream", "restart", "drain", "stats",
                "config"},
-    "cli": {"server", "restart", "config", "demo"},
+    "cli": {"server", "restart", "orchestrate", "config", "demo"},
 }
 
 

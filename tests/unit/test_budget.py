@@ -1,0 +1,259 @@
+"""`lameduck budget` (orchestrate/budget.py): each link of the timer chain with exact numbers, the
+solver's proposals passing the check, and the pod spec's preStop read in all its forms."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from lameduck.config import load_config_text
+from lameduck.orchestrate.budget import (
+    PRESTOP_DEFAULTS,
+    Budget,
+    BudgetError,
+    budget_from,
+    check,
+    pod_timers,
+    proposal,
+    solve,
+)
+
+# Every link holds, with no slack anywhere: the edges of each inequality.
+GOOD = Budget(grace_period=40, prestop=5, drain_time=10, shutdown_deadline=30, min_drain=6,
+              exit_margin=5, lb_interval=2, lb_fall=3, lb_buffer=5, lb_idle=60,
+              client_idle=30, listener_idle=75, max_request=20)
+
+
+def by_name(b: Budget) -> dict[str, Any]:
+    return {q.name: q for q in check(b)}
+
+
+def broken(b: Budget) -> list[str]:
+    return [q.name for q in check(b) if not q.holds]
+
+
+def test_good_budget_holds_at_the_edges() -> None:
+    qs = by_name(GOOD)
+    assert list(qs) == ["grace", "keepalive-client", "keepalive-lb", "deadline", "lb-detection"]
+    assert broken(GOOD) == []
+    assert (qs["grace"].lhs, qs["grace"].rhs) == (40, 40)
+    assert (qs["deadline"].lhs, qs["deadline"].rhs) == (30, 30)
+    assert (qs["lb-detection"].lhs, qs["lb-detection"].rhs) == (11, 11)
+
+
+def test_seed_002_pitfall_breaks_grace() -> None:
+    # Seed 002: 60 s grace, 55 s hook, 10 s stop gets killed.
+    b = replace(GOOD, grace_period=60, prestop=55, shutdown_deadline=10, drain_time=5,
+                max_request=5, min_drain=0)
+    assert broken(b) == ["grace"]
+    q = by_name(b)["grace"]
+    assert q.lhs == 70 and q.rhs == 60
+    assert q.line() == ("FAIL grace: preStop (55s) + shutdown.deadline (10s) + exit margin (5s)"
+                        " = 70s <= terminationGracePeriodSeconds (60s)")
+    assert "60 s grace, 55 s hook, 10 s stop" in q.reason
+
+
+@pytest.mark.parametrize(("change", "name"), [
+    ({"grace_period": 39}, "grace"),
+    ({"client_idle": 60}, "keepalive-client"),  # equal idles race: strictly less
+    ({"lb_idle": 75, "client_idle": 30}, "keepalive-lb"),
+    ({"max_request": 20.5}, "deadline"),
+    ({"lb_fall": 4}, "lb-detection"),
+    ({"min_drain": 5.9}, "lb-detection"),
+    ({"accept_until_drain_end": False}, "lb-detection"),  # listeners closed at SIGTERM
+])
+def test_each_link_can_break(change: dict[str, Any], name: str) -> None:
+    assert broken(replace(GOOD, **change)) == [name]
+
+
+def test_hold_counts_min_drain_only_up_to_drain_time() -> None:
+    # From drain.time on no new work is taken, so min_drain beyond T buys no hold.
+    b = replace(GOOD, min_drain=30, drain_time=4, max_request=20, shutdown_deadline=30)
+    assert b.hold == 5 + 4
+    assert broken(b) == ["lb-detection"]
+
+
+def test_listener_idle_zero_is_no_limit() -> None:
+    q = by_name(replace(GOOD, listener_idle=0, lb_idle=3600))["keepalive-lb"]
+    assert q.holds and q.rhs == math.inf
+    assert "listener idle_timeout (no limit)" in q.line()
+
+
+def test_solve_seed_002_pitfall_raises_only_the_grace() -> None:
+    b = replace(GOOD, grace_period=60, prestop=55, shutdown_deadline=10, drain_time=5,
+                max_request=5, min_drain=0)
+    s = solve(b)
+    assert broken(s) == []
+    assert s == replace(b, grace_period=70)
+
+
+def test_solve_is_seed_001_formula_from_nothing() -> None:
+    # No preStop, 0 s drain: G = max_request + LB detection + LB_BUFFER + drain + margin.
+    b = Budget(grace_period=30, prestop=0, drain_time=0, shutdown_deadline=0, exit_margin=5,
+               lb_interval=2, lb_fall=3, lb_buffer=5, max_request=15, lb_idle=60,
+               client_idle=30, listener_idle=60)
+    s = solve(b)
+    assert broken(s) == []
+    assert (s.min_drain, s.drain_time, s.shutdown_deadline) == (11, 11, 26)
+    # max_request + LB detection + LB_BUFFER + the user's drain (0s) + margin; drain.time grows
+    # to hold the LB part after SIGTERM, as there is no preStop to hold it.
+    assert s.grace_period == 15 + 6 + 5 + 0 + 5
+    assert s.lb_idle == 60 and s.listener_idle == 61
+
+
+def test_solve_idles_and_stop_accepting() -> None:
+    b = replace(GOOD, client_idle=90, accept_until_drain_end=False)
+    s = solve(b)
+    assert broken(s) == []
+    assert s.lb_idle == 91 and s.listener_idle == 92 and s.accept_until_drain_end
+
+
+def test_solve_keeps_what_already_fits_and_rounds_grace_up() -> None:
+    assert solve(GOOD) == GOOD
+    s = solve(replace(GOOD, prestop=5.5, grace_period=1))
+    assert s.grace_period == 41 and broken(s) == []
+
+
+@pytest.mark.parametrize("b", [
+    Budget(grace_period=0, prestop=0.1, drain_time=0.2, shutdown_deadline=0.3, exit_margin=0.7,
+           lb_interval=0.3, lb_fall=7, lb_buffer=0.1, max_request=0.3, client_idle=0.5,
+           lb_idle=0.5, listener_idle=0.4),
+    Budget(grace_period=5, prestop=100, drain_time=1, shutdown_deadline=1, min_drain=0,
+           max_request=0, lb_idle=10, client_idle=1, listener_idle=0),
+])
+def test_solve_always_passes_check(b: Budget) -> None:
+    assert broken(solve(b)) == []
+
+
+# --- the pod spec --------------------------------------------------------------------------------
+
+
+def pod(prestop: Any = None, grace: Any = 60, name: str = "lameduck",
+        extra: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "image": "x"}
+    if prestop is not None:
+        c["lifecycle"] = {"preStop": prestop}
+    spec: dict[str, Any] = {"containers": [*(extra or []), c]}
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
+    return {"apiVersion": "v1", "kind": "Pod", "spec": spec}
+
+
+def exec_(*cmd: str) -> dict[str, Any]:
+    return {"exec": {"command": list(cmd)}}
+
+
+@pytest.mark.parametrize(("hook", "seconds"), [
+    (exec_("sleep", "55"), 55),
+    (exec_("/bin/sleep", "1.5"), 1.5),
+    (exec_("sleep", "2m"), 120),
+    (exec_("sh", "-c", "sleep 15"), 15),
+    (exec_("/bin/sh", "-c", "echo bye; sleep 5 && sleep 2"), 7),
+    (exec_("sh", "-c", "exec lameduck prestop --hold=20s --lb-buffer 3s"), 23),
+    (exec_("lameduck", "prestop", "--hold", "12s"),
+     12 + PRESTOP_DEFAULTS["--lb-buffer"] + PRESTOP_DEFAULTS["--drain-timeout"]),
+    (exec_("lameduck", "prestop"), sum(PRESTOP_DEFAULTS.values())),
+    ({"sleep": {"seconds": 9}}, 9),
+    ({"httpGet": {"path": "/drain", "port": 9901}}, 0),
+])
+def test_prestop_forms(hook: dict[str, Any], seconds: float) -> None:
+    t = pod_timers(pod(hook))
+    assert t.prestop.seconds == seconds
+    assert t.grace_period == 60 and t.container == "lameduck"
+
+
+def test_httpget_and_unknown_shell_commands_get_a_note() -> None:
+    assert "--prestop" in pod_timers(pod({"httpGet": {"port": 1}})).prestop.notes[0]
+    t = pod_timers(pod(exec_("sh", "-c", "curl -X POST localhost:9901/x; sleep 3")))
+    assert t.prestop.seconds == 3 and "`curl` counted as 0s" in t.prestop.notes[0]
+
+
+def test_deployment_and_defaults() -> None:
+    p = pod(exec_("sleep", "5"), grace=None)
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment",
+           "spec": {"replicas": 2, "template": {"spec": p["spec"]}}}
+    t = pod_timers(dep)
+    assert (t.grace_period, t.prestop.seconds) == (30, 5)  # Kubernetes' default grace
+
+
+def test_container_choice() -> None:
+    app = {"name": "app", "lifecycle": {"preStop": exec_("sleep", "3")}}
+    # No container named lameduck: the first one with a preStop.
+    assert pod_timers(pod(None, name="side", extra=[app])).prestop.seconds == 3
+    # Named lameduck wins; --container overrides.
+    assert pod_timers(pod(exec_("sleep", "8"), extra=[app])).prestop.seconds == 8
+    assert pod_timers(pod(exec_("sleep", "8"), extra=[app]), "app").prestop.seconds == 3
+    none = pod_timers(pod(None, name="side"))
+    assert none.prestop.seconds == 0 and none.container is None and none.notes
+
+
+@pytest.mark.parametrize(("doc", "words"), [
+    ("text", "expected a YAML mapping"),
+    ({"kind": "Pod"}, "spec: missing"),
+    ({"kind": "Service", "spec": {}}, "kind: 'Service' has no pod spec"),
+    ({"kind": "Deployment", "spec": {"template": {}}}, "spec.template.spec: missing"),
+    (pod(grace="60s"), "spec.terminationGracePeriodSeconds: expected a whole number"),
+    (pod(grace=-1), "terminationGracePeriodSeconds"),
+    ({"kind": "Pod", "spec": {"containers": []}}, "spec.containers: missing or empty"),
+    (pod(exec_("sleep", "soon")), "cannot read `sleep soon`"),
+    (pod(exec_("sleep")), "`sleep` without a duration"),
+    (pod(exec_("/app/drain")), "containers[0].lifecycle.preStop.exec.command: cannot tell"),
+    (pod({"exec": {"command": "sleep 5"}}), "exec.command: expected a list of strings"),
+    (pod({"sleep": {"seconds": "5"}}), "preStop.sleep.seconds"),
+    (pod(exec_("lameduck", "prestop", "--hold", "20")), "--hold"),
+])
+def test_pod_errors_name_the_field(doc: Any, words: str) -> None:
+    with pytest.raises(BudgetError) as e:
+        pod_timers(doc)
+    assert words in str(e.value)
+
+
+def test_unknown_container_is_named() -> None:
+    with pytest.raises(BudgetError, match="no container named 'nope'"):
+        pod_timers(pod(exec_("sleep", "1")), "nope")
+
+
+# --- from a config -------------------------------------------------------------------------------
+
+CFG = """
+drain: {time: 5s}
+shutdown: {deadline: 10s, stop_accepting: immediately}
+listeners:
+  - {name: a, address: 127.0.0.1:10000, idle_timeout: 75s,
+     routes: [{prefix: /, cluster: c, timeout: 5s}, {prefix: /up, cluster: c, timeout: 8s}]}
+  - {name: b, address: 127.0.0.1:10001, idle_timeout: 0s, routes: [{cluster: c}]}
+clusters: [{name: c, endpoints: [127.0.0.1:8080]}]
+"""
+
+
+def test_budget_from_config() -> None:
+    cfg = load_config_text(CFG)
+    b = budget_from(cfg, pod_timers(pod(exec_("sleep", "55"))), lb_idle=60)
+    assert (b.grace_period, b.prestop, b.drain_time, b.shutdown_deadline) == (60, 55, 5, 10)
+    assert b.max_request == 15  # the default route timeout of listener b
+    assert b.listener_idle == 75  # 0s is no limit
+    assert not b.accept_until_drain_end
+    assert budget_from(cfg, pod_timers(pod()), max_request=2, prestop=1).prestop == 1
+
+
+def test_unbounded_route_needs_max_request() -> None:
+    cfg = load_config_text(CFG.replace("timeout: 8s", "timeout: 0s"))
+    with pytest.raises(BudgetError, match=r"listeners\[0\]\.routes\[1\]\.timeout.*--max-request"):
+        budget_from(cfg, pod_timers(pod()))
+
+
+def test_proposal_snippets() -> None:
+    cfg = load_config_text(CFG)
+    old = budget_from(cfg, pod_timers(pod(exec_("sleep", "1"), grace=30)), lb_idle=80,
+                      client_idle=30)
+    p = proposal(cfg, old, solve(old))
+    # 1s hook + 11s min_drain's worth of LB detection inside a 25s deadline + 5s margin.
+    assert p["pod"] == {"spec": {"terminationGracePeriodSeconds": 31}}
+    assert p["lameduck"]["shutdown"] == {"deadline": "25s", "min_drain": "10s",
+                                         "stop_accepting": "at_drain_end"}
+    assert p["lameduck"]["drain"] == {"time": "10s"}
+    assert p["lameduck"]["listeners"] == [{"name": "a", "idle_timeout": "81s"}]
+    assert "load_balancer" not in p
