@@ -227,6 +227,34 @@ def cmd_budget(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_prestop(args: argparse.Namespace) -> int:
+    """The preStop hook: start the health-check FSM in a running lameduck and follow it.
+    Exit 0 drained clean, 3 drain_timeout passed with requests in flight, 4 admin unreachable,
+    2 bad arguments."""
+    import json
+
+    from lameduck.orchestrate.prestop import run_prestop
+
+    admin = args.admin
+    if admin is None:
+        try:
+            a = _load(args.config).admin.address
+        except ConfigError as e:
+            print(f"lameduck: invalid config\n{e}", file=sys.stderr)
+            return EXIT_CONFIG
+        admin = str(a)
+    for value in (args.drain_timeout, args.lb_buffer):
+        try:
+            parse_duration(value)
+        except ValueError as e:
+            print(f"lameduck: prestop: {e}", file=sys.stderr)
+            return EXIT_CONFIG
+    code, summary = run_prestop(admin, args.strategy, args.drain_timeout, args.lb_buffer,
+                                lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(summary, indent=2))
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lameduck",
@@ -278,6 +306,24 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print the smallest values that make every inequality hold")
     bg.add_argument("--json", action="store_true", help="machine-readable output")
     bg.set_defaults(func=cmd_budget)
+    ps = sub.add_parser("prestop", help="the preStop hook: drain a running lameduck through its "
+                                        "admin API with the health-check FSM (seed 001) and "
+                                        "wait until the load balancer has taken it out")
+    where = ps.add_mutually_exclusive_group()
+    where.add_argument("--admin", help="the admin API's host:port (default: from -c, else "
+                                       "127.0.0.1:9901)")
+    where.add_argument("-c", "--config", help="lameduck YAML config (for admin.address)")
+    ps.add_argument("--strategy", choices=["hold-health", "deregister-first"],
+                    default="hold-health",
+                    help="hold-health: drain, health 200 while requests are in flight, then "
+                         "fail it and wait lb_buffer; deregister-first: fail health, wait "
+                         "lb_buffer, then drain (default hold-health)")
+    ps.add_argument("--drain-timeout", default="20s",
+                    help="the longest the drain waits for requests in flight (default 20s)")
+    ps.add_argument("--lb-buffer", default="10s",
+                    help="the LB's detection time (interval x fall) plus a margin "
+                         "(default 10s)")
+    ps.set_defaults(func=cmd_prestop)
     return p
 
 

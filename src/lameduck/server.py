@@ -31,6 +31,7 @@ from lameduck.drain import (
 )
 from lameduck.drain.endpoint import AdminState, EndpointDrain, PersistenceTable
 from lameduck.drain.health import OutlierDetector
+from lameduck.drain.prestop import Prestop, PrestopAction, PrestopStrategy
 from lameduck.drain.retry import RetryBudget
 from lameduck.http2.connection import H2Limits
 from lameduck.http2.upstream import H2Pool
@@ -140,6 +141,8 @@ class Server:
         self._check_pending = False
         self._shutdown_timer: asyncio.TimerHandle | None = None
         self._housekeeping: asyncio.TimerHandle | None = None
+        self.prestop: Prestop | None = None
+        self._prestop_timer: asyncio.TimerHandle | None = None
         self._sigint_count = 0
         self._quitting = False
         self._finishing = False
@@ -348,6 +351,72 @@ class Server:
     def state_name(self) -> str:
         return self.process.state.name
 
+    def start_prestop(self, strategy: str, drain_timeout: float,
+                      lb_buffer: float) -> dict[str, Any]:
+        """Admin ``POST /prestop``: run the preStop FSM in this process (once; a second call
+        reports the one running)."""
+        if self.prestop is None:
+            self.prestop = Prestop(PrestopStrategy(strategy), drain_timeout, lb_buffer)
+            log.info("prestop: strategy=%s drain_timeout=%s lb_buffer=%s", strategy,
+                     format_duration(drain_timeout), format_duration(lb_buffer))
+            self._prestop_do(self.prestop.start(self.loop.time()))
+            self._prestop_tick()
+        return self.prestop_view()
+
+    def _in_flight(self) -> int:
+        """Seed 001's completion test: downstream_rq_active + upstream_rq_active (and the TCP
+        connections being relayed: they have no requests)."""
+        n = sum(c.stats.upstream_rq_active for c in self.clusters.values())
+        for ls in self.listeners:
+            st = ls.stats  # type: ignore[attr-defined]
+            n += st.downstream_cx_active if isinstance(ls, TcpListener) else st.downstream_rq_active
+        return n
+
+    def _prestop_do(self, actions: list[PrestopAction]) -> None:
+        p = self.prestop
+        assert p is not None
+        for action in actions:
+            if action is PrestopAction.DRAIN_LISTENERS:
+                self.drain_listeners(True, True, False)
+            else:
+                self.healthcheck_fail()
+        self.server_stats.prestop_state = int(p.state)
+
+    def _prestop_tick(self) -> None:
+        """On a timer: the FSM's own deadline, and a 100 ms look at what is in flight."""
+        self._prestop_timer = None
+        p = self.prestop
+        if p is None or p.done:
+            return
+        seen = len(p.transitions)
+        now = self.loop.time()
+        self._prestop_do(p.tick(now, self._in_flight()))
+        for t in p.transitions[seen:]:
+            log.info("prestop: %s -> %s (%s)", t.source.name, t.target.name, t.reason)
+        if p.done:
+            return
+        at = p.next_deadline()
+        at = now + 0.1 if at is None else min(at, now + 0.1)
+        self._prestop_timer = self.loop.call_at(at, self._prestop_tick)
+
+    def prestop_view(self) -> dict[str, Any]:
+        p = self.prestop
+        if p is None:
+            return {"state": "SERVING"}
+        return {
+            "state": p.state.name,
+            "strategy": p.strategy.value,
+            "drain_timeout": p.drain_timeout,
+            "lb_buffer": p.lb_buffer,
+            "elapsed": round(self.loop.time() - (p.started or 0.0), 3),
+            "in_flight": self._in_flight(),
+            "timed_out": p.timed_out,
+            "in_flight_at_timeout": p.in_flight_at_timeout,
+            "transitions": [{"from": t.source.name, "to": t.target.name, "reason": t.reason,
+                             "after": round(t.at - (p.started or 0.0), 3)}
+                            for t in p.transitions],
+        }
+
     def clusters_view(self) -> list[dict[str, Any]]:
         out = []
         for c in self.clusters.values():
@@ -418,6 +487,7 @@ class Server:
                 "drain_strategy": d.strategy.value.capitalize(),
             },
             "drain": drain,
+            "prestop": self.prestop_view(),
             "listeners": [
                 {"name": ls.name, "address": _fmt_addr(ls.sockname), "accepting": ls.accepting,
                  "draining": ls.drain.draining, "connections": len(ls.connections)}
@@ -561,6 +631,8 @@ class Server:
             self.rendezvous.close()  # a last status to a successor; the path is left to it
         if self._housekeeping is not None:
             self._housekeeping.cancel()
+        if self._prestop_timer is not None:
+            self._prestop_timer.cancel()
         for checker in self.checkers:
             checker.stop()
         if not self.done.done():

@@ -146,3 +146,23 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Pat
     cert.private_key_pem.write_to_path(str(key_pem))
     cert_pem.write_bytes(b"".join(b.bytes() for b in cert.cert_chain_pems))
     return ca_pem, cert_pem, key_pem
+
+
+@pytest.fixture
+def haproxy(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """``haproxy(backend_ports, **kw)`` starts HAProxy (tests/haproxy.py) in front of those
+    ports, health-checking each (``path``, ``interval``, ``fall``, ``rise``); installs the
+    Debian package first if ``haproxy`` is not on PATH. Every one is stopped by pid."""
+    from tests.haproxy import Haproxy, ensure_haproxy
+
+    ensure_haproxy()
+    started: list[Haproxy] = []
+
+    def make(backend_ports: list[int], **kw: Any) -> Haproxy:
+        h = Haproxy(backend_ports, tmp_path / f"haproxy{len(started) + 1}", start=False, **kw)
+        started.append(h)
+        return h.start()
+
+    yield make
+    for h in started:
+        h.stop()

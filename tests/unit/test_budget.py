@@ -152,9 +152,9 @@ def exec_(*cmd: str) -> dict[str, Any]:
     (exec_("sleep", "2m"), 120),
     (exec_("sh", "-c", "sleep 15"), 15),
     (exec_("/bin/sh", "-c", "echo bye; sleep 5 && sleep 2"), 7),
-    (exec_("sh", "-c", "exec lameduck prestop --hold=20s --lb-buffer 3s"), 23),
-    (exec_("lameduck", "prestop", "--hold", "12s"),
-     12 + PRESTOP_DEFAULTS["--lb-buffer"] + PRESTOP_DEFAULTS["--drain-timeout"]),
+    (exec_("sh", "-c", "exec lameduck prestop --drain-timeout=20s --lb-buffer 3s"), 23),
+    (exec_("lameduck", "prestop", "--drain-timeout", "12s"),
+     12 + PRESTOP_DEFAULTS["--lb-buffer"]),
     (exec_("lameduck", "prestop"), sum(PRESTOP_DEFAULTS.values())),
     ({"sleep": {"seconds": 9}}, 9),
     ({"httpGet": {"path": "/drain", "port": 9901}}, 0),
@@ -203,7 +203,7 @@ def test_container_choice() -> None:
     (pod(exec_("/app/drain")), "containers[0].lifecycle.preStop.exec.command: cannot tell"),
     (pod({"exec": {"command": "sleep 5"}}), "exec.command: expected a list of strings"),
     (pod({"sleep": {"seconds": "5"}}), "preStop.sleep.seconds"),
-    (pod(exec_("lameduck", "prestop", "--hold", "20")), "--hold"),
+    (pod(exec_("lameduck", "prestop", "--drain-timeout", "soon")), "--drain-timeout"),
 ])
 def test_pod_errors_name_the_field(doc: Any, words: str) -> None:
     with pytest.raises(BudgetError) as e:

@@ -64,7 +64,7 @@ def test_scope_field_names_match_envoy() -> None:
     assert {"upstream_cx_active", "upstream_rq_active", "membership_total", "membership_healthy",
             "membership_excluded", "lb_persistence_records"} == ClusterStats.GAUGES
     assert {"live", "state", "uptime", "total_connections", "hot_restart_epoch",
-            "parent_connections"} == ServerStats.GAUGES
+            "parent_connections", "prestop_state"} == ServerStats.GAUGES
     assert {"active"} == DrainStats.GAUGES
     assert {f.name for f in fields(DrainStats)} == {
         "active",

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from urllib.parse import parse_qs, unquote
 
 from lameduck.admin.control import AdminControl, NotFound
+from lameduck.config import parse_duration
 from lameduck.stats import render_json, render_prometheus, render_text
 
 Query = dict[str, list[str]]
@@ -38,6 +39,7 @@ class AdminHandlers:
             "/stats/prometheus": ("GET", self.prometheus),
             "/quitquitquit": ("POST", self.quit),
             "/clusters": ("GET", self.clusters),
+            "/prestop": ("POST", self.prestop),
         }
 
     def handle(self, method: str, path: str, query: str) -> tuple[int, str, bytes, str | None]:
@@ -120,6 +122,24 @@ class AdminHandlers:
                 for key in ("health_flags", "admin_state", "weight", "maxconn", "agent"):
                     lines.append(f"{prefix}::{key}::{ep[key]}")
         return 200, TEXT, ("\n".join(lines) + "\n").encode()
+
+    def prestop(self, q: Query) -> Reply:
+        """POST /prestop?strategy=hold-health|deregister-first&drain_timeout=20s&lb_buffer=10s:
+        start the preStop FSM here (``lameduck prestop`` calls it, then follows
+        /server_info's ``prestop``)."""
+        strategy = q.get("strategy", ["hold-health"])[0]
+        if strategy not in ("hold-health", "deregister-first"):
+            raise ValueError(f"unknown strategy {strategy!r}: use hold-health or "
+                             "deregister-first")
+        times = {}
+        for name, default in (("drain_timeout", "20s"), ("lb_buffer", "10s")):
+            text = q.get(name, [default])[0]
+            try:
+                times[name] = parse_duration(text)
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
+        view = self.c.start_prestop(strategy, times["drain_timeout"], times["lb_buffer"])
+        return 200, JSON, (json.dumps(view, indent=2) + "\n").encode()
 
     def endpoint_state(self, path: str, q: Query) -> Reply:
         """POST /clusters/<cluster>/endpoints/<host:port>?state=ready|drain|maint"""

@@ -59,10 +59,9 @@ __all__ = [
 ]
 
 DEFAULT_GRACE: Final = 30  # Kubernetes' terminationGracePeriodSeconds when unset
-# `lameduck prestop` flags that add to the hook's duration, and their values when not given.
-# They must match the prestop subcommand's own defaults (docs/budget.md).
-PRESTOP_DEFAULTS: Final[dict[str, float]] = {"--hold": 10.0, "--lb-buffer": 5.0,
-                                             "--drain-timeout": 0.0}
+# `lameduck prestop` flags that bound the hook's duration (drain_timeout + lb_buffer at most),
+# and their values when not given: the prestop subcommand's own defaults (cli.py).
+PRESTOP_DEFAULTS: Final[dict[str, float]] = {"--drain-timeout": 20.0, "--lb-buffer": 10.0}
 _WORKLOAD_KINDS: Final = frozenset(
     {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "PodTemplate"})
 _SLEEP_RE: Final = re.compile(r"(\d+(?:\.\d+)?|\.\d+)([smhd]?)")

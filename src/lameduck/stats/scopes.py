@@ -215,10 +215,11 @@ class ServerStats:
     total_connections: int = 0
     hot_restart_epoch: int = 0  # 0 for a first start, +1 per hot restart
     parent_connections: int = 0  # connections the previous process still holds while it drains
+    prestop_state: int = 0  # 0 SERVING, 1 DRAINING, 2 CLOSING, 3 CLOSED (lameduck prestop)
 
 
 name_gauges(ServerStats, {"live", "state", "uptime", "total_connections", "hot_restart_epoch",
-                          "parent_connections"})
+                          "parent_connections", "prestop_state"})
 
 
 @dataclass(slots=True)

@@ -1,0 +1,126 @@
+"""The preStop health-check FSM (seed 001 §5-7, seed 002), sans-IO.
+
+SERVING -> DRAINING -> CLOSING -> CLOSED, in one of two orders:
+
+hold-health (seed 001's drain.sh): drain first, keep the health check answering 200 while
+requests are in flight, so the external load balancer keeps the backend and they finish:
+
+    SERVING  --start-->                      DRAINING  (drain_listeners?graceful&skip_exit)
+    DRAINING --in flight == 0-->             CLOSING   (health check fails: the LB takes it out)
+    DRAINING --drain_timeout-->              CLOSING   (timed out: what is left may be cut)
+    CLOSING  --lb_buffer elapsed-->          CLOSED    (the LB saw it: interval x fall + margin)
+
+deregister-first (seed 002/003, Kubernetes): leave the rotation first, then drain:
+
+    SERVING  --start-->                      CLOSING   (readiness and health check fail)
+    CLOSING  --lb_buffer elapsed-->          DRAINING  (propagated: drain_listeners)
+    DRAINING --in flight == 0-->             CLOSED
+    DRAINING --drain_timeout-->              CLOSED    (timed out)
+
+"In flight" is seed 001's completion test: downstream_rq_active + upstream_rq_active (requests,
+not connections: a keep-alive connection may stay open after its last response). The shell
+carries out the actions, calls ``tick`` when the count may have changed and at
+``next_deadline()``; the clock is passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum, StrEnum
+
+
+class PrestopState(IntEnum):
+    SERVING = 0
+    DRAINING = 1
+    CLOSING = 2
+    CLOSED = 3
+
+
+class PrestopStrategy(StrEnum):
+    HOLD_HEALTH = "hold-health"
+    DEREGISTER_FIRST = "deregister-first"
+
+
+class PrestopAction(Enum):
+    DRAIN_LISTENERS = "drain_listeners"  # POST /drain_listeners?graceful&skip_exit
+    FAIL_HEALTH = "fail_health"  # POST /healthcheck/fail
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    at: float
+    source: PrestopState
+    target: PrestopState
+    reason: str
+
+
+@dataclass(slots=True)
+class Prestop:
+    strategy: PrestopStrategy
+    drain_timeout: float  # the longest DRAINING may last with requests in flight
+    lb_buffer: float  # how long the LB needs to notice a failed health check, plus a margin
+    state: PrestopState = PrestopState.SERVING
+    started: float | None = None
+    timed_out: bool = False  # DRAINING ended by drain_timeout, requests still in flight
+    in_flight_at_timeout: int = 0
+    transitions: list[Transition] = field(default_factory=list)
+    _until: float | None = None  # the current state's deadline
+
+    def __post_init__(self) -> None:
+        if self.drain_timeout < 0 or self.lb_buffer < 0:
+            raise ValueError("drain_timeout and lb_buffer must be >= 0")
+
+    @property
+    def done(self) -> bool:
+        return self.state is PrestopState.CLOSED
+
+    def _go(self, now: float, target: PrestopState, reason: str) -> None:
+        self.transitions.append(Transition(now, self.state, target, reason))
+        self.state = target
+
+    def start(self, now: float) -> list[PrestopAction]:
+        """Begin (once; a second call changes nothing)."""
+        if self.state is not PrestopState.SERVING:
+            return []
+        self.started = now
+        if self.strategy is PrestopStrategy.HOLD_HEALTH:
+            self._go(now, PrestopState.DRAINING, "prestop: drain first, health check held")
+            self._until = now + self.drain_timeout
+            return [PrestopAction.DRAIN_LISTENERS]
+        self._go(now, PrestopState.CLOSING, "prestop: deregister first (health check fails)")
+        self._until = now + self.lb_buffer
+        return [PrestopAction.FAIL_HEALTH]
+
+    def tick(self, now: float, in_flight: int) -> list[PrestopAction]:
+        """Time passed or the count of requests in flight changed."""
+        hold = self.strategy is PrestopStrategy.HOLD_HEALTH
+        until = self._until
+        if self.state is PrestopState.DRAINING:
+            if in_flight <= 0:
+                reason = "no request in flight"
+            elif until is not None and now >= until:
+                self.timed_out = True
+                self.in_flight_at_timeout = in_flight
+                reason = f"drain_timeout with {in_flight} in flight"
+            else:
+                return []
+            if hold:
+                self._go(now, PrestopState.CLOSING, reason)
+                self._until = now + self.lb_buffer
+                return [PrestopAction.FAIL_HEALTH]
+            self._go(now, PrestopState.CLOSED, reason)
+            self._until = None
+            return []
+        if self.state is PrestopState.CLOSING and until is not None and now >= until:
+            if hold:
+                self._go(now, PrestopState.CLOSED, "lb_buffer elapsed: the LB has taken it out")
+                self._until = None
+                return []
+            self._go(now, PrestopState.DRAINING, "lb_buffer elapsed: deregistered, now drain")
+            self._until = now + self.drain_timeout
+            out = [PrestopAction.DRAIN_LISTENERS]
+            return out + self.tick(now, in_flight)
+        return []
+
+    def next_deadline(self) -> float | None:
+        return self._until
