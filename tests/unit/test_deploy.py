@@ -34,3 +34,25 @@ def test_socket_names_a_listener_at_its_address() -> None:
     sock = _unit("lameduck.socket")["Socket"]
     listener = next(ls for ls in cfg.listeners if ls.name == sock["FileDescriptorName"])
     assert str(listener.address) == sock["ListenStream"]
+
+
+KUBE = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+
+
+def test_kubernetes_example_passes_the_budget_and_solve_changes_nothing() -> None:
+    import yaml
+
+    from lameduck.orchestrate import budget as bud
+
+    cfg = load_config(KUBE / "lameduck.yaml")
+    doc = yaml.safe_load((KUBE / "deployment.yaml").read_text())
+    pod = bud.pod_timers(doc)
+    b = bud.budget_from(cfg, pod)
+    failed = [q.line() for q in bud.check(b) if not q.holds]
+    assert not failed, failed
+    assert bud.solve(b) == b  # already the smallest consistent values
+    spec = doc["spec"]["template"]["spec"]
+    [ld] = [c for c in spec["containers"] if c["name"] == "lameduck"]
+    assert ld["lifecycle"]["preStop"]["exec"]["command"][:2] == ["lameduck", "prestop"]
+    assert "/ready" in " ".join(ld["readinessProbe"]["exec"]["command"])
+    assert str(cfg.admin.address) in " ".join(ld["readinessProbe"]["exec"]["command"])
