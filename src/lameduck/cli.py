@@ -249,8 +249,13 @@ def cmd_prestop(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"lameduck: prestop: {e}", file=sys.stderr)
             return EXIT_CONFIG
+    def live(line: str) -> None:  # redrawn in place (a terminal only)
+        sys.stderr.write("\r\x1b[2K" + line)
+        sys.stderr.flush()
+
     code, summary = run_prestop(admin, args.strategy, args.drain_timeout, args.lb_buffer,
-                                lambda line: print(line, file=sys.stderr, flush=True))
+                                lambda line: print(line, file=sys.stderr, flush=True),
+                                live=live if sys.stderr.isatty() else None)
     print(json.dumps(summary, indent=2))
     return code
 

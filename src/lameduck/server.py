@@ -364,13 +364,16 @@ class Server:
         return self.prestop_view()
 
     def _in_flight(self) -> int:
-        """Seed 001's completion test: downstream_rq_active + upstream_rq_active (and the TCP
-        connections being relayed: they have no requests)."""
-        n = sum(c.stats.upstream_rq_active for c in self.clusters.values())
+        """Seed 001's completion test is downstream_rq_active + upstream_rq_active == 0; as a
+        count, a proxied request is one, not two: the larger of the two sides (TCP
+        connections being relayed count downstream: they have no requests)."""
+        up = sum(c.stats.upstream_rq_active for c in self.clusters.values())
+        down = 0
         for ls in self.listeners:
             st = ls.stats  # type: ignore[attr-defined]
-            n += st.downstream_cx_active if isinstance(ls, TcpListener) else st.downstream_rq_active
-        return n
+            down += (st.downstream_cx_active if isinstance(ls, TcpListener)
+                     else st.downstream_rq_active)
+        return max(up, down)
 
     def _prestop_do(self, actions: list[PrestopAction]) -> None:
         p = self.prestop

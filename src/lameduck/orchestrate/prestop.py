@@ -36,9 +36,16 @@ def _call(url: str, method: str, timeout: float) -> dict[str, Any]:
         raise AdminUnreachable(f"{url}: {e}") from None
 
 
+def live_line(view: dict[str, Any]) -> str:
+    """One line of progress, redrawn in place on a terminal."""
+    return (f"prestop {view.get('strategy', '')}: {view.get('state', '?'):<8} "
+            f"{view.get('elapsed', 0.0):7.1f}s  in flight {view.get('in_flight', 0)}")
+
+
 def run_prestop(admin: str, strategy: str, drain_timeout: str, lb_buffer: str,
                 say: Callable[[str], None], poll: float = 0.1,
-                give_up: float | None = None) -> tuple[int, dict[str, Any]]:
+                give_up: float | None = None,
+                live: Callable[[str], None] | None = None) -> tuple[int, dict[str, Any]]:
     """Start and follow; returns (exit code, summary). ``give_up``: seconds to follow at most
     (None: drain_timeout + lb_buffer + 30 s, read back from the server)."""
     base = f"http://{admin}"
@@ -58,8 +65,12 @@ def run_prestop(admin: str, strategy: str, drain_timeout: str, lb_buffer: str,
     misses = 0
     while True:
         for t in view.get("transitions", [])[shown:]:
+            if live is not None:
+                live("")
             say(f"prestop: {t['after']:7.3f}s {t['from']} -> {t['to']} ({t['reason']})")
         shown = len(view.get("transitions", []))
+        if live is not None:
+            live(live_line(view) if view.get("state") != "CLOSED" else "")
         if view.get("state") == "CLOSED":
             break
         if time.monotonic() - started > limit:

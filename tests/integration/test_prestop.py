@@ -1,0 +1,368 @@
+"""Acceptance of ``lameduck prestop`` (seed 001 §7, shortened) over real processes: HAProxy
+(the Debian package) as the external load balancer health-checking two lameduck instances in
+front of the demo origin.
+
+- hold-health keeps a backend in the LB while a request longer than the drain is in flight,
+  fails its health check once nothing is in flight, and ends only after the LB took it out;
+- a rolling prestop + SIGTERM + restart of both instances under steady load through HAProxy
+  fails no request;
+- the edges: exit codes 4 / 2 / 3, the deregister-first order, ``server.prestop_state``,
+  ``/server_info``'s ``prestop`` and a second ``POST /prestop``.
+
+HAProxy has no ``retry-on`` / ``redispatch`` (tests/haproxy.py): a request sent to a backend
+that is gone would fail, so zero failures means the prestop took it out before it went.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from tests import loadgen
+from tests.procs import AdminPoller, Lameduck, _env, free_port, wait_until
+
+HEALTH = "/health_check.html"
+UPSTREAM_ACTIVE = "cluster.app.upstream_rq_active"  # proxied requests only (not health checks)
+
+
+def prestop_cmd(admin: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "lameduck", "prestop", "--admin", admin, *args]
+
+
+def run_prestop(admin: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(prestop_cmd(admin, *args), capture_output=True, text=True,
+                          timeout=timeout, env=_env(), check=False)
+
+
+def start_prestop(admin: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(prestop_cmd(admin, *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env())
+
+
+def transitions(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(t["from"], t["to"]) for t in summary["transitions"]]
+
+
+class Fetch(threading.Thread):
+    """One GET in a thread: ``status`` (or ``error``) and ``done_at`` (monotonic) when over."""
+
+    def __init__(self, url: str, timeout: float = 15) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.timeout = timeout
+        self.status: int | None = None
+        self.error: str | None = None
+        self.done_at: float | None = None
+        self.started = time.monotonic()
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.status = httpx.get(self.url, timeout=self.timeout).status_code
+        except httpx.HTTPError as e:
+            self.error = repr(e)
+        self.done_at = time.monotonic()
+
+
+def health(ld: Lameduck) -> int:
+    return httpx.get(ld.url(HEALTH), timeout=2).status_code
+
+
+def both_up(h: Any) -> None:
+    for s in h.servers:
+        assert h.wait_state(s, "UP", timeout=5) is not None, (h.server_states(), h.log())
+
+
+# -- 1. hold-health protects a long request ----------------------------------------------------
+
+
+def test_hold_health_protects_a_long_request(lameduck, haproxy) -> None:
+    a, b = lameduck(), lameduck()
+    h = haproxy([a.port, b.port], interval=0.2, fall=2, rise=2)  # a is s1
+    both_up(h)
+
+    # The long request goes THROUGH HAProxy; round robin: if it landed on b, the next one
+    # lands on a (b's is left to finish on its own).
+    fetches: list[Fetch] = []
+    long_req: Fetch | None = None
+    for _ in range(4):
+        f = Fetch(h.url("/sleep?ms=3000"))
+        fetches.append(f)
+        assert wait_until(lambda: a.stat(UPSTREAM_ACTIVE) + b.stat(UPSTREAM_ACTIVE)
+                          >= len(fetches), 3, 0.01), "the long request reached no lameduck"
+        if a.stat(UPSTREAM_ACTIVE) == 1:
+            long_req = f
+            break
+    assert long_req is not None, "no long request landed on lameduck A"
+    sent = long_req.started
+    assert a.stat("http.ingress.downstream_rq_active") >= 1
+
+    t0 = time.monotonic()
+    proc = start_prestop(a.admin_addr, "--strategy", "hold-health", "--drain-timeout", "10s",
+                         "--lb-buffer", "1s")
+    poller = AdminPoller(a.admin_addr)
+    states_in_flight: list[str] = []
+    health_in_flight: list[int] = []
+    down_at: float | None = None
+    fsm_seen: float | None = None  # when the FSM was first seen started (the CLI's start-up)
+    end = t0 + 15
+    while proc.poll() is None and time.monotonic() < end:
+        state = h.server_states()["s1"]
+        now = time.monotonic()
+        if fsm_seen is None and poller.stat("server.prestop_state") > 0:
+            fsm_seen = now
+        if long_req.done_at is None:
+            states_in_flight.append(state)
+            health_in_flight.append(health(a))
+        if down_at is None and state == "DOWN":
+            down_at = now
+        time.sleep(0.05)
+    ended_at = time.monotonic()
+    poller.close()
+    if proc.poll() is None:
+        proc.kill()
+    out, err = proc.communicate(timeout=5)
+    long_req.join(10)
+    for f in fetches:
+        f.join(10)
+
+    assert long_req.status == 200, (long_req.error, h.log())
+    assert long_req.done_at is not None and down_at is not None, (h.server_states(), err)
+    assert fsm_seen is not None
+    rel = {"FSM seen started": fsm_seen - t0, "long request done": long_req.done_at - t0,
+           "s1 DOWN (sampled)": down_at - t0, "prestop exited": ended_at - t0}
+    summary = json.loads(out)
+    after = {f"{t['from']}->{t['to']}": t["after"] for t in summary["transitions"]}
+    print(f"\nhold-health: long request sent {sent - t0:+.3f}s; times from the prestop start: "
+          + ", ".join(f"{k} {v:.3f}s" for k, v in rel.items())
+          + f"; FSM: {after}; samples in flight: {len(states_in_flight)}")
+    print(err)
+
+    # While the long request was in flight HAProxy kept s1 UP and its health check said 200.
+    assert len(states_in_flight) >= 20, states_in_flight
+    assert set(states_in_flight) == {"UP"}, states_in_flight
+    assert set(health_in_flight) == {200}, health_in_flight
+    # It completed after ~3 s; s1 went DOWN only after; the prestop ended only after that.
+    assert long_req.done_at - sent >= 2.9
+    assert down_at >= long_req.done_at
+    assert ended_at >= down_at
+    assert proc.returncode == 0, (out, err)
+    assert transitions(summary) == [("SERVING", "DRAINING"), ("DRAINING", "CLOSING"),
+                                    ("CLOSING", "CLOSED")], summary
+    closing = summary["transitions"][1]
+    assert closing["reason"] == "no request in flight", summary
+    # FSM time counts from POST /prestop, which the CLI sends after its start-up (~1 s here):
+    # CLOSING came no sooner than the long request's end, >= 1.5 s into the drain.
+    assert closing["after"] >= long_req.done_at - fsm_seen - 0.05, (rel, summary)
+    assert closing["after"] >= 1.5, (rel, summary)
+    assert summary["transitions"][2]["after"] - closing["after"] >= 1.0, summary
+    assert summary["state"] == "CLOSED" and summary["timed_out"] is False, summary
+    assert a.stat("server.prestop_state") == 3
+    assert h.server_states()["s2"] == "UP"
+
+
+# -- 2. a rolling prestop + restart under load -------------------------------------------------
+
+
+def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy) -> None:
+    a, b = lameduck(), lameduck()
+    h = haproxy([a.port, b.port], interval=0.2, fall=2, rise=2)
+    both_up(h)
+
+    stop = threading.Event()
+    result: dict[str, Any] = {}
+
+    def load() -> None:
+        t = time.monotonic()
+        # closed-loop workers, bounded: 25 s at most, 30 000 requests per worker at most
+        result["counts"] = asyncio.run(loadgen.run(h.port, 25, keepalive=8, fresh=2,
+                                                   limit=30_000, stop=stop))
+        result["seconds"] = time.monotonic() - t
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    time.sleep(1.0)  # steady state before the roll
+
+    log: list[str] = []
+    t0 = time.monotonic()
+    replacements: list[Lameduck] = []
+    try:
+        for server, old in (("s1", a), ("s2", b)):
+            t = time.monotonic()
+            r = run_prestop(old.admin_addr, "--strategy", "hold-health", "--drain-timeout",
+                            "5s", "--lb-buffer", "1s")
+            assert r.returncode == 0, (r.stdout, r.stderr)
+            assert h.server_states()[server] == "DOWN", (h.server_states(), r.stderr)
+            summary = json.loads(r.stdout)
+            log.append(f"{server}: prestop {time.monotonic() - t:.2f}s "
+                       f"(CLOSING after {summary['transitions'][1]['after']}s: "
+                       f"{summary['transitions'][1]['reason']})")
+            t = time.monotonic()
+            old.signal(signal.SIGTERM)
+            assert old.wait(10) == 0, old.log()
+            log.append(f"{server}: SIGTERM -> exit 0 in {time.monotonic() - t:.2f}s")
+            cfg = copy.deepcopy(old.cfg)
+            cfg["hot_restart"].pop("socket", None)  # its own rendezvous, not the dead one's
+            t = time.monotonic()
+            new = lameduck(cfg)
+            replacements.append(new)
+            assert new.port == old.port
+            up = h.wait_state(server, "UP", timeout=5)
+            assert up is not None, (h.server_states(), h.log())
+            log.append(f"{server}: restarted, UP in HAProxy {time.monotonic() - t:.2f}s")
+        roll = time.monotonic() - t0
+        time.sleep(1.0)  # traffic over both replacements
+    finally:
+        stop.set()
+        loader.join(30)
+    counts: loadgen.Counts = result["counts"]
+    total = counts.ok + counts.failed
+    rate = total / result["seconds"]
+    served = [ld.stat("cluster.app.upstream_rq_total") for ld in replacements]
+    print(f"\nroll {roll:.2f}s; " + "; ".join(log))
+    print(f"load {result['seconds']:.2f}s: {total} requests, {counts.ok} ok, "
+          f"{counts.failed} failed, {counts.stale_retries} stale retries, "
+          f"{counts.connections} connections, {rate:.0f} req/s; "
+          f"replacements forwarded {served}; failures {counts.samples}")
+
+    assert counts.failed == 0, (counts.samples, h.log())
+    assert counts.stale_retries == 0, counts  # HAProxy keeps its client connections open
+    assert rate >= 500, f"{rate:.0f} req/s"
+    assert all(n > 0 for n in served), served
+    assert set(h.server_states().values()) == {"UP"}
+
+
+# -- 3. the edges ------------------------------------------------------------------------------
+
+
+def test_unreachable_admin_exits_4() -> None:
+    r = run_prestop(f"127.0.0.1:{free_port()}", "--drain-timeout", "1s", "--lb-buffer", "0s")
+    assert r.returncode == 4, (r.stdout, r.stderr)
+    assert "unreachable" in r.stderr
+    assert json.loads(r.stdout)["error"] == "admin unreachable"
+
+
+def test_bad_strategy_exits_2_and_admin_refuses_400(lameduck) -> None:
+    ld = lameduck()
+    r = run_prestop(ld.admin_addr, "--strategy", "nope")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "invalid choice" in r.stderr
+    r = run_prestop(ld.admin_addr, "--drain-timeout", "soon")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    resp = ld.admin("POST", "/prestop?strategy=nope")
+    assert resp.status_code == 400, resp.text
+    assert "nope" in resp.text
+    assert ld.admin("POST", "/prestop?drain_timeout=soon").status_code == 400
+    # Refused: nothing started.
+    assert ld.server_info()["prestop"] == {"state": "SERVING"}
+    assert ld.stat("server.prestop_state") == 0
+    assert health(ld) == 200
+
+
+def test_drain_timeout_with_a_request_in_flight_exits_3(lameduck) -> None:
+    ld = lameduck()
+    long_req = Fetch(ld.url("/sleep?ms=2500"))
+    assert wait_until(lambda: ld.stat(UPSTREAM_ACTIVE) == 1, 3, 0.01)
+    r = run_prestop(ld.admin_addr, "--drain-timeout", "500ms", "--lb-buffer", "200ms")
+    summary = json.loads(r.stdout)
+    print(f"\n{r.stderr}{summary}")
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    assert summary["state"] == "CLOSED"
+    assert summary["timed_out"] is True
+    assert summary["in_flight_at_timeout"] == 1, summary
+    closing = summary["transitions"][1]
+    assert (closing["from"], closing["to"]) == ("DRAINING", "CLOSING")
+    assert closing["reason"].startswith("drain_timeout with"), closing
+    assert 0.5 <= closing["after"] < 1.0, closing
+    # The FSM does not cut it (skip_exit): the request still completes.
+    long_req.join(10)
+    assert long_req.status == 200, long_req.error
+    assert health(ld) == 503
+
+
+def test_in_flight_counts_one_proxied_request_once(lameduck) -> None:
+    ld = lameduck()
+    long_req = Fetch(ld.url("/sleep?ms=1000"))
+    assert wait_until(lambda: ld.stat(UPSTREAM_ACTIVE) == 1, 3, 0.01)
+    view = ld.admin("POST", "/prestop?drain_timeout=100ms&lb_buffer=0s").json()
+    long_req.join(5)
+    assert long_req.status == 200
+    assert view["in_flight"] == 1, view
+    assert wait_until(lambda: ld.server_info()["prestop"]["state"] == "CLOSED", 3)
+    summary = ld.server_info()["prestop"]
+    assert summary["in_flight_at_timeout"] == 1, summary
+    assert summary["transitions"][1]["reason"] == "drain_timeout with 1 in flight", summary
+
+
+def test_deregister_first_order(lameduck, haproxy) -> None:
+    a = lameduck()
+    h = haproxy([a.port], interval=0.2, fall=2, rise=2)
+    both_up(h)
+    assert a.server_info()["prestop"] == {"state": "SERVING"}
+    assert a.stat("server.prestop_state") == 0
+
+    poller = AdminPoller(a.admin_addr)
+    t0 = time.monotonic()
+    proc = start_prestop(a.admin_addr, "--strategy", "deregister-first", "--drain-timeout",
+                         "5s", "--lb-buffer", "1s")
+    states: list[int] = []
+    first: dict[str, float] = {}
+    health_first: int | None = None
+    second: dict[str, Any] | None = None
+    long_req: Fetch | None = None
+    with httpx.Client(timeout=2) as client:
+        end = t0 + 15
+        while proc.poll() is None and time.monotonic() < end:
+            st = poller.stat("server.prestop_state")
+            now = time.monotonic() - t0
+            if st > 0 and (not states or states[-1] != st):
+                states.append(st)
+                first.setdefault(f"state {st}", now)
+                if st == 2:
+                    # A request (straight to a) in flight past lb_buffer: DRAINING observable.
+                    long_req = Fetch(a.url("/sleep?ms=2000"))
+                    health_first = client.get(a.url(HEALTH)).status_code
+                    view = a.server_info()["prestop"]
+                    assert view["state"] in ("CLOSING", "DRAINING", "CLOSED"), view
+                    # A second POST reports the running one, unchanged.
+                    second = a.admin("POST", "/prestop?strategy=hold-health&drain_timeout=1s"
+                                              "&lb_buffer=0s").json()
+            if "DOWN" not in first and h.server_states()["s1"] == "DOWN":
+                first["DOWN"] = now
+            time.sleep(0.02)
+    poller.close()
+    out, err = proc.communicate(timeout=5)
+    assert long_req is not None, (states, out, err)
+    long_req.join(10)
+    summary = json.loads(out)
+    print(f"\nderegister-first: states {states}, first seen {first}\n{err}")
+
+    assert proc.returncode == 0, (out, err)
+    assert long_req.status == 200, long_req.error
+    assert states == [2, 1, 3], states
+    assert health_first == 503
+    assert "DOWN" in first, h.log()
+    assert first["state 2"] <= first["DOWN"] < first["state 1"] < first["state 3"], first
+    assert first["state 1"] >= 1.0  # lb_buffer
+    assert transitions(summary) == [("SERVING", "CLOSING"), ("CLOSING", "DRAINING"),
+                                    ("DRAINING", "CLOSED")], summary
+    assert summary["transitions"][1]["after"] >= 1.0
+    assert summary["transitions"][2]["reason"] == "no request in flight"
+    assert summary["transitions"][2]["after"] >= 1.5
+    assert summary["timed_out"] is False
+    assert second is not None
+    assert second["strategy"] == "deregister-first", second
+    assert (second["drain_timeout"], second["lb_buffer"]) == (5.0, 1.0), second
+    assert second["transitions"] == summary["transitions"][:len(second["transitions"])]
+    view = a.server_info()["prestop"]
+    assert view["state"] == "CLOSED" and view["transitions"] == summary["transitions"], view
+    assert a.stat("server.prestop_state") == 3
