@@ -214,6 +214,12 @@ class H2ConnectTunnel(asyncio.Protocol):
         self.timer = None
         if not self.ended:
             self._act(self.drain.timer(self.conn.loop.time()))
+        # uvloop's timers have millisecond resolution and may fire just before the deadline:
+        # then nothing happened yet, and the timer must be set again (or the tunnel would
+        # never be reset).
+        at = self.drain.next_deadline()
+        if at is not None and not self.ended and self.timer is None:
+            self.timer = self.conn.loop.call_at(at, self._on_timer)
 
     def _act(self, action: TunnelAction) -> None:
         if action is TunnelAction.RESET_BOTH:
