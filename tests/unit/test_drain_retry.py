@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from lameduck.drain.retry import IDEMPOTENT_METHODS, RetryBudget, RetryState, may_retry
+from lameduck.drain.retry import IDEMPOTENT_METHODS, RetryBudget, may_retry
 
 
 def test_idempotent_methods_are_rfc9110s() -> None:
@@ -86,36 +86,3 @@ def test_budget_edges() -> None:
 def test_budget_config_is_validated(pct: float, floor: int) -> None:
     with pytest.raises(ValueError):
         RetryBudget(pct, floor)
-
-
-# --------------------------------------------------------------------------- per request
-
-
-def test_next_try_counts_retries() -> None:
-    s: RetryState[str] = RetryState(2)
-    assert s.retries == 0
-    assert s.next_try() is True
-    assert s.next_try() is True
-    assert s.retries == 2
-    assert s.next_try() is False
-    assert s.next_try() is False
-    assert s.retries == 2
-
-
-def test_zero_retries_never_retries() -> None:
-    s: RetryState[str] = RetryState(0)
-    assert s.next_try() is False
-
-
-def test_tried_hosts_are_the_callers_list() -> None:
-    s: RetryState[str] = RetryState(1)
-    s.tried.append("a")
-    s.tried.append("b")
-    assert s.tried == ["a", "b"]
-    with pytest.raises(AttributeError):
-        s.other = 1  # type: ignore[attr-defined]  # slots
-
-
-def test_negative_retries_are_rejected() -> None:
-    with pytest.raises(ValueError):
-        RetryState(-1)

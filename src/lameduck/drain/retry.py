@@ -8,8 +8,6 @@ instance. Replaying the request body (and its size limit) is the shell's busines
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
-
 # RFC 9110 §9.2.2: the methods whose intended effect is the same however often repeated.
 IDEMPOTENT_METHODS: frozenset[bytes] = frozenset(
     {b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"}
@@ -59,27 +57,3 @@ class RetryBudget:
     def allows(self, active_requests: int, active_retries: int) -> bool:
         """May one more retry start?"""
         return active_retries < self.limit(active_requests)
-
-
-K = TypeVar("K")
-
-
-class RetryState(Generic[K]):
-    """One request's retries: how many were made, and which hosts were tried (so the next try
-    can go elsewhere)."""
-
-    __slots__ = ("num_retries", "retries", "tried")
-
-    def __init__(self, num_retries: int) -> None:
-        if num_retries < 0:
-            raise ValueError("num_retries must be >= 0")
-        self.num_retries = num_retries
-        self.retries = 0
-        self.tried: list[K] = []
-
-    def next_try(self) -> bool:
-        """Take one retry if any is left (True), counting it."""
-        if self.retries >= self.num_retries:
-            return False
-        self.retries += 1
-        return True

@@ -30,6 +30,7 @@ import httptools
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
 from lameduck.drain.endpoint import Layer
+from lameduck.drain.retry import IDEMPOTENT_METHODS, may_retry
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http1.tunnel import Pending, Relay, abort_with_rst, open_destination
 from lameduck.http1.upstream import H1Upstream, UpstreamConn, UpstreamError
@@ -73,7 +74,6 @@ GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True,
 REQUEST_SPECIAL = HOP_BY_HOP | {
     b"host", b"x-forwarded-for", b"x-forwarded-proto", b"idempotency-key", b"expect",
 }
-IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 QUERY: Final = 63  # "?", as a byte value: ``in`` looks for it with memchr
 # An HTTP/2 client with prior knowledge opens with this (RFC 9113 §3.4).
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -505,7 +505,10 @@ class Exchange:
             self._retry(ep)
             return
         cluster.request_failed(ep, True)
-        if (status == UpstreamError.RESET and self.retryable and can_replay
+        # ``retryable``: an idempotent method or Idempotency-Key (set when the head was read)
+        if (status == UpstreamError.RESET and can_replay
+                and may_retry(sent=True, idempotent=self.retryable, idempotency_key=False,
+                              unprocessed=False, response_started=self.resp_started)
                 and self._retry_elsewhere()):
             # reset before any response byte, safe to send again (seed 003), and its body is
             # still kept (``can_replay`` alone says only that: an HTTP/2 stream keeps it for
@@ -914,7 +917,7 @@ class H1Downstream(asyncio.Protocol):
         conn_tokens: bytes = b""
         te: bytes | None = None
         upgrade: bytes | None = None
-        retryable = method in IDEMPOTENT
+        retryable = method in IDEMPOTENT_METHODS
         expect = False
         out = self.lines
         for n, value in self.special:

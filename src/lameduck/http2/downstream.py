@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
 from lameduck.drain.endpoint import Layer
+from lameduck.drain.retry import IDEMPOTENT_METHODS, may_retry
 from lameduck.drain.tunnel import TunnelKind
 from lameduck.http1.downstream import REPLAY_LIMIT, RETRY_AFTER
 from lameduck.http1.tunnel import Relay, abort_with_rst
@@ -84,7 +85,6 @@ LINGER = 2.0  # seconds a staged close keeps reading before it closes
 # A stream's response bytes held back by the client's flow-control window before its upstream is
 # paused; and request bytes held for an upstream not attached yet (the window bounds them too).
 OUTBOUND_HIGH = 256 * 1024
-IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 # Request fields not forwarded to an HTTP/1.1 upstream: connection-specific ones (a conforming
 # client sends none; RFC 9113 §8.2.2), and those the proxy writes itself.
 DROPPED = HOP_BY_HOP | {b"host", b"x-forwarded-proto", b"content-length"}
@@ -461,7 +461,10 @@ class H2Stream:
             return
         replay = self.replay
         self.replay = None
-        safe = self.retryable and (not self.body or replay is not None)
+        # ``retryable``: an idempotent method or Idempotency-Key (set when the head was read)
+        safe = (may_retry(sent=True, idempotent=self.retryable, idempotency_key=False,
+                          unprocessed=False, response_started=self.resp_started)
+                and (not self.body or replay is not None))
         if (status == UpstreamError.RESET and self.reused and safe and not self.retried
                 and up_was is not None and not up_was.got_bytes and not conn.gone):
             # A pooled connection the upstream had already closed: retry once on a fresh one.
@@ -793,7 +796,7 @@ class H2Downstream(asyncio.Protocol):
         out: list[bytes] = []
         xff: bytes | None = None
         content_length: bytes | None = None
-        retryable = method in IDEMPOTENT
+        retryable = method in IDEMPOTENT_METHODS
         for name, value in ev.headers:
             if name in DROPPED:
                 if name == b"content-length":
