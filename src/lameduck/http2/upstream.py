@@ -566,6 +566,11 @@ class H2Pool:
                 w.set_exception(exc)
             else:
                 w.set_result(f.result().new_stream())
+        if exc is None and f.result().alive:
+            # Shared only now, with its waiters' streams reserved: were it shared when the
+            # connect finished, a request in between would see it empty and take a stream,
+            # and the waiters would then overfill it (one queued behind the limit).
+            ep.shared.append(f.result())
 
     async def _open(self, ep: Endpoint) -> H2UpstreamConnection:
         cluster = self.cluster
@@ -589,5 +594,4 @@ class H2Pool:
             raise
         if not conn.alive:
             raise ConnectionResetError("upstream closed the connection at once")
-        ep.shared.append(conn)
         return conn
