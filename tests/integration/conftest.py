@@ -166,3 +166,35 @@ def haproxy(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     yield make
     for h in started:
         h.stop()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[Any]:
+    """A real ``redis-server`` (tests/redisproc.py) on a free port, stopped by pid; installs
+    the Debian package first if it is missing."""
+    from tests.redisproc import RedisServer, ensure_redis
+
+    ensure_redis()
+    r = RedisServer(tmp_path / "redis").start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def resume_app(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """``resume_app(server, name, store, grace=, stagger=)``: the demo resume app under a real
+    ASGI server (tests/apps.py); every one is stopped by pid."""
+    from tests.apps import App
+
+    started: list[App] = []
+
+    def make(server: str = "uvicorn", name: str = "a", store: str | None = None,
+             **kw: Any) -> App:
+        app = App(server, name, store or f"sqlite://{tmp_path / 'sessions.db'}",
+                  tmp_path / "apps", **kw)
+        started.append(app)
+        return app
+
+    yield make
+    for a in started:
+        a.stop()

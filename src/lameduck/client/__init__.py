@@ -1,0 +1,9 @@
+"""Clients that survive an instance going away: reconnect with jitter through the load
+balancer, present the resume token and the last acknowledged seq, replay what never
+committed."""
+
+from lameduck.client.backoff import Backoff, GaveUp
+from lameduck.client.http import ResumableClient, ResumeGap
+from lameduck.client.websocket import ResumableWebSocket
+
+__all__ = ["Backoff", "GaveUp", "ResumableClient", "ResumableWebSocket", "ResumeGap"]

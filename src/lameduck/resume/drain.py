@@ -1,0 +1,128 @@
+"""One process's drain, as seed 002 runs it: a draining flag and an in-flight count (counted
+first, tested second), close 1001 to the open WebSockets (staggered), a wait to the deadline,
+then the stragglers cut. The middleware feeds it; the app's server exits after it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+log = logging.getLogger("lameduck.resume")
+
+CloseFn = Callable[[], Awaitable[None]]
+
+
+class Drain:
+    """``grace``: how long in-flight work may take after the drain starts; ``stagger``: the
+    window over which the open WebSockets are told 1001 (0: all at once)."""
+
+    def __init__(self, grace: float = 20.0, stagger: float = 2.0,
+                 rng: random.Random | None = None) -> None:
+        self.grace = grace
+        self.stagger = stagger
+        self.rng = rng or random.Random()
+        self.draining = False
+        self.inflight = 0
+        self.started_at: float | None = None
+        self.took: float | None = None
+        self.cut = 0  # stragglers cut at the deadline, over the process's life
+        self.tasks: set[asyncio.Future[Any]] = set()  # app calls a deadline may cut
+        self.sockets: dict[object, CloseFn] = {}  # open WebSockets: how to tell each 1001
+        self._idle: asyncio.Event | None = None
+        self._done: asyncio.Future[int] | None = None
+
+    # -- the request side -------------------------------------------------------------------
+    def enter(self) -> bool:
+        """Count first, then test the flag: a drain that starts in between sees this request
+        and waits for it; one that started before gets False (answer "going away")."""
+        self.inflight += 1
+        if self.draining:
+            self.leave()
+            return False
+        return True
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight <= 0 and self._idle is not None:
+            self._idle.set()
+
+    # -- the drain --------------------------------------------------------------------------
+    def begin(self) -> asyncio.Future[int]:
+        """Start the drain (once; later calls share it): the number of stragglers cut."""
+        if self._done is None:
+            self.draining = True
+            self.started_at = time.monotonic()
+            self._done = asyncio.ensure_future(self._run())
+        return self._done
+
+    async def _run(self) -> int:
+        self._idle = asyncio.Event()
+        if self.inflight <= 0:
+            self._idle.set()
+        closers = list(self.sockets.values())
+        window = min(self.stagger, self.grace / 2)
+        for close in closers:
+            asyncio.get_running_loop().call_later(
+                self.rng.uniform(0, window) if window > 0 else 0,
+                lambda c=close: asyncio.ensure_future(c()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), self.grace)
+        stragglers = [t for t in self.tasks if not t.done()]
+        for t in stragglers:
+            t.cancel()
+        if stragglers:
+            self.cut += len(stragglers)
+            log.warning("drain deadline (%.3gs): cut %d request(s)", self.grace, len(stragglers))
+            # the cut requests answer "going away" and leave; wait for them (briefly)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), 5.0)
+        self.took = time.monotonic() - (self.started_at or 0.0)
+        return len(stragglers)
+
+    # -- signals ----------------------------------------------------------------------------
+    def install(self, sig: int = signal.SIGTERM,
+                then: Callable[[], None] | None = None) -> bool:
+        """Drain on ``sig``, then hand the signal to whoever handled it before (the ASGI
+        server, which then shuts down with nothing left in flight). Must run on the main
+        thread's event loop; False where it cannot."""
+        loop = asyncio.get_running_loop()
+        # asyncio's own signal handlers (hypercorn uses them) sit in the loop, not in signal
+        handles = getattr(loop, "_signal_handlers", None)
+        handle = handles.get(sig) if isinstance(handles, dict) else None
+        prev = signal.getsignal(sig)
+
+        def chain() -> None:
+            if then is not None:
+                then()
+            elif handle is not None:
+                handle._run()
+            elif callable(prev):
+                prev(sig, None)
+            elif prev == signal.SIG_DFL:
+                signal.signal(sig, signal.SIG_DFL)
+                signal.raise_signal(sig)
+
+        def on_signal(*_: object) -> None:
+            if self._done is not None:  # a second signal: the server's own handling, now
+                chain()
+                return
+            log.info("signal %d: draining (grace %.3gs)", sig, self.grace)
+            loop.call_soon_threadsafe(lambda: self.begin().add_done_callback(
+                lambda _f: chain()))
+
+        try:
+            if handle is not None:
+                loop.remove_signal_handler(sig)
+                loop.add_signal_handler(sig, on_signal)
+            else:
+                signal.signal(sig, on_signal)
+        except (ValueError, RuntimeError) as e:  # not the main thread
+            log.warning("cannot drain on signal %d here: %s", sig, e)
+            return False
+        return True
