@@ -49,11 +49,11 @@ run: $(FAST)
 	$(VENV)/bin/lameduck run $(if $(CONFIG),-c $(CONFIG))
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
 
 test: $(FAST)
 	bash scripts/ensure-debs.sh curl
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: $(FAST)

@@ -1,10 +1,22 @@
-"""Resume after an instance goes away: a session store with commit-once, and the ASGI
-middleware that applies it (``from lameduck.resume import ResumeMiddleware``)."""
+"""Resume after an instance goes away: a session store with commit-once, the ASGI middleware
+that applies it (``from lameduck.resume import ResumeMiddleware``), and the drain of queue
+consumers (``lameduck.resume.consumer``)."""
 
+from lameduck.resume.consumer import (
+    ConsumerDrain,
+    ConsumerRunner,
+    ConsumerSummary,
+    ConsumerTimes,
+    RedisStreamConsumer,
+    StreamMessage,
+    run_consumer,
+)
 from lameduck.resume.drain import Drain
 from lameduck.resume.middleware import ResumeMiddleware, ResumeSession
 from lameduck.resume.seq import SeqGap
 from lameduck.resume.store import Claim, Committed, KeyClaim, Session, SessionStore, open_store
 
-__all__ = ["Claim", "Committed", "Drain", "KeyClaim", "ResumeMiddleware", "ResumeSession",
-           "SeqGap", "Session", "SessionStore", "open_store"]
+__all__ = ["Claim", "Committed", "ConsumerDrain", "ConsumerRunner", "ConsumerSummary",
+           "ConsumerTimes", "Drain", "KeyClaim", "RedisStreamConsumer", "ResumeMiddleware",
+           "ResumeSession", "SeqGap", "Session", "SessionStore", "StreamMessage", "open_store",
+           "run_consumer"]

@@ -86,12 +86,18 @@ class RedisStore(SessionStore):
     keys are ``<prefix>s:<token>`` and ``<prefix>k:<idempotency key>``."""
 
     def __init__(self, url: str | None = None, session_ttl: float = SESSION_TTL,
-                 prefix: str = "lameduck:", client: Any = None) -> None:
+                 prefix: str = "lameduck:", client: Any = None, max_connections: int = 50,
+                 wait: float = 5.0) -> None:
         if client is None:
             if url is None:
                 raise ValueError("RedisStore needs a URL or a client")
             import redis.asyncio as aioredis  # the optional dependency: lameduck[resume]
-            client = aioredis.from_url(url)
+            # A bounded pool that waits for a free connection (up to ``wait`` s): redis-py's
+            # default pool fails a request outright past 100 connections, which a burst of
+            # reconnecting sessions reaches at once.
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url, max_connections=max_connections, timeout=wait)
+            client = aioredis.Redis(connection_pool=pool)
         self.redis = client
         self.session_ttl = session_ttl
         self.prefix = prefix
@@ -139,3 +145,4 @@ class RedisStore(SessionStore):
 
     async def close(self) -> None:
         await self.redis.aclose()
+        await self.redis.connection_pool.disconnect()

@@ -1,0 +1,74 @@
+"""``lameduck.client``'s clients against real servers: going away is retried through the
+balancer and commits once, a gap is an error that says where the server is, and a server
+that never comes back ends in GaveUp, not a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from lameduck.client import Backoff, GaveUp, ResumableClient, ResumableWebSocket, ResumeGap
+from lameduck.resume.store import open_store
+from tests.procs import base_config, free_port
+
+FAST = Backoff(first=0.05, base=0.05, cap=0.2, max_attempts=8)
+
+
+def test_going_away_is_retried_elsewhere_and_commits_once(resume_app, lameduck, origin_port,
+                                                          tmp_path) -> None:
+    """A drains (it still listens and answers 503 going away); lameduck, told nothing, keeps
+    sending half the requests there. The client goes back until B takes each seq."""
+    a = resume_app("uvicorn", "a", grace=30)
+    b = resume_app("uvicorn", "b")
+    assert httpx.post(a.url("/_drain"), timeout=5).status_code == 202
+    assert httpx.get(a.url("/work"), timeout=5).status_code == 503
+    ld = lameduck(base_config(origin_port, cluster={"endpoints": [a.addr, b.addr]}))
+
+    async def main() -> tuple[list[httpx.Response], int]:
+        async with ResumableClient(token="rc", backoff=FAST, timeout=10) as c:
+            rs = [await c.post(ld.url("/work")) for _ in range(12)]
+            return rs, c.retries
+    rs, retries = asyncio.run(main())
+    assert [r.json()["seq"] for r in rs] == list(range(1, 13))
+    assert {r.json()["instance"] for r in rs} == {"b"}
+    assert retries >= 3  # round robin sent some to A (12 requests: about 6 of them)
+
+    async def stored() -> tuple[int, bytes | None]:
+        s = open_store(f"sqlite://{tmp_path / 'sessions.db'}")
+        got = await s.load("rc")
+        await s.close()
+        return got.last_seq, got.state
+    last, state = asyncio.run(stored())
+    assert last == 12 and json.loads(state or b"{}") == {"count": 12, "sum": 78}
+
+
+def test_gap_is_an_error_naming_the_server_seq(resume_app) -> None:
+    a = resume_app("uvicorn")
+
+    async def main() -> None:
+        async with ResumableClient(a.url(""), token="g", last_acked=5, backoff=FAST) as c:
+            with pytest.raises(ResumeGap) as e:
+                await c.post("/work")
+            assert (e.value.last, e.value.seq) == (0, 6)
+    asyncio.run(main())
+
+
+def test_no_server_ends_in_gave_up() -> None:
+    port = free_port()
+
+    async def main() -> None:
+        async with ResumableClient(f"http://127.0.0.1:{port}", backoff=Backoff(
+                first=0.01, base=0.01, cap=0.02, max_attempts=3)) as c:
+            with pytest.raises(GaveUp) as e:
+                await c.post("/work")
+            assert isinstance(e.value.__cause__, httpx.ConnectError)
+            assert c.retries == 3
+        ws = ResumableWebSocket(f"ws://127.0.0.1:{port}/ws", backoff=Backoff(
+            first=0.01, base=0.01, cap=0.02, max_attempts=3))
+        with pytest.raises(GaveUp):
+            await asyncio.wait_for(ws.start(), 10)
+        assert len(ws.reconnect_times) == 3
+    asyncio.run(main())
