@@ -10,7 +10,14 @@ import json
 import httpx
 import pytest
 
-from lameduck.client import Backoff, GaveUp, ResumableClient, ResumableWebSocket, ResumeGap
+from lameduck.client import (
+    Backoff,
+    GaveUp,
+    ResumableClient,
+    ResumableWebSocket,
+    ResumeGap,
+    SessionError,
+)
 from lameduck.resume.store import open_store
 from tests.procs import base_config, free_port
 
@@ -71,4 +78,57 @@ def test_no_server_ends_in_gave_up() -> None:
         with pytest.raises(GaveUp):
             await asyncio.wait_for(ws.start(), 10)
         assert len(ws.reconnect_times) == 3
+    asyncio.run(main())
+
+
+def test_only_committed_answers_move_the_seq(resume_app) -> None:
+    """The app's 500 is returned and its seq sent again next time; the app's own 409 is an
+    answer (committed), not a gap; a client behind the server adopts the server's seq."""
+    a = resume_app("uvicorn")
+
+    async def main() -> None:
+        async with ResumableClient(a.url(""), token="m", backoff=FAST) as c:
+            failed = await c.post("/fail")
+            assert failed.status_code == 500 and c.last_acked == 0
+            ok = await c.post("/work")
+            assert ok.json()["seq"] == 1 and c.last_acked == 1
+            conflict = await c.post("/conflict")
+            assert conflict.status_code == 409 and c.last_acked == 2
+            a1, a2 = await asyncio.gather(c.post("/work"), c.post("/work"))
+            assert sorted([a1.json()["seq"], a2.json()["seq"]]) == [3, 4]
+            assert max(a1.json()["count"], a2.json()["count"]) == 3  # 1, 3, 4 did work
+        async with ResumableClient(a.url(""), token="m", backoff=FAST) as behind:
+            old = await behind.post("/work")  # seq 1: long committed; the server is at 4
+            assert old.headers["resume-replayed"] == "true"
+            assert behind.last_acked == 4
+            assert (await behind.post("/work")).json()["seq"] == 5
+    asyncio.run(main())
+
+
+def test_websocket_client_fails_calls_instead_of_hanging(resume_app) -> None:
+    a = resume_app("uvicorn")
+
+    async def main() -> None:
+        ws = await ResumableWebSocket(a.ws_url(), token="crashy", backoff=FAST).start()
+        assert (await ws.call(1))["count"] == 1
+        # the app dies on it each time (uvicorn cuts the connection): replayed, but not for
+        # ever: with no acknowledgement in between, the backoff runs out
+        with pytest.raises((GaveUp, SessionError)):
+            await asyncio.wait_for(ws.call("crash"), 20)
+        assert 1 < ws.connects <= FAST.max_attempts + 1
+        with pytest.raises((GaveUp, SessionError)):  # and the client says so from then on
+            await ws.call(2)
+        await ws.close()
+
+        lost = ResumableWebSocket(a.ws_url(), token="never-seen", backoff=FAST)
+        lost.last_acked = 5  # the server has no such session (say it expired)
+        with pytest.raises(ResumeGap):
+            await asyncio.wait_for(lost.start(), 10)
+
+        idle = await ResumableWebSocket(a.ws_url(), token="idle", backoff=FAST).start()
+        call = asyncio.ensure_future(idle.call("crash"))  # pending when closed
+        await asyncio.sleep(0)
+        await idle.close()
+        with pytest.raises((ConnectionError, SessionError)):
+            await asyncio.wait_for(call, 10)
     asyncio.run(main())

@@ -55,7 +55,8 @@ def test_seed_002_main_over_http(redis_server, resume_app, lameduck, origin_port
     assert first.status_code == 200 and first.json()["instance"] == "a"
 
     out: dict[str, httpx.Response] = {}
-    jobs = {"q1": ("1", 1, 20), "q2": ("2", 1, 30), "slow": ("7", 2, 4000)}
+    # (the seed's 20 and 30 ms, stretched so both are surely still running at the signal)
+    jobs = {"q1": ("1", 1, 600), "q2": ("2", 1, 800), "slow": ("7", 2, 4000)}
     threads = [threading.Thread(target=lambda k=k, j=j: out.__setitem__(k, post_work(work, *j)))
                for k, j in jobs.items()]
     for t in threads:
@@ -76,6 +77,7 @@ def test_seed_002_main_over_http(redis_server, resume_app, lameduck, origin_port
     assert out["q1"].status_code == 200 and out["q1"].json()["instance"] == "a"
     assert out["q2"].status_code == 200 and out["q2"].json()["instance"] == "a"
     assert out["slow"].status_code == 503  # cut at the deadline: "going away"
+    assert "cut 1 request(s)" in a.log()  # the seed's cut == 1
     assert load(redis_server.url, ["7"])["7"].last_seq == 1  # seq 2 never committed
 
     async def resume() -> tuple[httpx.Response, httpx.Response]:

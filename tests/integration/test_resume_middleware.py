@@ -5,8 +5,10 @@ with the demo app: commit-once over HTTP and WebSocket, Idempotency-Key, and the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from lameduck.resume.store import open_store
+from tests.procs import wait_until
 
 SERVERS = ["uvicorn", "hypercorn", "granian"]
 
@@ -35,6 +38,16 @@ def stored(url: str, token: str) -> Any:
         finally:
             await s.close()
     return asyncio.run(main())
+
+
+def claimed(db: Path, key: str) -> bool:
+    """The key's "running" mark is in the SQLite store (the first request got it)."""
+    with contextlib.closing(sqlite3.connect(db, timeout=5)) as c:
+        try:
+            return c.execute("SELECT 1 FROM lameduck_keys WHERE key = ?", (key,)).fetchone() \
+                is not None
+        except sqlite3.OperationalError:  # not created yet
+            return False
 
 
 def in_thread(fn: Any) -> tuple[threading.Thread, dict[str, Any]]:
@@ -73,7 +86,7 @@ def test_commit_once_replay_and_gap(resume_app: Any, server: str) -> None:
 
 
 @pytest.mark.parametrize("server", SERVERS)
-def test_idempotency_key(resume_app: Any, server: str) -> None:
+def test_idempotency_key(resume_app: Any, server: str, tmp_path: Path) -> None:
     a = resume_app(server)
     c = httpx.Client(timeout=20)
     first = c.post(a.url("/pay"), content=b"100 EUR", headers={"Idempotency-Key": '"k1"'})
@@ -86,7 +99,7 @@ def test_idempotency_key(resume_app: Any, server: str) -> None:
     # still running: 409, then the original's answer once it is done
     t, out = in_thread(lambda: httpx.post(a.url("/pay?ms=1500"), content=b"x", timeout=20,
                                           headers={"Idempotency-Key": "k2"}))
-    time.sleep(0.5)
+    assert wait_until(lambda: claimed(tmp_path / "sessions.db", "k2"), 10)
     busy = c.post(a.url("/pay?ms=1500"), content=b"x", headers={"Idempotency-Key": "k2"})
     t.join(20)
     assert busy.status_code == 409
@@ -124,7 +137,7 @@ def test_websocket_hello_commit_replay(resume_app: Any, server: str, tmp_path: P
     assert got[2]["ack"] == 2 and got[2]["result"]["count"] == 2
     assert got[3] == {"resumed": {"seq": 2}}
     assert got[4]["ack"] == 2 and got[4]["replayed"] and got[4]["result"]["count"] == 2
-    assert got[5] == {"error": "seq_gap", "last_seq": 2}
+    assert got[5] == {"error": "seq_gap", "seq": 4, "last_seq": 2}
     s = stored(f"sqlite://{tmp_path / 'sessions.db'}", "w1")
     assert s.last_seq == 2 and json.loads(s.state) == {"count": 2, "sum": 3}
 
@@ -220,3 +233,56 @@ def test_store_down_is_503_not_a_crash(resume_app: Any) -> None:
     r = work(a, "t", 1)
     assert r.status_code == 503 and "session store unavailable" in r.text
     assert httpx.get(a.url("/"), timeout=5).status_code == 200  # the rest still serves
+
+
+async def _two_connections_one_token(url: str) -> list[Any]:
+    """Both connections loaded the session at 0; the second replays seq 1 (the first
+    committed it) and then sends seq 2, which must build on seq 1's state."""
+    got: list[Any] = []
+    async with connect(url) as one, connect(url) as two:
+        for ws in (one, two):
+            await ws.send(json.dumps({"resume": {"token": "both", "seq": 0}}))
+            got.append(json.loads(await ws.recv()))
+        await one.send(json.dumps({"seq": 1, "data": 1}))
+        got.append(json.loads(await one.recv()))
+        await two.send(json.dumps({"seq": 1, "data": 1}))
+        got.append(json.loads(await two.recv()))
+        await two.send(json.dumps({"seq": 2, "data": 2}))
+        got.append(json.loads(await two.recv()))
+    return got
+
+
+def test_websocket_replay_then_next_builds_on_the_stored_state(resume_app: Any) -> None:
+    a = resume_app("uvicorn")
+    got = asyncio.run(asyncio.wait_for(_two_connections_one_token(a.ws_url()), 20))
+    assert got[0] == got[1] == {"resumed": {"seq": 0}}
+    assert got[2]["ack"] == 1 and not got[2]["replayed"]
+    assert got[3]["ack"] == 1 and got[3]["replayed"]
+    assert got[4]["ack"] == 2 and got[4]["result"] == {"instance": "a", "count": 2, "sum": 3}
+
+
+async def _plain_and_header(a: Any) -> list[Any]:
+    got: list[Any] = []
+    async with connect(a.ws_url()) as plain:  # no hello: nothing to commit to
+        await plain.send(json.dumps({"seq": 1, "data": 1}))
+        got.append(json.loads(await plain.recv()))
+    async with connect(a.ws_url(), additional_headers={"Resume-Token": "hdr"}) as ws:
+        got.append(json.loads(await ws.recv()))  # the handshake's token is answered too
+        await ws.send(json.dumps({"seq": 1, "data": 5}))
+        got.append(json.loads(await ws.recv()))
+    return got
+
+
+def test_websocket_without_hello_and_with_header(resume_app: Any) -> None:
+    a = resume_app("uvicorn")
+    got = asyncio.run(asyncio.wait_for(_plain_and_header(a), 20))
+    assert got[0] == {"error": "no_session", "seq": 1, "last_seq": None}
+    assert got[1] == {"resumed": {"seq": 0}}
+    assert got[2]["ack"] == 1 and got[2]["result"]["sum"] == 1
+
+
+def test_drain_path_refuses_forwarded_requests(resume_app: Any) -> None:
+    a = resume_app("uvicorn")
+    r = httpx.post(a.url("/_drain"), headers={"X-Forwarded-For": "203.0.113.9"}, timeout=5)
+    assert r.status_code == 403
+    assert httpx.get(a.url("/"), timeout=5).status_code == 200  # not draining

@@ -78,10 +78,10 @@ def test_binary_state_and_result_round_trip(store_url: str) -> None:
 
 def test_session_ttl_expires(store_url: str) -> None:
     async def body(s: SessionStore) -> None:
-        await s.commit("short", 1, state=b"x", ttl=0.3)
+        await s.commit("short", 1, state=b"x", ttl=2.0)
         await s.commit("long", 1, state=b"y")
         assert (await s.load("short")).last_seq == 1
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(2.5)
         assert (await s.load("short")).last_seq == 0  # gone: starts over
         assert (await s.commit("short", 1)).applied
         assert (await s.load("long")).last_seq == 1
@@ -162,10 +162,12 @@ def test_idempotency_key_claims(store_url: str) -> None:
 
 def test_idempotency_lock_and_response_expire(store_url: str) -> None:
     async def body(s: SessionStore) -> None:
-        assert (await s.claim_key("dead", "fp", lock_ttl=0.3)).claim is Claim.NEW
+        assert (await s.claim_key("dead", "fp", lock_ttl=2.0)).claim is Claim.NEW
         assert (await s.claim_key("kept", "fp")).claim is Claim.NEW
-        await s.finish_key("kept", "fp", b"r", ttl=0.3)
-        await asyncio.sleep(0.6)
+        await s.finish_key("kept", "fp", b"r", ttl=2.0)
+        assert (await s.claim_key("dead", "fp")).claim is Claim.RUNNING
+        assert (await s.claim_key("kept", "fp")).claim is Claim.DONE
+        await asyncio.sleep(2.5)
         # the process holding "dead" died: its mark expires, a retry may run
         assert (await s.claim_key("dead", "fp")).claim is Claim.NEW
         assert (await s.claim_key("kept", "fp")).claim is Claim.NEW

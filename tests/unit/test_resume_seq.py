@@ -34,7 +34,8 @@ def test_any_order_of_attempts_applies_each_seq_once(attempts: list[int]) -> Non
 def test_parse_seq() -> None:
     assert parse_seq("0") == 0
     assert parse_seq(b" 42 ") == 42
-    for bad in (None, "", "-1", "1.5", "x", "9" * 19):
+    assert parse_seq(str(2**53 - 1)) == 2**53 - 1
+    for bad in (None, "", "-1", "1.5", "x", "9" * 19, str(2**53)):
         with pytest.raises(ValueError):
             parse_seq(bad)
 

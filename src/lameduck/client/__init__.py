@@ -4,6 +4,7 @@ committed."""
 
 from lameduck.client.backoff import Backoff, GaveUp
 from lameduck.client.http import ResumableClient, ResumeGap
-from lameduck.client.websocket import ResumableWebSocket
+from lameduck.client.websocket import ResumableWebSocket, SessionError
 
-__all__ = ["Backoff", "GaveUp", "ResumableClient", "ResumableWebSocket", "ResumeGap"]
+__all__ = ["Backoff", "GaveUp", "ResumableClient", "ResumableWebSocket", "ResumeGap",
+           "SessionError"]

@@ -18,6 +18,11 @@ from lameduck.resume import protocol as p
 
 # Statuses that mean "this instance did not do it; try again through the balancer".
 RETRY_STATUSES = frozenset({502, 503, 504})
+# Transport errors after which the request is surely not running any more. Not a read
+# timeout: the request may still be running there, and sending it again would run it twice
+# at once (commit-once keeps the store right, not the work).
+RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError,
+                httpx.RemoteProtocolError, httpx.PoolTimeout)
 
 
 class ResumeGap(Exception):
@@ -30,6 +35,12 @@ class ResumeGap(Exception):
 
 
 class ResumableClient:
+    """Requests go one at a time (a lock): each seq must commit before the next is sent.
+
+    ``last_acked`` moves only on an answer that says it committed (``Resume-Last-Seq`` at
+    or past the seq); any other answer (the app's 5xx, a 4xx of the middleware) is returned
+    and the same seq is sent next time."""
+
     def __init__(self, base_url: str = "", token: str | None = None, *, last_acked: int = 0,
                  backoff: Backoff | None = None, rng: random.Random | None = None,
                  client: httpx.AsyncClient | None = None,
@@ -43,9 +54,14 @@ class ResumableClient:
         self._own = client is None
         self.http = client or httpx.AsyncClient(base_url=base_url, **httpx_kw)
         self.retries = 0  # over the client's life: how often it went back
+        self._lock = asyncio.Lock()
 
     async def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
         """Send the next seq until it is committed (or was already): the response."""
+        async with self._lock:
+            return await self._request(method, url, **kw)
+
+    async def _request(self, method: str, url: str, **kw: Any) -> httpx.Response:
         seq = self.last_acked + 1
         headers = dict(kw.pop("headers", None) or {})
         headers[p.TOKEN] = self.token
@@ -57,16 +73,20 @@ class ResumableClient:
                 await self.sleep(self.backoff.delay(attempt - 1, self.rng))
             try:
                 r = await self.http.request(method, url, headers=headers, **kw)
-            except httpx.TransportError as e:  # cut, refused, reset, refused stream
+            except RETRY_ERRORS as e:  # cut, refused, reset, refused stream
                 error = e
                 continue
-            if r.status_code in RETRY_STATUSES:
+            if r.status_code in RETRY_STATUSES and p.LAST_SEQ not in r.headers:
                 error = httpx.HTTPStatusError(f"{r.status_code}", request=r.request,
                                               response=r)
                 continue
-            if r.status_code == 409 and p.LAST_SEQ in r.headers:
-                raise ResumeGap(int(r.headers[p.LAST_SEQ]), seq)
-            self.last_acked = max(self.last_acked, seq)
+            last = r.headers.get(p.LAST_SEQ)
+            if r.status_code == 409 and r.headers.get(p.GAP) == "true" and last is not None:
+                raise ResumeGap(int(last), seq)
+            if last is not None and last.isdigit() and int(last) >= seq:
+                # committed (or, on a replay, the server was further along than this client
+                # knew: its last seq is where the next one starts)
+                self.last_acked = max(self.last_acked, int(last))
             return r
         raise GaveUp(f"seq {seq} not committed after {self.backoff.max_attempts} "
                      f"retries") from error

@@ -7,7 +7,9 @@ Environment: ``LAMEDUCK_STORE`` (``sqlite:///…`` or ``redis://…``), ``LAMEDU
 
 - ``POST /work?ms=N`` (``Resume-Token``/``Resume-Seq``): works N ms, adds the seq to the state.
 - ``POST /pay?ms=N`` (``Idempotency-Key``): works N ms, answers a new charge id.
-- WebSocket ``/ws``: each ``{"seq", "data"}`` is committed and acknowledged.
+- ``POST /fail`` and ``/conflict``: the app's own 500 and 409.
+- WebSocket ``/ws``: each ``{"seq", "data"}`` is committed and acknowledged (``"crash"``
+  makes the app raise).
 """
 
 from __future__ import annotations
@@ -20,8 +22,15 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from lameduck.resume.drain import Drain
-from lameduck.resume.middleware import Message, Receive, ResumeMiddleware, Scope, Send
-from lameduck.resume.protocol import ack
+from lameduck.resume.middleware import (
+    Message,
+    NoSession,
+    Receive,
+    ResumeMiddleware,
+    Scope,
+    Send,
+)
+from lameduck.resume.protocol import ack, error
 from lameduck.resume.seq import SeqGap
 
 NAME = os.environ.get("LAMEDUCK_APP_NAME", "app")
@@ -69,6 +78,10 @@ async def inner(scope: Scope, receive: Receive, send: Send) -> None:
         session.state = json.dumps(state).encode()
         return await _reply(send, 200, {"instance": NAME, "token": session.token,
                                         "seq": session.seq, **state})
+    if scope["path"] == "/fail":  # the app's own failure: not committed, replayed next time
+        return await _reply(send, 500, {"instance": NAME, "error": "failed"})
+    if scope["path"] == "/conflict":  # the app's own 409: an answer like any other
+        return await _reply(send, 409, {"instance": NAME, "error": "conflict"})
     if scope["path"] == "/pay":
         return await _reply(send, 201, {"instance": NAME, "charge": next(_charges)})
     await _reply(send, 200, {"instance": NAME, "path": scope["path"]})
@@ -84,8 +97,10 @@ async def _ws(scope: Scope, receive: Receive, send: Send) -> None:
             return
         d = json.loads(msg.get("text") or "{}")
         seq = d.get("seq")
+        if d.get("data") == "crash":  # a message the app cannot take: uvicorn closes 1011
+            raise RuntimeError("crash requested")
         if not isinstance(seq, int):
-            await send({"type": "websocket.send", "text": json.dumps({"error": "no seq"})})
+            await send({"type": "websocket.send", "text": error(None, "no_seq")})
             continue
         state = _state(session.state)
         state["count"] += 1
@@ -94,8 +109,10 @@ async def _ws(scope: Scope, receive: Receive, send: Send) -> None:
         try:
             c = await session.commit(seq, json.dumps(state).encode(), result)
         except SeqGap as e:
-            await send({"type": "websocket.send",
-                        "text": json.dumps({"error": "seq_gap", "last_seq": e.last})})
+            await send({"type": "websocket.send", "text": error(seq, "seq_gap", e.last)})
+            continue
+        except NoSession:
+            await send({"type": "websocket.send", "text": error(seq, "no_session")})
             continue
         await send({"type": "websocket.send", "text": ack(
             seq, json.loads(c.result) if c.result else None, replayed=not c.applied)})

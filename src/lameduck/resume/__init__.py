@@ -12,11 +12,11 @@ from lameduck.resume.consumer import (
     run_consumer,
 )
 from lameduck.resume.drain import Drain
-from lameduck.resume.middleware import ResumeMiddleware, ResumeSession
+from lameduck.resume.middleware import NoSession, ResumeMiddleware, ResumeSession
 from lameduck.resume.seq import SeqGap
 from lameduck.resume.store import Claim, Committed, KeyClaim, Session, SessionStore, open_store
 
 __all__ = ["Claim", "Committed", "ConsumerDrain", "ConsumerRunner", "ConsumerSummary",
-           "ConsumerTimes", "Drain", "KeyClaim", "RedisStreamConsumer", "ResumeMiddleware",
-           "ResumeSession", "SeqGap", "Session", "SessionStore", "StreamMessage", "open_store",
-           "run_consumer"]
+           "ConsumerTimes", "Drain", "KeyClaim", "NoSession", "RedisStreamConsumer",
+           "ResumeMiddleware", "ResumeSession", "SeqGap", "Session", "SessionStore",
+           "StreamMessage", "open_store", "run_consumer"]

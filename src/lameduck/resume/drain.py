@@ -36,6 +36,8 @@ class Drain:
         self.sockets: dict[object, CloseFn] = {}  # open WebSockets: how to tell each 1001
         self._idle: asyncio.Event | None = None
         self._done: asyncio.Future[int] | None = None
+        self._closing: set[asyncio.Future[None]] = set()  # the staggered 1001s under way
+        self._signalled = False
 
     # -- the request side -------------------------------------------------------------------
     def enter(self) -> bool:
@@ -67,10 +69,13 @@ class Drain:
             self._idle.set()
         closers = list(self.sockets.values())
         window = min(self.stagger, self.grace / 2)
+        def tell(close: CloseFn) -> None:
+            task = asyncio.ensure_future(close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         for close in closers:
             asyncio.get_running_loop().call_later(
-                self.rng.uniform(0, window) if window > 0 else 0,
-                lambda c=close: asyncio.ensure_future(c()))
+                self.rng.uniform(0, window) if window > 0 else 0, tell, close)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), self.grace)
         stragglers = [t for t in self.tasks if not t.done()]
@@ -109,9 +114,11 @@ class Drain:
                 signal.raise_signal(sig)
 
         def on_signal(*_: object) -> None:
-            if self._done is not None:  # a second signal: the server's own handling, now
+            if self._signalled:  # a second signal: the server's own handling, now
                 chain()
                 return
+            self._signalled = True
+            # (a drain started before, by the drain path, is the one the signal waits for)
             log.info("signal %d: draining (grace %.3gs)", sig, self.grace)
             loop.call_soon_threadsafe(lambda: self.begin().add_done_callback(
                 lambda _f: chain()))

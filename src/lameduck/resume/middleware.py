@@ -57,13 +57,27 @@ class ResumeSession:
     async def commit(self, seq: int, state: bytes | None = None,
                      result: bytes | None = None) -> Committed:
         """Commit ``seq`` (WebSocket apps): applied once, a replay otherwise (``applied``
-        False, the stored result); ``SeqGap`` when seqs were skipped."""
+        False, the stored result); ``SeqGap`` when seqs were skipped. After a replay the
+        session is read again: another connection committed meanwhile, and the next seq
+        must build on its state, not on what this one loaded."""
+        if not self.token:
+            raise NoSession("no resume token: the client did not say hello")
         c = await self.store.commit(self.token, seq, state, result)
         if c.applied:
             self.last_seq = seq
             if state is not None:
                 self.state = state
+        else:
+            loaded = await self.store.load(self.token)
+            self.last_seq, self.state = loaded.last_seq, loaded.state
         return c
+
+    def resumed(self, loaded: Session) -> None:
+        self.token, self.last_seq, self.state = loaded.token, loaded.last_seq, loaded.state
+
+
+class NoSession(Exception):
+    """A commit on a WebSocket whose client never resumed a session (no hello, no header)."""
 
 
 class _Buffer:
@@ -153,13 +167,16 @@ class ResumeMiddleware:
     starts it (SIGTERM; None: only ``drain.begin()`` or the drain path); ``health_path``:
     answered here, 200 LIVE or 503 DRAINING with Envoy's immediate-fail header;
     ``drain_path``: ``POST`` from loopback starts the drain (for servers whose signals
-    cannot be chained); ``retry_after``: seconds, on "going away"."""
+    cannot be chained); ``retry_after``: seconds, on "going away"; ``key_scope``: the
+    client an ``Idempotency-Key`` belongs to (e.g. the authenticated subject), so two
+    clients' keys never meet (the draft's composite key)."""
 
     def __init__(self, app: ASGIApp, store: str | SessionStore, *, drain: Drain | None = None,
                  drain_signal: int | None = signal.SIGTERM, health_path: str | None = None,
                  drain_path: str | None = None, retry_after: int = 5,
                  max_result: int = 64 * 1024, max_body: int = 1024 * 1024,
-                 lock_ttl: float = LOCK_TTL) -> None:
+                 lock_ttl: float = LOCK_TTL,
+                 key_scope: Callable[[Scope], str] | None = None) -> None:
         self.app = app
         self._store_spec = store
         self._store: SessionStore | None = store if isinstance(store, SessionStore) else None
@@ -171,6 +188,8 @@ class ResumeMiddleware:
         self.max_result = max_result
         self.max_body = max_body
         self.lock_ttl = lock_ttl
+        self.key_scope = key_scope
+        self._owns_store = self._store is None  # a store passed in is the caller's to close
         self._armed = False
 
     @property
@@ -221,7 +240,8 @@ class ResumeMiddleware:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
                 self._arm()
-            elif msg["type"] == "lifespan.shutdown" and self._store is not None:
+            elif (msg["type"] == "lifespan.shutdown" and self._owns_store
+                  and self._store is not None):
                 await self._store.close()
                 self._store = None
             return msg
@@ -236,8 +256,12 @@ class ResumeMiddleware:
 
     async def _drain_request(self, scope: Scope, send: Send) -> None:
         client = scope.get("client") or ("", 0)
-        if client[0] not in ("127.0.0.1", "::1", "localhost"):
-            return await _respond(send, 403, b"the drain path answers loopback only\n")
+        # A request forwarded by a proxy on this host comes from loopback too: refuse those.
+        forwarded = any(k in (b"forwarded", b"x-forwarded-for", b"x-real-ip")
+                        for k, _ in scope.get("headers", ()))
+        if client[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1") or forwarded:
+            return await _respond(send, 403, b"the drain path answers direct loopback "
+                                  b"requests only\n")
         self.drain.begin()
         await _respond(send, 202, b"draining\n")
 
@@ -330,7 +354,8 @@ class ResumeMiddleware:
     async def _send(self, send: Send, status: int, headers: list[tuple[bytes, bytes]],
                     body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
         hs = [(k, v) for k, v in headers if k not in _NOT_STORED]
-        hs.append((b"content-length", str(len(body)).encode()))
+        if status not in (204, 304) and status >= 200:
+            hs.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status,
                     "headers": hs + (extra or [])})
         await send({"type": "http.response.body", "body": body})
@@ -350,7 +375,8 @@ class ResumeMiddleware:
                            "detail": str(e)}).encode()
         await send({"type": "http.response.start", "status": 409, "headers": [
             (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-            (p.LAST_SEQ.lower().encode(), str(e.last).encode())]})
+            (p.LAST_SEQ.lower().encode(), str(e.last).encode()),
+            (p.GAP.lower().encode(), b"true")]})
         await send({"type": "http.response.body", "body": body})
 
     async def _store_down(self, send: Send) -> None:
@@ -361,6 +387,8 @@ class ResumeMiddleware:
         key = raw.decode("latin-1").strip().strip('"')
         if not key or len(key) > 255:
             return await _respond(send, 400, b"Idempotency-Key must be 1 to 255 characters\n")
+        if self.key_scope is not None:
+            key = f"{self.key_scope(scope)}\0{key}"
         body, receive = await _replay_body(receive, self.max_body)
         if body is None:
             return await _respond(send, 413, b"request body too large for an idempotent "
@@ -419,7 +447,10 @@ class ResumeMiddleware:
         scope = dict(scope)
         scope["lameduck.session"] = session
         state = {"accepted": False, "closed": False, "hello": False}
-        token = _header(scope, b"resume-token")
+        raw_token = _header(scope, b"resume-token")
+        token = raw_token.decode("latin-1").strip() if raw_token is not None else None
+        if token is not None and not 0 < len(token) <= 200:
+            token = None
 
         async def close_going_away() -> None:
             if state["accepted"] and not state["closed"]:
@@ -434,9 +465,12 @@ class ResumeMiddleware:
             if msg["type"] == "websocket.accept":
                 state["accepted"] = True
                 self.drain.sockets[conn_id] = close_going_away
+                await send(msg)
                 if self.drain.draining:
-                    await send(msg)
                     return await close_going_away()
+                if token is not None:  # resumed by the handshake's header: answer as a hello
+                    await send({"type": "websocket.send", "text": p.resumed(session.last_seq)})
+                return
             elif msg["type"] == "websocket.close":
                 state["closed"] = True
             await send(msg)
@@ -445,20 +479,17 @@ class ResumeMiddleware:
             while True:
                 msg = await receive()
                 if msg["type"] == "websocket.connect" and token is not None:
-                    loaded = await store.load(token.decode("latin-1"))
-                    session.token, session.last_seq = loaded.token, loaded.last_seq
-                    session.state = loaded.state
+                    session.resumed(await store.load(token))
                     state["hello"] = True
                 if msg["type"] != "websocket.receive" or state["hello"]:
                     return msg
                 text = msg.get("text")
                 got = p.parse_hello(text) if text is not None else None
                 if got is None:
-                    state["hello"] = True  # a plain session: no resume
+                    state["hello"] = True  # a plain session: no resume (commit refuses)
                     return msg
                 loaded = await store.load(got[0])
-                session.token, session.last_seq = loaded.token, loaded.last_seq
-                session.state = loaded.state
+                session.resumed(loaded)
                 state["hello"] = True
                 await wsend({"type": "websocket.send", "text": p.resumed(loaded.last_seq)})
 

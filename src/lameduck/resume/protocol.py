@@ -11,6 +11,7 @@ SEQ = "Resume-Seq"
 # HTTP response headers (the middleware's).
 LAST_SEQ = "Resume-Last-Seq"      # the last committed seq (on a commit, a replay and a gap)
 REPLAYED = "Resume-Replayed"      # "true": the stored result of an earlier commit
+GAP = "Resume-Gap"                # "true" on the 409 of a seq that skips one
 IDEMPOTENCY_KEY = "Idempotency-Key"
 IDEMPOTENT_REPLAYED = "Idempotent-Replayed"
 
@@ -50,3 +51,9 @@ def message(seq: int, data: Any) -> str:
 def ack(seq: int, result: Any = None, replayed: bool = False) -> str:
     """What an app answers a message with once it committed (or found it committed)."""
     return json.dumps({"ack": seq, "result": result, "replayed": replayed})
+
+
+def error(seq: int | None, kind: str, last_seq: int | None = None) -> str:
+    """What an app answers a message it will not commit with: ``seq_gap`` (replay from
+    ``last_seq + 1``), ``no_session`` (no hello) or its own word; the client fails that call."""
+    return json.dumps({"error": kind, "seq": seq, "last_seq": last_seq})

@@ -83,7 +83,8 @@ def _ms(seconds: float) -> int:
 
 class RedisStore(SessionStore):
     """``RedisStore("redis://127.0.0.1:6379/0")`` or ``RedisStore(client=redis.asyncio.Redis)``;
-    keys are ``<prefix>s:<token>`` and ``<prefix>k:<idempotency key>``."""
+    keys are ``<prefix>s:<token>`` and ``<prefix>k:<idempotency key>``. ``wait``: how long a
+    request waits for a pooled connection, a connect and an answer before it fails."""
 
     def __init__(self, url: str | None = None, session_ttl: float = SESSION_TTL,
                  prefix: str = "lameduck:", client: Any = None, max_connections: int = 50,
@@ -96,7 +97,8 @@ class RedisStore(SessionStore):
             # default pool fails a request outright past 100 connections, which a burst of
             # reconnecting sessions reaches at once.
             pool = aioredis.BlockingConnectionPool.from_url(
-                url, max_connections=max_connections, timeout=wait)
+                url, max_connections=max_connections, timeout=wait, socket_timeout=wait,
+                socket_connect_timeout=wait)
             client = aioredis.Redis(connection_pool=pool)
         self.redis = client
         self.session_ttl = session_ttl

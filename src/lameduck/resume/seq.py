@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from enum import Enum
 
+# Redis' Lua numbers are doubles: above 2**53 the two stores would disagree.
+MAX_SEQ = 2**53 - 1
+
 
 class Verdict(Enum):
     APPLY = "apply"    # seq == last + 1: commit it
@@ -37,6 +40,7 @@ def parse_seq(value: str | bytes | None) -> int:
         raise ValueError("missing Resume-Seq")
     text = value.decode("latin-1") if isinstance(value, bytes) else value
     text = text.strip()
-    if not text.isdigit() or len(text) > 18:
-        raise ValueError(f"Resume-Seq must be a non-negative integer, got {text[:40]!r}")
+    if not text.isdigit() or len(text) > 16 or int(text) > MAX_SEQ:
+        raise ValueError(f"Resume-Seq must be an integer from 0 to {MAX_SEQ}, "
+                         f"got {text[:40]!r}")
     return int(text)

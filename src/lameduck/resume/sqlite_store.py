@@ -26,6 +26,8 @@ from lameduck.resume.store import (
 
 T = TypeVar("T")
 
+PURGE_EVERY = 1000
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS lameduck_sessions (
     token TEXT PRIMARY KEY,
@@ -52,14 +54,26 @@ class SQLiteStore(SessionStore):
         self.clock = clock
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="lameduck-sqlite")
         self._db: sqlite3.Connection | None = None
+        self._writes = 0  # every PURGE_EVERY writes, expired rows are deleted
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                  timeout=10.0)
-            db.execute("PRAGMA journal_mode=WAL")
+            # Switching a new file to WAL takes a lock that the busy timeout does not wait
+            # for: several processes opening one fresh file at once retry it.
+            for attempt in range(100):
+                try:
+                    if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                        db.execute("PRAGMA journal_mode=WAL")
+                    db.executescript(SCHEMA)
+                    break
+                except sqlite3.OperationalError as e:
+                    if "locked" not in str(e) or attempt == 99:
+                        db.close()
+                        raise
+                    time.sleep(0.01 + 0.001 * attempt)
             db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(SCHEMA)
             self._db = db
         return self._db
 
@@ -71,10 +85,11 @@ class SQLiteStore(SessionStore):
         db.execute("BEGIN IMMEDIATE")
         try:
             out = fn(db)
+            db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:  # (SQLite may have rolled back by itself)
+                db.execute("ROLLBACK")
             raise
-        db.execute("COMMIT")
         return out
 
     # -- sessions ----------------------------------------------------------------------------
@@ -95,6 +110,9 @@ class SQLiteStore(SessionStore):
 
     def _commit(self, token: str, seq: int, state: bytes | None, result: bytes | None,
                 ttl: float | None) -> Committed:
+        self._writes += 1
+        if self._writes % PURGE_EVERY == 0:
+            self._purge()
         def tx(db: sqlite3.Connection) -> Committed:
             now = self.clock()
             row = db.execute("SELECT seq, state, result, expires FROM lameduck_sessions "
