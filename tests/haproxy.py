@@ -7,15 +7,12 @@ keeps a server UP while its check answers 200 and marks it DOWN after ``fall`` f
 from __future__ import annotations
 
 import csv
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from tests.procs import free_port, port_in_use, stop
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.procs import ensure_command, free_port, port_in_use, stop
 
 # No ``retry-on`` and no ``option redispatch``: a request sent to a failing server fails
 # visibly instead of being replayed on another one.
@@ -45,21 +42,8 @@ backend be
     default-server inter {inter} fall {fall} rise {rise}
 {servers}"""
 
-_ensured = False
-
-
 def ensure_haproxy() -> None:
-    """Install the Debian package (scripts/ensure-debs.sh, as ``make bench`` does) if
-    ``haproxy`` is not on PATH; once per session."""
-    global _ensured
-    if _ensured or shutil.which("haproxy"):
-        _ensured = True
-        return
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "ensure-debs.sh"), "haproxy"],
-                       capture_output=True, text=True)
-    if r.returncode != 0 or not shutil.which("haproxy"):
-        raise RuntimeError(f"cannot install haproxy (rc {r.returncode}):\n{r.stdout}{r.stderr}")
-    _ensured = True
+    ensure_command("haproxy", "haproxy")
 
 
 def _ms(seconds: float) -> str:

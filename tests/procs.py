@@ -9,6 +9,7 @@ import os
 import re
 import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +29,24 @@ def _env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
     env.pop("NOTIFY_SOCKET", None)
     return env
+
+
+ROOT = SRC.parent
+_installed: set[str] = set()
+
+
+def ensure_command(command: str, package: str) -> None:
+    """Install the Debian ``package`` (scripts/ensure-debs.sh, as ``make bench`` does) if
+    ``command`` is not on PATH; once per session."""
+    if command in _installed or shutil.which(command):
+        _installed.add(command)
+        return
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "ensure-debs.sh"), package],
+                       capture_output=True, text=True)
+    if r.returncode != 0 or not shutil.which(command):
+        raise RuntimeError(f"cannot install {package} (rc {r.returncode}):\n"
+                           f"{r.stdout}{r.stderr}")
+    _installed.add(command)
 
 
 def free_port() -> int:

@@ -3,31 +3,16 @@ persistence, stopped by pid. Installed from Debian (scripts/ensure-debs.sh) when
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from tests.procs import free_port, stop
-
-ROOT = Path(__file__).resolve().parents[1]
-
-_ensured = False
+from tests.procs import ensure_command, free_port, stop
 
 
 def ensure_redis() -> None:
-    """Install the Debian package if ``redis-server`` is not on PATH; once per session."""
-    global _ensured
-    if _ensured or shutil.which("redis-server"):
-        _ensured = True
-        return
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "ensure-debs.sh"), "redis-server"],
-                       capture_output=True, text=True)
-    if r.returncode != 0 or not shutil.which("redis-server"):
-        raise RuntimeError(f"cannot install redis-server (rc {r.returncode}):\n"
-                           f"{r.stdout}{r.stderr}")
-    _ensured = True
+    ensure_command("redis-server", "redis-server")
 
 
 class RedisServer:
