@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from lameduck.resume.seq import SeqGap
+from lameduck.drain.commit import SeqGap
 from lameduck.resume.store import Claim, SessionStore, open_store
 from tests.procs import _env
 
@@ -102,7 +102,7 @@ def test_processes_racing_on_one_token_never_lose_or_double(store_url: str) -> N
     commit is a distinct seq, and the stored seq is their number."""
     script = """
 import asyncio, json, sys
-from lameduck.resume.seq import SeqGap
+from lameduck.drain.commit import SeqGap
 from lameduck.resume.store import open_store
 async def main():
     s = open_store(sys.argv[1]); mine = []

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from lameduck.client.backoff import Backoff, GaveUp
+from lameduck.drain.backoff import Backoff
 from lameduck.resume import protocol as p
 
 # Statuses that mean "this instance did not do it; try again through the balancer".
@@ -23,6 +23,10 @@ RETRY_STATUSES = frozenset({502, 503, 504})
 # at once (commit-once keeps the store right, not the work).
 RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError,
                 httpx.RemoteProtocolError, httpx.PoolTimeout)
+
+
+class GaveUp(Exception):
+    """``max_attempts`` reconnects failed; the last error is the cause."""
 
 
 class ResumeGap(Exception):
@@ -70,7 +74,7 @@ class ResumableClient:
         for attempt in range(self.backoff.max_attempts + 1):
             if attempt:
                 self.retries += 1
-                await self.sleep(self.backoff.delay(attempt - 1, self.rng))
+                await self.sleep(self.backoff.delay(attempt - 1, self.rng.random))
             try:
                 r = await self.http.request(method, url, headers=headers, **kw)
             except RETRY_ERRORS as e:  # cut, refused, reset, refused stream

@@ -22,8 +22,8 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from lameduck.client.backoff import Backoff, GaveUp
-from lameduck.client.http import ResumeGap
+from lameduck.client.http import GaveUp, ResumeGap
+from lameduck.drain.backoff import Backoff
 from lameduck.resume import protocol as p
 
 # Close codes after which the session goes on elsewhere (None: no close frame, a cut).
@@ -138,7 +138,7 @@ class ResumableWebSocket:
             if attempt >= 0:
                 if attempt >= self.backoff.max_attempts:
                     raise GaveUp(f"{self.url}: no session after {attempt} reconnects") from error
-                await self.sleep(self.backoff.delay(attempt, self.rng))
+                await self.sleep(self.backoff.delay(attempt, self.rng.random))
                 self.reconnect_times.append(self.clock())
             attempt += 1
             self._progress = False

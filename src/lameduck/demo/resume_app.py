@@ -21,6 +21,7 @@ import os
 from typing import Any
 from urllib.parse import parse_qs
 
+from lameduck.resume import SeqGap
 from lameduck.resume.drain import Drain
 from lameduck.resume.middleware import (
     Message,
@@ -31,7 +32,6 @@ from lameduck.resume.middleware import (
     Send,
 )
 from lameduck.resume.protocol import ack, error
-from lameduck.resume.seq import SeqGap
 
 NAME = os.environ.get("LAMEDUCK_APP_NAME", "app")
 STORE = os.environ.get("LAMEDUCK_STORE", "sqlite:///tmp/lameduck-sessions.db")

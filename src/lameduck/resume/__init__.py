@@ -2,6 +2,7 @@
 that applies it (``from lameduck.resume import ResumeMiddleware``), and the drain of queue
 consumers (``lameduck.resume.consumer``)."""
 
+from lameduck.drain.commit import SeqGap
 from lameduck.resume.consumer import (
     ConsumerDrain,
     ConsumerRunner,
@@ -13,7 +14,6 @@ from lameduck.resume.consumer import (
 )
 from lameduck.resume.drain import Drain
 from lameduck.resume.middleware import NoSession, ResumeMiddleware, ResumeSession
-from lameduck.resume.seq import SeqGap
 from lameduck.resume.store import Claim, Committed, KeyClaim, Session, SessionStore, open_store
 
 __all__ = ["Claim", "Committed", "ConsumerDrain", "ConsumerRunner", "ConsumerSummary",

@@ -24,9 +24,9 @@ import signal
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from lameduck.drain.commit import SeqGap, Verdict, parse_seq, verdict
 from lameduck.resume import protocol as p
 from lameduck.resume.drain import Drain
-from lameduck.resume.seq import SeqGap, Verdict, parse_seq, verdict
 from lameduck.resume.store import LOCK_TTL, Claim, Committed, Session, SessionStore, open_store
 
 log = logging.getLogger("lameduck.resume")

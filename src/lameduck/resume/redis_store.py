@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lameduck.resume.seq import SeqGap
+from lameduck.drain.commit import SeqGap
 from lameduck.resume.store import (
     KEY_TTL,
     LOCK_TTL,

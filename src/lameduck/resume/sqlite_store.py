@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from lameduck.resume.seq import SeqGap, Verdict, verdict
+from lameduck.drain.commit import SeqGap, Verdict, verdict
 from lameduck.resume.store import (
     KEY_TTL,
     LOCK_TTL,

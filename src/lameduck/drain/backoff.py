@@ -1,10 +1,11 @@
-"""When to reconnect, decided without I/O (the random source is passed in): the first attempt
+"""When to reconnect, decided without I/O (the random source is passed in, as ``rng()``
+uniform in [0, 1), like ``random.random``): the first attempt
 uniform in 0..``first`` seconds (RFC 6455 §7.2.3 suggests 0 to 5 s), then truncated exponential
 backoff with full jitter, so clients cut together do not come back together."""
 
 from __future__ import annotations
 
-import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -19,12 +20,8 @@ class Backoff:
         if self.first < 0 or self.base <= 0 or self.cap <= 0 or self.max_attempts < 1:
             raise ValueError(f"bad backoff: {self}")
 
-    def delay(self, attempt: int, rng: random.Random) -> float:
+    def delay(self, attempt: int, rng: Callable[[], float]) -> float:
         """The wait before reconnect ``attempt`` (0 = the first after a cut)."""
         if attempt <= 0:
-            return rng.uniform(0.0, self.first)
-        return rng.uniform(0.0, min(self.cap, self.base * 2.0 ** min(attempt, 62)))
-
-
-class GaveUp(Exception):
-    """``max_attempts`` reconnects failed; the last error is the cause."""
+            return rng() * self.first
+        return rng() * min(self.cap, self.base * 2.0 ** min(attempt, 62))

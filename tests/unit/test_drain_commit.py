@@ -1,4 +1,4 @@
-"""Commit-once decided without I/O (resume/seq.py): what both stores apply."""
+"""Commit-once decided without I/O (drain/commit.py): what both stores apply."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lameduck.resume.seq import SeqGap, Verdict, parse_seq, verdict
+from lameduck.drain.commit import SeqGap, Verdict, parse_seq, verdict
 
 
 def test_verdicts() -> None:
