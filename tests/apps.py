@@ -33,7 +33,7 @@ def _command(server: str, port: int) -> list[str]:
 
 class App:
     def __init__(self, server: str, name: str, store: str, workdir: Path, grace: float = 5.0,
-                 stagger: float = 0.5) -> None:
+                 stagger: float = 0.5, lock_ttl: float = 60.0) -> None:
         self.server = server
         self.name = name
         self.port = free_port()
@@ -41,7 +41,7 @@ class App:
         self.log_path = workdir / f"{name}.log"
         env = _env()
         env.update(LAMEDUCK_APP_NAME=name, LAMEDUCK_STORE=store, LAMEDUCK_GRACE=str(grace),
-                   LAMEDUCK_STAGGER=str(stagger))
+                   LAMEDUCK_STAGGER=str(stagger), LAMEDUCK_LOCK_TTL=str(lock_ttl))
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(_command(server, self.port), env=env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)

@@ -286,3 +286,21 @@ def test_drain_path_refuses_forwarded_requests(resume_app: Any) -> None:
     r = httpx.post(a.url("/_drain"), headers={"X-Forwarded-For": "203.0.113.9"}, timeout=5)
     assert r.status_code == 403
     assert httpx.get(a.url("/"), timeout=5).status_code == 200  # not draining
+
+
+def test_long_idempotent_request_keeps_its_key(resume_app: Any, tmp_path: Path) -> None:
+    """A request running past the lock's life renews its mark: a retry meanwhile gets 409,
+    not a second run."""
+    a = resume_app("uvicorn", lock_ttl=1.0)
+    t, out = in_thread(lambda: httpx.post(a.url("/pay?ms=3500"), content=b"x", timeout=20,
+                                          headers={"Idempotency-Key": "long"}))
+    assert wait_until(lambda: claimed(tmp_path / "sessions.db", "long"), 10)
+    time.sleep(2.0)  # twice the lock's life
+    retry = httpx.post(a.url("/pay?ms=3500"), content=b"x", timeout=20,
+                       headers={"Idempotency-Key": "long"})
+    t.join(20)
+    assert retry.status_code == 409
+    assert out["r"].status_code == 201
+    again = httpx.post(a.url("/pay?ms=3500"), content=b"x", timeout=20,
+                       headers={"Idempotency-Key": "long"})
+    assert again.json() == out["r"].json()

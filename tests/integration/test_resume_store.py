@@ -142,35 +142,52 @@ asyncio.run(main())
 
 def test_idempotency_key_claims(store_url: str) -> None:
     async def body(s: SessionStore) -> None:
-        assert (await s.claim_key("k1", "fp-a")).claim is Claim.NEW
+        first = await s.claim_key("k1", "fp-a")
+        assert first.claim is Claim.NEW and first.owner
         assert (await s.claim_key("k1", "fp-a")).claim is Claim.RUNNING
         assert (await s.claim_key("k1", "fp-b")).claim is Claim.MISMATCH
-        await s.finish_key("k1", "fp-b", b"not mine")  # another request's finish: ignored
+        await s.finish_key("k1", "not-the-owner", b"not mine")  # another's finish: ignored
         assert (await s.claim_key("k1", "fp-a")).claim is Claim.RUNNING
-        await s.finish_key("k1", "fp-a", b"the response")
+        await s.finish_key("k1", first.owner, b"the response")
         done = await s.claim_key("k1", "fp-a")
-        assert (done.claim, done.response) == (Claim.DONE, b"the response")
+        assert (done.claim, done.response, done.owner) == (Claim.DONE, b"the response", "")
         assert (await s.claim_key("k1", "fp-b")).claim is Claim.MISMATCH
-        await s.release_key("k1", "fp-a")  # done: a release does not drop the response
+        await s.release_key("k1", first.owner)  # done: a release does not drop the response
         assert (await s.claim_key("k1", "fp-a")).claim is Claim.DONE
         # a released claim (the request failed or was cut) may run again
-        assert (await s.claim_key("k2", "fp")).claim is Claim.NEW
-        await s.release_key("k2", "fp")
-        assert (await s.claim_key("k2", "fp")).claim is Claim.NEW
+        k2 = await s.claim_key("k2", "fp")
+        assert k2.claim is Claim.NEW
+        await s.release_key("k2", k2.owner)
+        again = await s.claim_key("k2", "fp")
+        assert again.claim is Claim.NEW and again.owner != k2.owner
     run(store_url, body)
 
 
 def test_idempotency_lock_and_response_expire(store_url: str) -> None:
     async def body(s: SessionStore) -> None:
-        assert (await s.claim_key("dead", "fp", lock_ttl=2.0)).claim is Claim.NEW
-        assert (await s.claim_key("kept", "fp")).claim is Claim.NEW
-        await s.finish_key("kept", "fp", b"r", ttl=2.0)
+        dead = await s.claim_key("dead", "fp", lock_ttl=2.0)
+        assert dead.claim is Claim.NEW
+        kept = await s.claim_key("kept", "fp")
+        await s.finish_key("kept", kept.owner, b"r", ttl=2.0)
+        live = await s.claim_key("live", "fp", lock_ttl=2.0)
         assert (await s.claim_key("dead", "fp")).claim is Claim.RUNNING
         assert (await s.claim_key("kept", "fp")).claim is Claim.DONE
-        await asyncio.sleep(2.5)
-        # the process holding "dead" died: its mark expires, a retry may run
-        assert (await s.claim_key("dead", "fp")).claim is Claim.NEW
+        for _ in range(5):  # the running request renews its mark past the lock's life
+            await asyncio.sleep(0.5)
+            assert await s.renew_key("live", live.owner, lock_ttl=2.0)
+        assert not await s.renew_key("live", "not-the-owner", lock_ttl=2.0)
+        # the process holding "dead" died: its mark expired, a retry may run
+        retry = await s.claim_key("dead", "fp")
+        assert retry.claim is Claim.NEW
         assert (await s.claim_key("kept", "fp")).claim is Claim.NEW
+        assert (await s.claim_key("live", "fp")).claim is Claim.RUNNING
+        # the first claim's late finish or release cannot touch the retry's claim
+        assert not await s.renew_key("dead", dead.owner)
+        await s.finish_key("dead", dead.owner, b"late")
+        await s.release_key("dead", dead.owner)
+        assert (await s.claim_key("dead", "fp")).claim is Claim.RUNNING
+        await s.finish_key("dead", retry.owner, b"the retry's")
+        assert (await s.claim_key("dead", "fp")).response == b"the retry's"
     run(store_url, body)
 
 

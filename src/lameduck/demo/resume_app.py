@@ -3,7 +3,8 @@
 seq applied twice would show.
 
 Environment: ``LAMEDUCK_STORE`` (``sqlite:///…`` or ``redis://…``), ``LAMEDUCK_APP_NAME``
-(answered as ``instance``), ``LAMEDUCK_GRACE`` and ``LAMEDUCK_STAGGER`` (seconds).
+(answered as ``instance``), ``LAMEDUCK_GRACE``, ``LAMEDUCK_STAGGER`` and ``LAMEDUCK_LOCK_TTL``
+(seconds).
 
 - ``POST /work?ms=N`` (``Resume-Token``/``Resume-Seq``): works N ms, adds the seq to the state.
 - ``POST /pay?ms=N`` (``Idempotency-Key``): works N ms, answers a new charge id.
@@ -120,5 +121,6 @@ async def _ws(scope: Scope, receive: Receive, send: Send) -> None:
 
 app = ResumeMiddleware(
     inner, STORE, health_path="/health", drain_path="/_drain",
+    lock_ttl=float(os.environ.get("LAMEDUCK_LOCK_TTL", "60")),
     drain=Drain(grace=float(os.environ.get("LAMEDUCK_GRACE", "20")),
                 stagger=float(os.environ.get("LAMEDUCK_STAGGER", "2"))))

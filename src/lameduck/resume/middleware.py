@@ -413,14 +413,18 @@ class ResumeMiddleware:
                                   b"request\n")
         if claim.claim is Claim.DONE:
             return await self._stored(send, claim.response, None, p.IDEMPOTENT_REPLAYED)
+        owner = claim.owner
         buf = _Buffer(self.max_result)
+        renewing = asyncio.ensure_future(self._renew(key, owner))
         try:
             cut = await self._run_app(scope, receive, buf.send)
         except BaseException:
-            await store.release_key(key, fp)
+            renewing.cancel()
+            await store.release_key(key, owner)
             raise
+        renewing.cancel()
         if cut or buf.too_large or not buf.done or buf.status >= 500:
-            await store.release_key(key, fp)  # not done: a retry may run it
+            await store.release_key(key, owner)  # not done: a retry may run it
             if cut:
                 return await self._going_away(send)
             if buf.too_large or not buf.done:
@@ -428,10 +432,22 @@ class ResumeMiddleware:
                                       b"be complete and at most %d bytes\n" % self.max_result)
             return await self._send(send, buf.status, buf.headers, bytes(buf.body))
         try:
-            await store.finish_key(key, fp, buf.encode())
+            await store.finish_key(key, owner, buf.encode())
         except Exception:
             log.exception("session store: finish %r", key)  # answered all the same
         await self._send(send, buf.status, buf.headers, bytes(buf.body))
+
+    async def _renew(self, key: str, owner: str) -> None:
+        """Keep the key's "running" mark alive while its request runs (a third of the lock's
+        life at a time): a long request is not taken for a dead one and run again."""
+        while True:
+            await asyncio.sleep(self.lock_ttl / 3)
+            try:
+                if not await self.store.renew_key(key, owner, self.lock_ttl):
+                    log.warning("Idempotency-Key %r: the claim was lost while running", key)
+                    return
+            except Exception:
+                log.exception("session store: renew %r", key)
 
     # -- WebSocket ----------------------------------------------------------------------------
     async def _ws_going_away(self, receive: Receive, send: Send) -> None:

@@ -4,6 +4,7 @@ run both stores through the same cases). Keys expire with Redis' own TTLs."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from lameduck.drain.commit import SeqGap
@@ -40,12 +41,12 @@ redis.call('PEXPIRE', KEYS[1], ARGV[6])
 return {0, seq}
 """
 
-# KEYS[1] key hash; ARGV: fingerprint, lock_ms. {0} new, {1} running, {2} mismatch,
+# KEYS[1] key hash; ARGV: fingerprint, lock_ms, owner. {0} new, {1} running, {2} mismatch,
 # {3, response} done.
 CLAIM = """
 local fp = redis.call('HGET', KEYS[1], 'fp')
 if not fp then
-  redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'done', '0')
+  redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'done', '0', 'owner', ARGV[3])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {0}
 end
@@ -56,9 +57,19 @@ end
 return {1}
 """
 
-# KEYS[1] key hash; ARGV: fingerprint, response, ttl_ms. Only the claim's own request.
+# KEYS[1] key hash; ARGV: owner, lock_ms. 1 renewed, 0 lost.
+RENEW = """
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] and redis.call('HGET', KEYS[1], 'done') == '0'
+then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# KEYS[1] key hash; ARGV: owner, response, ttl_ms. Only the claim's own request.
 FINISH = """
-if redis.call('HGET', KEYS[1], 'fp') == ARGV[1] and redis.call('HGET', KEYS[1], 'done') == '0'
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] and redis.call('HGET', KEYS[1], 'done') == '0'
 then
   redis.call('HSET', KEYS[1], 'done', '1', 'response', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -67,7 +78,7 @@ return 0
 """
 
 RELEASE = """
-if redis.call('HGET', KEYS[1], 'fp') == ARGV[1] and redis.call('HGET', KEYS[1], 'done') == '0'
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] and redis.call('HGET', KEYS[1], 'done') == '0'
 then
   redis.call('DEL', KEYS[1])
 end
@@ -106,6 +117,7 @@ class RedisStore(SessionStore):
         self._commit = client.register_script(COMMIT)
         self._claim = client.register_script(CLAIM)
         self._finish = client.register_script(FINISH)
+        self._renew = client.register_script(RENEW)
         self._release = client.register_script(RELEASE)
 
     def _skey(self, token: str) -> str:
@@ -134,16 +146,22 @@ class RedisStore(SessionStore):
         raise SeqGap(token, last, seq)
 
     async def claim_key(self, key: str, fingerprint: str, lock_ttl: float = LOCK_TTL) -> KeyClaim:
-        out = await self._claim(keys=[self._kkey(key)], args=[fingerprint, _ms(lock_ttl)])
+        owner = uuid.uuid4().hex
+        out = await self._claim(keys=[self._kkey(key)],
+                                args=[fingerprint, _ms(lock_ttl), owner])
         claim = _CLAIMS[int(out[0])]
-        return KeyClaim(claim, out[1] if claim is Claim.DONE and len(out) > 1 else None)
+        return KeyClaim(claim, out[1] if claim is Claim.DONE and len(out) > 1 else None,
+                        owner if claim is Claim.NEW else "")
 
-    async def finish_key(self, key: str, fingerprint: str, response: bytes,
+    async def renew_key(self, key: str, owner: str, lock_ttl: float = LOCK_TTL) -> bool:
+        return int(await self._renew(keys=[self._kkey(key)], args=[owner, _ms(lock_ttl)])) == 1
+
+    async def finish_key(self, key: str, owner: str, response: bytes,
                          ttl: float = KEY_TTL) -> None:
-        await self._finish(keys=[self._kkey(key)], args=[fingerprint, response, _ms(ttl)])
+        await self._finish(keys=[self._kkey(key)], args=[owner, response, _ms(ttl)])
 
-    async def release_key(self, key: str, fingerprint: str) -> None:
-        await self._release(keys=[self._kkey(key)], args=[fingerprint])
+    async def release_key(self, key: str, owner: str) -> None:
+        await self._release(keys=[self._kkey(key)], args=[owner])
 
     async def close(self) -> None:
         await self.redis.aclose()

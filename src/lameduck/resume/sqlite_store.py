@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -39,6 +40,7 @@ CREATE TABLE IF NOT EXISTS lameduck_sessions (
 CREATE TABLE IF NOT EXISTS lameduck_keys (
     key TEXT PRIMARY KEY,
     fingerprint TEXT NOT NULL,
+    owner TEXT NOT NULL,
     done INTEGER NOT NULL,
     response BLOB,
     expires REAL NOT NULL
@@ -145,28 +147,41 @@ class SQLiteStore(SessionStore):
                 if row[0] != fingerprint:
                     return KeyClaim(Claim.MISMATCH)
                 return KeyClaim(Claim.DONE, row[2]) if row[1] else KeyClaim(Claim.RUNNING)
-            db.execute("INSERT OR REPLACE INTO lameduck_keys (key, fingerprint, done, response, "
-                       "expires) VALUES (?, ?, 0, NULL, ?)", (key, fingerprint, now + lock_ttl))
-            return KeyClaim(Claim.NEW)
+            owner = uuid.uuid4().hex
+            db.execute("INSERT OR REPLACE INTO lameduck_keys (key, fingerprint, owner, done, "
+                       "response, expires) VALUES (?, ?, ?, 0, NULL, ?)",
+                       (key, fingerprint, owner, now + lock_ttl))
+            return KeyClaim(Claim.NEW, owner=owner)
         return self._tx(tx)
 
-    async def finish_key(self, key: str, fingerprint: str, response: bytes,
-                         ttl: float = KEY_TTL) -> None:
-        await self._run(self._finish, key, fingerprint, response, ttl)
+    async def renew_key(self, key: str, owner: str, lock_ttl: float = LOCK_TTL) -> bool:
+        return await self._run(self._renew, key, owner, lock_ttl)
 
-    def _finish(self, key: str, fingerprint: str, response: bytes, ttl: float) -> None:
+    def _renew(self, key: str, owner: str, lock_ttl: float) -> bool:
+        now = self.clock()
+        return self._conn().execute(
+            "UPDATE lameduck_keys SET expires = ? "
+            "WHERE key = ? AND owner = ? AND done = 0 AND expires > ?",
+            (now + lock_ttl, key, owner, now)).rowcount == 1
+
+    async def finish_key(self, key: str, owner: str, response: bytes,
+                         ttl: float = KEY_TTL) -> None:
+        await self._run(self._finish, key, owner, response, ttl)
+
+    def _finish(self, key: str, owner: str, response: bytes, ttl: float) -> None:
+        now = self.clock()
         self._conn().execute(
             "UPDATE lameduck_keys SET done = 1, response = ?, expires = ? "
-            "WHERE key = ? AND fingerprint = ? AND done = 0",
-            (response, self.clock() + ttl, key, fingerprint))
+            "WHERE key = ? AND owner = ? AND done = 0 AND expires > ?",
+            (response, now + ttl, key, owner, now))
 
-    async def release_key(self, key: str, fingerprint: str) -> None:
-        await self._run(self._release, key, fingerprint)
+    async def release_key(self, key: str, owner: str) -> None:
+        await self._run(self._release, key, owner)
 
-    def _release(self, key: str, fingerprint: str) -> None:
+    def _release(self, key: str, owner: str) -> None:
         self._conn().execute(
-            "DELETE FROM lameduck_keys WHERE key = ? AND fingerprint = ? AND done = 0",
-            (key, fingerprint))
+            "DELETE FROM lameduck_keys WHERE key = ? AND owner = ? AND done = 0",
+            (key, owner))
 
     async def purge(self) -> int:
         """Delete expired rows (reads already ignore them); the count deleted."""

@@ -39,8 +39,12 @@ class Claim(Enum):
 
 @dataclass(slots=True, frozen=True)
 class KeyClaim:
+    """``owner`` (NEW only): the claim's own id; only it may renew, finish or release the
+    key, so a request whose mark expired cannot finish or drop its successor's claim."""
+
     claim: Claim
     response: bytes | None = None
+    owner: str = ""
 
 
 # The defaults: a session lives a day after its last commit; an idempotency key's stored
@@ -71,12 +75,17 @@ class SessionStore(ABC):
         """Take ``key`` for a new request, or say why not (running, mismatch, done)."""
 
     @abstractmethod
-    async def finish_key(self, key: str, fingerprint: str, response: bytes,
-                         ttl: float = KEY_TTL) -> None:
-        """Store the response of the request that claimed ``key``."""
+    async def renew_key(self, key: str, owner: str, lock_ttl: float = LOCK_TTL) -> bool:
+        """Extend the "running" mark while the request runs; False if the claim was lost
+        (it expired and another request took the key)."""
 
     @abstractmethod
-    async def release_key(self, key: str, fingerprint: str) -> None:
+    async def finish_key(self, key: str, owner: str, response: bytes,
+                         ttl: float = KEY_TTL) -> None:
+        """Store the response of the request that claimed ``key`` (only its ``owner``)."""
+
+    @abstractmethod
+    async def release_key(self, key: str, owner: str) -> None:
         """Drop an unfinished claim (the request failed or was cut): a retry may run it."""
 
     @abstractmethod
