@@ -255,25 +255,29 @@ def test_h2_client_origin_killed_in_flight_safe_requests_retried_post_not(lamedu
         raw.request(3, "/sleep?ms=1500", "POST", body, [("x-request-id", "rid-post"), *cl])
         raw.request(5, "/sleep?ms=1500", "POST", body,
                     [("x-request-id", "rid-idem"), ("idempotency-key", "k-1"), *cl])
-        assert wait_until(lambda: len(victim.log_lines()) == 3, 5, 0.01), victim.log_lines()
-        assert wait_until(lambda: hosts(ld)[victim.addr]["stats"]["rq_active"] == 3, 5, 0.02)
+        raw.request(7, "/sleep?ms=1500", "POST", body,  # lameduck.resume commits it once
+                    [("x-request-id", "rid-resume"), ("resume-token", "t"),
+                     ("resume-seq", "4"), *cl])
+        assert wait_until(lambda: len(victim.log_lines()) == 4, 5, 0.01), victim.log_lines()
+        assert wait_until(lambda: hosts(ld)[victim.addr]["stats"]["rq_active"] == 4, 5, 0.02)
         assert o2.log_lines() == []
         victim.kill()
-        assert raw.wait(lambda: all(raw.done(s) for s in (1, 3, 5)), 10)
+        assert raw.wait(lambda: all(raw.done(s) for s in (1, 3, 5, 7)), 10)
         got = {sid: (raw.streams[sid].status, header(raw, sid, "x-origin"))
-               for sid in (1, 3, 5)}
+               for sid in (1, 3, 5, 7)}
         assert got[1] == (200, [o2.name]), got
         assert got[3] == (502, []), got  # sent, not idempotent: never sent twice
         assert got[5] == (200, [o2.name]), got
+        assert got[7] == (200, [o2.name]), got
         assert bytes(raw.streams[1].body) == b"slept 1500 ms\n"
         assert raw.streams[3].reset is None and raw.streams[3].ended
     finally:
         raw.close()
     ids = [ln.split()[-1] for ln in o2.log_lines()]
-    assert sorted(ids) == ["rid-get", "rid-idem"], o2.log_lines()
+    assert sorted(ids) == ["rid-get", "rid-idem", "rid-resume"], o2.log_lines()
     s = ld.stats()
-    assert s["cluster.app.upstream_rq_retry"] == 2
-    assert s["cluster.app.upstream_rq_retry_success"] == 2
+    assert s["cluster.app.upstream_rq_retry"] == 3
+    assert s["cluster.app.upstream_rq_retry_success"] == 3
     assert s["http.ingress.downstream_rq_5xx"] == 1
     settled(ld)
 

@@ -51,8 +51,9 @@ def test_a_retry_abandoned_by_its_client_gives_its_budget_slot_back(lameduck: An
 def test_a_reset_from_an_h2_upstream_resends_only_safe_requests(lameduck: Any,
                                                                 h2origin: Any) -> None:
     """HTTP/1.1 client, protocol: h2 cluster: RST_STREAM(INTERNAL_ERROR) before any response
-    byte. A GET or a POST with Idempotency-Key goes to the other endpoint; a POST without one
-    reached an upstream and is never sent again (it proves nothing unprocessed)."""
+    byte. A GET or a POST with Idempotency-Key or Resume-Seq goes to the other endpoint; a POST
+    without either reached an upstream and is never sent again (it proves nothing
+    unprocessed)."""
     a, b = h2origin(), h2origin()
     ld = lameduck(base_config(a.port, cluster={"endpoints": [a.addr, b.addr], "protocol": "h2",
                                                "retry_policy": {"num_retries": 1}}))
@@ -72,12 +73,16 @@ def test_a_reset_from_an_h2_upstream_resends_only_safe_requests(lameduck: Any,
         r = c.get(ld.url("/reset?get"))
         assert r.status_code == 502
         assert ld.stat("cluster.app.upstream_rq_retry") == before + 2
+        r = c.post(ld.url("/reset?resumed"), content=b"z" * 100,  # committed once by the app
+                   headers={"resume-token": "t", "resume-seq": "1"})
+        assert r.status_code == 502
+        assert ld.stat("cluster.app.upstream_rq_retry") == before + 3
     # what each origin saw: the plain POST once in all, the others twice (both endpoints)
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
         reqs = [rec.get("path", "") for o in (a, b) for rec in o.records("request")]
-        if sum(p.startswith("/reset") for p in reqs) >= 5:
+        if sum(p.startswith("/reset") for p in reqs) >= 7:
             break
         time.sleep(0.02)
     reqs = [rec.get("path", "") for o in (a, b) for rec in o.records("request")]
-    assert sum(p.startswith("/reset") for p in reqs) == 5, reqs
+    assert sum(p.startswith("/reset") for p in reqs) == 7, reqs

@@ -1,7 +1,8 @@
 """When a failed upstream request may be tried again (DESIGN.md §3, seed 003), sans-IO.
 
 A retry after a drain cut is only safe when it cannot run a side effect twice: RFC 9110's
-idempotent methods, an Idempotency-Key, or proof that the first upstream never processed it.
+idempotent methods, an Idempotency-Key or a Resume-Seq (the app commits it once), or proof
+that the first upstream never processed it.
 The retry budget keeps retries from multiplying load on a fleet that is already short of an
 instance. Replaying the request body (and its size limit) is the shell's business.
 """
@@ -12,6 +13,11 @@ from __future__ import annotations
 IDEMPOTENT_METHODS: frozenset[bytes] = frozenset(
     {b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"}
 )
+
+
+# Request fields that make any method safe to send again: the app applies the request once
+# (Idempotency-Key, IETF httpapi draft; Resume-Seq, lameduck.resume's commit-once).
+REPLAY_SAFE_FIELDS: frozenset[bytes] = frozenset({b"idempotency-key", b"resume-seq"})
 
 
 def may_retry(
@@ -25,7 +31,7 @@ def may_retry(
     """The safe-retry rule. Never once a response byte reached the client (it cannot be taken
     back). Otherwise yes if the request never left, if HTTP/2 proved it unprocessed
     (REFUSED_STREAM, or a stream above GOAWAY's last-stream-id), if the method is idempotent,
-    or if it carries an Idempotency-Key."""
+    or if it carries an Idempotency-Key or a Resume-Seq."""
     if response_started:
         return False
     return not sent or unprocessed or idempotent or idempotency_key

@@ -9,7 +9,8 @@ closes the connection has been read, nothing after it is parsed (no request smug
 
 A request sent on a reused pooled connection keeps its first bytes (``REPLAY_LIMIT``) until the
 upstream answers, so a connection the upstream had already closed is retried once on a fresh
-one — only for idempotent methods or requests with an ``Idempotency-Key`` (DESIGN.md §3).
+one — only for idempotent methods or requests with an ``Idempotency-Key`` or ``Resume-Seq``
+(DESIGN.md §3).
 
 Drain (DESIGN.md §2): ``ConnectionDrain.on_response`` decides per response whether to add
 ``Connection: close``; one lazily re-armed timer covers the header timeout, the idle timeout
@@ -30,7 +31,7 @@ import httptools
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
 from lameduck.drain.endpoint import Layer
-from lameduck.drain.retry import IDEMPOTENT_METHODS, may_retry
+from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS, may_retry
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http1.tunnel import Pending, Relay, abort_with_rst, open_destination
 from lameduck.http1.upstream import H1Upstream, UpstreamConn, UpstreamError
@@ -71,8 +72,8 @@ GOING_AWAY = simple_response(503, b"going away\n", close=True, extra=((b"retry-a
 GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True,
                                   extra=((b"retry-after", b"1"),), head_only=True)
 # Request fields the proxy looks at (the rest are forwarded as they come).
-REQUEST_SPECIAL = HOP_BY_HOP | {
-    b"host", b"x-forwarded-for", b"x-forwarded-proto", b"idempotency-key", b"expect",
+REQUEST_SPECIAL = HOP_BY_HOP | REPLAY_SAFE_FIELDS | {
+    b"host", b"x-forwarded-for", b"x-forwarded-proto", b"expect",
 }
 QUERY: Final = 63  # "?", as a byte value: ``in`` looks for it with memchr
 # An HTTP/2 client with prior knowledge opens with this (RFC 9113 §3.4).
@@ -137,7 +138,7 @@ class Exchange:
     retried = False  # sent again once on a fresh connection (a stale pooled one, a refusal)
     tries = 0  # retries on other endpoints (retry_policy.num_retries)
     retrying = False  # counted in the cluster's retries in flight (the retry budget)
-    retryable = False  # idempotent method or Idempotency-Key (DESIGN.md §3)
+    retryable = False  # idempotent method, Idempotency-Key or Resume-Seq (DESIGN.md §3)
     pkey: str | None = None  # persistence key: the source IP, or the cookie's record key
     set_cookie: bytes | None = None  # a persistence cookie to insert in the response
     can_replay = False
@@ -334,8 +335,8 @@ class Exchange:
         cs.upstream_rq_active += 1
         ep.rq_total += 1
         ep.rq_active += 1
-        # Kept for a retry: a safe request (idempotent, Idempotency-Key), or any request on
-        # an HTTP/2 stream (which the upstream may refuse as unprocessed).
+        # Kept for a retry: a safe request (idempotent, Idempotency-Key, Resume-Seq), or any
+        # request on an HTTP/2 stream (which the upstream may refuse as unprocessed).
         self.can_replay = self.retryable or up.multiplexed
         if not up.alive:  # lost between the pool (or the connect) and now
             if self.reused:
@@ -505,7 +506,7 @@ class Exchange:
             self._retry(ep)
             return
         cluster.request_failed(ep, True)
-        # ``retryable``: an idempotent method or Idempotency-Key (set when the head was read)
+        # ``retryable``: idempotent, Idempotency-Key or Resume-Seq (set when the head was read)
         if (status == UpstreamError.RESET and can_replay
                 and may_retry(sent=True, idempotent=self.retryable, idempotency_key=False,
                               unprocessed=False, response_started=self.resp_started)
@@ -935,9 +936,9 @@ class H1Downstream(asyncio.Protocol):
                     te = value if te is None else te + b"," + value
             elif n == b"x-forwarded-for":
                 xff = value if xff is None else xff + b", " + value
-            elif n == b"idempotency-key":
+            elif n in REPLAY_SAFE_FIELDS:  # the app applies it once: safe to send again
                 retryable = True
-                out.append(b"idempotency-key: %s\r\n" % value)
+                out.append(b"%s: %s\r\n" % (n, value))
             elif n == b"expect":
                 expect = True
                 out.append(b"expect: %s\r\n" % value)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
 from lameduck.drain.endpoint import Layer
-from lameduck.drain.retry import IDEMPOTENT_METHODS, may_retry
+from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS, may_retry
 from lameduck.drain.tunnel import TunnelKind
 from lameduck.http1.downstream import REPLAY_LIMIT, RETRY_AFTER
 from lameduck.http1.tunnel import Relay, abort_with_rst
@@ -461,7 +461,7 @@ class H2Stream:
             return
         replay = self.replay
         self.replay = None
-        # ``retryable``: an idempotent method or Idempotency-Key (set when the head was read)
+        # ``retryable``: idempotent, Idempotency-Key or Resume-Seq (set when the head was read)
         safe = (may_retry(sent=True, idempotent=self.retryable, idempotency_key=False,
                           unprocessed=False, response_started=self.resp_started)
                 and (not self.body or replay is not None))
@@ -807,7 +807,7 @@ class H2Downstream(asyncio.Protocol):
             if name == b"x-forwarded-for":
                 xff = value if xff is None else xff + b", " + value
             else:
-                if name == b"idempotency-key":
+                if name in REPLAY_SAFE_FIELDS:
                     retryable = True
                 out.append(b"%s: %s\r\n" % (name, value))
         if host is None:
