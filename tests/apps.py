@@ -3,6 +3,7 @@ hypercorn or granian, as a child process on a free loopback port, stopped by pid
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -13,9 +14,26 @@ from pathlib import Path
 
 import httpx
 
+from lameduck.resume.store import Session, open_store
 from tests.procs import _env, free_port, stop
 
 APP = "lameduck.demo.resume_app:app"
+
+
+def load_sessions(url: str, *tokens: str) -> dict[str, Session]:
+    """What the store (``sqlite://…`` or ``redis://…``) holds for each token, read from the
+    test's side (a store object of its own)."""
+    async def main() -> dict[str, Session]:
+        s = open_store(url)
+        try:
+            return {t: await s.load(t) for t in tokens}
+        finally:
+            await s.close()
+    return asyncio.run(main())
+
+
+def load_session(url: str, token: str) -> Session:
+    return load_sessions(url, token)[token]
 
 
 def _command(server: str, port: int) -> list[str]:

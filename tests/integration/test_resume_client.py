@@ -18,7 +18,7 @@ from lameduck.client import (
     ResumeGap,
     SessionError,
 )
-from lameduck.resume.store import open_store
+from tests.apps import load_session
 from tests.procs import base_config, free_port
 
 FAST = Backoff(first=0.05, base=0.05, cap=0.2, max_attempts=8)
@@ -43,13 +43,8 @@ def test_going_away_is_retried_elsewhere_and_commits_once(resume_app, lameduck, 
     assert {r.json()["instance"] for r in rs} == {"b"}
     assert retries >= 3  # round robin sent some to A (12 requests: about 6 of them)
 
-    async def stored() -> tuple[int, bytes | None]:
-        s = open_store(f"sqlite://{tmp_path / 'sessions.db'}")
-        got = await s.load("rc")
-        await s.close()
-        return got.last_seq, got.state
-    last, state = asyncio.run(stored())
-    assert last == 12 and json.loads(state or b"{}") == {"count": 12, "sum": 78}
+    got = load_session(f"sqlite://{tmp_path / 'sessions.db'}", "rc")
+    assert got.last_seq == 12 and json.loads(got.state or b"{}") == {"count": 12, "sum": 78}
 
 
 def test_gap_is_an_error_naming_the_server_seq(resume_app) -> None:

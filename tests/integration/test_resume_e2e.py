@@ -17,23 +17,13 @@ from typing import Any
 import httpx
 
 from lameduck.client import Backoff, ResumableClient, ResumableWebSocket
-from lameduck.resume.store import open_store
+from tests.apps import load_session, load_sessions
 from tests.procs import base_config
 
 # A draining app's 503 carries x-envoy-immediate-health-check-fail: out at the first check;
 # a slow answer under load needs three in a row.
 HC = {"path": "/health", "interval": "200ms", "timeout": "1s", "rise": 1, "fall": 3,
       "expected_statuses": [200]}
-
-
-def load(url: str, tokens: list[str]) -> dict[str, Any]:
-    async def main() -> dict[str, Any]:
-        s = open_store(url)
-        try:
-            return {t: await s.load(t) for t in tokens}
-        finally:
-            await s.close()
-    return asyncio.run(main())
 
 
 def post_work(url: str, token: str, seq: int, ms: int = 5) -> httpx.Response:
@@ -78,7 +68,7 @@ def test_seed_002_main_over_http(redis_server, resume_app, lameduck, origin_port
     assert out["q2"].status_code == 200 and out["q2"].json()["instance"] == "a"
     assert out["slow"].status_code == 503  # cut at the deadline: "going away"
     assert "cut 1 request(s)" in a.log()  # the seed's cut == 1
-    assert load(redis_server.url, ["7"])["7"].last_seq == 1  # seq 2 never committed
+    assert load_session(redis_server.url, "7").last_seq == 1  # seq 2 never committed
 
     async def resume() -> tuple[httpx.Response, httpx.Response]:
         async with ResumableClient(token="7", last_acked=1, timeout=30,
@@ -92,7 +82,7 @@ def test_seed_002_main_over_http(redis_server, resume_app, lameduck, origin_port
     assert done.json()["seq"] == 2 and done.json()["count"] == 2
     assert dup.status_code == 200 and dup.headers["resume-replayed"] == "true"
     assert dup.json() == done.json()  # the duplicate is a no-op with the stored answer
-    s = load(redis_server.url, ["7"])["7"]
+    s = load_session(redis_server.url, "7")
     assert s.last_seq == 2 and json.loads(s.state) == {"count": 2, "sum": 3}
 
 
@@ -145,7 +135,7 @@ def test_thousand_sessions_survive_a_drain(redis_server, resume_app, lameduck,
     assert a.wait(20) is not None  # A drained and exited
 
     on_a = [c for c in clients if c.connects >= 2]
-    stores = load(redis_server.url, [c.token for c in clients])
+    stores = load_sessions(redis_server.url, *(c.token for c in clients))
     lost_or_double = [t for t, s in stores.items()
                       if s.last_seq != MESSAGES or json.loads(s.state) != {
                           "count": MESSAGES, "sum": MESSAGES * (MESSAGES + 1) // 2}]

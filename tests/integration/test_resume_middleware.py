@@ -19,7 +19,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from lameduck.resume.store import open_store
+from tests.apps import load_session
 from tests.procs import wait_until
 
 SERVERS = ["uvicorn", "hypercorn", "granian"]
@@ -28,16 +28,6 @@ SERVERS = ["uvicorn", "hypercorn", "granian"]
 def work(app: Any, token: str, seq: int | str, ms: int = 0, **kw: Any) -> httpx.Response:
     return httpx.post(app.url(f"/work?ms={ms}"), timeout=20,
                       headers={"Resume-Token": token, "Resume-Seq": str(seq)}, **kw)
-
-
-def stored(url: str, token: str) -> Any:
-    async def main() -> Any:
-        s = open_store(url)
-        try:
-            return await s.load(token)
-        finally:
-            await s.close()
-    return asyncio.run(main())
 
 
 def claimed(db: Path, key: str) -> bool:
@@ -138,7 +128,7 @@ def test_websocket_hello_commit_replay(resume_app: Any, server: str, tmp_path: P
     assert got[3] == {"resumed": {"seq": 2}}
     assert got[4]["ack"] == 2 and got[4]["replayed"] and got[4]["result"]["count"] == 2
     assert got[5] == {"error": "seq_gap", "seq": 4, "last_seq": 2}
-    s = stored(f"sqlite://{tmp_path / 'sessions.db'}", "w1")
+    s = load_session(f"sqlite://{tmp_path / 'sessions.db'}", "w1")
     assert s.last_seq == 2 and json.loads(s.state) == {"count": 2, "sum": 3}
 
 
@@ -164,7 +154,7 @@ def test_sigterm_drains_in_flight_then_exits(resume_app: Any, server: str,
     took = time.monotonic() - t0
     print(f"{server}: drain with a 1.1 s request in flight exited after {took:.2f} s")
     assert took < 5  # it went when the work was done, not at the 5 s deadline
-    assert stored(f"sqlite://{tmp_path / 'sessions.db'}", "d1").last_seq == 2
+    assert load_session(f"sqlite://{tmp_path / 'sessions.db'}", "d1").last_seq == 2
 
 
 def test_deadline_cuts_and_commits_nothing(resume_app: Any, tmp_path: Path) -> None:
@@ -186,7 +176,7 @@ def test_deadline_cuts_and_commits_nothing(resume_app: Any, tmp_path: Path) -> N
     print(f"cut after {took:.2f} s (grace 0.5 s)")
     assert took < 3.5  # the 4 s requests did not hold the exit
     url = f"sqlite://{tmp_path / 'sessions.db'}"
-    assert stored(url, "slow").last_seq == 1  # seq 2 never committed
+    assert load_session(url, "slow").last_seq == 1  # seq 2 never committed
     b = resume_app("uvicorn", name="b")  # another instance: the replay commits it, once
     assert work(b, "slow", 2).json() == {"instance": "b", "token": "slow", "seq": 2,
                                          "count": 2, "sum": 3}

@@ -3,6 +3,7 @@ that applies it (``from lameduck.resume import ResumeMiddleware``), and the drai
 consumers (``lameduck.resume.consumer``)."""
 
 from lameduck.drain.commit import SeqGap
+from lameduck.resume.app_drain import Drain
 from lameduck.resume.consumer import (
     ConsumerDrain,
     ConsumerRunner,
@@ -12,7 +13,6 @@ from lameduck.resume.consumer import (
     StreamMessage,
     run_consumer,
 )
-from lameduck.resume.drain import Drain
 from lameduck.resume.middleware import NoSession, ResumeMiddleware, ResumeSession
 from lameduck.resume.store import Claim, Committed, KeyClaim, Session, SessionStore, open_store
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from lameduck.drain.commit import SeqGap, Verdict, parse_seq, verdict
 from lameduck.resume import protocol as p
-from lameduck.resume.drain import Drain
+from lameduck.resume.app_drain import Drain
 from lameduck.resume.store import LOCK_TTL, Claim, Committed, Session, SessionStore, open_store
 
 log = logging.getLogger("lameduck.resume")
@@ -102,6 +102,11 @@ class _Buffer:
                 self.body.clear()
             if not msg.get("more_body", False):
                 self.done = True
+
+    @property
+    def complete(self) -> bool:
+        """The whole response, within the limit: it can be stored."""
+        return self.done and not self.too_large
 
     def encode(self) -> bytes:
         return encode_response(self.status, self.headers, bytes(self.body))
@@ -333,14 +338,13 @@ class ResumeMiddleware:
         buf = _Buffer(self.max_result)
         if await self._run_app(scope, receive, buf.send):
             return await self._going_away(send)  # cut: nothing committed; the client replays
-        if buf.too_large or not buf.done:
-            return await _respond(send, 500, b"the response of a resumable request must be "
-                                  b"complete and at most %d bytes\n" % self.max_result)
+        if not buf.complete:
+            return await self._unstorable(send)
         if buf.status >= 500:  # a failure is not committed: the client may replay it
-            return await self._send(send, buf.status, buf.headers, bytes(buf.body))
+            return await self._send_buffer(send, buf)
         try:
-            c = await store.commit(token, seq, session.state if session.state is not None
-                                   and session.state != loaded.state else None, buf.encode())
+            # (state unchanged: the loaded one, stored again; None: nothing to store)
+            c = await store.commit(token, seq, session.state, buf.encode())
         except SeqGap as e:
             return await self._gap(send, e)
         except Exception:
@@ -348,8 +352,15 @@ class ResumeMiddleware:
             return await self._store_down(send)
         if not c.applied:  # another instance committed it meanwhile: its answer stands
             return await self._stored(send, c.result, c.last_seq, p.REPLAYED)
-        await self._send(send, buf.status, buf.headers, bytes(buf.body),
-                         [(p.LAST_SEQ.lower().encode(), str(seq).encode())])
+        await self._send_buffer(send, buf, [(p.LAST_SEQ.lower().encode(), str(seq).encode())])
+
+    async def _send_buffer(self, send: Send, buf: _Buffer,
+                           extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        await self._send(send, buf.status, buf.headers, bytes(buf.body), extra)
+
+    async def _unstorable(self, send: Send) -> None:
+        await _respond(send, 500, b"the response of a resumable or idempotent request must be "
+                       b"complete and at most %d bytes\n" % self.max_result)
 
     async def _send(self, send: Send, status: int, headers: list[tuple[bytes, bytes]],
                     body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -423,19 +434,18 @@ class ResumeMiddleware:
             await store.release_key(key, owner)
             raise
         renewing.cancel()
-        if cut or buf.too_large or not buf.done or buf.status >= 500:
+        if cut or not buf.complete or buf.status >= 500:
             await store.release_key(key, owner)  # not done: a retry may run it
             if cut:
                 return await self._going_away(send)
-            if buf.too_large or not buf.done:
-                return await _respond(send, 500, b"the response of an idempotent request must "
-                                      b"be complete and at most %d bytes\n" % self.max_result)
-            return await self._send(send, buf.status, buf.headers, bytes(buf.body))
+            if not buf.complete:
+                return await self._unstorable(send)
+            return await self._send_buffer(send, buf)
         try:
             await store.finish_key(key, owner, buf.encode())
         except Exception:
             log.exception("session store: finish %r", key)  # answered all the same
-        await self._send(send, buf.status, buf.headers, bytes(buf.body))
+        await self._send_buffer(send, buf)
 
     async def _renew(self, key: str, owner: str) -> None:
         """Keep the key's "running" mark alive while its request runs (a third of the lock's

@@ -1,6 +1,7 @@
-"""One process's drain, as seed 002 runs it: a draining flag and an in-flight count (counted
+"""The app process's drain, as seed 002 runs it: the core's in-flight ``Ledger`` (counted
 first, tested second), close 1001 to the open WebSockets (staggered), a wait to the deadline,
-then the stragglers cut. The middleware feeds it; the app's server exits after it."""
+then the stragglers cut. The middleware feeds it; the app's server exits after it. (The
+proxy's own drain is ``lameduck.drain``; this one runs inside an ASGI app.)"""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from lameduck.drain.ledger import Ledger
 
 log = logging.getLogger("lameduck.resume")
 
@@ -27,8 +30,7 @@ class Drain:
         self.grace = grace
         self.stagger = stagger
         self.rng = rng or random.Random()
-        self.draining = False
-        self.inflight = 0
+        self.ledger = Ledger()  # admission: count first, then test ``accepting``
         self.started_at: float | None = None
         self.took: float | None = None
         self.cut = 0  # stragglers cut at the deadline, over the process's life
@@ -40,32 +42,31 @@ class Drain:
         self._signalled = False
 
     # -- the request side -------------------------------------------------------------------
+    @property
+    def draining(self) -> bool:
+        return not self.ledger.accepting
+
     def enter(self) -> bool:
-        """Count first, then test the flag: a drain that starts in between sees this request
-        and waits for it; one that started before gets False (answer "going away")."""
-        self.inflight += 1
-        if self.draining:
-            self.leave()
-            return False
-        return True
+        """Admit a request or WebSocket; False once draining (answer "going away")."""
+        return self.ledger.begin()
 
     def leave(self) -> None:
-        self.inflight -= 1
-        if self.inflight <= 0 and self._idle is not None:
+        self.ledger.end()
+        if self.ledger.idle and self._idle is not None:
             self._idle.set()
 
     # -- the drain --------------------------------------------------------------------------
     def begin(self) -> asyncio.Future[int]:
         """Start the drain (once; later calls share it): the number of stragglers cut."""
         if self._done is None:
-            self.draining = True
+            self.ledger.accepting = False
             self.started_at = time.monotonic()
             self._done = asyncio.ensure_future(self._run())
         return self._done
 
     async def _run(self) -> int:
         self._idle = asyncio.Event()
-        if self.inflight <= 0:
+        if self.ledger.idle:
             self._idle.set()
         closers = list(self.sockets.values())
         window = min(self.stagger, self.grace / 2)
