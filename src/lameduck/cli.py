@@ -41,6 +41,15 @@ def _load(path: str | None) -> Config:
     return default_config() if path is None else load_config(path)
 
 
+def _load_or_report(path: str | None) -> Config | None:
+    """The config, or None after saying on stderr why it is invalid (the caller exits 2)."""
+    try:
+        return _load(path)
+    except ConfigError as e:
+        print(f"lameduck: invalid config\n{e}", file=sys.stderr)
+        return None
+
+
 def _banner(cfg: Config, demo: bool) -> str:
     admin = cfg.admin.address
     lines = ["", "lameduck is running" + (" on its embedded default config" if demo else "")]
@@ -63,10 +72,8 @@ def _banner(cfg: Config, demo: bool) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    try:
-        cfg = _load(args.config)
-    except ConfigError as e:
-        print(f"lameduck: invalid config\n{e}", file=sys.stderr)
+    cfg = _load_or_report(args.config)
+    if cfg is None:
         return EXIT_CONFIG
     demo = args.config is None
     try:
@@ -133,10 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_supervise(args: argparse.Namespace) -> int:
-    try:
-        load_config(args.config)
-    except ConfigError as e:
-        print(f"lameduck: invalid config\n{e}", file=sys.stderr)
+    if _load_or_report(args.config) is None:
         return EXIT_CONFIG
     if os.environ.get("LISTEN_PID") == str(os.getpid()):
         # Its children could not use them (LISTEN_PID names the supervisor), and nobody would
@@ -182,10 +186,8 @@ def cmd_budget(args: argparse.Namespace) -> int:
 
     from lameduck.orchestrate import budget as bud
 
-    try:
-        cfg = _load(args.config)
-    except ConfigError as e:
-        print(f"lameduck: invalid config\n{e}", file=sys.stderr)
+    cfg = _load_or_report(args.config)
+    if cfg is None:
         return EXIT_CONFIG
     try:
         with open(args.pod, encoding="utf-8") as f:
@@ -237,12 +239,10 @@ def cmd_prestop(args: argparse.Namespace) -> int:
 
     admin = args.admin
     if admin is None:
-        try:
-            a = _load(args.config).admin.address
-        except ConfigError as e:
-            print(f"lameduck: invalid config\n{e}", file=sys.stderr)
+        cfg = _load_or_report(args.config)
+        if cfg is None:
             return EXIT_CONFIG
-        admin = str(a)
+        admin = str(cfg.admin.address)
     for value in (args.drain_timeout, args.lb_buffer):
         try:
             parse_duration(value)
