@@ -808,3 +808,20 @@ class Reply:
             m = PERSISTENCE_COOKIE.match(sc[0])
             assert m, f"unexpected set-cookie {sc[0]!r}"
             self.cookie = m.group(1)
+
+
+def until_moved_off(ask: Any, origin: str, t0: float, within: float = 8.0,
+                    ) -> tuple[Reply, float, int]:
+    """A sticky client on a DRAIN endpoint, asking every 100 ms (``ask()`` -> ``Reply``)
+    until an answer comes from another origin than ``origin``: that answer, how long after
+    ``t0`` it came, and how many answers stayed first (counting the one before the loop).
+    While it stays, no answer sets a new cookie."""
+    sticky = 1
+    while time.monotonic() < t0 + within:
+        r = ask()
+        if r.origin != origin:
+            return r, time.monotonic() - t0, sticky
+        assert r.cookie is None
+        sticky += 1
+        time.sleep(0.1)
+    raise AssertionError(f"never moved off the DRAIN endpoint {origin} in {within} s")

@@ -33,6 +33,7 @@ from tests.procs import (
     base_config,
     free_port,
     start_named_origin,
+    until_moved_off,
     wait_until,
 )
 
@@ -376,20 +377,9 @@ def test_cookie_sticky_client_kept_until_drain_stop_then_moved(shared, pool) -> 
         cookies.add(r.cookie)
     assert stat(ld, "cluster.cookie.lb_persistence_records") == 5
 
-    sticky = 1
-    moved: Reply | None = None
-    moved_at = 0.0
-    while time.monotonic() < t0 + 8:
-        r = get(ld, c, cookie=a)
-        if r.origin != x.name:
-            moved, moved_at = r, time.monotonic()
-            break
-        assert r.cookie is None
-        sticky += 1
-        time.sleep(0.1)
-    assert moved is not None, "never moved off the DRAIN endpoint"
-    assert moved_at - t0 >= 2.0, "moved before drain_stop"
-    assert moved_at - t0 < 2.0 + 2.5, "kept long after drain_stop"
+    moved, after, sticky = until_moved_off(lambda: get(ld, c, cookie=a), x.name, t0)
+    assert after >= 2.0, "moved before drain_stop"
+    assert after < 2.0 + 2.5, "kept long after drain_stop"
     assert sticky >= 2
     assert moved.origin == y.name and moved.cookie is not None and moved.cookie not in cookies
     b = moved.cookie

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from lameduck.resume import SeqGap
-from lameduck.resume.drain import Drain
+from lameduck.resume.app_drain import Drain
 from lameduck.resume.middleware import (
     Message,
     NoSession,
