@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httptools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 from lameduck.http1.wire import (
     _scan_whole_response,
     _split_whole_response,
-    drop_nominated,
+    absolute_form,
     simple_response,
     whole_response,
 )
@@ -48,6 +49,17 @@ def test_plain_response_is_whole() -> None:
     PLAIN.replace(b"200 OK", b"2x0 OK"),
     PLAIN.replace(b"Server: x", b"Server: x\r"),  # a bare CR before the blank line
     b"garbage",
+    # What the parser refuses is never forwarded as it came (it answers 502 for these):
+    PLAIN.replace(b"Server: x", b"Server: a\x00b"),  # NUL
+    PLAIN.replace(b"Server: x", b"Server: a\x01b"),  # another control byte
+    PLAIN.replace(b"Server: x", b"Server: a\x7fb"),  # DEL
+    PLAIN.replace(b"Server: x", b"Server: a\r\n folded"),  # obs-fold (RFC 9112 §5.2)
+    PLAIN.replace(b"Server: x", b"Server: a\r\n\tfolded"),
+    PLAIN.replace(b"Server: x", b"Server : x"),  # space before the colon (RFC 9112 §5.1)
+    PLAIN.replace(b"Server: x", b"Ser ver: x"),
+    PLAIN.replace(b"Server: x", b"Server"),  # no colon
+    PLAIN.replace(b"Server: x", b": x"),  # no name
+    PLAIN.replace(b"200 OK", b"200 O\x00K"),  # a NUL in the reason phrase
 ])
 def test_anything_else_takes_the_parser(data: bytes) -> None:
     assert whole_response(data) == 0
@@ -62,10 +74,29 @@ def test_whole_response_spacing_and_case() -> None:
     assert whole_response(b"HTTP/1.1 404 \r\nContent-Length: 0\r\n\r\n") > 0  # no reason
 
 
-def test_connection_nominated_fields_are_dropped() -> None:
-    lines = [b"Foo: 1\r\n", b"Bar: 2\r\n", b"X-Keep: 3\r\n"]
-    assert drop_nominated(lines, b",foo, close") == [b"Bar: 2\r\n", b"X-Keep: 3\r\n"]
-    assert drop_nominated(lines, b",close") == lines
+def test_the_parser_refuses_what_the_fast_path_refuses() -> None:
+    """The NUL and obs-fold heads above are the parser's to refuse: one validation."""
+    for bad in (b"Server: a\x00b", b"Server: a\r\n folded", b"Server : x"):
+        with pytest.raises(httptools.HttpParserError):
+            httptools.HttpResponseParser(object()).feed_data(PLAIN.replace(b"Server: x", bad))
+
+
+@pytest.mark.parametrize(("target", "want"), [
+    (b"http://other.example/x", (b"other.example", b"/x")),
+    (b"http://other.example:8080/x?q=1", (b"other.example:8080", b"/x?q=1")),
+    (b"http://other.example", (b"other.example", b"/")),  # RFC 9112 §3.2.1: empty path is /
+    (b"http://other.example?q", (b"other.example", b"/?q")),
+    (b"HTTPS://o.example/y", (b"o.example", b"/y")),  # the scheme in any case
+    (b"http://[::1]:9/z", (b"[::1]:9", b"/z")),
+    (b"http://user@o.example/z", None),  # userinfo: RFC 9110 §4.2.4
+    (b"http:///x", None),  # no host
+    (b"http://a b/x", None),
+    (b"ftp://o.example/x", None),
+    (b"o.example/x", None),
+    (b"http://o.example:80:81/x", None),
+])
+def test_absolute_form(target: bytes, want: tuple[bytes, bytes] | None) -> None:
+    assert absolute_form(target) == want
 
 
 def test_simple_response_framing() -> None:
@@ -77,9 +108,30 @@ def test_simple_response_framing() -> None:
     assert simple_response(200, b"ok", close=False, head_only=True).endswith(b"\r\n\r\n")
 
 
+class _Sink:
+    def on_headers_complete(self) -> None:
+        raise _HeadParsed
+
+
+class _HeadParsed(Exception):
+    pass
+
+
+def _parser_takes_head(data: bytes) -> bool:
+    """llhttp reads the head up to its blank line without an error."""
+    try:
+        httptools.HttpResponseParser(_Sink()).feed_data(data)
+    except httptools.HttpParserCallbackError:
+        return True  # _HeadParsed, raised from the callback
+    except httptools.HttpParserError:
+        return False
+    return False
+
+
 def _reference_whole_response(data: bytes) -> int:
-    """The first (split and lower) version of ``whole_response``, kept here as the oracle:
-    both implementations must give its answer for every input."""
+    """The first (split and lower) version of ``whole_response``, kept here as the oracle,
+    with the parser's own word on the head: both implementations must give its answer for
+    every input."""
     if data[:9] != b"HTTP/1.1 ":
         return 0
     end = data.find(b"\r\n\r\n")
@@ -115,7 +167,7 @@ def _reference_whole_response(data: bytes) -> int:
             return 0
     if length != len(data) - end - 4:
         return 0
-    return end
+    return end if _parser_takes_head(data[:end + 4]) else 0
 
 
 _PIECES = [
@@ -124,7 +176,7 @@ _PIECES = [
     b"Connection", b"connection: close", b"Keep-Alive", b"keep-alive: 1", b"Proxy-Connection",
     b"Upgrade", b"upgrade: h2c", b"TE", b"Trailer", b"Transfer-Encoding", b"Server: y",
     b"5", b"0", b"12", b"+", b"x", b"hello", b"\r\n\r\n", b"204", b"304", b"199", b"600", b"2x0",
-    b"C", b"K", b"P", b"U", b"T", b"ContentLength:",
+    b"C", b"K", b"P", b"U", b"T", b"ContentLength:", b"\x00", b"\x7f", b"\x80", b"\r\n ",
 ]
 
 

@@ -36,14 +36,14 @@ from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http1.tunnel import Pending, Relay, abort_with_rst, open_destination
 from lameduck.http1.upstream import H1Upstream, UpstreamConn, UpstreamError
 from lameduck.http1.wire import (
-    HOP_BY_HOP,
     LAST_CHUNK,
+    absolute_form,
     chunk,
-    drop_nominated,
     find_cookie,
     simple_response,
     status_line,
 )
+from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated, valid_authority
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -925,7 +925,6 @@ class H1Downstream(asyncio.Protocol):
             if n == b"host":
                 host = value
                 hosts += 1
-                out.append(b"host: %s\r\n" % value)
             elif n in HOP_BY_HOP:
                 if n == b"connection":
                     conn_tokens += b"," + value.lower()
@@ -978,22 +977,29 @@ class H1Downstream(asyncio.Protocol):
                 ex.close = True
             ex.chunked_req = True
             out.append(b"transfer-encoding: chunked\r\n")
+        if hosts > 1 or (host is not None and not valid_authority(host)):
+            # RFC 9112 §3.2: several Host fields, or one that is not a host[:port], is a 400
+            ex.close = True
+            self._local(ex, 400, b"missing or repeated host\n" if hosts > 1
+                        else b"bad host\n")
+            return
         if url[:1] != b"/" and url != b"*":
-            try:
-                parsed = httptools.parse_url(url)
-            except httptools.HttpParserInvalidURLError:
-                parsed = None
-            if parsed is None or not parsed.host:
+            target = absolute_form(url)
+            if target is None:
                 ex.close = True
                 self._local(ex, 400, b"bad request target\n")
                 return
-            url = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
-            host = parsed.host  # RFC 9112 §3.2.2: the target's authority wins over Host
-        elif hosts != 1 and (hosts > 1 or not ex.v10):
-            # RFC 9112 §3.2: an HTTP/1.1 request without Host, or any with several, is a 400
+            # RFC 9112 §3.2.2: the target's authority replaces Host, for routing and upstream;
+            # the upstream gets the origin form.
+            host, url = target
+        elif host is None and not ex.v10:
+            # RFC 9112 §3.2: an HTTP/1.1 request without Host is a 400
             ex.close = True
             self._local(ex, 400, b"missing or repeated host\n")
             return
+        # RFC 9112 §3.2: Host on every request; empty where the target names no authority
+        # (an HTTP/1.0 request without one).
+        out.insert(0, b"host: %s\r\n" % (host if host is not None else b""))
         path = url.partition(b"?")[0] if QUERY in url else url  # one memchr, no tuple
         # Answered here, a client that sent "Expect: 100-continue" will not send the body it
         # held back: the connection cannot be reused after the answer (RFC 9110 §10.1.1).

@@ -13,14 +13,8 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import httptools
 
-from lameduck.http1.wire import (
-    HOP_BY_HOP,
-    LAST_CHUNK,
-    chunk,
-    drop_nominated,
-    status_code,
-    whole_response,
-)
+from lameduck.http1.wire import LAST_CHUNK, chunk, status_code, whole_response
+from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated
 
 if TYPE_CHECKING:
     from lameduck.upstream.pool import Endpoint

@@ -5,15 +5,11 @@ Everything here is bytes in, bytes out, precomputed where it is on the hot path.
 
 from __future__ import annotations
 
+import re
 from http import HTTPStatus
 from typing import Final
 
-# RFC 9110 §7.6.1: connection-specific fields a proxy must not forward. Transfer-Encoding and
-# Content-Length are handled by the framing code, not copied.
-HOP_BY_HOP = frozenset({
-    b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
-    b"transfer-encoding", b"upgrade",
-})
+from lameduck.proxy.fields import cookie_value, valid_authority
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 STATUS_LINES: dict[int, bytes] = {
@@ -33,8 +29,10 @@ ZERO: Final = 48
 def whole_response(data: bytes) -> int:
     """The end of the head of a complete, plain 2xx/3xx/4xx/5xx response that fills ``data``
     exactly: HTTP/1.1, one Content-Length that matches the bytes after the head, CRLF line
-    ends only, nothing hop-by-hop. Such a response can be forwarded as it came, without the
-    parser (the common keep-alive case). Returns 0 for anything else: the caller parses it.
+    ends only, nothing hop-by-hop, and every byte of the head one the parser takes (token
+    names, no control byte, no obs-fold). Such a response can be forwarded as it came, without
+    the parser (the common keep-alive case). Returns 0 for anything else: the parser judges it,
+    so an upstream head gets the same validation whichever path carries it.
 
     Two implementations with the same answer (a test holds them to it): the one that is
     cheaper where this module runs, compiled or interpreted.
@@ -46,6 +44,16 @@ def whole_response(data: bytes) -> int:
 
 # True when this module runs compiled by mypyc (its file is then the extension module).
 COMPILED: Final = not __file__.endswith(".py")
+
+# RFC 9110 §5.6.2 tchar, and the bytes a field value or reason phrase may hold (RFC 9110 §5.5:
+# HTAB, SP, VCHAR, obs-text): 1 at a byte's index where it is allowed.
+_TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+TOKEN: Final = bytes(1 if bytes([c]) in _TCHAR else 0 for c in range(256))
+VALUE: Final = bytes(1 if c == 9 or 32 <= c <= 126 or c >= 128 else 0 for c in range(256))
+# The same two rules for ``_split_whole_response``: a head the parser would take, as one match.
+_PLAIN_HEAD: Final = re.compile(
+    rb"HTTP/1\.1 [0-9]{3} [\t -~\x80-\xff]*\r\n"
+    rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t -~\x80-\xff]*\r\n)*\r\n")
 
 
 def _split_whole_response(data: bytes) -> int:
@@ -59,10 +67,10 @@ def _split_whole_response(data: bytes) -> int:
     code = status_code(data)
     if code < 200 or code > 599 or code == 204 or code == 304:
         return 0
+    if _PLAIN_HEAD.fullmatch(data, 0, end + 4) is None:
+        return 0  # a byte the parser refuses, or a line it would read otherwise
     length = -1
     for line in data[:end].split(b"\r\n"):
-        if CR in line or LF in line:
-            return 0  # a bare CR or LF: let the parser judge it
         # Field names compared lower-cased; only the first letter is looked at for most lines.
         # A name that merely starts with a hop-by-hop one (or with "t": te, trailer,
         # transfer-encoding) takes the parser's way too.
@@ -101,16 +109,21 @@ def _scan_whole_response(data: bytes) -> int:
     if code < 200 or code > 599 or code == 204 or code == 304:
         return 0
     length = -1
-    state = _IN_LINE
+    state = _IN_VALUE  # the reason phrase takes what a field value takes
     size = len(data)
     i = 13  # "HTTP/1.1 NNN " checked above
     while i < size:
         c = data[i]
-        if state == _IN_LINE:
+        if state == _IN_VALUE:
             if c == CR:
                 state = _CR
-            elif c == LF:
-                return 0  # a bare LF: let the parser judge it
+            elif not VALUE[c]:
+                return 0  # a bare LF, NUL or another control byte: let the parser judge it
+        elif state == _IN_NAME:
+            if c == 58:  # ":"
+                state = _IN_VALUE
+            elif not TOKEN[c]:
+                return 0  # a space before the colon, or a byte no name holds
         elif state == _CR:
             if c != LF:
                 return 0  # a bare CR
@@ -118,10 +131,10 @@ def _scan_whole_response(data: bytes) -> int:
         elif state == _LINE_START:
             if c == CR:
                 state = _BLANK_CR
-            elif c == LF:
-                return 0
+            elif not TOKEN[c]:
+                return 0  # obs-fold (SP or HT), a bare LF, an empty name
             else:
-                state = _IN_LINE
+                state = _IN_NAME
                 # Field names compared lower-cased; only the first letter is looked at for
                 # most lines. A name that merely starts with a hop-by-hop one (or with "t": te,
                 # trailer, transfer-encoding) takes the parser's way too.
@@ -154,10 +167,11 @@ def _scan_whole_response(data: bytes) -> int:
 
 
 # States of the scan in ``whole_response``.
-_IN_LINE: Final = 0
+_IN_VALUE: Final = 0  # in a field value or the reason phrase
 _CR: Final = 1  # after a CR
 _LINE_START: Final = 2  # after a CR LF
 _BLANK_CR: Final = 3  # after CR LF CR
+_IN_NAME: Final = 4  # in a field name
 
 
 def _named(data: bytes, at: int, name: bytes) -> bool:
@@ -222,14 +236,6 @@ def status_line(code: int) -> bytes:
     return line
 
 
-def drop_nominated(lines: list[bytes], nominated: bytes) -> list[bytes]:
-    """Remove the fields a Connection header names (RFC 9110 §7.6.1) from formatted lines."""
-    drop = {t.strip() for t in nominated.split(b",")} - {b"", b"close", b"keep-alive"}
-    if not drop:
-        return lines
-    return [h for h in lines if h.split(b":", 1)[0].lower() not in drop]
-
-
 def chunk(data: bytes) -> bytes:
     """One chunk of a chunked body (RFC 9112 §7.1)."""
     return b"%x\r\n%s\r\n" % (len(data), data)
@@ -254,19 +260,6 @@ def simple_response(
     return b"".join(parts)
 
 
-def cookie_value(header: bytes, name: bytes) -> str | None:
-    """The value of cookie ``name`` in one Cookie field value (RFC 6265 §5.4: ``a=1; b=2``),
-    as text (None if absent or not ASCII)."""
-    for pair in header.split(b";"):
-        key, eq, value = pair.strip().partition(b"=")
-        if eq and key == name:
-            try:
-                return value.strip().strip(b'"').decode("ascii")
-            except UnicodeDecodeError:
-                return None
-    return None
-
-
 def find_cookie(lines: list[bytes], name: bytes) -> str | None:
     """Cookie ``name`` among formatted request fields (``Name: value\r\n``)."""
     for line in lines:
@@ -275,3 +268,22 @@ def find_cookie(lines: list[bytes], name: bytes) -> str | None:
             if value is not None:
                 return value
     return None
+
+
+# RFC 9112 §3.2.2 absolute-form for the http and https schemes (RFC 9110 §4.2): scheme "://"
+# authority, then path-abempty and an optional query. Anything in the authority is checked by
+# ``valid_authority`` afterwards; a fragment or a space never reaches here (llhttp refuses it).
+_ABSOLUTE: Final = re.compile(rb"(?i:https?)://([^/?#]*)([^?#]*)(\?[^#]*)?")
+
+
+def absolute_form(target: bytes) -> tuple[bytes, bytes] | None:
+    """``(authority, origin-form target)`` of an absolute-form request target, or None if it
+    is not one lameduck can forward. The authority replaces Host (RFC 9112 §3.2.2); an empty
+    path is sent as ``/`` (RFC 9112 §3.2.1)."""
+    m = _ABSOLUTE.fullmatch(target)
+    if m is None:
+        return None
+    authority, path, query = m.group(1), m.group(2), m.group(3)
+    if not authority or not valid_authority(authority):
+        return None  # no host, userinfo (RFC 9110 §4.2.4), or not a host[:port]
+    return authority, (path or b"/") + (query or b"")

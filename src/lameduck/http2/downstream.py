@@ -29,7 +29,6 @@ from lameduck.drain.tunnel import TunnelKind
 from lameduck.http1.downstream import REPLAY_LIMIT, RETRY_AFTER
 from lameduck.http1.tunnel import Relay, abort_with_rst
 from lameduck.http1.upstream import H1Upstream, UpstreamConn, UpstreamError
-from lameduck.http1.wire import HOP_BY_HOP, cookie_value
 from lameduck.http2.connection import (
     ConnectionError as H2ConnectionError,
 )
@@ -45,6 +44,7 @@ from lameduck.http2.connection import (
     WindowOpened,
 )
 from lameduck.http2.tunnel import H2ConnectTunnel, StreamSide
+from lameduck.proxy.fields import HOP_BY_HOP, cookie_value, valid_authority
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -812,6 +812,10 @@ class H2Downstream(asyncio.Protocol):
                 out.append(b"%s: %s\r\n" % (name, value))
         if host is None:
             self._local(s, 400, b"missing authority\n")
+            return
+        if not valid_authority(host):
+            # routed and forwarded by it: one that could mean two things is refused
+            self._local(s, 400, b"bad authority\n")
             return
         out.insert(0, b"host: %s\r\n" % host)
         if s.ws:

@@ -1,0 +1,1 @@
+"""What every codec shares: header-field rules today; the neutral exchange grows here."""

@@ -1,0 +1,75 @@
+"""Header-field rules every codec applies the same way: what is hop-by-hop, what a
+``Connection`` header may take away, what a valid authority is, and cookies.
+
+One place, so HTTP/1 requests, HTTP/1 responses and HTTP/2 ↔ HTTP/1 translation cannot drift
+apart on a rule that decides how a message is framed or where it goes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+# RFC 9110 §7.6.1: connection-specific fields a proxy does not forward as they came.
+# Transfer-Encoding is re-framed by the codec; the others are this hop's alone.
+HOP_BY_HOP: Final = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
+    b"transfer-encoding", b"upgrade",
+})
+
+# Fields a ``Connection`` header can never remove. RFC 9110 §7.6.1 lets a sender nominate any
+# field as hop-by-hop, but lameduck frames the message it forwards with these, routes it with
+# them, or decides a retry is safe by them: dropping them after using them is how a body turns
+# into a smuggled second request (Content-Length), a request loses its target (Host, which
+# RFC 9112 §3.2 requires on every HTTP/1.1 request), or a retried request is applied twice (the
+# key the origin deduplicates by). The message is forwarded with them kept — as HAProxy and
+# nginx do — which is this hop's own framing and routing, re-stated for the next one.
+NEVER_NOMINATED: Final = frozenset({
+    b"content-length", b"transfer-encoding", b"host", b"cookie",
+    b"idempotency-key", b"resume-seq", b"x-forwarded-for", b"x-forwarded-proto",
+    # Already handled by the connection's own rules, never as a nominated field.
+    b"close", b"keep-alive", b"upgrade", b"",
+})
+
+
+def nominated(tokens: bytes) -> frozenset[bytes]:
+    """The field names (lower case) that ``Connection`` values ``tokens`` (joined with commas)
+    remove from a forwarded message: every listed name except those lameduck frames, routes or
+    retries by."""
+    names = frozenset(t.strip().lower() for t in tokens.split(b","))
+    return names - NEVER_NOMINATED
+
+
+def drop_nominated(lines: list[bytes], tokens: bytes) -> list[bytes]:
+    """``lines`` (formatted ``Name: value\\r\\n``) without the fields ``tokens`` nominate."""
+    drop = nominated(tokens)
+    if not drop:
+        return lines
+    return [h for h in lines if h.split(b":", 1)[0].strip().lower() not in drop]
+
+
+# RFC 9110 §4.2.3 / RFC 3986 §3.2.2: uri-host [ ":" port ]; uri-host is an IP-literal in
+# brackets, or a reg-name / IPv4 address (unreserved, pct-encoded, sub-delims). No userinfo:
+# RFC 9110 §4.2.4 forbids it in http(s) URIs, and it has no place in Host.
+_AUTHORITY: Final = re.compile(
+    rb"(?:\[[0-9A-Fa-f:.]+\]|(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?")
+
+
+def valid_authority(value: bytes) -> bool:
+    """``value`` may stand as a Host field or an ``:authority``: the name lameduck routes by
+    and forwards, so one that could mean two things (spaces, ``@``, a second colon) is
+    refused rather than guessed at."""
+    return _AUTHORITY.fullmatch(value) is not None
+
+
+def cookie_value(header: bytes, name: bytes) -> str | None:
+    """The value of cookie ``name`` in one Cookie field value (RFC 6265 §5.4: ``a=1; b=2``),
+    as text (None if absent or not ASCII)."""
+    for pair in header.split(b";"):
+        key, eq, value = pair.strip().partition(b"=")
+        if eq and key == name:
+            try:
+                return value.strip().strip(b'"').decode("ascii")
+            except UnicodeDecodeError:
+                return None
+    return None

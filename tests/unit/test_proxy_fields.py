@@ -1,0 +1,38 @@
+"""The header-field rules every codec shares: what a Connection header may remove, and which
+authorities lameduck routes by."""
+
+from __future__ import annotations
+
+import pytest
+
+from lameduck.proxy.fields import drop_nominated, nominated, valid_authority
+
+
+def test_connection_nominated_fields_are_dropped() -> None:
+    lines = [b"Foo: 1\r\n", b"Bar: 2\r\n", b"X-Keep: 3\r\n"]
+    assert drop_nominated(lines, b",foo, close") == [b"Bar: 2\r\n", b"X-Keep: 3\r\n"]
+    assert drop_nominated(lines, b",close") == lines
+
+
+@pytest.mark.parametrize("name", [
+    b"content-length", b"Content-Length", b"transfer-encoding", b"host", b"HOST",
+    b"idempotency-key", b"resume-seq", b"cookie", b"x-forwarded-for",
+])
+def test_framing_routing_and_retry_fields_are_never_nominated(name: bytes) -> None:
+    """A Connection header cannot take away what lameduck framed, routed or retried by."""
+    lines = [b"Host: a\r\n", b"Content-Length: 3\r\n", b"Transfer-Encoding: chunked\r\n",
+             b"Idempotency-Key: k\r\n", b"Resume-Seq: 2\r\n", b"Cookie: a=1\r\n",
+             b"X-Forwarded-For: 1.2.3.4\r\n"]
+    assert drop_nominated(lines, b"close, " + name) == lines
+    assert nominated(b"keep-alive, " + name + b" , foo") == frozenset({b"foo"})
+
+
+@pytest.mark.parametrize(("value", "ok"), [
+    (b"example.com", True), (b"example.com:8080", True), (b"127.0.0.1:1", True),
+    (b"[::1]:80", True), (b"[::1]", True), (b"", True), (b"xn--bcher-kva.example", True),
+    (b"a%2Eb", True),
+    (b"user@example.com", False), (b"a b", False), (b"a/b", False), (b"a:1:2", False),
+    (b"[::1", False), (b"a\x00b", False), (b"example.com:x", False), (b"a?b", False),
+])
+def test_valid_authority(value: bytes, ok: bool) -> None:
+    assert valid_authority(value) is ok
