@@ -195,6 +195,7 @@ class Server:
                 if sock is None:
                     sock = self.sockets.pop(listener.name, None)
                     if sock is not None:
+                        listener.socket_shared = True
                         log.info("listener %s takes the socket passed by systemd",
                                  listener.name)
                 if sock is None:
@@ -303,7 +304,7 @@ class Server:
         """The new process is ready: stop accepting (it accepts on the same sockets), hand
         it the admin port, and drain; exit by parent_shutdown_time."""
         for ls in self.listeners:
-            ls.stop_accepting()
+            ls.stop_accepting(handed_over=True)
         if self.admin is not None:
             self.admin.close()
             self.admin = None
@@ -397,6 +398,10 @@ class Server:
         for t in p.transitions[seen:]:
             log.info("prestop: %s -> %s (%s)", t.source.name, t.target.name, t.reason)
         if p.done:
+            # The load balancer has let go: a SIGTERM now may exit as soon as it is idle.
+            self.process.prestop_done()
+            if self.process.shutdown is not None:
+                self._changed()
             return
         at = p.next_deadline()
         at = now + 0.1 if at is None else min(at, now + 0.1)
@@ -625,9 +630,11 @@ class Server:
         ds = self._sync_drain_counts()
         log.info(
             "drain report: requests completed=%d refused=%d cut=%d (503=%d reset=%d); "
-            "connections drained by response=%d proactively=%d at end=%d",
+            "connections drained by response=%d proactively=%d at end=%d; "
+            "reset in the accept queue at listener close=%d",
             ds.completed, ds.refused, ds.cut, ds.cut_before_response, ds.cut_reset,
-            ds.cx_drained_by_response, ds.cx_drained_proactive, ds.cx_closed_at_end)
+            ds.cx_drained_by_response, ds.cx_drained_proactive, ds.cx_closed_at_end,
+            ds.cx_reset_listener_close)
         if self.admin is not None:
             self.admin.close()
         if self.rendezvous is not None:

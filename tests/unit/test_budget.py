@@ -97,7 +97,9 @@ def test_solve_is_seed_001_formula_from_nothing() -> None:
                client_idle=30, listener_idle=60)
     s = solve(b)
     assert broken(s) == []
-    assert (s.min_drain, s.drain_time, s.shutdown_deadline) == (11, 11, 26)
+    # min_drain stays unset: lameduck then serves until drain.time, which grew to 11 s.
+    assert s.min_drain is None and s.effective_min_drain == 11
+    assert (s.drain_time, s.shutdown_deadline) == (11, 11 + 15)
     # max_request + LB detection + LB_BUFFER + the user's drain (0s) + margin; drain.time grows
     # to hold the LB part after SIGTERM, as there is no preStop to hold it.
     assert s.grace_period == 15 + 6 + 5 + 0 + 5
@@ -115,6 +117,26 @@ def test_solve_keeps_what_already_fits_and_rounds_grace_up() -> None:
     assert solve(GOOD) == GOOD
     s = solve(replace(GOOD, prestop=5.5, grace_period=1))
     assert s.grace_period == 41 and broken(s) == []
+
+
+def test_unset_min_drain_serves_until_drain_time() -> None:
+    """The default: an idle lameduck still serves until T after SIGTERM, so T counts in full
+    towards the LB's detection time; set lower, only min_drain does."""
+    b = replace(GOOD, min_drain=None, drain_time=10)
+    assert b.serving_after_sigterm == 10
+    assert replace(b, min_drain=3).serving_after_sigterm == 3
+    assert replace(b, accept_until_drain_end=False).serving_after_sigterm == 0
+
+
+def test_completed_lameduck_prestop_lets_an_idle_process_exit() -> None:
+    """After `lameduck prestop` the LB has already let go: unset min_drain means 0, and the
+    preStop itself must hold the LB's detection time."""
+    b = replace(GOOD, min_drain=None, lameduck_prestop=True, prestop=2, lb_interval=2,
+                lb_fall=3, lb_buffer=5)
+    assert b.serving_after_sigterm == 0
+    assert "lb-detection" in broken(b)
+    s = solve(b)
+    assert broken(s) == [] and s.min_drain == 11 - 2
 
 
 @pytest.mark.parametrize("b", [
@@ -250,10 +272,10 @@ def test_proposal_snippets() -> None:
     old = budget_from(cfg, pod_timers(pod(exec_("sleep", "1"), grace=30)), lb_idle=80,
                       client_idle=30)
     p = proposal(cfg, old, solve(old))
-    # 1s hook + 11s min_drain's worth of LB detection inside a 25s deadline + 5s margin.
+    # 1s hook + 11s of LB detection inside a 25s deadline + 5s margin. min_drain stays unset:
+    # accepting until drain.time, lameduck then serves until it.
     assert p["pod"] == {"spec": {"terminationGracePeriodSeconds": 31}}
-    assert p["lameduck"]["shutdown"] == {"deadline": "25s", "min_drain": "10s",
-                                         "stop_accepting": "at_drain_end"}
+    assert p["lameduck"]["shutdown"] == {"deadline": "25s", "stop_accepting": "at_drain_end"}
     assert p["lameduck"]["drain"] == {"time": "10s"}
     assert p["lameduck"]["listeners"] == [{"name": "a", "idle_timeout": "81s"}]
     assert "load_balancer" not in p

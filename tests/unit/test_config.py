@@ -162,7 +162,7 @@ def test_default_config_matches_the_documented_values() -> None:
     assert config.drain.strategy is Strategy.GRADUAL
     assert config.drain.connection_grace == 5.0
     assert config.shutdown.deadline == 25.0
-    assert config.shutdown.min_drain == 0.0
+    assert config.shutdown.min_drain is None  # serve until T (drain.time)
     assert config.shutdown.stop_accepting is StopAccepting.AT_DRAIN_END
     [listener] = config.listeners
     assert listener.name == "ingress"

@@ -35,7 +35,7 @@ SIGTERM = 100.0
 
 def process(
     deadline: float = 20.0,
-    min_drain: float = 2.0,
+    min_drain: float | None = 2.0,
     at_drain_end: bool = True,
     time: float = T,
     strategy: Strategy = Strategy.GRADUAL,
@@ -331,6 +331,35 @@ class TestShutdownStep:
         pd = process(min_drain=0.0)
         pd.start_shutdown(SIGTERM)
         assert pd.shutdown_step(SIGTERM, connections=0) is Step.EXIT
+
+    def test_unset_min_drain_serves_until_t(self) -> None:
+        """The default: idle and without a connection, the process still serves (and its
+        listeners accept) until T, for clients that have not yet seen it leave."""
+        pd = process(min_drain=None)
+        pd.start_shutdown(SIGTERM)
+        assert pd.min_drain == T
+        assert pd.shutdown_step(SIGTERM, connections=0) is Step.WAIT
+        assert pd.shutdown_step(BELOW(SIGTERM + T, 0.0), connections=0) is Step.WAIT
+        assert pd.next_deadline(SIGTERM) == SIGTERM + T
+        assert pd.shutdown_step(SIGTERM + T, connections=0) is Step.EXIT
+
+    @pytest.mark.parametrize("how", ["immediately", "hot_restart", "prestop"])
+    def test_unset_min_drain_is_zero_when_nobody_can_still_arrive(self, how: str) -> None:
+        """Listeners closed at once, a successor that accepts on the same sockets, or a
+        preStop that waited for the LB: an idle process exits at once."""
+        pd = process(min_drain=None, at_drain_end=how != "immediately")
+        if how == "prestop":
+            pd.prestop_done()
+        pd.start_shutdown(SIGTERM, Cause.HOT_RESTART if how == "hot_restart" else Cause.SHUTDOWN)
+        assert pd.min_drain == 0.0
+        assert pd.shutdown_step(SIGTERM, connections=0) is Step.EXIT
+
+    def test_explicit_min_drain_wins_over_a_completed_prestop(self) -> None:
+        pd = process(min_drain=2.0)
+        pd.prestop_done()
+        pd.start_shutdown(SIGTERM)
+        assert pd.shutdown_step(SIGTERM + 1.0, connections=0) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + 2.0, connections=0) is Step.EXIT
 
     def test_idle_keepalive_connections_wait_until_t(self) -> None:
         pd = process()

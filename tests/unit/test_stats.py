@@ -76,6 +76,7 @@ def test_scope_field_names_match_envoy() -> None:
         "cx_drained_by_response",
         "cx_drained_proactive",
         "cx_closed_at_end",
+        "cx_reset_listener_close",
     }
     assert {"total_listeners_active", "total_listeners_draining"} == ListenerManagerStats.GAUGES
 

@@ -296,12 +296,14 @@ class ShutdownConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     deadline: Duration = 25.0
-    min_drain: Duration = 0.0
+    # None: serve until T while accepting until T (0 with stop_accepting: immediately, or
+    # after a completed preStop); a number asks for an exit as soon as idle after it.
+    min_drain: Duration | None = None
     stop_accepting: StopAccepting = StopAccepting.AT_DRAIN_END
 
     @model_validator(mode="after")
     def _min_drain_fits(self) -> Self:
-        if self.min_drain > self.deadline:
+        if self.min_drain is not None and self.min_drain > self.deadline:
             _fail(
                 "ShutdownConfig",
                 [

@@ -11,6 +11,11 @@ Rules kept here (DESIGN.md §2, seed 001, seed 002):
   (``at_drain_end``) or stop at once (``immediately``); from T on no new work; exit when no
   request is in flight and either no connection is left (after min_drain) or T has passed, and
   never later than the deadline, where what is left is cut.
+- min_drain unset means "serve until T" while listeners accept until T: an idle moment early
+  in the drain says nothing about clients that have not yet seen the endpoint removal, and an
+  exit then closes the port under them (ECONNREFUSED). It means 0 where nobody can still be
+  on the way: listeners that stop at once, a hot restart (the successor accepts), or a
+  completed preStop, which already waited for the load balancer.
 """
 
 from __future__ import annotations
@@ -42,11 +47,11 @@ class DrainSettings:
 @dataclass(frozen=True, slots=True)
 class ShutdownSettings:
     deadline: float = 25.0
-    min_drain: float = 0.0
+    min_drain: float | None = None  # None: T while accepting until T, else 0 (see above)
     stop_accepting_at_drain_end: bool = True
 
     def __post_init__(self) -> None:
-        if self.deadline < 0 or self.min_drain < 0:
+        if self.deadline < 0 or (self.min_drain is not None and self.min_drain < 0):
             raise ValueError("shutdown deadline and min_drain must be >= 0")
 
 
@@ -76,6 +81,8 @@ class ProcessDrain:
         # Seconds from the start of the shutdown to the hard exit (a hot restart sets its own).
         self.exit_after = self.shutdown_settings.deadline
         self.last_event: DrainEvent | None = None
+        # A preStop hook ran to its end: the load balancer has already stopped sending here.
+        self.deregistered = False
 
     # -- the tree ---------------------------------------------------------------------------
     def add_listener(self, listener: ListenerDrain) -> ListenerDrain:
@@ -153,6 +160,22 @@ class ProcessDrain:
         self.tick(now)
         return event, reached
 
+    def prestop_done(self) -> None:
+        """The preStop sequence completed (it waited out the load balancer's removal)."""
+        self.deregistered = True
+
+    @property
+    def min_drain(self) -> float:
+        """Seconds from the shutdown's start before an idle process may exit."""
+        explicit = self.shutdown_settings.min_drain
+        if explicit is not None:
+            return explicit
+        ev = self.shutdown
+        if (ev is None or self.deregistered or ev.cause is Cause.HOT_RESTART
+                or not self.shutdown_settings.stop_accepting_at_drain_end):
+            return 0.0
+        return ev.time
+
     @property
     def deadline(self) -> float | None:
         return None if self.shutdown is None else self.shutdown.start + self.exit_after
@@ -170,7 +193,7 @@ class ProcessDrain:
         self.tick(now)
         if now >= ev.start + self.exit_after:
             return Step.EXIT if self.ledger.idle else Step.CUT
-        if now < ev.start + self.shutdown_settings.min_drain:
+        if now < ev.start + self.min_drain:
             return Step.WAIT
         # Completion counts requests, not connections (DESIGN §2): no EXIT while any is active.
         if self.ledger.idle and (connections == 0 or now >= ev.ends_at):
@@ -182,7 +205,7 @@ class ProcessDrain:
         ev = self.shutdown
         if ev is None:
             return None
-        marks = (ev.start + self.shutdown_settings.min_drain, ev.ends_at,
+        marks = (ev.start + self.min_drain, ev.ends_at,
                  ev.start + self.exit_after)
         future = [m for m in marks if m > now]
         return min(future) if future else None

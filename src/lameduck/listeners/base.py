@@ -10,17 +10,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
 from lameduck.config import ListenerConfig
 from lameduck.drain import DrainEvent, ListenerDrain, ProcessDrain
+from lameduck.stats import DrainStats
 
 log = logging.getLogger("lameduck.listener")
 
 
+def accept_queue(sock: Any) -> int:
+    """Connections the kernel has completed and not yet handed to accept(): on a listening
+    socket Linux reports that queue's length as ``tcpi_unacked`` (struct tcp_info). Closing
+    the socket resets each of them — clients that did everything right, refused."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    except (OSError, AttributeError):
+        return 0  # not TCP, or not Linux: nothing to count
+    return struct.unpack_from("I", info, 24)[0] if len(info) >= 28 else 0
+
+
 class Listener:
     """A configured listener's socket lifecycle; subclasses say what serves a connection."""
+
+    drain_stats: DrainStats
 
     def __init__(self, cfg: ListenerConfig, loop: asyncio.AbstractEventLoop,
                  process: ProcessDrain, drain: ListenerDrain,
@@ -35,6 +50,9 @@ class Listener:
         self.sockname: tuple = ()
         self.stop_handle: asyncio.TimerHandle | None = None
         self._on_change = on_change
+        # Another holder keeps the listening socket open after we close ours (systemd's
+        # socket activation): its queued connections are not reset.
+        self.socket_shared = False
 
     async def start(self, sock: socket.socket | None = None) -> None:
         raise NotImplementedError
@@ -63,13 +81,22 @@ class Listener:
     def port(self) -> int:
         return self.sockname[1]
 
-    def stop_accepting(self) -> None:
-        """Close the listening socket; connections already accepted carry on."""
+    def stop_accepting(self, handed_over: bool = False) -> None:
+        """Close the listening socket; connections already accepted carry on. Those still in
+        the accept queue are reset by the kernel, and counted — unless the socket lives on in
+        a successor (``handed_over``, hot restart) or another holder."""
         if self.stop_handle is not None:
             self.stop_handle.cancel()
             self.stop_handle = None
         if self.server is not None:
+            queued = 0
+            if not handed_over and not self.socket_shared:
+                queued = sum(accept_queue(s) for s in self.server.sockets)
             self.server.close()
+            if queued:
+                self.drain_stats.cx_reset_listener_close += queued
+                log.warning("listener %s closed with %d connection(s) not yet accepted: reset",
+                            self.name, queued)
             self.server = None
             log.info("listener %s stopped accepting", self.name)
             self._on_change()

@@ -21,10 +21,12 @@ The inequalities (all must hold):
   max_request_duration + drainDuration, and subsumes the config's own D >= T rule.
 - ``lb-detection``: LB interval x fall + LB buffer <= hold, where the hold is how long the instance
   is guaranteed to take new work after it is unrouted: the preStop (the pod leaves the Endpoints
-  at t=0, `lameduck prestop` fails the health check at t=0) plus, after SIGTERM,
-  min(shutdown.min_drain, T) when stop_accepting is at_drain_end (lameduck exits once idle after
-  min_drain, so T alone guarantees nothing), else 0. Seed 001 §7 ("What you might be missing"):
-  LB detection time must be part of the drain sum.
+  at t=0, `lameduck prestop` fails the health check at t=0) plus, after SIGTERM, what lameduck
+  keeps serving: with stop_accepting at_drain_end, T when shutdown.min_drain is unset (it serves
+  until T) or min(shutdown.min_drain, T) when set (it exits once idle after min_drain); 0 when
+  min_drain is unset and the preStop is `lameduck prestop` (its completion lets an idle process
+  exit at once: the hook has already waited for the LB); 0 with stop_accepting immediately.
+  Seed 001 §7 ("What you might be missing"): LB detection time must be part of the drain sum.
 
 Together they give seed 001 §8's formula: G >= max_request + LB detection + LB_BUFFER + drain +
 margin, which is what `solve` proposes.
@@ -133,8 +135,9 @@ class Budget:
     prestop: float  # how long the preStop hook runs
     drain_time: float  # drain.time (T)
     shutdown_deadline: float  # shutdown.deadline (D)
-    min_drain: float = 0.0  # shutdown.min_drain
+    min_drain: float | None = None  # shutdown.min_drain (None: unset)
     accept_until_drain_end: bool = True  # shutdown.stop_accepting == at_drain_end
+    lameduck_prestop: bool = False  # the preStop hook is `lameduck prestop`
     exit_margin: float = 5.0  # seed 003: "a five-second margin for the framework to unwind"
     lb_interval: float = 2.0
     lb_fall: int = 3
@@ -150,9 +153,18 @@ class Budget:
         return self.lb_interval * self.lb_fall
 
     @property
+    def effective_min_drain(self) -> float:
+        """How long an idle lameduck keeps serving after SIGTERM (the runtime's own rule)."""
+        if self.min_drain is not None:
+            return self.min_drain
+        return 0.0 if self.lameduck_prestop else self.drain_time
+
+    @property
     def serving_after_sigterm(self) -> float:
         """New work guaranteed after SIGTERM: lameduck may exit once idle after min_drain."""
-        return min(self.min_drain, self.drain_time) if self.accept_until_drain_end else 0.0
+        if not self.accept_until_drain_end:
+            return 0.0
+        return min(self.effective_min_drain, self.drain_time)
 
     @property
     def hold(self) -> float:
@@ -162,8 +174,14 @@ class Budget:
 def check(b: Budget) -> list[Inequality]:
     """The four links of the chain (five inequalities), in timeline order."""
     listener_idle = b.listener_idle if b.listener_idle > 0 else math.inf
-    after = ("min(shutdown.min_drain, drain.time)" if b.accept_until_drain_end
-             else "after SIGTERM (stop_accepting: immediately)")
+    if not b.accept_until_drain_end:
+        after = "after SIGTERM (stop_accepting: immediately)"
+    elif b.min_drain is not None:
+        after = "min(shutdown.min_drain, drain.time)"
+    elif b.lameduck_prestop:
+        after = "after SIGTERM (lameduck prestop done, min_drain unset)"
+    else:
+        after = "drain.time (min_drain unset)"
     return [
         Inequality(
             "grace",
@@ -216,7 +234,8 @@ def solve(b: Budget) -> Budget:
     if b.hold < need:  # keep serving after SIGTERM until the LB has surely noticed
         extra = need - b.prestop
         accept = True
-        min_drain = max(min_drain, extra)
+        if min_drain is not None or b.lameduck_prestop:
+            min_drain = max(b.effective_min_drain, extra)
         drain_time = max(drain_time, extra)
     deadline = max(b.shutdown_deadline, drain_time + b.max_request)
     grace = max(b.grace_period, float(math.ceil(b.prestop + deadline + b.exit_margin)))
@@ -437,6 +456,7 @@ def budget_from(cfg: Config, pod: PodTimers, *, max_request: float | None = None
         drain_time=cfg.drain.time, shutdown_deadline=cfg.shutdown.deadline,
         min_drain=cfg.shutdown.min_drain,
         accept_until_drain_end=cfg.shutdown.stop_accepting is StopAccepting.AT_DRAIN_END,
+        lameduck_prestop="lameduck prestop" in pod.prestop.source,
         listener_idle=min(idles) if idles else 0.0, max_request=max_request, **lb)
 
 
@@ -446,9 +466,10 @@ def proposal(cfg: Config, old: Budget, new: Budget) -> dict[str, Any]:
                                             int(new.grace_period)}}}
     lameduck: dict[str, Any] = {
         "drain": {"time": format_duration(new.drain_time)},
-        "shutdown": {"deadline": format_duration(new.shutdown_deadline),
-                     "min_drain": format_duration(new.min_drain)},
+        "shutdown": {"deadline": format_duration(new.shutdown_deadline)},
     }
+    if new.min_drain is not None:
+        lameduck["shutdown"]["min_drain"] = format_duration(new.min_drain)
     if new.accept_until_drain_end != old.accept_until_drain_end:
         lameduck["shutdown"]["stop_accepting"] = StopAccepting.AT_DRAIN_END.value
     if cfg.hot_restart.parent_shutdown_time < new.drain_time:  # the config demands it >= T

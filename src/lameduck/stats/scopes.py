@@ -235,6 +235,9 @@ class DrainStats:
     cx_drained_by_response: int = 0  # connections closed via a response (Connection: close)
     cx_drained_proactive: int = 0  # connections drained at their proactive moment
     cx_closed_at_end: int = 0  # connections still open when the drain ended
+    # Connections the kernel had queued, not yet accepted, when a listener closed: reset,
+    # so their clients were refused although they connected in time.
+    cx_reset_listener_close: int = 0
 
 
 name_gauges(DrainStats, {"active"})
