@@ -984,14 +984,14 @@ class H1Downstream(asyncio.Protocol):
                         else b"bad host\n")
             return
         if url[:1] != b"/" and url != b"*":
-            target = absolute_form(url)
-            if target is None:
+            absolute = absolute_form(url)
+            if absolute is None:
                 ex.close = True
                 self._local(ex, 400, b"bad request target\n")
                 return
             # RFC 9112 §3.2.2: the target's authority replaces Host, for routing and upstream;
             # the upstream gets the origin form.
-            host, url = target
+            host, url = absolute
         elif host is None and not ex.v10:
             # RFC 9112 §3.2: an HTTP/1.1 request without Host is a 400
             ex.close = True
