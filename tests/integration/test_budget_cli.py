@@ -92,8 +92,10 @@ def test_solve_from_the_defaults_is_accepted(tmp_path: Path) -> None:
     out = budget("--pod", pod, "--solve", "--lb-idle", "60s", "--client-idle", "30s")
     assert out.returncode == EXIT_BROKEN
     assert "container 'lameduck' has no preStop hook" in out.stdout
-    for name in ("keepalive-lb", "deadline", "lb-detection"):
+    for name in ("keepalive-lb", "deadline"):
         assert f"FAIL {name}:" in out.stdout
+    # Serving until T after SIGTERM by default, lameduck holds the LB's detection time itself.
+    assert "OK   lb-detection:" in out.stdout
     prop = yaml.safe_load(out.stdout.split("# --solve")[1].split("\n", 1)[1])
     base = yaml.safe_load(
         (Path(__file__).parents[2] / "src/lameduck/config/default.yaml").read_text())
