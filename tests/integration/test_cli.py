@@ -137,13 +137,18 @@ def test_run_embedded_default_serves_and_drains_on_sigterm(tmp_path: Path) -> No
             return {s["name"]: s["value"] for s in body["stats"]}[name]
 
         assert stat("http.ingress.downstream_rq_2xx") == 2
-        # No client connection left: SIGTERM drains (nothing to wait for) and exits 0 at once,
-        # well before the default 20 s drain time.
+        # No client connection left: SIGTERM makes it not ready, but it keeps accepting and
+        # serving until the default 20 s drain time (clients that have not yet seen it leave
+        # must not find a closed port), then exits 0.
         assert wait_until(lambda: stat("http.ingress.downstream_cx_active") == 0, 3)
         t0 = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0, errlog.read_text()
-        assert time.monotonic() - t0 < 5
+        assert wait_until(
+            lambda: httpx.get("http://127.0.0.1:9901/ready", timeout=1).status_code == 503, 3)
+        assert httpx.get("http://127.0.0.1:10000/", timeout=5).status_code == 200
+        assert proc.poll() is None
+        assert proc.wait(timeout=30) == 0, errlog.read_text()
+        assert 19 <= time.monotonic() - t0 < 27
         log = errlog.read_text()
         assert "drain started (shutdown)" in log
         assert "cut=0" in log
