@@ -33,8 +33,7 @@ from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain
 from lameduck.drain.endpoint import Layer
 from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS, may_retry
 from lameduck.drain.tunnel import Flow, TunnelKind
-from lameduck.http1.tunnel import Pending, Relay, abort_with_rst, open_destination
-from lameduck.http1.upstream import H1Upstream, UpstreamConn, UpstreamError
+from lameduck.http1.upstream import H1Upstream
 from lameduck.http1.wire import (
     LAST_CHUNK,
     absolute_form,
@@ -44,6 +43,10 @@ from lameduck.http1.wire import (
     status_line,
 )
 from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated, valid_authority
+from lameduck.proxy.local import RETRY_AFTER
+from lameduck.proxy.replay import REPLAY_LIMIT
+from lameduck.tunnel.relay import Pending, Relay, abort_with_rst, open_destination
+from lameduck.upstream.connector import UpstreamConn, UpstreamError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -63,11 +66,7 @@ PAUSE_CLOSING = 8
 PAUSE_UPGRADE = 16  # an Upgrade request waits for the upstream's answer
 
 BODY_BUFFER_LIMIT = 256 * 1024
-# Request bytes kept while a request rides a reused pooled connection and no response byte has
-# come back, so a connection the upstream had already closed can be retried on a fresh one.
-REPLAY_LIMIT = 64 * 1024
 LINGER = 2.0  # seconds a staged close keeps reading before it closes
-RETRY_AFTER: Final = ((b"retry-after", b"1"),)
 GOING_AWAY = simple_response(503, b"going away\n", close=True, extra=((b"retry-after", b"1"),))
 GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True,
                                   extra=((b"retry-after", b"1"),), head_only=True)

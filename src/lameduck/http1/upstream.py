@@ -9,67 +9,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING
 
 import httptools
 
 from lameduck.http1.wire import LAST_CHUNK, chunk, status_code, whole_response
 from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated
+from lameduck.upstream.connector import ExchangeSink, UpstreamError
 
 if TYPE_CHECKING:
     from lameduck.upstream.pool import Endpoint
-
-
-class UpstreamError:
-    """Why an upstream exchange failed: the status the client gets if nothing was sent yet."""
-
-    CONNECT: Final = 503  # connect refused or timed out
-    RESET: Final = 502  # reset or bad response before the response completed
-    TIMEOUT: Final = 504  # no response within the route timeout
-
-
-class ExchangeSink(Protocol):
-    """What an upstream connection reports to (the downstream exchange)."""
-
-    def on_informational(self, status: int, lines: list[bytes]) -> None: ...
-    def on_response_head(
-        self, status: int, lines: list[bytes], length: int | None, chunked: bool,
-    ) -> None: ...
-    def on_response_body(self, data: bytes) -> None: ...
-    def on_response_complete(self) -> None: ...
-    def on_upstream_error(self, status: int, after_head: bool) -> None: ...
-    def on_upstream_refused(self) -> None:
-        """HTTP/2 proved the request unprocessed (RFC 9113 §8.7): safe to send again."""
-        ...
-    def on_whole_response(self, status: int, data: bytes, end: int) -> bool: ...
-    def on_upgrade(self, lines: list[bytes], upgrade: bytes, rest: bytes) -> bool: ...
-    def pause_request_body(self) -> None: ...
-    def cork(self) -> None: ...
-    def uncork(self) -> None: ...
-    def resume_request_body(self) -> None: ...
-
-
-class UpstreamConn(Protocol):
-    """What an exchange holds while its request is upstream: an ``H1Upstream`` (a whole
-    connection) or an HTTP/2 stream on a shared one (``http2.upstream``)."""
-
-    sink: ExchangeSink | None
-    alive: bool
-    read_paused: bool
-    got_bytes: bool  # a response byte came: no retry from here on
-    multiplexed: bool  # a stream of a shared connection (HTTP/2)
-    idle_since: float  # kept by the pool
-
-    @property
-    def reusable(self) -> bool: ...
-
-    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float,
-              chunked: bool) -> None: ...
-    def write(self, data: bytes) -> None: ...
-    def end(self) -> None: ...
-    def pause_reading(self) -> None: ...
-    def resume_reading(self) -> None: ...
-    def close(self) -> None: ...
 
 
 class H1Upstream(asyncio.Protocol):
@@ -126,6 +75,16 @@ class H1Upstream(asyncio.Protocol):
         self.closed_here = True
         if self.transport is not None:
             self.transport.close()
+
+    def take_over(self) -> asyncio.Transport | None:
+        if self.transport is None:
+            return None
+        self.sink = None
+        self.alive = False  # never back to the pool
+        return self.transport
+
+    def tunnel_closed(self) -> None:
+        self.connection_lost(None)
 
     def sever(self) -> None:
         """Cut by its endpoint's drain stop: the exchange on it fails (a close-delimited body

@@ -26,9 +26,6 @@ from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
 from lameduck.drain.endpoint import Layer
 from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS, may_retry
 from lameduck.drain.tunnel import TunnelKind
-from lameduck.http1.downstream import REPLAY_LIMIT, RETRY_AFTER
-from lameduck.http1.tunnel import Relay, abort_with_rst
-from lameduck.http1.upstream import H1Upstream, UpstreamConn, UpstreamError
 from lameduck.http2.connection import (
     ConnectionError as H2ConnectionError,
 )
@@ -45,6 +42,10 @@ from lameduck.http2.connection import (
 )
 from lameduck.http2.tunnel import H2ConnectTunnel, StreamSide
 from lameduck.proxy.fields import HOP_BY_HOP, cookie_value, valid_authority
+from lameduck.proxy.local import RETRY_AFTER
+from lameduck.proxy.replay import REPLAY_LIMIT
+from lameduck.tunnel.relay import Relay, abort_with_rst
+from lameduck.upstream.connector import UpstreamConn, UpstreamError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -396,8 +397,11 @@ class H2Stream:
         """The upstream accepted the WebSocket (101): 200 on the stream, then relay it."""
         up = self.up
         conn = self.conn
-        if not self.ws or not isinstance(up, H1Upstream) or up.transport is None or conn.closing:
+        if not self.ws or up is None or conn.closing:
             return False  # a 101 we did not ask for is a bad response
+        transport = up.take_over()
+        if transport is None:
+            return False
         cs = self.cstats
         assert cs is not None
         cs.count_status(101)
@@ -409,13 +413,11 @@ class H2Stream:
                       for n, v in fields)
         self.resp_started = True
         conn.h2.send_headers(self.sid, 200, fields)
-        up.sink = None
-        up.alive = False  # never back to the pool
         conn.stats.downstream_cx_upgrades_total += 1
         conn.stats.downstream_cx_upgrades_active += 1
         side = StreamSide(conn, self)
         self.side = side
-        relay = Relay(conn.loop, side, up.transport, TunnelKind.WEBSOCKET, conn.ctx.drain.grace,
+        relay = Relay(conn.loop, side, transport, TunnelKind.WEBSOCKET, conn.ctx.drain.grace,
                       lambda cut: conn.ws_ended(self, up, cut), rsv1_allowed=deflate)
         self.relay = relay
         relay.start(b"", rest)
@@ -923,14 +925,14 @@ class H2Downstream(asyncio.Protocol):
         if s.sid in self.streams:
             self.reset_stream(s, code)
 
-    def ws_ended(self, s: H2Stream, up: H1Upstream, cut: bool) -> None:
+    def ws_ended(self, s: H2Stream, up: UpstreamConn, cut: bool) -> None:
         """Both sides of a WebSocket stream's relay are closed: settle the books."""
         if s.relay is None:
             return
         s.relay = None
         self.stats.downstream_cx_upgrades_active -= 1
         s.detach(reusable=False)
-        up.connection_lost(None)  # the pool's and the cluster's bookkeeping
+        up.tunnel_closed()  # the pool's and the cluster's bookkeeping
         s.resp_done = True
         if cut and s.admitted:
             s.admitted = False

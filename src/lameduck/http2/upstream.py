@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, cast
 
-from lameduck.http1.upstream import ExchangeSink, UpstreamError
+from lameduck.upstream.connector import ExchangeSink, UpstreamError
 
 from .client import H2Client
 from .connection import H2Limits
@@ -97,6 +97,12 @@ class H2UpstreamStream:
     multiplexed = True
     reusable = False  # a stream is used once; the connection is what is shared
     transport = None  # never handed to a tunnel (no 101 in HTTP/2)
+
+    def take_over(self) -> asyncio.Transport | None:
+        return None  # no 101 in HTTP/2: a stream never becomes a tunnel of its own
+
+    def tunnel_closed(self) -> None:
+        pass
     idle_since = 0.0  # never pooled itself
 
     def __init__(self, conn: H2UpstreamConnection) -> None:

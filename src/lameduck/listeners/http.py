@@ -17,13 +17,14 @@ from collections.abc import Callable
 from lameduck.config import ListenerConfig
 from lameduck.drain import ListenerDrain, ProcessDrain
 from lameduck.http1.downstream import H1Downstream
-from lameduck.http1.upstream import H1Upstream, UpstreamConn
+from lameduck.http1.upstream import H1Upstream
 from lameduck.http2.connection import H2Limits
 from lameduck.http2.downstream import H2Downstream
 from lameduck.listeners.base import Listener
 from lameduck.listeners.tls import AlpnSwitch, server_context
 from lameduck.stats import DrainStats, Http2Stats, HttpStats
 from lameduck.upstream.cluster import Cluster
+from lameduck.upstream.connector import UpstreamConn
 from lameduck.upstream.pool import Endpoint
 from lameduck.upstream.router import Router
 

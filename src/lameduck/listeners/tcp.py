@@ -20,9 +20,9 @@ from lameduck.config import ListenerConfig
 from lameduck.drain import ConnectionDrain, ListenerDrain, ProcessDrain
 from lameduck.drain.endpoint import Layer
 from lameduck.drain.tunnel import Flow, TunnelKind
-from lameduck.http1.tunnel import Pending, Relay, abort_with_rst, open_destination
 from lameduck.listeners.base import Listener
 from lameduck.stats import DrainStats, TcpStats
+from lameduck.tunnel.relay import Pending, Relay, abort_with_rst, open_destination
 from lameduck.upstream.cluster import Cluster
 from lameduck.upstream.pool import Endpoint
 

@@ -1,5 +1,6 @@
-"""A tunnel after an HTTP/1.1 Upgrade (101) or a CONNECT (2xx): bytes relayed both ways as they
-come, with the drain core's ``TunnelDrain`` deciding how it ends.
+"""The byte relay of every tunnel — an HTTP/1.1 Upgrade (101), a CONNECT (2xx) over either
+protocol, a TCP listener's connection: bytes relayed both ways as they come, with the drain
+core's ``TunnelDrain`` deciding how it ends.
 
 For a WebSocket each direction runs through a ``FrameTracker`` that walks frame headers without
 buffering payloads, so a close frame can be injected at a frame boundary of that direction
