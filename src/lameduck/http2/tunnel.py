@@ -92,10 +92,13 @@ class H2ConnectTunnel(asyncio.Protocol):
             self.conn.h2.acknowledge_received_data(self.stream.sid, flow_len)
             return
         t = self.transport
-        if t is None:
+        if t is None or not self.opened:
+            # Held until ``_opened`` writes what came before, in order: the socket may be
+            # connected (connection_made) a loop turn before the future's callback runs.
             if data:
                 self.pending.append(data)
             self.unacked += flow_len
+            t = None
         else:
             if data:
                 t.write(data)
