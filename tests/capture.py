@@ -92,13 +92,14 @@ class CaptureOrigin:
             name, _, value = line.partition(b":")
             fields[name.strip().lower()] = value.strip()
         if fields.get(b"transfer-encoding", b"").lower() == b"chunked":
-            while b"\r\n0\r\n\r\n" not in b"\r\n" + rest:
+            body_end = self._chunked_end(rest)
+            while body_end < 0:
                 data = self._more(conn, record)
                 if not data:
                     return None, b""
                 rest += data
-            end = (b"\r\n" + rest).index(b"\r\n0\r\n\r\n") + 5
-            return head + rest[:end], rest[end:]
+                body_end = self._chunked_end(rest)
+            return head + rest[:body_end], rest[body_end:]
         length = int(fields.get(b"content-length", b"0") or 0)
         while len(rest) < length:
             data = self._more(conn, record)
@@ -106,6 +107,24 @@ class CaptureOrigin:
                 return None, b""
             rest += data
         return head + rest[:length], rest[length:]
+
+    @staticmethod
+    def _chunked_end(data: bytes) -> int:
+        """Where a chunked body (its trailer section included) ends in ``data``; -1 if not
+        all here (RFC 9112 §7.1)."""
+        at = 0
+        while True:
+            line_end = data.find(b"\r\n", at)
+            if line_end < 0:
+                return -1
+            size = int(data[at:line_end].split(b";")[0], 16)
+            at = line_end + 2
+            if size == 0:
+                trailers_end = data.find(b"\r\n\r\n", at - 2)
+                return -1 if trailers_end < 0 else trailers_end + 4
+            at += size + 2
+            if at > len(data):
+                return -1
 
     def close(self) -> None:
         self.closed = True

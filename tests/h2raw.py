@@ -84,6 +84,13 @@ class RawH2:
             df.flags.add("END_STREAM")
         self.sock.sendall(df.serialize())
 
+    def send_trailers(self, sid: int, fields: list[tuple[str, str]]) -> None:
+        """A trailer section: HEADERS with END_STREAM after the body."""
+        hf = HeadersFrame(sid, self.enc.encode(fields))
+        hf.flags.add("END_HEADERS")
+        hf.flags.add("END_STREAM")
+        self.sock.sendall(hf.serialize())
+
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 

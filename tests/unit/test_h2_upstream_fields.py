@@ -27,8 +27,13 @@ def test_connection_specific_fields_are_dropped(line: bytes) -> None:
     assert [n for n, _ in fields] == [b":method", b":scheme", b":authority", b":path"]
 
 
-def test_te_is_dropped_even_as_trailers() -> None:
-    fields, _ = request_fields(b"POST / HTTP/1.1\r\nhost: h\r\nTE: trailers\r\n\r\n")
+def test_te_is_kept_only_as_trailers() -> None:
+    """RFC 9113 §8.2.2: "trailers" is the one TE value HTTP/2 allows, and gRPC servers
+    require it; trailers are carried back to the client."""
+    fields, _ = request_fields(b"POST / HTTP/1.1\r\nhost: h\r\nTE: trailers\r\n"
+                               b"connection: te\r\n\r\n")
+    assert (b"te", b"trailers") in fields and all(n != b"connection" for n, _ in fields)
+    fields, _ = request_fields(b"POST / HTTP/1.1\r\nhost: h\r\nTE: gzip\r\n\r\n")
     assert all(n != b"te" for n, _ in fields)
 
 

@@ -42,7 +42,14 @@ from lameduck.http1.wire import (
     simple_response,
     status_line,
 )
-from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated, valid_authority
+from lameduck.proxy.fields import (
+    HOP_BY_HOP,
+    accepts_trailers,
+    drop_nominated,
+    trailer_block,
+    trailer_fields,
+    valid_authority,
+)
 from lameduck.proxy.local import RETRY_AFTER
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.tunnel.relay import Pending, Relay, abort_with_rst, open_destination
@@ -146,6 +153,8 @@ class Exchange:
     status = 0
     resp_started = False
     resp_chunked = False
+    te_trailers = False  # the client sent "TE: trailers"
+    req_trailers: list[tuple[bytes, bytes]] | None = None  # the request's trailer section
     resp_done = False
     upgrade = False  # a WebSocket Upgrade request: a 101 turns the connection into a tunnel
     connect: tuple[str, int] | None = None  # a CONNECT's destination (on the allow-list)
@@ -168,13 +177,15 @@ class Exchange:
 
     def request_complete(self) -> None:
         self.req_done = True
+        if self.req_trailers:
+            self.req_trailers = trailer_fields(self.req_trailers) or None
         if self.local is not None:
             if self.resp_started:
                 self.finish()  # the local answer went out before the request had ended
             return
         up = self.up
         if up is not None and up.sink is self:
-            up.end()  # else ``attach`` ends it, after what was held
+            up.end(self.req_trailers)  # else ``attach`` ends it, after what was held
 
     def _send(self, data: bytes) -> None:
         """Request bytes to the upstream, or held (bounded) until one is attached."""
@@ -358,7 +369,7 @@ class Exchange:
             self.buffered_size = 0
             self.down.resume(PAUSE_BUFFER)
         if self.req_done and up.sink is self:
-            up.end()
+            up.end(self.req_trailers)
 
     def _detach(self, reusable: bool) -> None:
         up = self.up
@@ -474,9 +485,11 @@ class Exchange:
             data = chunk(data)
         self.down.write(data)
 
-    def on_response_complete(self) -> None:
+    def on_response_complete(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
         if self.resp_chunked:
-            self.down.write(LAST_CHUNK)
+            # Trailers only to a client that said it takes them (RFC 9110 §6.5.1).
+            self.down.write(trailer_block(trailers) if trailers and self.te_trailers
+                            else LAST_CHUNK)
         self._detach(reusable=True)
         self.finish()
 
@@ -856,8 +869,13 @@ class H1Downstream(asyncio.Protocol):
         self.header_bytes += len(name) + len(value) + 4
         if self.header_bytes > self.max_headers:
             raise HeaderTooLarge
-        if not self.in_headers:
-            return  # a trailer field after a chunked body; not forwarded
+        if not self.in_headers:  # a trailer field after a chunked body
+            ex = self.reading
+            if ex is not None:
+                if ex.req_trailers is None:
+                    ex.req_trailers = []
+                ex.req_trailers.append((name, value))
+            return
         n = name.lower()
         if n in REQUEST_SPECIAL:
             self.special.append((n, value))
@@ -932,6 +950,8 @@ class H1Downstream(asyncio.Protocol):
                 elif n == b"transfer-encoding":
                     # several fields are one list (RFC 9110 §5.3)
                     te = value if te is None else te + b"," + value
+                elif n == b"te" and accepts_trailers(value):
+                    ex.te_trailers = True
             elif n == b"x-forwarded-for":
                 xff = value if xff is None else xff + b", " + value
             elif n in REPLAY_SAFE_FIELDS:  # the app applies it once: safe to send again
@@ -949,6 +969,10 @@ class H1Downstream(asyncio.Protocol):
                 ex.upgrade = True
                 ex.close = True  # answered without a 101, the connection cannot be reused
                 out.append(b"connection: upgrade\r\nupgrade: websocket\r\n")
+        if ex.te_trailers:
+            # The client takes trailers, and so does lameduck on its behalf (RFC 9110 §10.1.4;
+            # TE is this hop's own field, so Connection names it).
+            out.append(b"te: trailers\r\nconnection: te\r\n")
         if method == b"CONNECT":
             ex.close = True  # answered without a tunnel, the connection closes after
             target = ctx.connect_target(url)

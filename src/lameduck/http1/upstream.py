@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import httptools
 
 from lameduck.http1.wire import LAST_CHUNK, chunk, status_code, whole_response
-from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated
+from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated, trailer_block, trailer_fields
 from lameduck.upstream.connector import ExchangeSink, UpstreamError
 
 if TYPE_CHECKING:
@@ -45,6 +45,8 @@ class H1Upstream(asyncio.Protocol):
         self.length: int | None = None
         self.chunked = False
         self.nominated = b""  # field names listed in Connection
+        self.in_trailers = False  # the head is parsed: fields now are the trailer section
+        self.trailers: list[tuple[bytes, bytes]] = []
         self.status = 0
         self.head_seen = False
         self.got_bytes = False
@@ -137,11 +139,12 @@ class H1Upstream(asyncio.Protocol):
         if self.transport is not None and self.alive and data:
             self.transport.write(chunk(data) if self.chunked_req else data)
 
-    def end(self) -> None:
-        """The request body is complete."""
+    def end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
+        """The request body is complete; a chunked one carries ``trailers`` (a sized body has
+        nowhere to put them, RFC 9112 §7.1.2)."""
         if self.chunked_req and self.transport is not None and self.alive:
             self.chunked_req = False
-            self.transport.write(LAST_CHUNK)
+            self.transport.write(trailer_block(trailers) if trailers else LAST_CHUNK)
 
     def _arm(self, at: float) -> None:
         if self.timer is not None:
@@ -238,12 +241,17 @@ class H1Upstream(asyncio.Protocol):
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:
+        self.in_trailers = False
+        self.trailers = []
         self.lines = []
         self.length = None
         self.chunked = False
         self.nominated = b""
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.in_trailers:  # after a chunked body: the trailer section
+            self.trailers.append((name, value))
+            return
         # Classified as they arrive: the lines to forward, and what frames the body.
         n = name.lower()
         if n in HOP_BY_HOP:
@@ -263,6 +271,7 @@ class H1Upstream(asyncio.Protocol):
         self.lines.append(b"%s: %s\r\n" % (name, value))
 
     def on_headers_complete(self) -> None:
+        self.in_trailers = True
         status = self.parser.get_status_code()
         sink = self.sink
         if sink is None:
@@ -304,4 +313,4 @@ class H1Upstream(asyncio.Protocol):
         self.sink = None
         self.head_seen = False
         if sink is not None:
-            sink.on_response_complete()
+            sink.on_response_complete(trailer_fields(self.trailers) if self.trailers else None)

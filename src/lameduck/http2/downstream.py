@@ -41,7 +41,13 @@ from lameduck.http2.connection import (
     WindowOpened,
 )
 from lameduck.http2.tunnel import H2ConnectTunnel, StreamSide
-from lameduck.proxy.fields import HOP_BY_HOP, cookie_value, valid_authority
+from lameduck.proxy.fields import (
+    HOP_BY_HOP,
+    accepts_trailers,
+    cookie_value,
+    trailer_fields,
+    valid_authority,
+)
 from lameduck.proxy.local import RETRY_AFTER
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.tunnel.relay import Relay, abort_with_rst
@@ -118,6 +124,7 @@ class H2Stream:
         "replay",
         "replay_size",
         "req_done",
+        "req_trailers",
         "resp_done",
         "resp_started",
         "retried",
@@ -160,6 +167,7 @@ class H2Stream:
         self.up: UpstreamConn | None = None
         self.up_write_paused = False
         self.req_done = False
+        self.req_trailers: list[tuple[bytes, bytes]] | None = None  # the request's trailers
         self.resp_started = False
         self.resp_done = False
         self.status = 0
@@ -219,7 +227,7 @@ class H2Stream:
             return
         up = self.up
         if up is not None and up.sink is self:
-            up.end()  # else ``attach`` ends it, after what was held
+            up.end(self.req_trailers)  # else ``attach`` ends it, after what was held
 
     # -- upstream ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -323,7 +331,7 @@ class H2Stream:
                 up.write(piece)
             self.buffered = None
         if self.req_done and up.sink is self:
-            up.end()
+            up.end(self.req_trailers)
         if self.unacked and not self.up_write_paused:
             n, self.unacked = self.unacked, 0
             conn.h2.acknowledge_received_data(self.sid, n)
@@ -435,10 +443,13 @@ class H2Stream:
         if up is not None and conn.h2.outbound_buffered(self.sid) > OUTBOUND_HIGH:
             up.pause_reading()  # resumed on WindowOpened
 
-    def on_response_complete(self) -> None:
+    def on_response_complete(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
         conn = self.conn
         if not self.resp_done:
-            conn.h2.send_data(self.sid, b"", end_stream=True)
+            if trailers:
+                conn.h2.send_trailers(self.sid, trailers)  # they end the stream
+            else:
+                conn.h2.send_data(self.sid, b"", end_stream=True)
         self.detach(reusable=True)
         self.finish()
         conn.kick()
@@ -677,8 +688,10 @@ class H2Downstream(asyncio.Protocol):
         elif t is RequestReceived:
             self.on_request(cast(RequestReceived, ev))
         elif t is TrailersReceived:
-            s = self.streams.get(cast(TrailersReceived, ev).stream_id)
+            tr = cast(TrailersReceived, ev)
+            s = self.streams.get(tr.stream_id)
             if s is not None:
+                s.req_trailers = trailer_fields(tr.headers) or None
                 s.request_complete()
         elif t is StreamReset:
             self.h2stats.rx_reset += 1
@@ -799,12 +812,15 @@ class H2Downstream(asyncio.Protocol):
         xff: bytes | None = None
         content_length: bytes | None = None
         retryable = method in IDEMPOTENT_METHODS
+        te_trailers = False
         for name, value in ev.headers:
             if name in DROPPED:
                 if name == b"content-length":
                     content_length = value
                 elif name == b"host" and host is None:
                     host = value
+                elif name == b"te":
+                    te_trailers = accepts_trailers(value)
                 continue
             if name == b"x-forwarded-for":
                 xff = value if xff is None else xff + b", " + value
@@ -820,6 +836,8 @@ class H2Downstream(asyncio.Protocol):
             self._local(s, 400, b"bad authority\n")
             return
         out.insert(0, b"host: %s\r\n" % host)
+        if te_trailers:  # gRPC's "te: trailers": the upstream may answer with trailers
+            out.append(b"te: trailers\r\nconnection: te\r\n")
         if s.ws:
             out.append(b"connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: %s\r\n"
                        % base64.b64encode(os.urandom(16)))

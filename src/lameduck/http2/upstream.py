@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, cast
 
+from lameduck.proxy.fields import trailer_fields
 from lameduck.upstream.connector import ExchangeSink, UpstreamError
 
 from .client import H2Client
@@ -39,11 +40,11 @@ if TYPE_CHECKING:
     from lameduck.upstream.cluster import Cluster
     from lameduck.upstream.pool import Endpoint
 
-# Request fields that do not exist in HTTP/2 (RFC 9113 §8.2.2); host becomes :authority. te is
-# hop-by-hop, and "te: trailers" would promise trailers the exchanges do not carry back.
+# Request fields that do not exist in HTTP/2 (RFC 9113 §8.2.2); host becomes :authority. te
+# is kept only as "trailers", the one value HTTP/2 allows (gRPC needs it).
 _DROPPED: Final = frozenset({
     b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade",
-    b"host", b"te",
+    b"host",
 })
 # Request body bytes held per stream (flow control) before the client is paused.
 OUTBOUND_HIGH: Final = 256 * 1024
@@ -72,6 +73,8 @@ def request_fields(head: bytes) -> tuple[list[tuple[bytes, bytes]], bool]:
             continue
         if name == b"content-length":
             body = value != b"0"
+        elif name == b"te" and value.lower() != b"trailers":
+            continue
         fields.append((name, value))
     pseudo = [(b":method", method), (b":scheme", b"http"), (b":authority", authority),
               (b":path", target)]
@@ -97,12 +100,6 @@ class H2UpstreamStream:
     multiplexed = True
     reusable = False  # a stream is used once; the connection is what is shared
     transport = None  # never handed to a tunnel (no 101 in HTTP/2)
-
-    def take_over(self) -> asyncio.Transport | None:
-        return None  # no 101 in HTTP/2: a stream never becomes a tunnel of its own
-
-    def tunnel_closed(self) -> None:
-        pass
     idle_since = 0.0  # never pooled itself
 
     def __init__(self, conn: H2UpstreamConnection) -> None:
@@ -125,6 +122,7 @@ class H2UpstreamStream:
         self.held: list[bytes] = []
         self.held_size = 0
         self.held_paused = False
+        self.end_trailers: list[tuple[bytes, bytes]] | None = None  # the request's trailers
 
     # -- what an exchange calls ----------------------------------------------------------------
     def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float,
@@ -162,7 +160,7 @@ class H2UpstreamStream:
             self.held = []
             self.held_size = 0
         if self.body and self.ended:
-            h2.send_data(sid, b"", end_stream=True)
+            self._end_stream()
         conn.kick()
         if self.held_paused and h2.outbound_buffered(sid) <= OUTBOUND_HIGH:
             self.held_paused = False
@@ -187,13 +185,20 @@ class H2UpstreamStream:
         if conn.h2.outbound_buffered(self.sid) > OUTBOUND_HIGH and self.sink is not None:
             self.sink.pause_request_body()  # resumed on WindowOpened
 
-    def end(self) -> None:
+    def end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
         if self.ended or self.done:
             return
         self.ended = True
+        self.end_trailers = trailers
         if self.sid:
-            self.conn.h2.send_data(self.sid, b"", end_stream=True)
+            self._end_stream()
             self.conn.kick()
+
+    def _end_stream(self) -> None:
+        if self.end_trailers:
+            self.conn.h2.send_trailers(self.sid, self.end_trailers)
+        else:
+            self.conn.h2.send_data(self.sid, b"", end_stream=True)
 
     def pause_reading(self) -> None:
         """The client is behind: stop acknowledging this stream's DATA, so its window closes."""
@@ -280,7 +285,7 @@ class H2UpstreamStream:
         if ev.end_stream and self.sink is sink:
             self.complete()
 
-    def complete(self) -> None:
+    def complete(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
         sink = self.sink
         if not self.ended and self.sid:
             # Answered before the request body was all sent (a 413, an early 200): stop
@@ -292,7 +297,13 @@ class H2UpstreamStream:
         self.sink = None
         self.conn.stream_gone()
         if sink is not None:
-            sink.on_response_complete()
+            sink.on_response_complete(trailers)
+
+    def take_over(self) -> asyncio.Transport | None:
+        return None  # no 101 in HTTP/2: a stream never becomes a tunnel of its own
+
+    def tunnel_closed(self) -> None:
+        pass
 
     def refuse(self) -> None:
         """Never sent (or proved unprocessed): the exchange may send it again elsewhere."""
@@ -463,11 +474,9 @@ class H2UpstreamConnection(asyncio.Protocol):
                 if s is not None:
                     s.on_response(ev)  # type: ignore[arg-type]
             elif t is TrailersReceived:
-                # The exchanges have no trailer path (an HTTP/1.1 client rarely asks for
-                # them, RFC 9110 §6.5): the body is complete.
                 s = streams.get(ev.stream_id)  # type: ignore[union-attr]
                 if s is not None:
-                    s.complete()
+                    s.complete(trailer_fields(ev.headers) or None)  # type: ignore[union-attr]
             elif t is StreamReset:
                 s = streams.get(ev.stream_id)  # type: ignore[union-attr]
                 if s is not None:

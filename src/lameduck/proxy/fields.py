@@ -11,10 +11,11 @@ import re
 from typing import Final
 
 # RFC 9110 §7.6.1: connection-specific fields a proxy does not forward as they came.
-# Transfer-Encoding is re-framed by the codec; the others are this hop's alone.
+# Transfer-Encoding is re-framed by the codec; TE is re-stated by it ("trailers" only); the
+# others are this hop's alone. Trailer (RFC 9110 §6.6.2) is end to end: trailers are forwarded.
 HOP_BY_HOP: Final = frozenset({
-    b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
-    b"transfer-encoding", b"upgrade",
+    b"connection", b"keep-alive", b"proxy-connection", b"te", b"transfer-encoding",
+    b"upgrade",
 })
 
 # Fields a ``Connection`` header can never remove. RFC 9110 §7.6.1 lets a sender nominate any
@@ -73,3 +74,37 @@ def cookie_value(header: bytes, name: bytes) -> str | None:
             except UnicodeDecodeError:
                 return None
     return None
+
+
+Fields = list[tuple[bytes, bytes]]
+
+# RFC 9110 §6.5.1: a trailer section must not carry what frames or routes the message, nor the
+# connection's own fields; such a field is dropped, never merged into the head. RFC 9113
+# §8.1: in HTTP/2 a pseudo-header in trailers makes the message malformed.
+NOT_IN_TRAILERS: Final = HOP_BY_HOP | {
+    b"content-length", b"host", b"content-encoding", b"content-type", b"content-range",
+    b"authorization", b"set-cookie", b"cookie", b"cache-control", b"expect", b"max-forwards",
+    b"pragma", b"range", b"www-authenticate", b"proxy-authenticate", b"proxy-authorization",
+    b"location", b"retry-after", b"vary", b"age", b"expires", b"date",
+}
+
+
+def trailer_fields(fields: Fields) -> Fields:
+    """``fields`` as a trailer section to forward: names lower-cased (HTTP/2 wants them so,
+    HTTP/1.1 does not mind), those a trailer may not carry left out."""
+    out = []
+    for name, value in fields:
+        n = name.lower()
+        if n not in NOT_IN_TRAILERS and n[:1] != b":":
+            out.append((n, value))
+    return out
+
+
+def accepts_trailers(te: bytes) -> bool:
+    """A ``TE`` value (RFC 9110 §10.1.4) that says the client takes a trailer section."""
+    return any(t.split(b";", 1)[0].strip().lower() == b"trailers" for t in te.split(b","))
+
+
+def trailer_block(fields: Fields) -> bytes:
+    """The end of a chunked body with ``fields`` as its trailer section (RFC 9112 §7.1.2)."""
+    return b"0\r\n" + b"".join(b"%s: %s\r\n" % f for f in fields) + b"\r\n"
