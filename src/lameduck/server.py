@@ -573,6 +573,12 @@ class Server:
             self._no_new_work_logged = True
             log.info("drain time reached: no new work; %d requests in flight, %d connections",
                      self.process.ledger.active, self._connections())
+            for ls in self.listeners:
+                ls.schedule_stop()  # a listener closing at T closes first: nobody new
+                for conn in list(ls.connections):
+                    no_new_work = getattr(conn, "no_new_work", None)  # HTTP/2 connections
+                    if no_new_work is not None:
+                        no_new_work()
         step = self.process.shutdown_step(now, self._connections())
         if step is Step.WAIT:
             self._schedule_shutdown_check(now)

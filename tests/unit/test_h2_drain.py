@@ -81,3 +81,20 @@ def test_close_sends_final_goaway_and_stops_input() -> None:
     assert (ga.last_stream_id, ga.error_code, ga.additional_data) == (1, 0, b"bye")
     assert raw.server.closed
     assert raw.send(HeadersFrame(3, raw.block(GET), flags=["END_HEADERS"])) == []
+
+
+def test_a_stream_turned_away_untouched_is_above_the_final_goaway() -> None:
+    """Past T the shell refuses a new stream at once: the final GOAWAY then names the stream
+    before it, so the client reads either frame as "not processed" (RFC 9113 §6.8)."""
+    raw = Raw()
+    raw.send(HeadersFrame(1, raw.block(GET), flags=["END_HEADERS", "END_STREAM"]))
+    [ev] = raw.send(HeadersFrame(3, raw.block(GET), flags=["END_HEADERS", "END_STREAM"]))
+    assert isinstance(ev, RequestReceived) and raw.server.last_processed == 3
+    raw.server.unprocess(3)
+    raw.server.reset_stream(3, ErrorCode.REFUSED_STREAM)
+    raw.server.start_drain()
+    raw.server.final_goaway()
+    goaways = [f for f in frames_of(raw.server.data_to_send()) if f.type == 7]
+    assert [g.last_stream_id for g in goaways] == [MAX_STREAM_ID, 1]
+    raw.server.unprocess(1)  # not the newest: a processed stream stays processed
+    assert raw.server.last_processed == 1

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from lameduck.proxy.fields import drop_nominated, nominated, valid_authority
+from lameduck.proxy.fields import (
+    accepts_trailers,
+    drop_nominated,
+    nominated,
+    trailer_block,
+    trailer_fields,
+    valid_authority,
+)
 
 
 def test_connection_nominated_fields_are_dropped() -> None:
@@ -36,3 +43,24 @@ def test_framing_routing_and_retry_fields_are_never_nominated(name: bytes) -> No
 ])
 def test_valid_authority(value: bytes, ok: bool) -> None:
     assert valid_authority(value) is ok
+
+
+def test_trailer_fields_drop_what_a_trailer_may_not_carry() -> None:
+    """RFC 9110 §6.5.1: framing, routing and connection fields are never merged from trailers;
+    names go out lower-cased (HTTP/2 requires it)."""
+    got = trailer_fields([(b"X-Checksum", b"abc"), (b"Content-Length", b"9"), (b"host", b"h"),
+                          (b"grpc-status", b"0"), (b"transfer-encoding", b"chunked"),
+                          (b":status", b"200"), (b"Trailer", b"x")])
+    assert got == [(b"x-checksum", b"abc"), (b"grpc-status", b"0")]
+
+
+@pytest.mark.parametrize(("te", "ok"), [
+    (b"trailers", True), (b"gzip, trailers", True), (b"Trailers;q=1", True),
+    (b"gzip", False), (b"", False), (b"trailersx", False),
+])
+def test_accepts_trailers(te: bytes, ok: bool) -> None:
+    assert accepts_trailers(te) is ok
+
+
+def test_trailer_block() -> None:
+    assert trailer_block([(b"x-a", b"1")]) == b"0\r\nx-a: 1\r\n\r\n"

@@ -291,6 +291,7 @@ class H2Connection:
         # State the shell reads.
         self.goaway_sent = 0
         self.last_processed = 0
+        self._before_last = 0  # last_processed before the newest stream was handed on
         self.closed = False
         self.peer_goaway: int | None = None
         self.resets_received = 0
@@ -1013,7 +1014,7 @@ class H2Server(H2Connection):
         if size > self.limits.max_header_list_size:
             st = self._open(sid, end_stream)
             st.rejected = True
-            self.last_processed = sid
+            self._processed(sid)
             events.append(HeadersTooLarge(sid, end_stream))
             return
         try:
@@ -1023,7 +1024,7 @@ class H2Server(H2Connection):
             return
         st = self._open(sid, end_stream)
         st.content_length = cl
-        self.last_processed = sid
+        self._processed(sid)
         events.append(ev)
 
     def _open(self, sid: int, end_stream: bool) -> _Stream:
@@ -1058,6 +1059,17 @@ class H2Server(H2Connection):
         if self.goaway_sent == 0 and not self.closed:
             self._queue(goaway(MAX_STREAM_ID, ErrorCode.NO_ERROR))
             self.goaway_sent = 1
+
+    def _processed(self, sid: int) -> None:
+        self._before_last = self.last_processed
+        self.last_processed = sid
+
+    def unprocess(self, sid: int) -> None:
+        """The shell turned the newest stream away untouched (going away): a GOAWAY sent
+        from now on names the stream before it, so the client knows this one was not
+        processed (RFC 9113 §6.8) whichever of GOAWAY and RST_STREAM it reads first."""
+        if sid == self.last_processed:
+            self.last_processed = self._before_last
 
     def final_goaway(self) -> None:
         """Phase 2: the highest stream handed to the shell; newer ones are refused."""

@@ -48,7 +48,13 @@ from lameduck.proxy.fields import (
     trailer_fields,
     valid_authority,
 )
-from lameduck.proxy.local import RETRY_AFTER
+from lameduck.proxy.local import (
+    GRPC_UNAVAILABLE,
+    RETRY_AFTER,
+    grpc_fields,
+    grpc_local_reply,
+    is_grpc,
+)
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.tunnel.relay import Relay, abort_with_rst
 from lameduck.upstream.connector import UpstreamConn, UpstreamError
@@ -115,6 +121,7 @@ class H2Stream:
         "conn",
         "cstats",
         "endpoint",
+        "grpc",
         "head",
         "is_head",
         "local",
@@ -180,6 +187,7 @@ class H2Stream:
         self.set_cookie: bytes | None = None  # a persistence cookie's value to set
         self.tunnel: H2ConnectTunnel | None = None  # a CONNECT stream's destination socket
         self.ws = False  # an extended CONNECT for a WebSocket (RFC 8441)
+        self.grpc = False  # a gRPC call: local answers are gRPC statuses
         self.side: StreamSide | None = None  # this stream as a relay side, after the 101
         self.relay: Relay | None = None
 
@@ -827,6 +835,8 @@ class H2Downstream(asyncio.Protocol):
             else:
                 if name in REPLAY_SAFE_FIELDS:
                     retryable = True
+                elif name == b"content-type" and is_grpc(value):
+                    s.grpc = True
                 out.append(b"%s: %s\r\n" % (name, value))
         if host is None:
             self._local(s, 400, b"missing authority\n")
@@ -865,10 +875,14 @@ class H2Downstream(asyncio.Protocol):
             return
         if not ctx.process.ledger.begin():
             # Past the drain time: REFUSED_STREAM tells the client it is safe to retry it
-            # elsewhere (DESIGN.md §2 "In-flight accounting").
+            # elsewhere (RFC 9113 §8.7), and the final GOAWAY that this connection takes no
+            # more: a refusal alone would not stop a client from choosing it again (a
+            # connection opened just before T has had no response to drain it).
             st.downstream_rq_going_away += 1
             s.resp_done = True
+            self.h2.unprocess(s.sid)
             self.reset_stream(s, ErrorCode.REFUSED_STREAM)
+            self._goaway_final()
             return
         s.admitted = True
         s.retryable = retryable
@@ -988,7 +1002,10 @@ class H2Downstream(asyncio.Protocol):
         self.response_drains()
         s.resp_started = True
         h2 = self.h2
-        if s.is_head:
+        if s.grpc:
+            # Trailers-only, HTTP 200: the gRPC status says why (counted as the HTTP status).
+            h2.send_headers(s.sid, 200, grpc_local_reply(status, body), end_stream=True)
+        elif s.is_head:
             h2.send_headers(s.sid, status, _local_headers(body, extra), end_stream=True)
         else:
             h2.send_headers(s.sid, status, _local_headers(body, extra))
@@ -1091,6 +1108,13 @@ class H2Downstream(asyncio.Protocol):
         if at is not None:
             self.arm(at)
 
+    def no_new_work(self) -> None:
+        """T has passed: the process takes no new stream, so the final GOAWAY goes out now
+        rather than G after a drain that may have begun just before T. A client that sent a
+        stream meanwhile learns from it that the stream was not processed."""
+        if not self.closing:
+            self._goaway_final()
+
     def close_at_end(self) -> None:
         """The drain is over: the final GOAWAY now; the connection closes once its streams end."""
         if self.drain.drain_at_end(self.loop.time()):
@@ -1117,7 +1141,15 @@ class H2Downstream(asyncio.Protocol):
             s.detach(reusable=False)
             if s.resp_started:
                 ds.cut_reset += 1
-                self.reset_stream(s, ErrorCode.CANCEL)
+                if s.grpc and not s.resp_done:
+                    # A call whose response started (a server stream) ends with a status
+                    # the client can act on, not a reset.
+                    self.h2.send_trailers(s.sid, grpc_fields(
+                        GRPC_UNAVAILABLE, b"going away: cut at the drain deadline"))
+                    s.local = True
+                    s.finish()
+                else:
+                    self.reset_stream(s, ErrorCode.CANCEL)
             else:
                 ds.cut_before_response += 1
                 s.local = True

@@ -85,7 +85,7 @@ NOT_IN_TRAILERS: Final = HOP_BY_HOP | {
     b"content-length", b"host", b"content-encoding", b"content-type", b"content-range",
     b"authorization", b"set-cookie", b"cookie", b"cache-control", b"expect", b"max-forwards",
     b"pragma", b"range", b"www-authenticate", b"proxy-authenticate", b"proxy-authorization",
-    b"location", b"retry-after", b"vary", b"age", b"expires", b"date",
+    b"location", b"retry-after", b"vary", b"age", b"expires", b"date", b"trailer",
 }
 
 

@@ -7,3 +7,52 @@ from typing import Final
 # On a 503 that another instance could serve now (no healthy upstream, going away): a client
 # may try again after a second (RFC 9110 §10.2.3), by then on another endpoint.
 RETRY_AFTER: Final = ((b"retry-after", b"1"),)
+
+
+# gRPC (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md): a request whose
+# content-type starts with this is a call; what lameduck answers itself on it is a gRPC status,
+# as Envoy does, so the client's retry policy sees the real cause instead of an HTTP status it
+# maps to UNKNOWN or INTERNAL.
+GRPC_CONTENT_TYPE: Final = b"application/grpc"
+# https://grpc.github.io/grpc/core/md_doc_statuscodes.html
+GRPC_DEADLINE_EXCEEDED: Final = 4
+GRPC_UNIMPLEMENTED: Final = 12
+GRPC_INTERNAL: Final = 13
+GRPC_UNAVAILABLE: Final = 14
+
+
+def is_grpc(content_type: bytes) -> bool:
+    """``application/grpc``, ``application/grpc+proto``, ``application/grpc;...``."""
+    return content_type[:16].lower() == GRPC_CONTENT_TYPE and content_type[16:17] in (
+        b"", b"+", b";")
+
+
+def grpc_status(http_status: int) -> int:
+    """The gRPC status for an HTTP status lameduck answers with: unavailable for what another
+    instance could serve (no upstream, connect error, reset, going away, cut), deadline
+    exceeded for an upstream timeout, unimplemented for no route."""
+    if http_status == 504:
+        return GRPC_DEADLINE_EXCEEDED
+    if http_status in (404, 501):
+        return GRPC_UNIMPLEMENTED
+    if http_status in (502, 503):
+        return GRPC_UNAVAILABLE
+    return GRPC_INTERNAL
+
+
+def _percent(message: bytes) -> bytes:
+    """grpc-message is percent-encoded: bytes outside 0x20-0x7E, and ``%``, as %XX."""
+    return b"".join(bytes([c]) if 0x20 <= c <= 0x7E and c != 0x25 else b"%%%02X" % c
+                    for c in message)
+
+
+def grpc_fields(status: int, message: bytes) -> list[tuple[bytes, bytes]]:
+    """``grpc-status`` and ``grpc-message`` (trailers, or a trailers-only response's head)."""
+    return [(b"grpc-status", b"%d" % status), (b"grpc-message", _percent(message.strip()))]
+
+
+def grpc_local_reply(http_status: int, message: bytes) -> list[tuple[bytes, bytes]]:
+    """A trailers-only response (HTTP 200 and END_STREAM on its HEADERS) for a call lameduck
+    answers itself."""
+    return [(b"content-type", GRPC_CONTENT_TYPE),
+            *grpc_fields(grpc_status(http_status), message)]
