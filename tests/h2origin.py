@@ -33,8 +33,9 @@ Behaviour by request path (the query string is ignored; HEAD gets the head of wh
   /reset-after-head 200 head (content-length 100000) and 1000 bytes of body, then ~50 ms later
                     RST_STREAM(INTERNAL_ERROR).
   /refuse           RST_STREAM(REFUSED_STREAM), no response (RFC 9113 §8.7: safe to retry).
-  /refuse-once/KEY  the first request with KEY is refused like /refuse; later ones read the
-                    whole body and answer 200 "<size> <sha256 hex>" of it.
+  /refuse-once/KEY  the first request with KEY is refused like /refuse (with ``?after=N``, once
+                    N body bytes have come); later ones read the whole body and answer 200
+                    "<size> <sha256 hex>" of it.
   /goaway           GOAWAY(last_stream_id = this stream's id - 2, NO_ERROR) and no answer to
                     this stream: it and every later stream on the connection are unprocessed
                     (later ones get an ``ignored`` line and no answer). Streams at or below the
@@ -474,6 +475,14 @@ class Conn(asyncio.Protocol):
         elif parts[0] == "refuse-once" and len(parts) == 2:
             if parts[1] not in self.origin.refused_keys:
                 self.origin.refused_keys.add(parts[1])
+                # ?after=N: refused only once N body bytes have come (a client that had sent
+                # them can no longer have kept them all).
+                after = int(st.path.partition("after=")[2] or 0)
+                got = 0
+                while got < after and (item := await st.body.get()) is not None:
+                    got += len(item[0])
+                    self.h2.acknowledge_received_data(item[1], st.sid)
+                    self.flush()
                 self.h2.reset_stream(st.sid, ErrorCodes.REFUSED_STREAM)
                 self.flush()
                 return
