@@ -669,6 +669,10 @@ def test_tcp_connect_failure_retried_on_other_endpoint(shared, pool) -> None:
     assert view[dead.addr]["stats"]["cx_connect_fail"] >= 1
     assert view[dead.addr]["stats"]["cx_total"] == 0
     assert view[o2.addr]["stats"]["rq_success"] == 4
+    # Retried through the cluster's retry policy and budget, as an HTTP request is: each retry
+    # that reached an endpoint gave its budget slot back as a success.
+    retries = st["cluster.tcpfail.upstream_rq_retry"]
+    assert retries >= 1 and st["cluster.tcpfail.upstream_rq_retry_success"] == retries
 
 
 # -- 11. TCP listener drain (processes of their own) ----------------------------------------------

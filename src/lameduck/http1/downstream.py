@@ -560,7 +560,7 @@ class Exchange:
         cs.upstream_rq_retry += 1
         if not self.retrying:
             self.retrying = True
-            cluster.retries_active += 1
+            cluster.retry_started()
         if self.replay:
             self.buffered = self.replay + (self.buffered or [])
             self.buffered_size += self.replay_size

@@ -542,7 +542,7 @@ class H2Stream:
         cluster.stats.upstream_rq_retry += 1
         if not self.retrying:
             self.retrying = True
-            cluster.retries_active += 1
+            cluster.retry_started()
         if target is not self.endpoint:
             self.endpoint = target
             if self.pkey is not None:

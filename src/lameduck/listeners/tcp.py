@@ -45,6 +45,7 @@ class TcpDownstream(asyncio.Protocol):
         self.finished = False
         self.deadline_cut = False  # reset by the shutdown deadline (a drain cut)
         self.tries = 0
+        self.retrying = False  # holds a slot in the cluster's retry budget
         self.pkey: str | None = None  # the source IP, with persistence
         self.timer: asyncio.TimerHandle | None = None
         self.drain: ConnectionDrain = None  # type: ignore[assignment]  # set at connection_made
@@ -101,15 +102,18 @@ class TcpDownstream(asyncio.Protocol):
             ep.cx_connect_fail += 1
             cluster.connect_failed(ep)
             self.ctx.stats.upstream_connect_fail += 1
-            if self.tries < cluster.num_retries:
-                other = cluster.pick(ep)
-                if other is not None:
-                    self.tries += 1
-                    cluster.stats.upstream_rq_retry += 1
-                    if self.pkey is not None:  # the record follows the endpoint that answers
-                        cluster.rebind(self.pkey, other, self.loop.time())
-                    self._connect(other)
-                    return
+            # The same policy and budget as an HTTP request's retry (retry_policy).
+            other = cluster.retry_target(ep, self.tries, self.retrying)
+            if other is not None:
+                self.tries += 1
+                cluster.stats.upstream_rq_retry += 1
+                if not self.retrying:
+                    self.retrying = True
+                    cluster.retry_started()
+                if self.pkey is not None:  # the record follows the endpoint that answers
+                    cluster.rebind(self.pkey, other, self.loop.time())
+                self._connect(other)
+                return
             self._close(reset=True)  # nothing reachable: not a drain cut (abandoned)
             return
         ut, pending = fut.result()
@@ -163,6 +167,9 @@ class TcpDownstream(asyncio.Protocol):
             self.timer = None
         ctx.connections.discard(self)
         ctx.stats.downstream_cx_active -= 1
+        if self.retrying:  # however it ends, its retry slot is given back
+            self.retrying = False
+            ctx.cluster.retry_ended(self.relay is not None)
         ep = self.endpoint
         if self.relay is not None and ep is not None:
             ep.conns.discard(self)

@@ -129,6 +129,11 @@ class Cluster:
         self.stats.lb_persistence_records = len(table)
         return ep, key
 
+    def retry_started(self) -> None:
+        """A request (or a TCP connection) begins retrying: it holds a slot in the budget
+        until ``retry_ended``, however many more tries it makes."""
+        self.retries_active += 1
+
     def retry_ended(self, answered: bool) -> None:
         """A request that retried has ended (any way): its slot in the budget is free."""
         self.retries_active -= 1
