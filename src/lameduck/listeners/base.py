@@ -1,8 +1,8 @@
 """What every listener has: a listening socket, its connections, and its drain fan-out.
 
 The drain core's ``ListenerDrain`` holds the decisions; this holds the sockets. A connection
-of any kind offers ``on_drain_event``, ``cut``, ``close_at_end``, ``transport`` and ``gone``
-(the server drives them at the deadline and the exit).
+of any kind offers ``on_drain_event``, ``no_new_work``, ``cut``, ``close_at_end``,
+``transport`` and ``gone`` (the server drives them at T, at the deadline and at the exit).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A TCP (Layer-4) listener: bytes relayed to an endpoint of one cluster.
 
-Persistence is by source IP and seed 004's Layer-4 rule holds: a record for a DRAIN endpoint is
+Persistence is by source IP and the Layer-4 drain-stop rule holds: a record for a DRAIN endpoint is
 discarded at once (drain stop does not apply). The drain: each connection draws its proactive
 moment like an HTTP one; a TCP connection has no request to finish, so from that moment it is
 closed (FIN both ways) as soon as it has carried no byte for ``quiet_period``; what is left at
@@ -260,6 +260,9 @@ class TcpDownstream(asyncio.Protocol):
 
     def close_at_end(self) -> None:
         self.cut()
+
+    def no_new_work(self) -> None:
+        """T has passed: a relayed byte stream has no request to turn away, nothing to do."""
 
 
 class TcpListener(Listener):
