@@ -52,19 +52,19 @@ HELLO = b"hello from the lameduck demo origin\n"
 PROXIES = ("lameduck", "haproxy", "nginx")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-# The issue's target (issue 2, item 8).
+# The HTTP/1.1 target: CPU per keep-alive GET and req/s against HAProxy.
 TARGET_CPU_US = 50.0
 TARGET_RATIO = 0.6
 TARGET_LINE = (f"target: lameduck <= {TARGET_CPU_US:g} µs CPU per keep-alive GET, "
                f">= {TARGET_RATIO:g}x HAProxy req/s (same run)")
 
 # HTTP/2 (h2c prior knowledge, h2load): the proxies that speak it here, the two load shapes
-# (name, connections, concurrent streams per connection) and the target of issue 3.
+# (name, connections, concurrent streams per connection) and the HTTP/2 target.
 H2_PROXIES = ("lameduck", "haproxy")
 H2_SHAPES = (("5x10", 5, 10), ("50x1", 50, 1))
 TARGET_H2_CPU_US = 100.0
 TARGET_H2_RATIO = 0.25
-TARGET_H2_LINE = (f"target (issue 3): lameduck >= {TARGET_H2_RATIO:g}x HAProxy req/s and "
+TARGET_H2_LINE = (f"target (h2c): lameduck >= {TARGET_H2_RATIO:g}x HAProxy req/s and "
                   f"<= {TARGET_H2_CPU_US:g} µs CPU per request over h2c, in both shapes")
 
 # HTTP/1.1 clients -> proxy -> HTTP/2 (h2c prior knowledge) upstream: an nginx origin that
@@ -1022,7 +1022,7 @@ def summarize(samples: list[Sample], names: list[str],
 
 def summarize_h2(samples: list[H2Sample], names: list[str], load_cpu: int,
                  skipped: dict[str, str]) -> tuple[list[list[str]], list[str], list[str]]:
-    """Rows (shape x proxy, medians over the rounds that worked), the issue-3 verdict, and one
+    """Rows (shape x proxy, medians over the rounds that worked), the HTTP/2 verdict, and one
     line per failed row with its reason. A row fails when any of its rounds failed."""
     rows, verdict, failures = [], [], []
     for label, _, _ in H2_SHAPES:

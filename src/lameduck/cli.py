@@ -179,7 +179,7 @@ def _count_arg(text: str) -> int:
 
 
 def cmd_budget(args: argparse.Namespace) -> int:
-    """Check the timer chain (seeds 001-003); exit 0 all hold, 1 one breaks, 2 bad input."""
+    """Check the drain's timer chain; exit 0 all hold, 1 one breaks, 2 bad input."""
     import json
 
     import yaml
@@ -220,7 +220,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     print("\n".join(bud.render(ineqs)))
     if solved is not None:
-        print("\n# --solve: the smallest consistent values (seed 001 §8: max request + LB "
+        print("\n# --solve: the smallest consistent values (grace = max request + LB "
               "detection + LB buffer + drain + margin)")
         print(yaml.safe_dump(bud.proposal(cfg, b, solved), sort_keys=False).rstrip())
     broken = [q.name for q in ineqs if not q.holds]
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     bg.add_argument("--lb-rise", type=_count_arg, default=2,
                     help="good checks before the LB puts an instance in (default 2)")
     bg.add_argument("--lb-buffer", type=_duration_arg, default=5.0,
-                    help="slack after the LB should have noticed (seed 001 LB_BUFFER, "
+                    help="slack after the LB should have noticed (LB_BUFFER, "
                          "default 5s)")
     bg.add_argument("--lb-idle", type=_duration_arg, default=60.0,
                     help="the LB's idle timeout (default 60s)")
@@ -312,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     bg.add_argument("--json", action="store_true", help="machine-readable output")
     bg.set_defaults(func=cmd_budget)
     ps = sub.add_parser("prestop", help="the preStop hook: drain a running lameduck through its "
-                                        "admin API with the health-check FSM (seed 001) and "
+                                        "admin API with the health-check FSM and "
                                         "wait until the load balancer has taken it out")
     where = ps.add_mutually_exclusive_group()
     where.add_argument("--admin", help="the admin API's host:port (default: from -c, else "

@@ -365,7 +365,7 @@ class Server:
         return self.prestop_view()
 
     def _in_flight(self) -> int:
-        """Seed 001's completion test is downstream_rq_active + upstream_rq_active == 0; as a
+        """A drain.sh completion test is downstream_rq_active + upstream_rq_active == 0; as a
         count, a proxied request is one, not two: the larger of the two sides (TCP
         connections being relayed count downstream: they have no requests)."""
         up = sum(c.stats.upstream_rq_active for c in self.clusters.values())
@@ -514,7 +514,7 @@ class Server:
     # -- shutdown ---------------------------------------------------------------------------
     def begin_shutdown(self, why: str = "SIGTERM", cause: Cause = Cause.SHUTDOWN,
                        deadline: float | None = None) -> None:
-        """Not ready at once (seed 002 step 1), then one drain event over every listener."""
+        """Not ready at once (Kubernetes readiness), then one drain event over every listener."""
         if self.process.shutdown is not None:
             return
         now = self.loop.time()
@@ -576,9 +576,7 @@ class Server:
             for ls in self.listeners:
                 ls.schedule_stop()  # a listener closing at T closes first: nobody new
                 for conn in list(ls.connections):
-                    no_new_work = getattr(conn, "no_new_work", None)  # HTTP/2 connections
-                    if no_new_work is not None:
-                        no_new_work()
+                    conn.no_new_work()
         step = self.process.shutdown_step(now, self._connections())
         if step is Step.WAIT:
             self._schedule_shutdown_check(now)

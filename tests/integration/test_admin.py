@@ -1,4 +1,4 @@
-"""The admin API over real sockets (issue 2 §5, DESIGN §5): methods, /ready states, /server_info,
+"""The admin API over real sockets: methods, /ready states, /server_info,
 /stats (text, filter, JSON, Prometheus), health-check fail/ok on a live keep-alive connection,
 /quitquitquit, Envoy's stat names, and the loopback-only rule."""
 
@@ -122,15 +122,15 @@ def test_ready_healthcheck_fail_and_ok_on_a_keepalive_connection(lameduck) -> No
     assert (hc.status_code, hc.text) == (200, "OK\n")
 
 
-SEED001_FILTER = "downstream_rq_active|upstream_rq_active"
+DRAIN_SH_FILTER = "downstream_rq_active|upstream_rq_active"
 
 
 def test_stats_text_filter_json_and_bad_regex(lameduck) -> None:
     ld = lameduck()
     assert httpx.get(ld.url("/")).status_code == 200
     base = f"http://{ld.admin_addr}"
-    # Seed 001's exact command line.
-    out = subprocess.run(["curl", "-s", f"{base}/stats?filter={SEED001_FILTER}"],
+    # The exact command line of the usual Envoy drain.sh preStop script.
+    out = subprocess.run(["curl", "-s", f"{base}/stats?filter={DRAIN_SH_FILTER}"],
                          capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["cluster.app.upstream_rq_active: 0",
                                 "http.ingress.downstream_rq_active: 0"]
@@ -140,7 +140,7 @@ def test_stats_text_filter_json_and_bad_regex(lameduck) -> None:
     assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+: -?\d+", ln) for ln in lines), lines
     assert "http.ingress.downstream_rq_2xx: 1" in lines
 
-    r = httpx.get(f"{base}/stats", params={"filter": SEED001_FILTER, "format": "json"})
+    r = httpx.get(f"{base}/stats", params={"filter": DRAIN_SH_FILTER, "format": "json"})
     assert r.headers["content-type"].startswith("application/json")
     assert r.json() == {"stats": [{"name": "cluster.app.upstream_rq_active", "value": 0},
                                   {"name": "http.ingress.downstream_rq_active", "value": 0}]}

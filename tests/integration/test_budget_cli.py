@@ -1,5 +1,7 @@
-"""`lameduck budget` end to end: seed 002's pitfall (60 s grace, 55 s hook, 10 s stop) is rejected
-naming the broken inequality, and the values `--solve` proposes are accepted when fed back."""
+"""`lameduck budget` end to end: the classic preStop pitfall (60 s grace, 55 s preStop sleep,
+10 s stop: SIGKILLed, as Kubernetes' Pod termination docs count the hook inside the grace
+period) is rejected naming the broken inequality, and the values `--solve` proposes are
+accepted when fed back."""
 
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def merge(base: dict[str, Any], snippet: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def test_seed_002_pitfall_rejected_then_solved(tmp_path: Path) -> None:
+def test_prestop_pitfall_rejected_then_solved(tmp_path: Path) -> None:
     pod = write(tmp_path / "pod.yaml", pitfall_pod())
     cfg = write(tmp_path / "lameduck.yaml", pitfall_config())
     out = budget("--pod", pod, "--config", cfg)

@@ -1,4 +1,4 @@
-"""The ``lameduck`` command (issue 2 §7): ``validate`` with exit codes and errors that name the
+"""The ``lameduck`` command: ``validate`` with exit codes and errors that name the
 field, and ``run`` with no file serving the embedded default through its demo origin."""
 
 from __future__ import annotations

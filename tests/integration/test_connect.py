@@ -76,7 +76,8 @@ def test_connect_destination_down_is_503(lameduck, origin_port):
 
 
 def test_connect_tunnel_ends_at_the_proactive_moment(lameduck, origin_port):
-    """Seed 000: on HTTP/1 a tunnel drained proactively ends at once (reset, counted)."""
+    """Envoy's draining docs: on HTTP/1 a tunnel drained proactively ends at once (reset,
+    counted)."""
     ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{origin_port}"]}},
                   drain={"time": "1500ms", "strategy": "gradual", "connection_grace": "300ms"},
                   shutdown={"deadline": "5s"})

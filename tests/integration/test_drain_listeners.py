@@ -1,6 +1,7 @@
-"""``POST /drain_listeners`` over real sockets (seed 000, seed 001, DESIGN §2 "Listeners"): the
-gradual ramp of ``Connection: close`` on live keep-alive connections, the proactive drain of idle
-ones inside [2T/3, T), and the listener that keeps accepting with ``graceful&skip_exit``.
+"""``POST /drain_listeners`` over real sockets (Envoy's draining docs, and the usual Envoy
+drain.sh preStop script): the gradual ramp of ``Connection: close`` on live keep-alive
+connections, the proactive drain of idle ones inside [2T/3, T), and the listener that keeps
+accepting with ``graceful&skip_exit``.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ def curl(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, check=False)
 
 
-# -- seed 001 ---------------------------------------------------------------------------------
+# -- the drain.sh preStop script: graceful&skip_exit ------------------------------------------
 
 
-def test_seed001_long_request_survives_graceful_skip_exit(lameduck) -> None:
+def test_long_request_survives_graceful_skip_exit(lameduck) -> None:
     """A request longer than the drain completes with 200; downstream_rq_active reads 1 during
     and 0 after; the listener keeps accepting after T; the process stays LIVE and running."""
     ld = lameduck(drain={"time": "1s", "strategy": "gradual", "connection_grace": "200ms"})
@@ -37,7 +38,7 @@ def test_seed001_long_request_survives_graceful_skip_exit(lameduck) -> None:
     t0 = time.monotonic()
     out = curl("-X", "POST", f"{admin}/drain_listeners?graceful&skip_exit")
     assert out.stdout == "OK\n"
-    # Seed 001 §2's poll, verbatim.
+    # The poll of the usual Envoy drain.sh preStop script, verbatim.
     during = curl(f"{admin}/stats?filter=downstream_rq_active|upstream_rq_active").stdout
     assert during.splitlines() == ["cluster.app.upstream_rq_active: 1",
                                    "http.ingress.downstream_rq_active: 1"]
@@ -275,8 +276,8 @@ def test_no_proactive_drain_when_the_window_is_empty(lameduck) -> None:
 
 
 def test_local_answers_drain_their_connection_too(origin_port: int, lameduck) -> None:
-    """DESIGN §2: every response the policy drains carries Connection: close, the ones lameduck
-    answers itself included (a load balancer's keep-alive health-check connection)."""
+    """Every response the policy drains carries Connection: close, the ones lameduck answers
+    itself included (a load balancer's keep-alive health-check connection)."""
     ld = lameduck(route={"prefix": "/app"},
                   drain={"time": "1s", "strategy": "immediate", "connection_grace": "200ms"})
     hc, nf = RawConn(ld.addr), RawConn(ld.addr)

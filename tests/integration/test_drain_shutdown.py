@@ -1,6 +1,6 @@
-"""SIGTERM / SIGINT lifecycle over real sockets (issue 2 §4, §6; seed 002; DESIGN §2 "Process
-exit"): not ready first, then one drain event, then exit on completion or at the deadline, where
-what is left is cut (503 before any response byte, a reset after) and counted.
+"""SIGTERM / SIGINT lifecycle over real sockets, as the usual graceful-draining recipe has it:
+not ready first, then one drain event, then exit on completion or at the deadline, where what
+is left is cut (503 before any response byte, a reset after) and counted.
 
 Timing bounds are tolerant (2-core CI machines are noisy): lower bounds follow from the code's
 own timers, upper bounds leave room for scheduling.
@@ -54,10 +54,10 @@ def drain_report(log: str) -> str:
 
 
 
-# -- seed 002 ---------------------------------------------------------------------------------
+# -- the graceful-draining recipe: quick ones finish, the slow one is cut ---------------------
 
 
-def test_seed002_quick_finish_slow_cut_idle_keepalive_going_away(lameduck) -> None:
+def test_quick_finish_slow_cut_idle_keepalive_going_away(lameduck) -> None:
     """drain(150ms) with T=0 immediate: two quick requests finish, the slow one is cut with a
     503, a new request on an idle keep-alive connection is refused with "going away", and the
     process exits shortly after the deadline with exit code 3."""

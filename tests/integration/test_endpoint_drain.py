@@ -1,7 +1,8 @@
-"""Upstream endpoint drain (seed 004): admin states READY / DRAIN / MAINT set at run time,
-persistence by cookie and by source IP, the drain-stop timer and what it does to sticky
-clients and to open connections, and TCP (Layer-4) listeners, with real lameduck and several
-real demo origins (``x-origin`` tells which one answered).
+"""Upstream endpoint drain (after Kemp LoadMaster's drain stop and HAProxy's DRAIN server
+state): admin states READY / DRAIN / MAINT set at run time, persistence by cookie and by source
+IP, the drain-stop timer and what it does to sticky clients and to open connections, and TCP
+(Layer-4) listeners, with real lameduck and several real demo origins (``x-origin`` tells which
+one answered).
 
 One lameduck serves most tests (a start costs ~1.5 s): each test has a cluster of its own,
 reached over the HTTP listener by ``Host: <cluster>`` or over a TCP listener of its own, so no

@@ -220,8 +220,8 @@ def test_reload_by_hot_restart_adds_moves_and_removes_listeners(
 
 def test_modify_only_ignores_healthcheck_fail_but_drains_on_hot_restart(
         origin_port: int, tmp_path: Path) -> None:
-    """Envoy's drain_type modify_only (seed 000): /healthcheck/fail leaves it alone (its
-    responses keep the connection), a hot restart drains it like any listener."""
+    """Envoy's drain_type modify_only, as its draining docs describe it: /healthcheck/fail leaves
+    it alone (its responses keep the connection), a hot restart drains it like any listener."""
     from tests.procs import RawConn
 
     cfg = _config(origin_port, tmp_path)

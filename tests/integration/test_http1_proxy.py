@@ -1,10 +1,9 @@
 """The HTTP/1.1 data plane, proxying: a real lameduck in front of the real demo origin, checked
 with httpx, curl and raw sockets (raw wherever the framing on the wire is the point).
 
-Covers DESIGN.md §3 / issue 2 item 3: bodies both ways (Content-Length, chunked,
-close-delimited) with flow control, HEAD, 1xx, pipelining, hop-by-hop headers,
-X-Forwarded-*, keep-alive on both sides, routing, the health-check path, and the stale
-pooled connection retried once.
+Covers bodies both ways (Content-Length, chunked, close-delimited) with flow control, HEAD,
+1xx, pipelining, hop-by-hop headers, X-Forwarded-*, keep-alive on both sides, routing, the
+health-check path, and the stale pooled connection retried once.
 """
 
 from __future__ import annotations

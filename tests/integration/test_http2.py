@@ -282,7 +282,8 @@ def test_connect_default_is_403(lameduck, origin_port):
 
 
 def test_connect_tunnel_reset_g_after_proactive_moment(lameduck, origin_port):
-    """Seed 000: on HTTP/2 a CONNECT stream drained proactively is reset once G elapsed."""
+    """Envoy's draining docs: on HTTP/2 a CONNECT stream drained proactively is reset once G
+    elapsed."""
     ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{origin_port}"]}},
                   drain={"time": "1500ms", "strategy": "gradual", "connection_grace": "300ms"},
                   shutdown={"deadline": "5s"})
@@ -305,8 +306,8 @@ def test_connect_tunnel_reset_g_after_proactive_moment(lameduck, origin_port):
 
 
 def test_response_drained_connection_keeps_its_tunnel_until_the_moment(lameduck, origin_port):
-    """Seed 000: a connection drained by a response keeps its tunnels until it is drained
-    proactively as well; then (HTTP/2) they are reset G later."""
+    """Envoy's draining docs: a connection drained by a response keeps its tunnels until it is
+    drained proactively as well; then (HTTP/2) they are reset G later."""
     ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{origin_port}"]}},
                   drain={"time": "1500ms", "strategy": "gradual", "connection_grace": "300ms"},
                   shutdown={"deadline": "5s"})

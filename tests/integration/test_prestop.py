@@ -1,6 +1,6 @@
-"""Acceptance of ``lameduck prestop`` (seed 001 §7, shortened) over real processes: HAProxy
-(the Debian package) as the external load balancer health-checking two lameduck instances in
-front of the demo origin.
+"""Acceptance of ``lameduck prestop`` (the job of the usual Envoy drain.sh preStop script, on
+shortened timers) over real processes: HAProxy (the Debian package) as the external load
+balancer health-checking two lameduck instances in front of the demo origin.
 
 - hold-health keeps a backend in the LB while a request longer than the drain is in flight,
   fails its health check once nothing is in flight, and ends only after the LB took it out;

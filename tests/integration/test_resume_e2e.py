@@ -1,7 +1,9 @@
-"""Resume end to end, as seed 002 tells it: two app instances (uvicorn + ResumeMiddleware)
-sharing a real redis-server, behind lameduck; one of them drains. Its main() over HTTP, and
-1,000 WebSocket sessions that must all continue on the other instance with every seq
-committed exactly once and the reconnects spread over the jitter window."""
+"""Resume end to end, after the usual graceful-draining recipe (not ready, SIGTERM, work in
+flight finished, the rest cut at the deadline with a going-away notice): two app instances
+(uvicorn + ResumeMiddleware) sharing a real redis-server, behind lameduck; one of them drains.
+The recipe's drain with quick and slow requests over HTTP, and 1,000 WebSocket sessions that
+must all continue on the other instance with every seq committed exactly once and the
+reconnects spread over the jitter window."""
 
 from __future__ import annotations
 
@@ -31,9 +33,9 @@ def post_work(url: str, token: str, seq: int, ms: int = 5) -> httpx.Response:
                       headers={"Resume-Token": token, "Resume-Seq": str(seq)})
 
 
-def test_seed_002_main_over_http(redis_server, resume_app, lameduck, origin_port) -> None:
-    """Seed 002's main(): A drains with two quick requests and a slow one in flight; the
-    quick ones finish, the slow one is cut; new work is refused; client 7 resumes on B
+def test_graceful_drain_recipe_over_http(redis_server, resume_app, lameduck, origin_port) -> None:
+    """The graceful-draining recipe: A drains with two quick requests and a slow one in flight;
+    the quick ones finish, the slow one is cut; new work is refused; client 7 resumes on B
     through lameduck, seq 2 commits once, the duplicate is a no-op; the store reads 2."""
     a = resume_app("uvicorn", "a", store=redis_server.url, grace=1.0)
     b = resume_app("uvicorn", "b", store=redis_server.url, grace=1.0)
@@ -45,7 +47,7 @@ def test_seed_002_main_over_http(redis_server, resume_app, lameduck, origin_port
     assert first.status_code == 200 and first.json()["instance"] == "a"
 
     out: dict[str, httpx.Response] = {}
-    # (the seed's 20 and 30 ms, stretched so both are surely still running at the signal)
+    # (quick ones of 600 and 800 ms: long enough to be surely still running at the signal)
     jobs = {"q1": ("1", 1, 600), "q2": ("2", 1, 800), "slow": ("7", 2, 4000)}
     threads = [threading.Thread(target=lambda k=k, j=j: out.__setitem__(k, post_work(work, *j)))
                for k, j in jobs.items()]
@@ -67,7 +69,7 @@ def test_seed_002_main_over_http(redis_server, resume_app, lameduck, origin_port
     assert out["q1"].status_code == 200 and out["q1"].json()["instance"] == "a"
     assert out["q2"].status_code == 200 and out["q2"].json()["instance"] == "a"
     assert out["slow"].status_code == 503  # cut at the deadline: "going away"
-    assert "cut 1 request(s)" in a.log()  # the seed's cut == 1
+    assert "cut 1 request(s)" in a.log()  # exactly one request cut
     assert load_session(redis_server.url, "7").last_seq == 1  # seq 2 never committed
 
     async def resume() -> tuple[httpx.Response, httpx.Response]:

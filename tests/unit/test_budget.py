@@ -44,8 +44,8 @@ def test_good_budget_holds_at_the_edges() -> None:
     assert (qs["lb-detection"].lhs, qs["lb-detection"].rhs) == (11, 11)
 
 
-def test_seed_002_pitfall_breaks_grace() -> None:
-    # Seed 002: 60 s grace, 55 s hook, 10 s stop gets killed.
+def test_prestop_pitfall_breaks_grace() -> None:
+    # The classic preStop pitfall: 60 s grace, 55 s preStop sleep, 10 s stop gets SIGKILLed.
     b = replace(GOOD, grace_period=60, prestop=55, shutdown_deadline=10, drain_time=5,
                 max_request=5, min_drain=0)
     assert broken(b) == ["grace"]
@@ -82,7 +82,7 @@ def test_listener_idle_zero_is_no_limit() -> None:
     assert "listener idle_timeout (no limit)" in q.line()
 
 
-def test_solve_seed_002_pitfall_raises_only_the_grace() -> None:
+def test_solve_prestop_pitfall_raises_only_the_grace() -> None:
     b = replace(GOOD, grace_period=60, prestop=55, shutdown_deadline=10, drain_time=5,
                 max_request=5, min_drain=0)
     s = solve(b)
@@ -90,8 +90,9 @@ def test_solve_seed_002_pitfall_raises_only_the_grace() -> None:
     assert s == replace(b, grace_period=70)
 
 
-def test_solve_is_seed_001_formula_from_nothing() -> None:
-    # No preStop, 0 s drain: G = max_request + LB detection + LB_BUFFER + drain + margin.
+def test_solve_is_the_usual_grace_formula_from_nothing() -> None:
+    # No preStop, 0 s drain: the usual grace-period formula,
+    # G = max_request + LB detection + LB_BUFFER + drain + margin.
     b = Budget(grace_period=30, prestop=0, drain_time=0, shutdown_deadline=0, exit_margin=5,
                lb_interval=2, lb_fall=3, lb_buffer=5, max_request=15, lb_idle=60,
                client_idle=30, listener_idle=60)

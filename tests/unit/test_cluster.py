@@ -124,7 +124,7 @@ def test_drain_stop_zero_severs_at_once_and_drop_at_drain_end_when_the_timer_fir
     conn = Conn(a)
     c.set_state(a, AdminState.DRAIN, 0.0)
     timers.advance(50.0)
-    assert not conn.closed  # seed 004: the timer alone leaves connections alone
+    assert not conn.closed  # no "Drop at Drain Time End": the timer leaves connections alone
 
 
 def test_a_stale_drain_stop_timer_does_not_cut_a_later_drain() -> None:

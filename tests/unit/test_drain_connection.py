@@ -1,4 +1,4 @@
-"""One connection through a drain, played on a fake clock (DESIGN §2, seed 000).
+"""One connection through a drain as Envoy's draining docs describe it, on a fake clock.
 
 T = 12, G = 1, the drain starts at 10: T/2 is at 16, the proactive window is [18, 21), T ends at 22.
 A scripted rng value r puts the proactive moment at 18 + 3r.
@@ -321,8 +321,8 @@ def test_scripted_rng_fails_on_an_unscripted_draw() -> None:
 
 
 def test_response_drained_connection_is_still_drained_proactively_for_its_tunnels() -> None:
-    """Seed 000: 'A connection drained by a response keeps its tunneling streams until it is
-    drained proactively as well'."""
+    """As Envoy's draining docs describe, a connection drained by a response keeps its
+    tunneling streams until it is drained proactively as well."""
     play = Play.through(EV, 0.0, 0.5)  # moment 19.5
     play.begin(at=11.0)  # e.g. an HTTP/2 CONNECT / WebSocket stream, open through the drain
     play.response(at=16.0)  # another stream's response drains the connection (GOAWAY)

@@ -1,4 +1,5 @@
-"""Endpoint drain and persistence (seed 004's decision order, DESIGN.md §3), on a fake clock.
+"""Endpoint drain and persistence (the decision order of Kemp LoadMaster's drain stop), on a
+fake clock.
 
 The endpoint enters DRAIN at 100 with drain_stop 30 unless said."""
 
@@ -83,7 +84,7 @@ def test_the_timer_leaves_connections_alone_unless_told() -> None:
     drop_end = draining(drain_stop=30.0, drop_at_drain_end=True)
     assert drop_end.connections(BELOW(DRAIN_AT + 30.0, 0)) is ConnAction.KEEP
     assert drop_end.connections(DRAIN_AT + 30.0) is ConnAction.DROP
-    zero = draining(drain_stop=0.0)  # seed 004: 0 drops them immediately
+    zero = draining(drain_stop=0.0)  # as in Kemp LoadMaster: 0 drops them immediately
     assert zero.connections(DRAIN_AT) is ConnAction.DROP
     assert decide(True, zero, Layer.L7, DRAIN_AT) == REBALANCE
 

@@ -1,5 +1,5 @@
-"""The drain decisions of seed 000 / DESIGN §2: the per-response ramp, the proactive window and
-moment, drain events, and a listener's node in the drain tree.
+"""The drain decisions of Envoy's draining docs: the per-response ramp, the proactive window
+and moment, drain events, and a listener's node in the drain tree.
 
 Numbers are chosen to be exact in binary floating point: T = 12, G = 1 gives T/2 = 6 and the
 proactive window [8, 11).

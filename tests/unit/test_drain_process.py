@@ -1,6 +1,6 @@
-"""The in-flight ledger (seed 002 step 3) and the process drain: server state, /drain_listeners,
-shutdown, and the exit decision (DESIGN §2: Listeners, Completion, In-flight accounting,
-Process exit).
+"""The in-flight ledger (the counter raised before the draining flag is tested) and the process
+drain: server state, /drain_listeners, shutdown, and the exit decision (listeners, completion,
+in-flight accounting, process exit).
 
 Drain settings T = 12, G = 1; shutdown deadline 20, min_drain 2; SIGTERM at 100 unless said.
 """
@@ -396,7 +396,8 @@ class TestShutdownStep:
         assert pd.shutdown_step(SIGTERM + 1.0, connections=4) is Step.EXIT
 
     def test_no_connections_but_requests_in_flight_is_not_complete(self) -> None:
-        """Completion counts requests, not connections (DESIGN §2, seed 001 §5)."""
+        """Completion counts requests, not connections (as the usual Envoy drain.sh preStop
+        script does: downstream_rq_active + upstream_rq_active)."""
         pd = process()
         pd.start_shutdown(SIGTERM)
         pd.ledger.begin()  # e.g. an upstream request still finishing after the client left
@@ -430,10 +431,10 @@ class TestNextDeadline:
         assert pd.next_deadline(SIGTERM) == SIGTERM + T
 
 
-# -- seed 002: drain time 0, immediate, a 150 ms deadline -----------------------------------------
+# -- the graceful-draining recipe: drain time 0, immediate, a 150 ms deadline ---------------------
 
 
-class TestSeed002:
+class TestGracefulDrainRecipe:
     """Two quick requests and one slow one are in flight when SIGTERM arrives; new work is refused
     at once, the quick ones finish, the slow one is cut at 150 ms and counted."""
 
@@ -497,7 +498,7 @@ class TestHotRestartDrain:
         pd = process(deadline=20.0, min_drain=0.0, at_drain_end=True)
         event, reached = pd.start_shutdown(SIGTERM, Cause.HOT_RESTART, deadline=30.0)
         assert event.cause is Cause.HOT_RESTART and event.time == T
-        # every listener, modify_only too (seed 000: they drain on hot restart)
+        # every listener, modify_only too (Envoy's draining docs: they drain on hot restart)
         assert {ls.name for ls in reached} == {"ingress", "egress", "sidecar-out"}
         assert all(ls.stop_at == SIGTERM for ls in pd.listeners.values())
         assert pd.deadline == SIGTERM + 30.0

@@ -291,7 +291,7 @@ def test_idle_drained_connection_closes_exactly_at_drained_at_plus_g(
     assert drained_at is not None
     close_at = drained_at + grace
     # the close, or first a proactive moment still due for the tunnels of a response-drained
-    # connection (seed 000)
+    # connection (as Envoy's draining docs describe)
     assert conn.next_deadline() in (close_at, None, conn.proactive_at)
     # probes strictly before the close never close it
     for p in probes:

@@ -1,4 +1,6 @@
-"""The safe-retry rule (seed 003), Envoy's retry budget and the per-request retry count."""
+"""The safe-retry rule (retry only what is unsent, refused unprocessed, idempotent or keyed,
+and never once a response byte reached the client), Envoy's retry budget and the per-request
+retry count."""
 
 from __future__ import annotations
 

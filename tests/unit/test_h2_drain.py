@@ -1,4 +1,4 @@
-"""The two-phase GOAWAY of DESIGN.md §2, seen by the strict ``h2`` client."""
+"""The two-phase GOAWAY of RFC 9113 §6.8, seen by the strict ``h2`` client."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_two_phase_goaway() -> None:
     p.server.start_drain()  # once only
     second = p.request()  # crosses the GOAWAY on the wire: still accepted
     srv, cli = p.pump()
-    [ga] = of(cli, ce.ConnectionTerminated)  # (h2 itself stops at the first GOAWAY: #1181)
+    [ga] = of(cli, ce.ConnectionTerminated)  # (h2 stops at the first GOAWAY: python-hyper/h2#1181)
     assert (ga.last_stream_id, ga.error_code) == (MAX_STREAM_ID, ErrorCode.NO_ERROR)
     assert p.server.goaway_sent == 1
     assert [e.stream_id for e in of(srv, RequestReceived)] == [second]

@@ -1,4 +1,4 @@
-"""Imports flow one way (DESIGN.md §4): cli -> server -> admin/listeners/http1/upstream ->
+"""Imports flow one way: cli -> server -> admin/listeners/http1/upstream ->
 drain, stats, config. Checked on the source, so an upward import fails the suite."""
 
 from __future__ import annotations

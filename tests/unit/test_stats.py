@@ -226,8 +226,9 @@ def test_render_text_sorted_name_value_lines() -> None:
     assert render_text([], None) == ""
 
 
-def test_render_text_seed_001_filter() -> None:
-    # The exact query of seed 001's drain script: ?filter=downstream_rq_active|upstream_rq_active
+def test_render_text_drain_sh_filter() -> None:
+    # The exact query of the usual Envoy drain.sh preStop script:
+    # ?filter=downstream_rq_active|upstream_rq_active
     text = render_text(SAMPLE, "downstream_rq_active|upstream_rq_active")
     assert text == "cluster.app.upstream_rq_active: 2\nhttp.ingress.downstream_rq_active: 3\n"
 

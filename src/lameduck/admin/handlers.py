@@ -1,4 +1,4 @@
-"""The admin endpoints (DESIGN.md §5), Envoy's names and semantics.
+"""The admin endpoints, Envoy's names and semantics.
 
 Each handler takes the query and returns (status, content type, body). Anything that changes
 state is POST-only; a wrong method is 405 with ``Allow``.

@@ -477,7 +477,7 @@ Endpoint = Annotated[EndpointConfig, BeforeValidator(_endpoint_mapping)]
 
 
 class PersistenceConfig(BaseModel):
-    """Session persistence (seed 004): a record per client key → endpoint, in a table per
+    """Session persistence: a record per client key → endpoint, in a table per
     cluster, expiring `timeout` after its last use."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -580,7 +580,7 @@ class ClusterConfig(BaseModel):
     # Envoy's lb_policy names: round_robin (weighted) or least_request (power of two choices).
     lb_policy: Literal["round_robin", "least_request"] = "round_robin"
     # An endpoint set to DRAIN keeps its persistent clients (HTTP listeners) this long;
-    # 0s = drop its connections at once (seed 004's drain stop timer).
+    # 0s = drop its connections at once (Kemp LoadMaster's L7 Connection Drain Time 0).
     drain_stop: Duration = 30.0
     drop_at_drain_end: bool = False  # sever a DRAIN endpoint's connections when drain_stop ends
     clear_persistence_on_drain: bool = False  # a DRAIN endpoint's records are not honoured

@@ -1,6 +1,6 @@
 """Per-connection drain state: open -> draining -> closing -> closed.
 
-Rules kept here (DESIGN.md §2):
+Rules kept here (docs/drain.md):
 - A connection is drained by a response (the policy says so), proactively (its moment in
   [2T/3, T-G) came), or at the end (the deadline).
 - Once draining, every later response drains too (HTTP/1: ``Connection: close``).
@@ -8,7 +8,7 @@ Rules kept here (DESIGN.md §2):
 - The proactive moment is drawn once per drain event, when the event reaches the connection
   (at the start of the drain, or at accept for later connections); the earliest moment wins.
 - A connection drained by a response keeps its tunnels (WebSocket, CONNECT) until its
-  proactive moment comes as well (seed 000): that moment still fires, as ``ConnAction.DRAIN``,
+  proactive moment comes as well (as in Envoy): that moment still fires, as ``ConnAction.DRAIN``,
   for the shell to end its tunnels; nothing else changes (it stays drained by the response).
 
 The shell asks ``next_deadline()`` for the one timer it must keep, and reports time with

@@ -1,8 +1,8 @@
-"""Upstream endpoint drain and persistence (seed 004, DESIGN.md §3), sans-IO.
+"""Upstream endpoint drain and persistence (Kemp LoadMaster's drain stop, HAProxy's DRAIN), sans-IO.
 
 An endpoint has an admin state (READY, DRAIN, MAINT: HAProxy's words) and a health; a
 persistence record (source IP or cookie → endpoint) decides where a new connection goes, in
-exactly the order of seed 004:
+exactly the order of Kemp LoadMaster's drain stop:
 
     persistence off                     → balance over READY, healthy endpoints
     no (live) record                    → balance, create a record
@@ -80,10 +80,10 @@ class EndpointDrain:
         return self.drain_since is not None and now >= self.drain_since + self.drain_stop
 
     def connections(self, now: float) -> ConnAction:
-        """What to do with the endpoint's existing connections (seed 004: the timer leaves
+        """What to do with the endpoint's existing connections (the drain-stop timer leaves
         them alone, unless drain_stop is 0 or drop_at_drain_end)."""
         if self.state is AdminState.MAINT:
-            return ConnAction.KEEP  # halted for new work; in-flight finishes (DESIGN §3)
+            return ConnAction.KEEP  # halted for new work; in-flight finishes
         if self.state is not AdminState.DRAIN:
             return ConnAction.KEEP
         if self.drain_stop <= 0:
@@ -102,7 +102,7 @@ class EndpointDrain:
 
 def decide(persistence: bool, record: EndpointDrain | None, layer: Layer,
            now: float) -> Decision:
-    """Seed 004's order for a new connection. ``record``: the endpoint a live persistence
+    """The drain-stop order for a new connection. ``record``: the endpoint a live persistence
     record names (None: no record, or it expired)."""
     if not persistence:
         return Decision(Route.BALANCE, False, False)

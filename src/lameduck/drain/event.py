@@ -72,7 +72,7 @@ class DrainEvent:
         return max(0.0, now - self.start)
 
     def covers(self, direction: Direction, drain_type: DrainType) -> bool:
-        """Whether a listener with these settings takes part in this drain (seed 000, DESIGN §2)."""
+        """Whether a listener with these settings takes part in this drain (as in Envoy)."""
         if drain_type is DrainType.MODIFY_ONLY and self.cause is Cause.DRAIN_LISTENERS:
             return False
         return not (self.inbound_only and direction is not Direction.INBOUND)

@@ -1,4 +1,4 @@
-"""The in-flight ledger (seed 002 step 3): count first, then check.
+"""The in-flight ledger : count first, then check.
 
 A request increments the count before it tests whether new work is still taken; one that loses
 that race takes itself back out and is answered "going away". So the drain loop, which waits for

@@ -1,4 +1,4 @@
-"""The two drain decisions of seed 000 as pure functions: does this response drain its
+"""The two drain decisions of Envoy's draining docs as pure functions: does this response drain its
 connection, and when is a connection drained proactively.
 
 ``rng`` is any callable returning a float uniform in [0, 1) (``random.random``), injected so that

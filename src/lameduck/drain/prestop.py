@@ -1,8 +1,8 @@
-"""The preStop health-check FSM (seed 001 §5-7, seed 002), sans-IO.
+"""The preStop health-check FSM of a preStop hook, sans-IO.
 
 SERVING -> DRAINING -> CLOSING -> CLOSED, in one of two orders:
 
-hold-health (seed 001's drain.sh): drain first, keep the health check answering 200 while
+hold-health (the usual Envoy drain.sh): drain first, keep the health check answering 200 while
 requests are in flight, so the external load balancer keeps the backend and they finish:
 
     SERVING  --start-->                      DRAINING  (drain_listeners?graceful&skip_exit)
@@ -10,14 +10,14 @@ requests are in flight, so the external load balancer keeps the backend and they
     DRAINING --drain_timeout-->              CLOSING   (timed out: what is left may be cut)
     CLOSING  --lb_buffer elapsed-->          CLOSED    (the LB saw it: interval x fall + margin)
 
-deregister-first (seed 002/003, Kubernetes): leave the rotation first, then drain:
+deregister-first (Kubernetes Endpoints): leave the rotation first, then drain:
 
     SERVING  --start-->                      CLOSING   (readiness and health check fail)
     CLOSING  --lb_buffer elapsed-->          DRAINING  (propagated: drain_listeners)
     DRAINING --in flight == 0-->             CLOSED
     DRAINING --drain_timeout-->              CLOSED    (timed out)
 
-"In flight" is seed 001's completion test: downstream_rq_active + upstream_rq_active (requests,
+"In flight" is the drain.sh completion test: downstream_rq_active + upstream_rq_active (requests,
 not connections: a keep-alive connection may stay open after its last response). The shell
 carries out the actions, calls ``tick`` when the count may have changed and at
 ``next_deadline()``; the clock is passed in.

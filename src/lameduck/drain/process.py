@@ -1,6 +1,6 @@
 """The process drain: server state, the listeners' drain tree, and the shutdown sequence.
 
-Rules kept here (DESIGN.md §2, seed 001, seed 002):
+Rules kept here (docs/drain.md; Envoy's admin drain and server state):
 - ``state`` is Envoy's ``server_info`` state: LIVE, or DRAINING once health-check-failed or
   shutting down. ``/ready`` and every health-check path answer 503 unless LIVE.
 - Health-check fail makes every response of a ``default`` listener drain; it has no T, so
@@ -195,7 +195,7 @@ class ProcessDrain:
             return Step.EXIT if self.ledger.idle else Step.CUT
         if now < ev.start + self.min_drain:
             return Step.WAIT
-        # Completion counts requests, not connections (DESIGN §2): no EXIT while any is active.
+        # Completion counts requests, not connections: no EXIT while any is active.
         if self.ledger.idle and (connections == 0 or now >= ev.ends_at):
             return Step.EXIT
         return Step.WAIT

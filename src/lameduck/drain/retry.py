@@ -1,4 +1,4 @@
-"""When a failed upstream request may be tried again (DESIGN.md §3, seed 003), sans-IO.
+"""When a failed upstream request may be tried again (RFC 9110 §9.2.2, RFC 9113 §8.7), sans-IO.
 
 A retry after a drain cut is only safe when it cannot run a side effect twice: RFC 9110's
 idempotent methods, an Idempotency-Key or a Resume-Seq (the app commits it once), or proof

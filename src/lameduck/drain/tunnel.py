@@ -2,7 +2,7 @@
 
 A tunnel is a WebSocket (HTTP/1 Upgrade, or an HTTP/2 extended CONNECT stream, RFC 8441) or an
 opaque one (CONNECT, an Upgrade to anything else). It sends no further response, so a response
-cannot tell it to go away. Rules kept here (DESIGN.md §2, seed 000):
+cannot tell it to go away. Rules kept here (docs/tunnels.md, Envoy's draining docs):
 
 - A connection drained by a response keeps its tunnels (``drain(now, RESPONSE)`` changes nothing).
 - Drained proactively, an opaque tunnel ends at once on HTTP/1 and once G has elapsed on HTTP/2

@@ -10,9 +10,9 @@ closes the connection has been read, nothing after it is parsed (no request smug
 A request sent on a reused pooled connection keeps its first bytes (``REPLAY_LIMIT``) until the
 upstream answers, so a connection the upstream had already closed is retried once on a fresh
 one — only for idempotent methods or requests with an ``Idempotency-Key`` or ``Resume-Seq``
-(DESIGN.md §3).
+(RFC 9110 §9.2.2).
 
-Drain (DESIGN.md §2): ``ConnectionDrain.on_response`` decides per response whether to add
+Drain (docs/drain.md): ``ConnectionDrain.on_response`` decides per response whether to add
 ``Connection: close``; one lazily re-armed timer covers the header timeout, the idle timeout
 and the drain moments; a close is staged (shutdown write, drain reads briefly, close) so the
 last response is not lost to a reset (RFC 9112 §9.6).
@@ -144,7 +144,7 @@ class Exchange:
     retried = False  # sent again once on a fresh connection (a stale pooled one, a refusal)
     tries = 0  # retries on other endpoints (retry_policy.num_retries)
     retrying = False  # counted in the cluster's retries in flight (the retry budget)
-    retryable = False  # idempotent method, Idempotency-Key or Resume-Seq (DESIGN.md §3)
+    retryable = False  # idempotent method, Idempotency-Key or Resume-Seq (RFC 9110 §9.2.2)
     pkey: str | None = None  # persistence key: the source IP, or the cookie's record key
     set_cookie: bytes | None = None  # a persistence cookie to insert in the response
     can_replay = False
@@ -257,7 +257,7 @@ class Exchange:
             down.ctx.connect(cluster, ep).add_done_callback(self._connected)
 
     def _sticky(self, cluster: Cluster) -> Endpoint | None:
-        """Seed 004's persistence decision; a new record under a cookie sets the cookie."""
+        """The drain-stop persistence decision; a new record under a cookie sets the cookie."""
         key = self.pkey
         ep, now_key = cluster.pick_sticky(key, Layer.L7, self.down.loop.time(),
                                            cluster.by_cookie)
@@ -523,7 +523,7 @@ class Exchange:
                 and may_retry(sent=True, idempotent=self.retryable, idempotency_key=False,
                               unprocessed=False, response_started=self.resp_started)
                 and self._retry_elsewhere()):
-            # reset before any response byte, safe to send again (seed 003), and its body is
+            # reset before any response byte, safe to send again (RFC 9110 §9.2.2), and its body is
             # still kept (``can_replay`` alone says only that: an HTTP/2 stream keeps it for
             # a refusal)
             return
@@ -1316,6 +1316,10 @@ class H1Downstream(asyncio.Protocol):
         else:
             t.close()
 
+    def no_new_work(self) -> None:
+        """T has passed: nothing to send now. HTTP/1.1 has no notice outside a response; a
+        request that still comes is answered going away with ``Connection: close``."""
+
     def close_at_end(self) -> None:
         """The drain is over: an idle connection is closed now."""
         if self.relay is not None:
@@ -1385,7 +1389,7 @@ class H1Downstream(asyncio.Protocol):
                 ctx.drain_stats.cx_drained_proactive += 1
             if action is ConnAction.DRAIN and self.relay is not None:
                 # The proactive moment (also of a connection a response drained): its tunnel
-                # ends now (seed 000).
+                # ends now (as in Envoy).
                 self.relay.drain_by(DrainedBy.PROACTIVE)
             if action is ConnAction.CLOSE:
                 self.staged_close()

@@ -3,7 +3,7 @@ client (``client.py``): bytes in, events out, bytes to send.
 
 Why not the ``h2`` library: per-frame objects and validation layers cost ~8x our budget, and
 its GOAWAY ends the connection (python-hyper/h2#1181) where lameduck's drain needs two
-(DESIGN.md §2). Frames are read in place from one bytearray with ``struct.unpack_from`` and
+(docs/drain.md). Frames are read in place from one bytearray with ``struct.unpack_from`` and
 dispatched on the type number; streams are small slotted objects.
 
 ``H2Connection`` is the part that does not depend on the role: the frame loop, DATA and
@@ -1055,7 +1055,7 @@ class H2Server(H2Connection):
     # ------------------------------------------------------------------ draining
 
     def start_drain(self) -> None:
-        """Phase 1 (DESIGN.md §2): tell the client to go elsewhere, keep serving everything."""
+        """Phase 1 (docs/drain.md): tell the client to go elsewhere, keep serving everything."""
         if self.goaway_sent == 0 and not self.closed:
             self._queue(goaway(MAX_STREAM_ID, ErrorCode.NO_ERROR))
             self.goaway_sent = 1

@@ -6,7 +6,7 @@ Bodies stream both ways under flow control: request DATA is acknowledged (WINDOW
 once it was handed to the upstream socket, and a stream whose response waits for the client's
 window pauses its upstream.
 
-Drain (DESIGN.md §2): the first response the policy drains, or the proactive moment, sends
+Drain (docs/drain.md): the first response the policy drains, or the proactive moment, sends
 GOAWAY(2^31-1, NO_ERROR) at once and the connection keeps serving; G later the final GOAWAY names
 the highest stream processed, streams opened above it are refused (REFUSED_STREAM: safe to
 retry), and the connection closes (staged) once its last stream has ended.
@@ -267,7 +267,7 @@ class H2Stream:
         self.attach(fut.result())
 
     def _sticky(self, cluster: Cluster) -> Endpoint | None:
-        """Seed 004's persistence decision; a new record under a cookie sets the cookie."""
+        """The drain-stop persistence decision; a new record under a cookie sets the cookie."""
         key = self.pkey
         ep, now_key = cluster.pick_sticky(key, Layer.L7, self.conn.loop.time(),
                                            cluster.by_cookie)
@@ -495,7 +495,7 @@ class H2Stream:
             return
         cluster.request_failed(ep, True)
         if status == UpstreamError.RESET and safe:
-            # reset before any response byte, and safe to send again (seed 003)
+            # reset before any response byte, and safe to send again (RFC 9110 §9.2.2)
             if replay:
                 self.buffered = replay + (self.buffered or [])
             if self._retry_elsewhere():
@@ -950,7 +950,7 @@ class H2Downstream(asyncio.Protocol):
     def tunnel_reset(self, s: H2Stream, code: ErrorCode, cut: bool) -> None:
         self.tunnel_gone(s)
         if cut and s.admitted:
-            # Ended by the drain (seed 000: G after the proactive moment): counted as cut.
+            # Ended by the drain (G after the proactive moment, as in Envoy): counted as cut.
             s.admitted = False
             self.ctx.process.ledger.cut_one()
             self.ctx.drain_stats.cut_reset += 1
@@ -1231,7 +1231,7 @@ class H2Downstream(asyncio.Protocol):
                 self._goaway_first()
             if action is ConnAction.DRAIN:
                 # The proactive moment (also of a connection a response drained): its tunnels
-                # are reset G from now (seed 000).
+                # are reset G from now (as in Envoy).
                 for s in list(self.streams.values()):
                     if s.tunnel is not None:
                         s.tunnel.drain_by(DrainedBy.PROACTIVE)

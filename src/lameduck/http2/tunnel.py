@@ -5,7 +5,7 @@ the bound on what waits here); bytes from the socket go out as DATA (the socket 
 the client's window holds them back). END_STREAM and FIN map onto each other, so half-closes
 pass through. The drain core's ``TunnelDrain`` decides the end when the connection is drained:
 a CONNECT stream sends no further response, so it cannot be told to go away; drained
-proactively it is reset once G has elapsed (seed 000), and counted.
+proactively it is reset once G has elapsed (as Envoy's draining docs have it), and counted.
 """
 
 from __future__ import annotations

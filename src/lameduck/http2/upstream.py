@@ -7,7 +7,7 @@ and the streams of an endpoint share the ``H2UpstreamConnection``s kept in its
 MAX_CONCURRENT_STREAMS (and ours) allow; past that, or once the upstream sent GOAWAY, a new
 connection is opened. What HTTP/2 proves unprocessed (REFUSED_STREAM, or a stream above a
 GOAWAY's last id, RFC 9113 §8.7) is handed back to the exchange as refused: safe to send
-again whatever the method (DESIGN.md §3). That is how lameduck rides through an upstream's
+again whatever the method (RFC 9113 §8.7). That is how lameduck rides through an upstream's
 own drain without failing a request.
 """
 

@@ -1,24 +1,25 @@
 """`lameduck budget`: the chain of timers a drain lives inside, checked and solved.
 
-Draining is a chain of timeouts that only works if the numbers are ordered (seed 003, "Timers and
-where the numbers come from"). This module is pure: it takes values already parsed (a loaded
+Draining is a chain of timeouts that only works if the numbers are ordered: each hop must give up
+before the next one does. This module is pure: it takes values already parsed (a loaded
 Config, a pod spec as a dict) and returns inequalities and proposals; the CLI reads the files.
 
-The timeline (seed 002): t=0 pod deleted, preStop runs (P), SIGTERM, lameduck drains (accepting
+The timeline (Kubernetes): t=0 pod deleted, preStop runs (P), SIGTERM, lameduck drains (accepting
 work until drain.time T), exit by shutdown.deadline D, SIGKILL at terminationGracePeriodSeconds G.
 
 The inequalities (all must hold):
 
 - ``grace``: P + D + exit margin <= G. The grace period counts from the start of preStop and
-  covers the stop after SIGTERM (seed 002: 60 s grace, 55 s hook, 10 s stop gets killed). The
-  margin is the gap seeds 002/003 ask for, so equality is enough (seed 003: 30 s grace, 25 s
-  deadline "leaves a five-second margin").
+  covers the stop after SIGTERM (the classic pitfall: 60 s grace, 55 s hook, a 10 s stop gets
+  killed). The margin is the gap itself, so equality is enough (a 30 s grace with a 25 s deadline
+  leaves a five-second margin).
 - ``keepalive-client``: client keep-alive idle < LB idle, and ``keepalive-lb``: LB idle <
   lameduck's listener idle_timeout. On each hop the side that reuses a connection must give up
-  first, or it sends on a socket the other side just closed (seed 003's nginx race).
+  first, or it sends on a socket the other side just closed (nginx's keep-alive race).
 - ``deadline``: T + longest request <= D. Work is accepted until T, so a request that starts just
-  before T needs its whole duration before the deadline cuts it; this is seed 001 §8's
-  max_request_duration + drainDuration, and subsumes the config's own D >= T rule.
+  before T needs its whole duration before the deadline cuts it; this is the
+  max_request_duration + drainDuration of the usual grace formula, and subsumes the config's
+  own D >= T rule.
 - ``lb-detection``: LB interval x fall + LB buffer <= hold, where the hold is how long the instance
   is guaranteed to take new work after it is unrouted: the preStop (the pod leaves the Endpoints
   at t=0, `lameduck prestop` fails the health check at t=0) plus, after SIGTERM, what lameduck
@@ -26,9 +27,9 @@ The inequalities (all must hold):
   until T) or min(shutdown.min_drain, T) when set (it exits once idle after min_drain); 0 when
   min_drain is unset and the preStop is `lameduck prestop` (its completion lets an idle process
   exit at once: the hook has already waited for the LB); 0 with stop_accepting immediately.
-  Seed 001 §7 ("What you might be missing"): LB detection time must be part of the drain sum.
+  LB detection time must be part of the drain sum.
 
-Together they give seed 001 §8's formula: G >= max_request + LB detection + LB_BUFFER + drain +
+Together they give the usual grace formula: G >= max_request + LB detection + LB_BUFFER + drain +
 margin, which is what `solve` proposes.
 """
 
@@ -93,7 +94,7 @@ class Inequality:
     left: tuple[Term, ...]
     op: str  # "<" or "<="
     right: tuple[Term, ...]
-    reason: str  # what breaks when it does not hold (quoted from the seeds)
+    reason: str  # what breaks when it does not hold
 
     @property
     def lhs(self) -> float:
@@ -138,11 +139,11 @@ class Budget:
     min_drain: float | None = None  # shutdown.min_drain (None: unset)
     accept_until_drain_end: bool = True  # shutdown.stop_accepting == at_drain_end
     lameduck_prestop: bool = False  # the preStop hook is `lameduck prestop`
-    exit_margin: float = 5.0  # seed 003: "a five-second margin for the framework to unwind"
+    exit_margin: float = 5.0  # a five-second margin for the framework to unwind
     lb_interval: float = 2.0
     lb_fall: int = 3
     lb_rise: int = 2  # not in the drain chain: how soon a new pod is routable (reported only)
-    lb_buffer: float = 5.0  # seed 001's LB_BUFFER: slack after the LB should have noticed
+    lb_buffer: float = 5.0  # LB_BUFFER: slack after the LB should have noticed
     lb_idle: float = 60.0  # the LB's idle timeout
     client_idle: float = 30.0  # the clients' keep-alive idle towards the LB
     listener_idle: float = 60.0  # lameduck's listener idle_timeout (min over listeners); 0 = none
@@ -189,31 +190,31 @@ def check(b: Budget) -> list[Inequality]:
              ("exit margin", b.exit_margin)),
             "<=", (("terminationGracePeriodSeconds", b.grace_period),),
             "the kubelet sends SIGKILL mid-drain: the grace period counts from the start of "
-            "preStop and covers the stop after SIGTERM (seed 002: 60 s grace, 55 s hook, 10 s "
-            "stop gets killed)"),
+            "preStop and covers the stop after SIGTERM (the classic pitfall: 60 s grace, "
+            "55 s hook, a 10 s stop gets killed)"),
         Inequality(
             "keepalive-client", (("client keep-alive idle", b.client_idle),), "<",
             (("LB idle timeout", b.lb_idle),),
             "the LB closes idle client connections the clients still consider live; their next "
-            "request races the close (seed 003)"),
+            "request races the close"),
         Inequality(
             "keepalive-lb", (("LB idle timeout", b.lb_idle),), "<",
             (("listener idle_timeout", listener_idle),),
             "lameduck closes idle connections the LB still considers live: the classic race "
-            "where a request is sent on a socket the other side just closed (seed 003)"),
+            "where a request is sent on a socket the other side just closed"),
         Inequality(
             "deadline",
             (("drain.time", b.drain_time), ("longest request", b.max_request)),
             "<=", (("shutdown.deadline", b.shutdown_deadline),),
-            "a request accepted just before drain.time is cut by the deadline (seed 002: "
-            "grace shorter than the drain deadline, SIGKILL fires mid-drain; seed 003: the "
-            "longest legitimate request dictates the whole chain)"),
+            "a request accepted just before drain.time is cut by the deadline (a grace "
+            "shorter than the drain deadline: SIGKILL fires mid-drain; the longest legitimate "
+            "request dictates the whole chain)"),
         Inequality(
             "lb-detection",
             (("LB interval x fall", b.lb_detection), ("LB buffer", b.lb_buffer)),
             "<=", (("preStop", b.prestop), (after, b.serving_after_sigterm)),
             "the instance stops taking work before the LB has noticed: requests hit a dead "
-            "port (seed 002 pitfall; seed 001: LB detection time belongs in the drain sum)"),
+            "port (LB detection time belongs in the drain sum)"),
     ]
 
 
@@ -227,7 +228,7 @@ def solve(b: Budget) -> Budget:
 
     External facts stay as given (the preStop hook, the LB's interval/fall/buffer, the client
     idle, the longest request, the margin); lameduck's timers and the grace period grow to fit,
-    following seed 001 §8: G = max_request + LB detection + LB_BUFFER + drain + margin.
+    following the usual grace formula: G = max_request + LB detection + LB_BUFFER + drain + margin.
     """
     min_drain, drain_time, accept = b.min_drain, b.drain_time, b.accept_until_drain_end
     need = b.lb_detection + b.lb_buffer

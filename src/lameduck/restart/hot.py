@@ -1,4 +1,4 @@
-"""Hot restart (seed 000; seed 002 "Socket handover"): a new process takes the running one's
+"""Hot restart (Envoy's hot restart): a new process takes the running one's
 listening sockets over a Unix socket (SCM_RIGHTS), becomes ready, and only then tells it to
 stop accepting and drain. No connection is refused: both processes hold the same listening
 sockets, so the kernel's accept queue is never closed, and the old one stops accepting only

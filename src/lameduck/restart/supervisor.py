@@ -1,6 +1,6 @@
 """`lameduck supervise`: what a container or systemd starts; it runs `lameduck run` as a child.
 
-Seed 002: a wrapper that does not forward signals never drains. So the supervisor forwards
+A wrapper that does not forward signals never drains. So the supervisor forwards
 SIGTERM/SIGINT to its children and exits with their code; SIGHUP validates the config and
 hot-restarts into a fresh child (restart/hot.py does the handover; the old child drains and
 exits by itself); a child that dies on its own (SIGKILL, a crash) is started again. Every

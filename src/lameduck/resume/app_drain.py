@@ -1,4 +1,4 @@
-"""The app process's drain, as seed 002 runs it: the core's in-flight ``Ledger`` (counted
+"""The app process's drain, as a graceful drain runs it: the core's in-flight ``Ledger`` (counted
 first, tested second), close 1001 to the open WebSockets (staggered), a wait to the deadline,
 then the stragglers cut. The middleware feeds it; the app's server exits after it. (The
 proxy's own drain is ``lameduck.drain``; this one runs inside an ASGI app.)"""

@@ -1,6 +1,6 @@
 """Drain for queue consumers: stop fetching, finish the batch in hand, ack, release, exit.
 
-Rules kept here (seed 003 "Connections the router cannot see", issue 7):
+Rules kept here (a consumer is a connection no router can see):
 - The stop signal (SIGTERM) ends fetching at once; the deadline runs from the signal.
 - A message of the batch in hand is started only if it can finish (``item_budget``) before
   the deadline less ``margin``, and, with a lease, before the lease less ``margin``: after

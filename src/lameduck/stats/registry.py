@@ -1,7 +1,7 @@
 """The stats registry: knows where the scopes live and turns them into a snapshot on demand.
 
 Nothing here runs per request. A snapshot is a plain sorted list of `Stat` values, so the snapshots
-of several worker processes can be summed by name (`merge`) before rendering (DESIGN §4).
+of several worker processes can be summed by name (`merge`) before rendering.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A cluster: endpoints, how new sessions are spread over them, and their drain and health.
 
-The decisions are the drain core's (``drain/endpoint.py``: seed 004's order; ``drain/health.py``:
+The decisions are the drain core's (``drain/endpoint.py``: drain-stop order; ``drain/health.py``:
 rise/fall, agent words, outlier ejection; ``drain/retry.py``: the retry budget) and the
 balancer's (``balancer.py``); this holds the state they act on and carries out what they decide:
 which endpoints take new sessions, which records are honoured, which connections are severed.
@@ -107,7 +107,7 @@ class Cluster:
 
     def pick_sticky(self, key: str | None, layer: Layer, now: float,
                     cookie: bool) -> tuple[Endpoint | None, str | None]:
-        """Seed 004's decision for a new session with persistence: (endpoint, the key its
+        """The drain-stop decision for a new session with persistence: (endpoint, the key its
         record is now under). ``cookie``: the key is a cookie's value, and a new record gets a
         new random one (the cookie is rewritten); else the key is the source IP. ``key`` None:
         the client brought no cookie."""
