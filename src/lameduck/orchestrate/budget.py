@@ -191,7 +191,7 @@ def check(b: Budget) -> list[Inequality]:
             "<=", (("terminationGracePeriodSeconds", b.grace_period),),
             "the kubelet sends SIGKILL mid-drain: the grace period counts from the start of "
             "preStop and covers the stop after SIGTERM (the classic pitfall: 60 s grace, "
-            "55 s hook, a 10 s stop gets killed)"),
+            "55 s hook, 10 s stop gets killed)"),
         Inequality(
             "keepalive-client", (("client keep-alive idle", b.client_idle),), "<",
             (("LB idle timeout", b.lb_idle),),
