@@ -1,16 +1,12 @@
-"""HTTP/1.1 downstream connection: parse with httptools, proxy each request through an
-``Exchange``, and carry out the drain core's decisions for this connection.
+"""HTTP/1.1 downstream connection: parse with httptools, hand each request to a
+``proxy.exchange.Exchange``, write what it decides as HTTP/1.1 (the ``DownstreamPort``), and
+carry out the drain core's decisions for this connection.
 
 Requests are answered in order: only the head of the queue talks to an upstream; pipelined
 requests behind it wait with reading paused. Bodies stream both ways with flow control
 (pause_reading / resume_reading); nothing buffers a whole body. Once the request whose answer
 closes the connection has been read, nothing after it is parsed (no request smuggled behind a
 400, a 501 or a ``Connection: close`` reaches an upstream).
-
-A request sent on a reused pooled connection keeps its first bytes (``REPLAY_LIMIT``) until the
-upstream answers, so a connection the upstream had already closed is retried once on a fresh
-one — only for idempotent methods or requests with an ``Idempotency-Key`` or ``Resume-Seq``
-(RFC 9110 §9.2.2).
 
 Drain (docs/drain.md): ``ConnectionDrain.on_response`` decides per response whether to add
 ``Connection: close``; one lazily re-armed timer covers the header timeout, the idle timeout
@@ -30,8 +26,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 import httptools
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
-from lameduck.drain.endpoint import Layer
-from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS, may_retry
+from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http1.upstream import H1Upstream
 from lameduck.http1.wire import (
@@ -42,6 +37,7 @@ from lameduck.http1.wire import (
     simple_response,
     status_line,
 )
+from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import (
     HOP_BY_HOP,
     accepts_trailers,
@@ -50,15 +46,13 @@ from lameduck.proxy.fields import (
     trailer_fields,
     valid_authority,
 )
-from lameduck.proxy.local import RETRY_AFTER
-from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.tunnel.relay import Pending, Relay, abort_with_rst, open_destination
-from lameduck.upstream.connector import UpstreamConn, UpstreamError
+from lameduck.upstream.connector import UpstreamConn
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from lameduck.stats import ClusterStats, DrainStats, HttpStats
+    from lameduck.stats import DrainStats, HttpStats
     from lameduck.upstream.cluster import Cluster
     from lameduck.upstream.pool import Endpoint
     from lameduck.upstream.router import Router
@@ -67,12 +61,10 @@ log = logging.getLogger("lameduck.http1")
 
 # Reasons reading is paused; reading resumes when none is left.
 PAUSE_PIPELINE = 1  # a request waits behind the one being answered
-PAUSE_UPSTREAM = 2  # the upstream cannot take the request body faster
-PAUSE_BUFFER = 4  # body bytes wait for an upstream connection
+PAUSE_BODY = 2  # the upstream cannot take the request body faster, or is not there yet
 PAUSE_CLOSING = 8
 PAUSE_UPGRADE = 16  # an Upgrade request waits for the upstream's answer
 
-BODY_BUFFER_LIMIT = 256 * 1024
 LINGER = 2.0  # seconds a staged close keeps reading before it closes
 GOING_AWAY = simple_response(503, b"going away\n", close=True, extra=((b"retry-after", b"1"),))
 GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True,
@@ -119,493 +111,6 @@ class ListenerContext(Protocol):
 
 class HeaderTooLarge(Exception):
     pass
-
-
-class Exchange:
-    """One request and its response, from headers-complete to the last response byte.
-
-    Defaults live on the class: a keep-alive GET sets five attributes, not thirty (this is
-    allocated once per request, on the hot path).
-    """
-
-    head = b""
-    local: bytes | None = None
-    close = False  # the connection closes after this response
-    admitted = False
-    chunked_req = False
-    req_done = False
-    buffered: list[bytes] | None = None
-    buffered_size = 0
-    cluster: Cluster | None = None
-    cstats: ClusterStats | None = None
-    endpoint: Endpoint | None = None
-    route_timeout = 0.0
-    reused = False
-    retried = False  # sent again once on a fresh connection (a stale pooled one, a refusal)
-    tries = 0  # retries on other endpoints (retry_policy.num_retries)
-    retrying = False  # counted in the cluster's retries in flight (the retry budget)
-    retryable = False  # idempotent method, Idempotency-Key or Resume-Seq (RFC 9110 §9.2.2)
-    pkey: str | None = None  # persistence key: the source IP, or the cookie's record key
-    set_cookie: bytes | None = None  # a persistence cookie to insert in the response
-    can_replay = False
-    replay: list[bytes] | None = None
-    replay_size = 0
-    status = 0
-    resp_started = False
-    resp_chunked = False
-    te_trailers = False  # the client sent "TE: trailers"
-    req_trailers: list[tuple[bytes, bytes]] | None = None  # the request's trailer section
-    resp_done = False
-    upgrade = False  # a WebSocket Upgrade request: a 101 turns the connection into a tunnel
-    connect: tuple[str, int] | None = None  # a CONNECT's destination (on the allow-list)
-    early = b""  # bytes the client sent after an Upgrade request, before the 101
-
-    def __init__(self, down: H1Downstream, method: bytes, keep_alive: bool, v10: bool) -> None:
-        self.down = down
-        self.method = method
-        self.is_head = method == b"HEAD"
-        self.keep_alive = keep_alive
-        self.v10 = v10
-        # Set here, not as a class default: mypyc leaves a protocol-typed default undefined.
-        self.up: UpstreamConn | None = None
-
-    # -- request body -----------------------------------------------------------------------
-    def request_body(self, data: bytes) -> None:
-        if self.local is not None:
-            return  # answered locally: the body is read and dropped
-        self._send(data)
-
-    def request_complete(self) -> None:
-        self.req_done = True
-        if self.req_trailers:
-            self.req_trailers = trailer_fields(self.req_trailers) or None
-        if self.local is not None:
-            if self.resp_started:
-                self.finish()  # the local answer went out before the request had ended
-            return
-        up = self.up
-        if up is not None and up.sink is self:
-            up.end(self.req_trailers)  # else ``attach`` ends it, after what was held
-
-    def _send(self, data: bytes) -> None:
-        """Request bytes to the upstream, or held (bounded) until one is attached."""
-        up = self.up
-        if up is not None and up.sink is self:
-            if self.can_replay:
-                self._keep(data)
-            up.write(data)
-            return
-        if self.buffered is None:
-            self.buffered = []
-        self.buffered.append(data)
-        self.buffered_size += len(data)
-        if self.buffered_size > BODY_BUFFER_LIMIT:
-            self.down.pause(PAUSE_BUFFER)
-
-    def _keep(self, data: bytes) -> None:
-        """Remember request bytes sent on a reused connection, for a retry (bounded)."""
-        size = self.replay_size + len(data)
-        if size > REPLAY_LIMIT:
-            self.can_replay = False
-            self.replay = None
-            return
-        self.replay_size = size
-        if self.replay is None:
-            self.replay = [data]
-        else:
-            self.replay.append(data)
-
-    # -- upstream ---------------------------------------------------------------------------
-    def start(self) -> None:
-        """This exchange reached the head of the queue: answer it or send it upstream."""
-        down = self.down
-        if self.local is not None:
-            if not self.close and self.keep_alive and down.response_drains():
-                # a local answer drains its connection like any other response
-                self.close = True
-                self.local = self.local.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n", 1)
-            down.write(self.local)
-            self.resp_started = True
-            if self.req_done or self.close:
-                self.finish()
-            else:
-                # Finish when the rest of the request (its body, dropped) has been read, so the
-                # connection stays in sync for the next one; a client that stops sending it is
-                # idle, and the idle timeout closes it.
-                down.idle_since = now = down.loop.time()
-                down.arm(now + down.ctx.idle_timeout)
-            return
-        if self.connect is not None:
-            host, port = self.connect
-            ctx = down.ctx
-            open_destination(down.loop, host, port, ctx.connect_timeout).add_done_callback(
-                self._destination)
-            return
-        cluster = self.cluster
-        assert cluster is not None
-        ep = cluster.pick() if cluster.persistence is None else self._sticky(cluster)
-        if ep is None:
-            self.no_upstream(cluster)
-            return
-        self.endpoint = ep
-        conn = ep.acquire()
-        if conn is not None:
-            self.reused = True
-            self.attach(conn)  # type: ignore[arg-type]
-        else:
-            self.reused = False
-            down.ctx.connect(cluster, ep).add_done_callback(self._connected)
-
-    def _sticky(self, cluster: Cluster) -> Endpoint | None:
-        """The drain-stop persistence decision; a new record under a cookie sets the cookie."""
-        key = self.pkey
-        ep, now_key = cluster.pick_sticky(key, Layer.L7, self.down.loop.time(),
-                                           cluster.by_cookie)
-        if now_key is not None and now_key != key:
-            self.pkey = now_key
-            if cluster.by_cookie:
-                self.set_cookie = b"set-cookie: %s=%s; Path=/; HttpOnly\r\n" % (
-                    cluster.cookie_name, now_key.encode())
-        return ep
-
-    def no_upstream(self, cluster: Cluster) -> None:
-        """No READY, healthy endpoint: 503 and when to come back (Envoy: no healthy upstream)."""
-        cluster.stats.upstream_cx_none_healthy += 1
-        self.local_error(503, b"no healthy upstream\n", RETRY_AFTER)
-
-    def _connected(self, fut: asyncio.Future[UpstreamConn]) -> None:
-        if self.resp_done or self.down.gone:
-            if not fut.cancelled() and fut.exception() is None:
-                fut.result().close()
-            return
-        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
-        if exc is not None:
-            self._never_sent()
-            return
-        self.attach(fut.result())
-
-    def _never_sent(self) -> None:
-        """The connection failed before the request went: any request may go elsewhere."""
-        cluster = self.cluster
-        ep = self.endpoint
-        assert cluster is not None and ep is not None
-        cluster.connect_failed(ep)
-        if not self._retry_elsewhere():
-            self.local_error(UpstreamError.CONNECT, b"upstream connect error\n")
-
-    def _retry_elsewhere(self) -> bool:
-        """Send the request to another endpoint if the policy and budget allow (the caller
-        has checked that it is safe)."""
-        cluster = self.cluster
-        ep = self.endpoint
-        assert cluster is not None and ep is not None
-        if self.resp_started or self.down.gone or self.down.closing:
-            return False
-        target = cluster.retry_target(ep, self.tries, self.retrying)
-        if target is None:
-            return False
-        self.tries += 1
-        self._retry(target)
-        return True
-
-    def _destination(self, fut: asyncio.Future[tuple[asyncio.Transport, Pending]]) -> None:
-        """A CONNECT's destination answered (or not): 200 and the tunnel, or a 503."""
-        down = self.down
-        failed = fut.cancelled() or fut.exception() is not None
-        if self.resp_done or down.gone or down.closing:
-            if not failed:
-                fut.result()[0].abort()
-            return
-        if failed or fut.result()[1].lost:
-            if not failed:
-                fut.result()[0].abort()
-            self.resp_started = True
-            down.count_status(503)
-            down.write(simple_response(503, b"connect error\n", close=True))
-            self.finish()
-            return
-        t, pending = fut.result()
-        down.count_status(200)
-        self.resp_started = True
-        # RFC 9110 §9.3.6: a 2xx to CONNECT has no body, no framing; never Connection: close
-        down.start_tunnel(self, b"HTTP/1.1 200 Connection Established\r\n\r\n", t,
-                          pending.buf, TunnelKind.OPAQUE, False, None)
-        if pending.eof and down.relay is not None:
-            down.relay.eof(Flow.TO_CLIENT)  # the destination half-closed before the relay began
-
-    def attach(self, up: UpstreamConn) -> None:
-        if self.resp_done or self.down.closing:
-            up.close()  # cut or answered meanwhile: this request is not sent
-            return
-        self.up = up
-        cs = self.cstats
-        ep = self.endpoint
-        assert cs is not None and ep is not None
-        cs.upstream_rq_total += 1
-        cs.upstream_rq_active += 1
-        ep.rq_total += 1
-        ep.rq_active += 1
-        # Kept for a retry: a safe request (idempotent, Idempotency-Key, Resume-Seq), or any
-        # request on an HTTP/2 stream (which the upstream may refuse as unprocessed).
-        self.can_replay = self.retryable or up.multiplexed
-        if not up.alive:  # lost between the pool (or the connect) and now
-            if self.reused:
-                self.on_upstream_error(UpstreamError.RESET, False)
-            else:
-                self._detach(reusable=False)
-                self._never_sent()
-            return
-        if self.down.write_paused:
-            up.pause_reading()  # the client is behind: this response waits for it too
-        up.start(self, self.head, self.is_head, self.route_timeout, self.chunked_req)
-        if self.up is not up:
-            return  # refused at once (an HTTP/2 connection that went away): retried or answered
-        if self.buffered:
-            for piece in self.buffered:
-                if self.can_replay:
-                    self._keep(piece)
-                up.write(piece)
-            self.buffered = None
-            self.buffered_size = 0
-            self.down.resume(PAUSE_BUFFER)
-        if self.req_done and up.sink is self:
-            up.end(self.req_trailers)
-
-    def _detach(self, reusable: bool) -> None:
-        up = self.up
-        if up is None:
-            return
-        self.up = None
-        cs = self.cstats
-        assert cs is not None and self.endpoint is not None
-        cs.upstream_rq_active -= 1
-        self.endpoint.rq_active -= 1
-        if up.sink is self:
-            up.sink = None
-        # A flow-control pause on either side belongs to this exchange, not to what comes next.
-        if self.down.paused & PAUSE_UPSTREAM:
-            self.down.resume(PAUSE_UPSTREAM)
-        if up.read_paused:
-            up.resume_reading()
-        ep = self.endpoint
-        if (reusable and self.req_done and ep is not None and up.reusable
-                and ep.release(up, self.down.ctx.loop.time())):
-            return
-        up.close()
-
-    # -- ExchangeSink: what the upstream reports ----------------------------------------------
-    def on_informational(self, status: int, lines: list[bytes]) -> None:
-        if not self.v10 and not self.resp_started:
-            self.down.write(status_line(status) + b"".join(lines) + b"\r\n")
-
-    def on_response_head(
-        self, status: int, lines: list[bytes], length: int | None, chunked: bool,
-    ) -> None:
-        down = self.down
-        self._answered(status)
-        bodyless = self.is_head or status == 204 or status == 304
-        close = self.close or not self.keep_alive or down.response_drains()
-        out = lines
-        out.insert(0, status_line(status))
-        if not bodyless and length is None:
-            if self.v10:
-                close = True  # close-delimited for an HTTP/1.0 client
-            else:
-                self.resp_chunked = True
-                out.append(b"transfer-encoding: chunked\r\n")
-        if close:
-            out.append(b"connection: close\r\n")
-            self.close = True
-        elif self.v10:
-            out.append(b"connection: keep-alive\r\n")
-        if self.set_cookie is not None:
-            out.append(self.set_cookie)
-        out.append(b"\r\n")
-        self.resp_started = True
-        down.write(b"".join(out))
-
-    def _answered(self, status: int) -> None:
-        """The upstream answered: count the status; no retry from here on."""
-        self.status = status
-        if self.can_replay:
-            self.can_replay = False
-            self.replay = None
-        cs = self.cstats
-        cluster = self.cluster
-        ep = self.endpoint
-        assert cs is not None and cluster is not None and ep is not None
-        if 200 <= status < 300:
-            cs.upstream_rq_2xx += 1
-            self.down.stats.downstream_rq_2xx += 1
-            cluster.request_ok(ep)
-        else:
-            cs.count_status(status)
-            self.down.stats.count_status(status)
-            if status >= 500:
-                cluster.request_failed(ep, 502 <= status <= 504)
-            else:
-                cluster.request_ok(ep)
-
-    def on_whole_response(self, status: int, data: bytes, end: int) -> bool:
-        """The fast path: a complete plain response (see ``wire.whole_response``) forwarded as
-        it came, head and body in one write. False: the caller parses it instead."""
-        if (self.is_head or self.v10 or self.close or not self.keep_alive or not self.req_done
-                or self.set_cookie is not None):
-            return False
-        down = self.down
-        self._answered(status)
-        self.resp_started = True
-        if down.response_drains():
-            self.close = True
-            down.write(data[:end] + b"\r\nconnection: close" + data[end:])
-        else:
-            down.write(data)
-        self._detach(reusable=True)
-        self.finish()
-        return True
-
-    def on_upgrade(self, lines: list[bytes], upgrade: bytes, rest: bytes) -> bool:
-        """The upstream switched protocols (101): relay the 101, then the tunnel. False when
-        this request did not ask for it (the caller fails the exchange)."""
-        if not self.upgrade or self.down.closing:
-            return False
-        self._answered(101)
-        self.resp_started = True
-        head = (b"HTTP/1.1 101 Switching Protocols\r\n" + b"".join(lines)
-                + b"connection: upgrade\r\nupgrade: %s\r\n\r\n" % upgrade)
-        deflate = any(line[:25].lower() == b"sec-websocket-extensions:"
-                      and b"permessage-deflate" in line.lower() for line in lines)
-        up = self.up
-        assert isinstance(up, H1Upstream) and up.transport is not None
-        self.down.start_tunnel(self, head, up.transport, rest, TunnelKind.WEBSOCKET, deflate, up)
-        return True
-
-    def on_response_body(self, data: bytes) -> None:
-        if self.resp_chunked:
-            data = chunk(data)
-        self.down.write(data)
-
-    def on_response_complete(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
-        if self.resp_chunked:
-            # Trailers only to a client that said it takes them (RFC 9110 §6.5.1).
-            self.down.write(trailer_block(trailers) if trailers and self.te_trailers
-                            else LAST_CHUNK)
-        self._detach(reusable=True)
-        self.finish()
-
-    def on_upstream_error(self, status: int, after_head: bool) -> None:
-        cs = self.cstats
-        cluster = self.cluster
-        ep = self.endpoint
-        assert cs is not None and cluster is not None and ep is not None
-        up_was = self.up
-        can_replay = self.can_replay
-        self._detach(reusable=False)
-        if status == UpstreamError.TIMEOUT:
-            cs.upstream_rq_timeout += 1
-            ep.rq_timeout += 1
-        else:
-            cs.upstream_rq_rx_reset += 1
-        if after_head or self.resp_started:
-            # Bytes of this response already went out (its status was counted): the client
-            # can only see a reset.
-            self.down.abort_with_active_request()
-            return
-        if (status == UpstreamError.RESET and can_replay and self.reused and up_was is not None
-                and not up_was.got_bytes and not self.retried and not self.down.gone):
-            # A pooled connection the upstream had already closed: retry once on a fresh one,
-            # replaying what was sent (only safe requests get here: see ``attach``).
-            self._retry(ep)
-            return
-        cluster.request_failed(ep, True)
-        # ``retryable``: idempotent, Idempotency-Key or Resume-Seq (set when the head was read)
-        if (status == UpstreamError.RESET and can_replay
-                and may_retry(sent=True, idempotent=self.retryable, idempotency_key=False,
-                              unprocessed=False, response_started=self.resp_started)
-                and self._retry_elsewhere()):
-            # reset before any response byte, safe to send again (RFC 9110 §9.2.2), and its body is
-            # still kept (``can_replay`` alone says only that: an HTTP/2 stream keeps it for
-            # a refusal)
-            return
-        body = {502: b"upstream reset before response\n", 503: b"upstream connect error\n",
-                504: b"upstream request timeout\n"}[status]
-        self.local_error(status, body)
-
-    def on_upstream_refused(self) -> None:
-        """HTTP/2 proved it unprocessed: sent again, to another endpoint if there is one."""
-        can_replay = self.can_replay
-        ep = self.endpoint
-        cluster = self.cluster
-        assert ep is not None and cluster is not None
-        self._detach(reusable=False)
-        if can_replay and not self.resp_started and not self.down.gone:
-            if self._retry_elsewhere():
-                return
-            if not self.retried:
-                self._retry(ep)  # no other endpoint: a fresh connection to the same one
-                return
-        cs = self.cstats
-        assert cs is not None
-        cs.upstream_rq_rx_reset += 1
-        self.local_error(503, b"upstream refused the request\n")
-
-    def _retry(self, target: Endpoint) -> None:
-        """Send the request again to ``target`` on a fresh connection, replaying what was
-        sent."""
-        self.retried = True
-        self.can_replay = False
-        cluster = self.cluster
-        assert cluster is not None
-        cs = cluster.stats
-        cs.upstream_rq_retry += 1
-        if not self.retrying:
-            self.retrying = True
-            cluster.retry_started()
-        if self.replay:
-            self.buffered = self.replay + (self.buffered or [])
-            self.buffered_size += self.replay_size
-        self.replay = None
-        self.replay_size = 0
-        self.reused = False
-        if target is not self.endpoint:
-            self.endpoint = target
-            if self.pkey is not None:
-                cluster.rebind(self.pkey, target, self.down.loop.time())
-        self.down.ctx.connect(cluster, target).add_done_callback(self._connected)
-
-    def local_error(self, status: int, body: bytes,
-                    extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-        """Answer with a local error response, unless the response already started."""
-        if self.down.closing:
-            return  # cut at the deadline meanwhile: its answer went out already
-        close = (self.close or not self.keep_alive or not self.req_done
-                 or self.down.response_drains())
-        self.close = close
-        self.local = b""
-        self.resp_started = True
-        self.down.count_status(status)
-        self.down.write(simple_response(status, body, close=close, head_only=self.is_head,
-                                        extra=extra))
-        self.finish()
-
-    def cork(self) -> None:
-        self.down.wbuf = []
-
-    def uncork(self) -> None:
-        self.down.flush()
-
-    def pause_request_body(self) -> None:
-        self.down.pause(PAUSE_UPSTREAM)
-
-    def resume_request_body(self) -> None:
-        self.down.resume(PAUSE_UPSTREAM)
-
-    # -- end --------------------------------------------------------------------------------
-    def finish(self) -> None:
-        if self.resp_done:
-            return
-        self.resp_done = True
-        self.down.exchange_done(self)
 
 
 class H1Downstream(asyncio.Protocol):
@@ -784,7 +289,7 @@ class H1Downstream(asyncio.Protocol):
             if not self.aborted:
                 st.downstream_cx_destroy_remote_active_rq += 1
             for ex in list(self.queue):
-                ex._detach(reusable=False)
+                ex.detach()
                 self._settle(ex, completed=False)
             self.queue.clear()
         self.drain.closed()
@@ -891,7 +396,11 @@ class H1Downstream(asyncio.Protocol):
         method = parser.get_method()
         version = self._version(method)
         v10 = version == "1.0"
-        ex = Exchange(self, method, parser.should_keep_alive(), v10)
+        ex = Exchange(self, method)
+        if not parser.should_keep_alive():
+            ex.keep_alive = False
+        if v10:
+            ex.v10 = True
         self.reading = ex
         self.queue.append(ex)
         st = ctx.stats
@@ -906,7 +415,7 @@ class H1Downstream(asyncio.Protocol):
             self._local(ex, 505 if version >= "2" else 400,
                         b"http version not supported\n" if version >= "2" else b"bad request\n")
         if len(self.queue) == 1:
-            ex.start()
+            self._begin(ex)
         else:
             self.pause(PAUSE_PIPELINE)
 
@@ -975,17 +484,7 @@ class H1Downstream(asyncio.Protocol):
             out.append(b"te: trailers\r\nconnection: te\r\n")
         if method == b"CONNECT":
             ex.close = True  # answered without a tunnel, the connection closes after
-            target = ctx.connect_target(url)
-            if target is None:
-                self._local(ex, 403, b"CONNECT not allowed\n")
-                return
-            if not ctx.process.ledger.begin():
-                ex.local = GOING_AWAY
-                ctx.stats.downstream_rq_going_away += 1
-                self.count_status(503)
-                return
-            ex.admitted = True
-            ex.connect = target
+            ex.admit_connect(ctx, url)
             return
         if te is not None:
             if te.strip().lower() != b"chunked":
@@ -1026,35 +525,10 @@ class H1Downstream(asyncio.Protocol):
         path = url.partition(b"?")[0] if QUERY in url else url  # one memchr, no tuple
         # Answered here, a client that sent "Expect: 100-continue" will not send the body it
         # held back: the connection cannot be reused after the answer (RFC 9110 §10.1.1).
-        if ctx.health_check_path is not None and path == ctx.health_check_path:
-            live = ctx.process.live
-            ex.close = expect
-            self._local(ex, 200 if live else 503, b"OK\n" if live else b"DRAINING\n")
+        ex.expect = expect
+        self.lines = out  # for a persistence cookie
+        if not ex.admit(ctx, host, path, retryable):
             return
-        route = self.router.match(host, path)
-        if route is None:
-            ex.close = expect
-            self._local(ex, 404, b"no route\n")
-            return
-        if ex.upgrade and route.cluster.connector is not None:
-            # an HTTP/2 cluster: a WebSocket would need RFC 8441 upstream, not supported
-            self._local(ex, 501, b"websocket to an HTTP/2 upstream not supported\n")
-            return
-        if not ctx.process.ledger.begin():
-            ex.close = True
-            ex.local = GOING_AWAY if not ex.is_head else GOING_AWAY_HEAD
-            ctx.stats.downstream_rq_going_away += 1
-            self.count_status(503)
-            return
-        ex.admitted = True
-        ex.retryable = retryable
-        cluster = route.cluster
-        ex.cluster = cluster
-        ex.cstats = cluster.stats
-        if cluster.persistence is not None:
-            ex.pkey = (find_cookie(out, cluster.cookie_name) if cluster.by_cookie
-                       else self.peer.decode())
-        ex.route_timeout = route.timeout
         if xff:
             out.append(b"x-forwarded-for: %s, %s\r\nx-forwarded-proto: %s\r\n\r\n"
                        % (xff, self.peer, ctx.scheme))
@@ -1065,7 +539,7 @@ class H1Downstream(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         ex = self.reading
         if ex is not None:
-            ex.request_body(body)
+            ex.request_body(body, 0)
 
     def on_message_complete(self) -> None:
         ex = self.reading
@@ -1077,7 +551,161 @@ class H1Downstream(asyncio.Protocol):
                 # Its response closes the connection: requests pipelined behind it will not
                 # be answered, so they are not read (nor sent upstream).
                 self.last_read = True
+            if ex.req_trailers:
+                ex.req_trailers = trailer_fields(ex.req_trailers) or None
             ex.request_complete()
+
+    # -- DownstreamPort: an exchange's decisions, in HTTP/1.1 ---------------------------------
+    def _begin(self, ex: Exchange) -> None:
+        """``ex`` reached the head of the queue: answer it, open its tunnel, or send it."""
+        if ex.local is not None:
+            if not ex.close and ex.keep_alive and self.response_drains():
+                # a local answer drains its connection like any other response
+                ex.close = True
+                ex.local = ex.local.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n", 1)
+            self.write(ex.local)
+            ex.resp_started = True
+            if ex.req_done or ex.close:
+                ex.finish()
+            else:
+                # Finish when the rest of the request (its body, dropped) has been read, so the
+                # connection stays in sync for the next one; a client that stops sending it is
+                # idle, and the idle timeout closes it.
+                self.idle_since = now = self.loop.time()
+                self.arm(now + self.ctx.idle_timeout)
+            return
+        if ex.connect is not None:
+            host, port = ex.connect
+            open_destination(self.loop, host, port, self.ctx.connect_timeout).add_done_callback(
+                lambda fut: self._destination(ex, fut))
+            return
+        ex.start()
+
+    def _destination(self, ex: Exchange,
+                     fut: asyncio.Future[tuple[asyncio.Transport, Pending]]) -> None:
+        """A CONNECT's destination answered (or not): 200 and the tunnel, or a 503."""
+        failed = fut.cancelled() or fut.exception() is not None
+        if ex.resp_done or self.gone or self.closing:
+            if not failed:
+                fut.result()[0].abort()
+            return
+        if failed or fut.result()[1].lost:
+            if not failed:
+                fut.result()[0].abort()
+            ex.resp_started = True
+            self.count_status(503)
+            self.write(simple_response(503, b"connect error\n", close=True))
+            ex.finish()
+            return
+        t, pending = fut.result()
+        self.count_status(200)
+        ex.resp_started = True
+        # RFC 9110 §9.3.6: a 2xx to CONNECT has no body, no framing; never Connection: close
+        self.start_tunnel(ex, b"HTTP/1.1 200 Connection Established\r\n\r\n", t,
+                          pending.buf, TunnelKind.OPAQUE, False, None)
+        if pending.eof and self.relay is not None:
+            self.relay.eof(Flow.TO_CLIENT)  # the destination half-closed before the relay began
+
+    def answer(self, ex: Exchange, status: int, body: bytes) -> None:
+        # Answered here, a client that sent "Expect: 100-continue" will not send the body it
+        # held back: the connection cannot be reused after the answer (RFC 9110 §10.1.1).
+        if ex.expect:
+            ex.close = True
+        self._local(ex, status, body)
+
+    def going_away(self, ex: Exchange) -> None:
+        ex.close = True
+        ex.local = GOING_AWAY if not ex.is_head else GOING_AWAY_HEAD
+        self.count_status(503)
+
+    def persistence_key(self, ex: Exchange, cluster: Cluster) -> str | None:
+        return find_cookie(self.lines, cluster.cookie_name) if cluster.by_cookie else \
+            self.peer.decode()
+
+    def hold_request(self, ex: Exchange) -> None:
+        self.pause(PAUSE_BODY)
+
+    def resume_request(self, ex: Exchange) -> None:
+        self.resume(PAUSE_BODY)
+
+    def release_request(self, ex: Exchange, credit: int) -> None:
+        pass  # TCP's own window: what is not read is not acknowledged
+
+    def send_informational(self, ex: Exchange, status: int, lines: list[bytes]) -> None:
+        if not ex.v10:
+            self.write(status_line(status) + b"".join(lines) + b"\r\n")
+
+    def send_head(self, ex: Exchange, status: int, lines: list[bytes],
+                  length: int | None) -> None:
+        bodyless = ex.is_head or status == 204 or status == 304
+        close = ex.close or not ex.keep_alive or self.response_drains()
+        out = lines
+        out.insert(0, status_line(status))
+        if not bodyless and length is None:
+            if ex.v10:
+                close = True  # close-delimited for an HTTP/1.0 client
+            else:
+                ex.resp_chunked = True
+                out.append(b"transfer-encoding: chunked\r\n")
+        if close:
+            out.append(b"connection: close\r\n")
+            ex.close = True
+        elif ex.v10:
+            out.append(b"connection: keep-alive\r\n")
+        if ex.set_cookie is not None:
+            out.append(b"set-cookie: %s\r\n" % ex.set_cookie)
+        out.append(b"\r\n")
+        self.write(b"".join(out))
+
+    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool:
+        """The fast path: head and body as they came, in one write."""
+        if ex.is_head or ex.v10 or ex.close or not ex.keep_alive:
+            return False
+        if self.response_drains():
+            ex.close = True
+            self.write(data[:end] + b"\r\nconnection: close" + data[end:])
+        else:
+            self.write(data)
+        return True
+
+    def send_upgrade(self, ex: Exchange, lines: list[bytes], upgrade: bytes,
+                     rest: bytes) -> bool:
+        """Relay the 101, then the tunnel."""
+        up = ex.up
+        if not isinstance(up, H1Upstream) or up.transport is None:
+            return False
+        ex.answered(101)
+        ex.resp_started = True
+        head = (b"HTTP/1.1 101 Switching Protocols\r\n" + b"".join(lines)
+                + b"connection: upgrade\r\nupgrade: %s\r\n\r\n" % upgrade)
+        deflate = any(line[:25].lower() == b"sec-websocket-extensions:"
+                      and b"permessage-deflate" in line.lower() for line in lines)
+        self.start_tunnel(ex, head, up.transport, rest, TunnelKind.WEBSOCKET, deflate, up)
+        return True
+
+    def send_body(self, ex: Exchange, data: bytes) -> None:
+        self.write(chunk(data) if ex.resp_chunked else data)
+
+    def send_end(self, ex: Exchange, trailers: list[tuple[bytes, bytes]] | None) -> None:
+        if ex.resp_chunked:
+            # Trailers only to a client that said it takes them (RFC 9110 §6.5.1).
+            self.write(trailer_block(trailers) if trailers and ex.te_trailers else LAST_CHUNK)
+
+    def send_local(self, ex: Exchange, status: int, body: bytes,
+                   extra: tuple[tuple[bytes, bytes], ...]) -> None:
+        close = ex.close or not ex.keep_alive or not ex.req_done or self.response_drains()
+        ex.close = close
+        self.count_status(status)
+        self.write(simple_response(status, body, close=close, head_only=ex.is_head, extra=extra))
+
+    def abort(self, ex: Exchange) -> None:
+        self.abort_with_active_request()
+
+    def cork(self) -> None:
+        self.wbuf = []
+
+    def uncork(self) -> None:
+        self.flush()
 
     # -- response side ----------------------------------------------------------------------
     def count_status(self, status: int) -> None:
@@ -1135,7 +763,7 @@ class H1Downstream(asyncio.Protocol):
             self.staged_close()
             return
         if queue:
-            queue[0].start()
+            self._begin(queue[0])
             if len(queue) == 1:
                 self.resume(PAUSE_PIPELINE)
             return
@@ -1154,8 +782,8 @@ class H1Downstream(asyncio.Protocol):
         queue = self.queue
         while queue:
             ex = queue.popleft()
-            ex.resp_done = True  # a late callback finds it finished
-            ex._detach(reusable=False)
+            ex.finished = ex.resp_done = True  # a late callback finds it finished
+            ex.detach()
             self._settle(ex)
 
     # -- errors and cuts ----------------------------------------------------------------------
@@ -1181,7 +809,8 @@ class H1Downstream(asyncio.Protocol):
             self.staged_close()
             return
         # Behind requests still being answered: answer it when its turn comes.
-        ex = Exchange(self, b"", False, False)
+        ex = Exchange(self, b"")
+        ex.keep_alive = False
         ex.local = resp
         ex.close = True
         ex.req_done = True
@@ -1206,7 +835,7 @@ class H1Downstream(asyncio.Protocol):
         if ex.resp_started:
             self.abort_with_active_request()
             return
-        ex._detach(reusable=False)
+        ex.detach()
         ex.local_error(status, body)
 
     def abort_with_active_request(self) -> None:
@@ -1249,10 +878,10 @@ class H1Downstream(asyncio.Protocol):
         """Both sockets of the tunnel are closed: settle the books of both connections."""
         self.relay = None
         self.ctx.stats.downstream_cx_upgrades_active -= 1
-        ex._detach(reusable=False)
+        ex.detach()
         if up is not None:
             up.connection_lost(None)  # the pool's and the cluster's bookkeeping
-        ex.resp_done = True
+        ex.finished = ex.resp_done = True
         if cut and ex.admitted:
             ex.admitted = False
             self.ctx.process.ledger.cut_one()
@@ -1274,8 +903,9 @@ class H1Downstream(asyncio.Protocol):
                 continue
             self.ctx.process.ledger.cut_one()
             ex.admitted = False
-            ex.resp_done = True  # a connect still pending finds it finished and sends nothing
-            ex._detach(reusable=False)
+            # a connect still pending finds it finished and sends nothing
+            ex.finished = ex.resp_done = True
+            ex.detach()
             if ex.resp_started:
                 ds.cut_reset += 1
                 reset = True

@@ -1,7 +1,7 @@
 """HTTP/2 downstream connection: the asyncio shell around the sans-IO ``H2Server``.
 
-Each stream is one request in the same ledger and stats as HTTP/1, proxied to the HTTP/1.1
-upstream pools through an ``H2Stream`` (the ``ExchangeSink`` an ``H1Upstream`` reports to).
+Each stream is one ``proxy.exchange.Exchange``, in the same ledger and stats as HTTP/1.1;
+this connection writes what it decides as HTTP/2 frames (the ``DownstreamPort``).
 Bodies stream both ways under flow control: request DATA is acknowledged (WINDOW_UPDATE) only
 once it was handed to the upstream socket, and a stream whose response waits for the client's
 window pauses its upstream.
@@ -23,8 +23,7 @@ import socket
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
-from lameduck.drain.endpoint import Layer
-from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS, may_retry
+from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS
 from lameduck.drain.tunnel import TunnelKind
 from lameduck.http2.connection import (
     ConnectionError as H2ConnectionError,
@@ -41,6 +40,7 @@ from lameduck.http2.connection import (
     WindowOpened,
 )
 from lameduck.http2.tunnel import H2ConnectTunnel, StreamSide
+from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import (
     HOP_BY_HOP,
     accepts_trailers,
@@ -50,20 +50,18 @@ from lameduck.proxy.fields import (
 )
 from lameduck.proxy.local import (
     GRPC_UNAVAILABLE,
-    RETRY_AFTER,
     grpc_fields,
     grpc_local_reply,
     is_grpc,
 )
-from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.tunnel.relay import Relay, abort_with_rst
-from lameduck.upstream.connector import UpstreamConn, UpstreamError
+from lameduck.upstream.connector import UpstreamConn
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from lameduck.drain import ListenerDrain, ProcessDrain
-    from lameduck.stats import ClusterStats, DrainStats, Http2Stats, HttpStats
+    from lameduck.stats import DrainStats, Http2Stats, HttpStats
     from lameduck.upstream.cluster import Cluster
     from lameduck.upstream.pool import Endpoint
     from lameduck.upstream.router import Router
@@ -109,482 +107,6 @@ def _local_headers(body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()) -> 
     return [(b"content-type", TEXT), (b"content-length", b"%d" % len(body)), *extra]
 
 
-class H2Stream:
-    """One request stream, from HEADERS to the end of its response."""
-
-    __slots__ = (
-        "admitted",
-        "body",
-        "buffered",
-        "chunked_req",
-        "cluster",
-        "conn",
-        "cstats",
-        "endpoint",
-        "grpc",
-        "head",
-        "is_head",
-        "local",
-        "method",
-        "pkey",
-        "relay",
-        "replay",
-        "replay_size",
-        "req_done",
-        "req_trailers",
-        "resp_done",
-        "resp_started",
-        "retried",
-        "retryable",
-        "retrying",
-        "reused",
-        "route_timeout",
-        "set_cookie",
-        "sid",
-        "side",
-        "status",
-        "tries",
-        "tunnel",
-        "unacked",
-        "up",
-        "up_write_paused",
-        "ws",
-    )
-
-    def __init__(self, conn: H2Downstream, sid: int, method: bytes) -> None:
-        self.conn = conn
-        self.sid = sid
-        self.method = method
-        self.is_head = method == b"HEAD"
-        self.admitted = False
-        self.local = False  # answered here, not by an upstream
-        self.cluster: Cluster | None = None
-        self.cstats: ClusterStats | None = None
-        self.endpoint: Endpoint | None = None
-        self.route_timeout = 0.0
-        self.head = b""
-        self.body = False  # the request has a body (DATA frames follow)
-        self.chunked_req = False
-        self.buffered: list[bytes] | None = None  # request bytes before an upstream is attached
-        # Request bytes sent on an HTTP/2 upstream stream, kept (bounded) in case the upstream
-        # refuses it unprocessed; None when not kept.
-        self.replay: list[bytes] | None = None
-        self.replay_size = 0
-        self.unacked = 0  # flow-controlled bytes received, not yet given back to the client
-        self.up: UpstreamConn | None = None
-        self.up_write_paused = False
-        self.req_done = False
-        self.req_trailers: list[tuple[bytes, bytes]] | None = None  # the request's trailers
-        self.resp_started = False
-        self.resp_done = False
-        self.status = 0
-        self.reused = False
-        self.retryable = False
-        self.retried = False  # sent again once on a fresh connection (stale pooled, refused)
-        self.tries = 0  # retries on other endpoints (retry_policy.num_retries)
-        self.retrying = False  # counted in the cluster's retries in flight (the retry budget)
-        self.pkey: str | None = None  # persistence key: source IP, or the cookie's record key
-        self.set_cookie: bytes | None = None  # a persistence cookie's value to set
-        self.tunnel: H2ConnectTunnel | None = None  # a CONNECT stream's destination socket
-        self.ws = False  # an extended CONNECT for a WebSocket (RFC 8441)
-        self.grpc = False  # a gRPC call: local answers are gRPC statuses
-        self.side: StreamSide | None = None  # this stream as a relay side, after the 101
-        self.relay: Relay | None = None
-
-    # -- request side -----------------------------------------------------------------------
-    def request_data(self, data: bytes, flow_len: int, end: bool) -> None:
-        conn = self.conn
-        if self.side is not None:
-            if end:
-                self.req_done = True
-            self.side.received(data, flow_len, end)
-            return
-        if self.tunnel is not None:
-            if end:
-                self.req_done = True
-            self.tunnel.from_client(data, flow_len, end)
-            return
-        if self.local or self.resp_done:
-            conn.h2.acknowledge_received_data(self.sid, flow_len)  # read and dropped
-            if end:
-                self.req_done = True
-            return
-        piece = data
-        up = self.up
-        if up is not None and up.sink is self:
-            if piece:
-                if self.replay is not None:
-                    self._keep(piece)
-                up.write(piece)
-            if self.up_write_paused:
-                self.unacked += flow_len
-            else:
-                conn.h2.acknowledge_received_data(self.sid, flow_len)
-        else:
-            if piece:
-                if self.buffered is None:
-                    self.buffered = []
-                self.buffered.append(piece)
-            self.unacked += flow_len  # acknowledged once written upstream
-        if end:
-            self.request_complete()
-
-    def request_complete(self) -> None:
-        self.req_done = True
-        if self.local or self.resp_done:
-            return
-        up = self.up
-        if up is not None and up.sink is self:
-            up.end(self.req_trailers)  # else ``attach`` ends it, after what was held
-
-    # -- upstream ---------------------------------------------------------------------------
-    def start(self) -> None:
-        cluster = self.cluster
-        assert cluster is not None
-        ep = cluster.pick() if cluster.persistence is None else self._sticky(cluster)
-        if ep is None:
-            cluster.stats.upstream_cx_none_healthy += 1
-            self.local_error(503, b"no healthy upstream\n", RETRY_AFTER)
-            return
-        self.endpoint = ep
-        conn = ep.acquire()
-        if conn is not None:
-            self.reused = True
-            self.attach(conn)  # type: ignore[arg-type]
-        else:
-            self.reused = False
-            self.conn.ctx.connect(cluster, ep).add_done_callback(self._connected)
-
-    def _connected(self, fut: asyncio.Future[UpstreamConn]) -> None:
-        if self.resp_done or self.conn.gone:
-            if not fut.cancelled() and fut.exception() is None:
-                fut.result().close()
-            return
-        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
-        if exc is not None:
-            self._never_sent()
-            return
-        self.attach(fut.result())
-
-    def _sticky(self, cluster: Cluster) -> Endpoint | None:
-        """The drain-stop persistence decision; a new record under a cookie sets the cookie."""
-        key = self.pkey
-        ep, now_key = cluster.pick_sticky(key, Layer.L7, self.conn.loop.time(),
-                                           cluster.by_cookie)
-        if now_key is not None and now_key != key:
-            self.pkey = now_key
-            if cluster.by_cookie:
-                self.set_cookie = b"%s=%s; Path=/; HttpOnly" % (cluster.cookie_name,
-                                                               now_key.encode())
-        return ep
-
-    def _never_sent(self) -> None:
-        """The connection failed before the request went: any request may go elsewhere."""
-        cluster = self.cluster
-        ep = self.endpoint
-        assert cluster is not None and ep is not None
-        cluster.connect_failed(ep)
-        if not self._retry_elsewhere():
-            self.local_error(UpstreamError.CONNECT, b"upstream connect error\n")
-
-    def _retry_elsewhere(self) -> bool:
-        """Send the request to another endpoint if the policy and budget allow (the caller
-        has checked that it is safe)."""
-        cluster = self.cluster
-        ep = self.endpoint
-        assert cluster is not None and ep is not None
-        if self.resp_started or self.conn.gone or self.conn.closing:
-            return False
-        target = cluster.retry_target(ep, self.tries, self.retrying)
-        if target is None:
-            return False
-        self.tries += 1
-        self._retry(target)
-        return True
-
-    def attach(self, up: UpstreamConn) -> None:
-        conn = self.conn
-        if self.resp_done or conn.closing:
-            up.close()
-            return
-        self.up = up
-        cs = self.cstats
-        ep = self.endpoint
-        assert cs is not None and ep is not None
-        cs.upstream_rq_total += 1
-        cs.upstream_rq_active += 1
-        ep.rq_total += 1
-        ep.rq_active += 1
-        if not up.alive:
-            if self.reused:
-                self.on_upstream_error(UpstreamError.RESET, False)
-            else:
-                self.detach(reusable=False)
-                self._never_sent()
-            return
-        if conn.write_paused:
-            up.pause_reading()
-        if (up.multiplexed or self.retryable) and self.body:
-            # kept for a retry: a safe request, or any on an HTTP/2 stream (it may be refused
-            # unprocessed)
-            self.replay = []
-            self.replay_size = 0
-        up.start(self, self.head, self.is_head, self.route_timeout, self.chunked_req)
-        if self.up is not up:
-            return  # refused at once (an HTTP/2 connection that went away): retried or answered
-        if self.buffered:
-            for piece in self.buffered:
-                if self.replay is not None:
-                    self._keep(piece)
-                up.write(piece)
-            self.buffered = None
-        if self.req_done and up.sink is self:
-            up.end(self.req_trailers)
-        if self.unacked and not self.up_write_paused:
-            n, self.unacked = self.unacked, 0
-            conn.h2.acknowledge_received_data(self.sid, n)
-        conn.kick()
-
-    def detach(self, reusable: bool) -> None:
-        if self.tunnel is not None:
-            self.tunnel.abort()
-            self.conn.tunnel_gone(self)
-        up = self.up
-        if up is None:
-            return
-        self.up = None
-        assert self.cstats is not None and self.endpoint is not None
-        self.cstats.upstream_rq_active -= 1
-        self.endpoint.rq_active -= 1
-        if up.sink is self:
-            up.sink = None
-        if up.read_paused:
-            up.resume_reading()
-        ep = self.endpoint
-        if (reusable and self.req_done and ep is not None and up.reusable
-                and ep.release(up, self.conn.loop.time())):
-            return
-        up.close()
-
-    # -- ExchangeSink -------------------------------------------------------------------------
-    def on_informational(self, status: int, lines: list[bytes]) -> None:
-        if status != 100 and not self.resp_started:  # 100 is hop-by-hop in effect (RFC 9110)
-            self.conn.h2.send_headers(self.sid, status, _fields(lines))
-
-    def on_response_head(
-        self, status: int, lines: list[bytes], length: int | None, chunked: bool,
-    ) -> None:
-        conn = self.conn
-        self._answered(status)
-        conn.response_drains()
-        self.resp_started = True
-        bodyless = self.is_head or status == 204 or status == 304
-        fields = _fields(lines)
-        if self.set_cookie is not None:
-            fields.append((b"set-cookie", self.set_cookie))
-        conn.h2.send_headers(self.sid, status, fields, end_stream=bodyless)
-        if bodyless:
-            self.resp_done = True  # the upstream still ends its message; we are done here
-
-    def _answered(self, status: int) -> None:
-        self.status = status
-        self.replay = None  # processed: never sent again
-        cs = self.cstats
-        cluster = self.cluster
-        ep = self.endpoint
-        assert cs is not None and cluster is not None and ep is not None
-        st = self.conn.stats
-        if 200 <= status < 300:
-            cs.upstream_rq_2xx += 1
-            st.downstream_rq_2xx += 1
-            cluster.request_ok(ep)
-        else:
-            cs.count_status(status)
-            st.count_status(status)
-            if status >= 500:
-                cluster.request_failed(ep, 502 <= status <= 504)
-            else:
-                cluster.request_ok(ep)
-
-    def on_whole_response(self, status: int, data: bytes, end: int) -> bool:
-        return False  # the HTTP/1 fast path forwards bytes as they came: not for HTTP/2
-
-    def on_upgrade(self, lines: list[bytes], upgrade: bytes, rest: bytes) -> bool:
-        """The upstream accepted the WebSocket (101): 200 on the stream, then relay it."""
-        up = self.up
-        conn = self.conn
-        if not self.ws or up is None or conn.closing:
-            return False  # a 101 we did not ask for is a bad response
-        transport = up.take_over()
-        if transport is None:
-            return False
-        cs = self.cstats
-        assert cs is not None
-        cs.count_status(101)
-        conn.stats.count_status(200)
-        conn.response_drains()  # it may drain the connection; the tunnel itself stays
-        fields = [(n, v) for n, v in _fields(lines)
-                  if n in (b"sec-websocket-protocol", b"sec-websocket-extensions")]
-        deflate = any(n == b"sec-websocket-extensions" and b"permessage-deflate" in v.lower()
-                      for n, v in fields)
-        self.resp_started = True
-        conn.h2.send_headers(self.sid, 200, fields)
-        conn.stats.downstream_cx_upgrades_total += 1
-        conn.stats.downstream_cx_upgrades_active += 1
-        side = StreamSide(conn, self)
-        self.side = side
-        relay = Relay(conn.loop, side, transport, TunnelKind.WEBSOCKET, conn.ctx.drain.grace,
-                      lambda cut: conn.ws_ended(self, up, cut), rsv1_allowed=deflate)
-        self.relay = relay
-        relay.start(b"", rest)
-        if conn.drain.proactive_fired:
-            relay.drain_by(DrainedBy.PROACTIVE)  # the moment has passed already
-        conn.kick()
-        return True
-
-    def on_response_body(self, data: bytes) -> None:
-        if self.resp_done:
-            return
-        conn = self.conn
-        conn.h2.send_data(self.sid, data)
-        up = self.up
-        if up is not None and conn.h2.outbound_buffered(self.sid) > OUTBOUND_HIGH:
-            up.pause_reading()  # resumed on WindowOpened
-
-    def on_response_complete(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
-        conn = self.conn
-        if not self.resp_done:
-            if trailers:
-                conn.h2.send_trailers(self.sid, trailers)  # they end the stream
-            else:
-                conn.h2.send_data(self.sid, b"", end_stream=True)
-        self.detach(reusable=True)
-        self.finish()
-        conn.kick()
-
-    def on_upstream_error(self, status: int, after_head: bool) -> None:
-        cs = self.cstats
-        cluster = self.cluster
-        ep = self.endpoint
-        assert cs is not None and cluster is not None and ep is not None
-        up_was = self.up
-        self.detach(reusable=False)
-        if status == UpstreamError.TIMEOUT:
-            cs.upstream_rq_timeout += 1
-            ep.rq_timeout += 1
-        else:
-            cs.upstream_rq_rx_reset += 1
-        conn = self.conn
-        if after_head or self.resp_started:
-            # Bytes of this response went out (its status was counted): the client can only
-            # see the stream reset.
-            conn.reset_stream(self, ErrorCode.INTERNAL_ERROR)
-            return
-        replay = self.replay
-        self.replay = None
-        # ``retryable``: idempotent, Idempotency-Key or Resume-Seq (set when the head was read)
-        safe = (may_retry(sent=True, idempotent=self.retryable, idempotency_key=False,
-                          unprocessed=False, response_started=self.resp_started)
-                and (not self.body or replay is not None))
-        if (status == UpstreamError.RESET and self.reused and safe and not self.retried
-                and up_was is not None and not up_was.got_bytes and not conn.gone):
-            # A pooled connection the upstream had already closed: retry once on a fresh one.
-            if replay:
-                self.buffered = replay + (self.buffered or [])
-            self._retry(ep)
-            return
-        cluster.request_failed(ep, True)
-        if status == UpstreamError.RESET and safe:
-            # reset before any response byte, and safe to send again (RFC 9110 §9.2.2)
-            if replay:
-                self.buffered = replay + (self.buffered or [])
-            if self._retry_elsewhere():
-                return
-        body = {502: b"upstream reset before response\n", 503: b"upstream connect error\n",
-                504: b"upstream request timeout\n"}[status]
-        self.local_error(status, body)
-
-    def _keep(self, data: bytes) -> None:
-        replay = self.replay
-        assert replay is not None
-        self.replay_size += len(data)
-        if self.replay_size > REPLAY_LIMIT:
-            self.replay = None  # too much to keep: a refusal will be answered, not retried
-        else:
-            replay.append(data)
-
-    def on_upstream_refused(self) -> None:
-        """Unprocessed (RFC 9113 §8.7): sent again, to another endpoint if there is one, with
-        the body sent so far (kept up to REPLAY_LIMIT)."""
-        self.detach(reusable=False)
-        conn = self.conn
-        cs = self.cstats
-        ep = self.endpoint
-        assert cs is not None and ep is not None
-        replay = self.replay
-        self.replay = None
-        if not self.resp_started and not conn.gone and (not self.body or replay is not None):
-            if replay:
-                self.buffered = replay + (self.buffered or [])
-            if self._retry_elsewhere():
-                return
-            if not self.retried:
-                self._retry(ep)  # no other endpoint: a fresh connection to the same one
-                return
-        cs.upstream_rq_rx_reset += 1
-        self.local_error(503, b"upstream refused the request\n")
-
-    def _retry(self, target: Endpoint) -> None:
-        self.retried = True
-        self.reused = False
-        cluster = self.cluster
-        assert cluster is not None
-        cluster.stats.upstream_rq_retry += 1
-        if not self.retrying:
-            self.retrying = True
-            cluster.retry_started()
-        if target is not self.endpoint:
-            self.endpoint = target
-            if self.pkey is not None:
-                cluster.rebind(self.pkey, target, self.conn.loop.time())
-        self.conn.ctx.connect(cluster, target).add_done_callback(self._connected)
-
-    def local_error(self, status: int, body: bytes,
-                    extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-        conn = self.conn
-        if conn.closing or self.resp_done:
-            return
-        self.local = True
-        conn.respond(self, status, body, extra)
-        self.finish()
-        conn.kick()
-
-    def cork(self) -> None:
-        self.conn.corked += 1
-
-    def uncork(self) -> None:
-        conn = self.conn
-        conn.corked -= 1
-        if not conn.corked:
-            conn.kick()
-
-    def pause_request_body(self) -> None:
-        self.up_write_paused = True
-
-    def resume_request_body(self) -> None:
-        self.up_write_paused = False
-        if self.unacked and self.up is not None:
-            n, self.unacked = self.unacked, 0
-            self.conn.h2.acknowledge_received_data(self.sid, n)
-            self.conn.kick()
-
-    def finish(self) -> None:
-        if self.resp_done and self.sid not in self.conn.streams:
-            return
-        self.resp_done = True
-        self.conn.stream_done(self)
-
-
 def _cookie(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     """Cookie ``name`` from the request (HTTP/2 may split cookies over several fields)."""
     for n, v in headers:
@@ -614,7 +136,7 @@ class H2Downstream(asyncio.Protocol):
         self.h2stats = ctx.h2stats
         self.h2 = H2Server(limits or ctx.h2_limits, self.loop.time())
         self.transport: asyncio.Transport | None = None
-        self.streams: dict[int, H2Stream] = {}
+        self.streams: dict[int, Exchange] = {}
         self.corked = 0
         self.closing = False
         self.gone = False
@@ -628,6 +150,7 @@ class H2Downstream(asyncio.Protocol):
         self.timer_at = 0.0
         self.drain: ConnectionDrain = None  # type: ignore[assignment]
         self.goaways = 0  # GOAWAY frames sent for the drain: 0, 1 (2^31-1), 2 (final)
+        self.req_fields: list[tuple[bytes, bytes]] = []  # the request being admitted
 
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -692,7 +215,7 @@ class H2Downstream(asyncio.Protocol):
             if s is None:
                 self.h2.acknowledge_received_data(d.stream_id, d.flow_len)
                 return
-            s.request_data(d.data, d.flow_len, d.end_stream)
+            self._request_data(s, d.data, d.flow_len, d.end_stream)
         elif t is RequestReceived:
             self.on_request(cast(RequestReceived, ev))
         elif t is TrailersReceived:
@@ -709,7 +232,7 @@ class H2Downstream(asyncio.Protocol):
             elif s is not None:
                 self.stats.downstream_rq_rx_reset += 1
                 s.resp_done = True
-                s.detach(reusable=False)
+                self._detach(s)
                 self._settle(s, completed=False)
         elif t is WindowOpened:
             s = self.streams.get(cast(WindowOpened, ev).stream_id)
@@ -752,7 +275,7 @@ class H2Downstream(asyncio.Protocol):
                 if s.side is not None:
                     s.side.gone()
                 s.resp_done = True
-                s.detach(reusable=False)
+                self._detach(s)
                 self._settle(s, completed=False)
         self.drain.closed()
         self.ctx.connections.discard(self)
@@ -792,6 +315,149 @@ class H2Downstream(asyncio.Protocol):
         if data and self.transport is not None:
             self.transport.write(data)
 
+    # -- DownstreamPort: an exchange's decisions, in HTTP/2 ------------------------------------
+    def _request_data(self, s: Exchange, data: bytes, flow_len: int, end: bool) -> None:
+        if s.side is not None:
+            if end:
+                s.req_done = True
+            s.side.received(data, flow_len, end)
+            return
+        if s.tunnel is not None:
+            if end:
+                s.req_done = True
+            s.tunnel.from_client(data, flow_len, end)
+            return
+        s.request_body(data, flow_len)
+        if end:
+            s.request_complete()
+
+    def _detach(self, s: Exchange) -> None:
+        if s.tunnel is not None:
+            s.tunnel.abort()
+            self.tunnel_gone(s)
+        s.detach()
+
+    def answer(self, ex: Exchange, status: int, body: bytes) -> None:
+        self._local(ex, status, body)
+
+    def going_away(self, ex: Exchange) -> None:
+        """Past the drain time: REFUSED_STREAM tells the client it is safe to retry the stream
+        elsewhere (RFC 9113 §8.7), and the final GOAWAY that this connection takes no more: a
+        refusal alone would not stop a client from choosing it again (a connection opened
+        just before T has had no response to drain it)."""
+        ex.resp_done = True
+        self.h2.unprocess(ex.sid)
+        self.reset_stream(ex, ErrorCode.REFUSED_STREAM)
+        self._goaway_final()
+
+    def persistence_key(self, ex: Exchange, cluster: Cluster) -> str | None:
+        return _cookie(self.req_fields, cluster.cookie_name) if cluster.by_cookie else \
+            self.peer.decode()
+
+    def hold_request(self, ex: Exchange) -> None:
+        pass  # not acknowledged until handed on: the stream's window holds the client
+
+    def resume_request(self, ex: Exchange) -> None:
+        pass
+
+    def release_request(self, ex: Exchange, credit: int) -> None:
+        if ex.sid in self.streams:
+            self.h2.acknowledge_received_data(ex.sid, credit)
+            self.kick()
+
+    def send_informational(self, ex: Exchange, status: int, lines: list[bytes]) -> None:
+        if status != 100:  # 100 is hop-by-hop in effect (RFC 9110 §15.2.1)
+            self.h2.send_headers(ex.sid, status, _fields(lines))
+
+    def send_head(self, ex: Exchange, status: int, lines: list[bytes],
+                  length: int | None) -> None:
+        self.response_drains()
+        bodyless = ex.is_head or status == 204 or status == 304
+        fields = _fields(lines)
+        if ex.set_cookie is not None:
+            fields.append((b"set-cookie", ex.set_cookie))
+        self.h2.send_headers(ex.sid, status, fields, end_stream=bodyless)
+        if bodyless:
+            ex.resp_done = True  # the upstream still ends its message; we are done here
+
+    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool:
+        return False  # HTTP/1.1 bytes as they came: not for HTTP/2
+
+    def send_upgrade(self, ex: Exchange, lines: list[bytes], upgrade: bytes,
+                     rest: bytes) -> bool:
+        """The upstream accepted the WebSocket (101): 200 on the stream, then relay it."""
+        up = ex.up
+        if up is None:
+            return False
+        transport = up.take_over()
+        if transport is None:
+            return False
+        cs = ex.cstats
+        assert cs is not None
+        cs.count_status(101)
+        self.stats.count_status(200)
+        self.response_drains()  # it may drain the connection; the tunnel itself stays
+        fields = [(n, v) for n, v in _fields(lines)
+                  if n in (b"sec-websocket-protocol", b"sec-websocket-extensions")]
+        deflate = any(n == b"sec-websocket-extensions" and b"permessage-deflate" in v.lower()
+                      for n, v in fields)
+        ex.resp_started = True
+        self.h2.send_headers(ex.sid, 200, fields)
+        self.stats.downstream_cx_upgrades_total += 1
+        self.stats.downstream_cx_upgrades_active += 1
+        side = StreamSide(self, ex)
+        ex.side = side
+        relay = Relay(self.loop, side, transport, TunnelKind.WEBSOCKET, self.ctx.drain.grace,
+                      lambda cut: self.ws_ended(ex, up, cut), rsv1_allowed=deflate)
+        ex.relay = relay
+        relay.start(b"", rest)
+        if self.drain.proactive_fired:
+            relay.drain_by(DrainedBy.PROACTIVE)  # the moment has passed already
+        self.kick()
+        return True
+
+    def send_body(self, ex: Exchange, data: bytes) -> None:
+        if ex.resp_done:
+            return
+        self.h2.send_data(ex.sid, data)
+        up = ex.up
+        if up is not None and self.h2.outbound_buffered(ex.sid) > OUTBOUND_HIGH:
+            up.pause_reading()  # resumed on WindowOpened
+
+    def send_end(self, ex: Exchange, trailers: list[tuple[bytes, bytes]] | None) -> None:
+        if not ex.resp_done:
+            if trailers:
+                self.h2.send_trailers(ex.sid, trailers)  # they end the stream
+            else:
+                self.h2.send_data(ex.sid, b"", end_stream=True)
+
+    def send_local(self, ex: Exchange, status: int, body: bytes,
+                   extra: tuple[tuple[bytes, bytes], ...]) -> None:
+        self.respond(ex, status, body, extra)
+
+    def abort(self, ex: Exchange) -> None:
+        self.reset_stream(ex, ErrorCode.INTERNAL_ERROR)
+
+    def cork(self) -> None:
+        self.corked += 1
+
+    def uncork(self) -> None:
+        self.corked -= 1
+        if not self.corked:
+            self.kick()
+
+    def exchange_done(self, ex: Exchange) -> None:
+        """The response of ``ex`` went out whole."""
+        if ex.sid not in self.streams:
+            return
+        if not ex.req_done:
+            # RFC 9113 §8.1: a complete response may end a request the client is still
+            # sending; NO_ERROR tells it to stop without failing the response.
+            self.h2.reset_stream(ex.sid, ErrorCode.NO_ERROR)
+            ex.req_done = True
+        self._settle(ex, completed=True)
+        self.kick()
+
     # -- requests ---------------------------------------------------------------------------
     def on_request(self, ev: RequestReceived) -> None:
         ctx = self.ctx
@@ -800,18 +466,20 @@ class H2Downstream(asyncio.Protocol):
         st.downstream_rq_http2_total += 1
         st.downstream_rq_active += 1
         sid = ev.stream_id
-        s = H2Stream(self, sid, ev.method)
+        s = Exchange(self, ev.method)
+        s.sid = sid
         self.streams[sid] = s
-        s.body = not ev.end_stream
-        s.req_done = ev.end_stream
+        if ev.end_stream:
+            s.has_body = False
+            s.req_done = True
         method = ev.method
         if method == b"CONNECT":
             if ev.protocol != b"websocket":
                 self._connect(s, ev)
                 return
             # RFC 8441: a WebSocket; to the HTTP/1.1 upstream it is a GET with an Upgrade
-            s.ws = True
-            s.body = False  # its DATA are frames for the tunnel, not a request body
+            s.upgrade = True
+            s.has_body = False  # its DATA are frames for the tunnel, not a request body
             method = b"GET"
         path = ev.path if ev.path is not None else b"/"  # None only for CONNECT (above)
         authority = ev.authority
@@ -848,11 +516,11 @@ class H2Downstream(asyncio.Protocol):
         out.insert(0, b"host: %s\r\n" % host)
         if te_trailers:  # gRPC's "te: trailers": the upstream may answer with trailers
             out.append(b"te: trailers\r\nconnection: te\r\n")
-        if s.ws:
+        if s.upgrade:
             out.append(b"connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: %s\r\n"
                        % base64.b64encode(os.urandom(16)))
             retryable = False
-        elif s.body:
+        elif s.has_body:
             if content_length is not None:
                 out.append(b"content-length: %s\r\n" % content_length)
             else:
@@ -860,39 +528,9 @@ class H2Downstream(asyncio.Protocol):
                 out.append(b"transfer-encoding: chunked\r\n")
         elif content_length is not None and method not in (b"GET", b"HEAD"):
             out.append(b"content-length: %s\r\n" % content_length)
-        p = path.partition(b"?")[0]
-        if ctx.health_check_path is not None and p == ctx.health_check_path:
-            live = ctx.process.live
-            self._local(s, 200 if live else 503, b"OK\n" if live else b"DRAINING\n")
+        self.req_fields = ev.headers  # for a persistence cookie
+        if not s.admit(ctx, host, path.partition(b"?")[0], retryable):
             return
-        route = ctx.router.match(host, p)
-        if route is None:
-            self._local(s, 404, b"no route\n")
-            return
-        if s.ws and route.cluster.connector is not None:
-            # an HTTP/2 cluster: a WebSocket would need RFC 8441 upstream, not supported
-            self._local(s, 501, b"websocket to an HTTP/2 upstream not supported\n")
-            return
-        if not ctx.process.ledger.begin():
-            # Past the drain time: REFUSED_STREAM tells the client it is safe to retry it
-            # elsewhere (RFC 9113 §8.7), and the final GOAWAY that this connection takes no
-            # more: a refusal alone would not stop a client from choosing it again (a
-            # connection opened just before T has had no response to drain it).
-            st.downstream_rq_going_away += 1
-            s.resp_done = True
-            self.h2.unprocess(s.sid)
-            self.reset_stream(s, ErrorCode.REFUSED_STREAM)
-            self._goaway_final()
-            return
-        s.admitted = True
-        s.retryable = retryable
-        cluster = route.cluster
-        s.cluster = cluster
-        s.cstats = cluster.stats
-        if cluster.persistence is not None:
-            s.pkey = (_cookie(ev.headers, cluster.cookie_name) if cluster.by_cookie
-                      else self.peer.decode())
-        s.route_timeout = route.timeout
         if xff:
             out.append(b"x-forwarded-for: %s, %s\r\nx-forwarded-proto: %s\r\n\r\n"
                        % (xff, self.peer, ctx.scheme))
@@ -902,23 +540,17 @@ class H2Downstream(asyncio.Protocol):
         s.start()
 
     # -- CONNECT tunnels ------------------------------------------------------------------------
-    def _connect(self, s: H2Stream, ev: RequestReceived) -> None:
+    def _connect(self, s: Exchange, ev: RequestReceived) -> None:
         """A CONNECT stream: relayed to its destination if the listener allows it (else 403)."""
         ctx = self.ctx
         if ev.protocol is not None:
             # an extended CONNECT for a protocol other than websocket
             self._local(s, 501, b"protocol not supported\n")
             return
-        target = ctx.connect_target(ev.authority)
-        if target is None:
-            self._local(s, 403, b"CONNECT not allowed\n")
+        if not s.admit_connect(ctx, ev.authority):
             return
-        if not ctx.process.ledger.begin():
-            self.stats.downstream_rq_going_away += 1
-            s.resp_done = True
-            self.reset_stream(s, ErrorCode.REFUSED_STREAM)
-            return
-        s.admitted = True
+        assert s.connect is not None
+        target = s.connect
         self.stats.downstream_cx_upgrades_total += 1
         self.stats.downstream_cx_upgrades_active += 1
         s.tunnel = H2ConnectTunnel(self, s, target[0], target[1], ctx.drain.grace)
@@ -928,26 +560,26 @@ class H2Downstream(asyncio.Protocol):
         if self.drain.proactive_fired:
             s.tunnel.drain_by(DrainedBy.PROACTIVE)  # the moment has passed already
 
-    def tunnel_open(self, s: H2Stream) -> None:
+    def tunnel_open(self, s: Exchange) -> None:
         self.stats.count_status(200)
         self.response_drains()  # it may drain the connection; the tunnel itself stays
         s.resp_started = True
         self.h2.send_headers(s.sid, 200, [])
 
-    def tunnel_failed(self, s: H2Stream) -> None:
+    def tunnel_failed(self, s: Exchange) -> None:
         self.tunnel_gone(s)
         if s.sid in self.streams:
             self._local(s, 503, b"connect error\n")
             self.kick()
 
-    def tunnel_done(self, s: H2Stream) -> None:
+    def tunnel_done(self, s: Exchange) -> None:
         """Both directions ended (END_STREAM and FIN): a completed request."""
         self.tunnel_gone(s)
         s.req_done = True
         s.finish()
         self.kick()
 
-    def tunnel_reset(self, s: H2Stream, code: ErrorCode, cut: bool) -> None:
+    def tunnel_reset(self, s: Exchange, code: ErrorCode, cut: bool) -> None:
         self.tunnel_gone(s)
         if cut and s.admitted:
             # Ended by the drain (G after the proactive moment, as in Envoy): counted as cut.
@@ -957,13 +589,13 @@ class H2Downstream(asyncio.Protocol):
         if s.sid in self.streams:
             self.reset_stream(s, code)
 
-    def ws_ended(self, s: H2Stream, up: UpstreamConn, cut: bool) -> None:
+    def ws_ended(self, s: Exchange, up: UpstreamConn, cut: bool) -> None:
         """Both sides of a WebSocket stream's relay are closed: settle the books."""
         if s.relay is None:
             return
         s.relay = None
         self.stats.downstream_cx_upgrades_active -= 1
-        s.detach(reusable=False)
+        self._detach(s)
         up.tunnel_closed()  # the pool's and the cluster's bookkeeping
         s.resp_done = True
         if cut and s.admitted:
@@ -974,14 +606,14 @@ class H2Downstream(asyncio.Protocol):
         self._settle(s, completed=not cut)
         self.kick()
 
-    def tunnel_gone(self, s: H2Stream) -> None:
+    def tunnel_gone(self, s: Exchange) -> None:
         """The stream no longer has a destination socket (counted once)."""
         if s.tunnel is not None:
             s.tunnel = None
             self.stats.downstream_cx_upgrades_active -= 1
 
-    def _local(self, s: H2Stream, status: int, body: bytes) -> None:
-        s.local = True
+    def _local(self, s: Exchange, status: int, body: bytes) -> None:
+        s.local = b""
         self.respond(s, status, body)
         s.finish()
 
@@ -990,12 +622,13 @@ class H2Downstream(asyncio.Protocol):
         st.downstream_rq_total += 1
         st.downstream_rq_http2_total += 1
         st.downstream_rq_active += 1
-        s = H2Stream(self, sid, b"")
+        s = Exchange(self, b"")
+        s.sid = sid
         s.req_done = True  # H2Server drops the body and resets the stream after our answer
         self.streams[sid] = s
         self._local(s, 431, b"request header fields too large\n")
 
-    def respond(self, s: H2Stream, status: int, body: bytes,
+    def respond(self, s: Exchange, status: int, body: bytes,
                 extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         """A local answer on stream ``s`` (it drains the connection like any response)."""
         self.stats.count_status(status)
@@ -1011,24 +644,15 @@ class H2Downstream(asyncio.Protocol):
             h2.send_headers(s.sid, status, _local_headers(body, extra))
             h2.send_data(s.sid, body, end_stream=True)
 
-    def reset_stream(self, s: H2Stream, code: ErrorCode) -> None:
+    def reset_stream(self, s: Exchange, code: ErrorCode) -> None:
         self.h2stats.tx_reset += 1
         self.h2.reset_stream(s.sid, code)
         s.resp_done = True
-        s.detach(reusable=False)
+        self._detach(s)
         self._settle(s, completed=False)
         self.kick()
 
-    def stream_done(self, s: H2Stream) -> None:
-        """The response of ``s`` went out whole."""
-        if not s.req_done and s.sid in self.streams:
-            # RFC 9113 §8.1: a complete response may end a request the client is still
-            # sending; NO_ERROR tells it to stop without failing the response.
-            self.h2.reset_stream(s.sid, ErrorCode.NO_ERROR)
-            s.req_done = True
-        self._settle(s, completed=True)
-
-    def _settle(self, s: H2Stream, completed: bool) -> None:
+    def _settle(self, s: Exchange, completed: bool) -> None:
         if self.streams.pop(s.sid, None) is None:
             return
         if s.unacked:
@@ -1138,7 +762,7 @@ class H2Downstream(asyncio.Protocol):
                 continue
             ledger.cut_one()
             s.admitted = False
-            s.detach(reusable=False)
+            self._detach(s)
             if s.resp_started:
                 ds.cut_reset += 1
                 if s.grpc and not s.resp_done:
@@ -1146,13 +770,13 @@ class H2Downstream(asyncio.Protocol):
                     # the client can act on, not a reset.
                     self.h2.send_trailers(s.sid, grpc_fields(
                         GRPC_UNAVAILABLE, b"going away: cut at the drain deadline"))
-                    s.local = True
+                    s.local = b""
                     s.finish()
                 else:
                     self.reset_stream(s, ErrorCode.CANCEL)
             else:
                 ds.cut_before_response += 1
-                s.local = True
+                s.local = b""
                 self.respond(s, 503, b"going away\n", ((b"retry-after", b"1"),))
                 s.finish()
         self._goaway_final()

@@ -1,0 +1,580 @@
+"""One request and its response, on any downstream and any upstream protocol.
+
+The ``Exchange`` decides: admission (health-check path, route, ledger), persistence, the endpoint,
+connect or reuse, the request body (held, kept for a replay, flow-controlled), the retry after a
+failure, local errors and the books. It never touches bytes of a protocol: the downstream codec
+connection carries its decisions out through ``DownstreamPort`` (HTTP/1.1 formats a status line,
+HTTP/2 sends HEADERS), and the upstream connection reports through ``ExchangeSink``. Envoy splits
+its router filter from the codecs the same way; hypercorn drives both of its codecs through one
+``HTTPStream``.
+
+Retries (RFC 9110 §9.2.2, RFC 9113 §8.7): a request never sent (connect failed) may go anywhere;
+one reset before any response byte is sent again only if it is safe (idempotent method,
+``Idempotency-Key`` or ``Resume-Seq``) and its body is still kept (``REPLAY_LIMIT``); one an
+HTTP/2 upstream refused unprocessed may always be sent again. Other endpoints come from the
+cluster's retry policy and budget (``Cluster.retry_target``); a stale pooled connection is
+retried once on a fresh one to the same endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from lameduck.drain.endpoint import Layer
+from lameduck.drain.retry import may_retry
+from lameduck.proxy.local import RETRY_AFTER
+from lameduck.proxy.replay import REPLAY_LIMIT
+from lameduck.upstream.connector import UpstreamConn, UpstreamError
+
+if TYPE_CHECKING:
+    from lameduck.drain import ProcessDrain
+    from lameduck.stats import ClusterStats, HttpStats
+    from lameduck.upstream.cluster import Cluster
+    from lameduck.upstream.pool import Endpoint
+    from lameduck.upstream.router import Router
+
+# Request bytes held for an upstream not attached yet before the client is paused (HTTP/2's
+# window bounds them already).
+BODY_BUFFER_LIMIT: Final = 256 * 1024
+UPSTREAM_ERROR_BODY: Final = {
+    UpstreamError.RESET: b"upstream reset before response\n",
+    UpstreamError.CONNECT: b"upstream connect error\n",
+    UpstreamError.TIMEOUT: b"upstream request timeout\n",
+}
+
+
+class ExchangeContext(Protocol):
+    """What an exchange needs from its listener."""
+
+    loop: asyncio.AbstractEventLoop
+    stats: HttpStats
+    process: ProcessDrain
+    router: Router
+    health_check_path: bytes | None
+
+    def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
+    def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]: ...
+
+
+class DownstreamPort(Protocol):
+    """What an exchange asks of its downstream connection: the codec carries it out."""
+
+    ctx: Any  # an ExchangeContext (Any: each codec's context protocol is wider)
+    gone: bool
+    closing: bool
+    write_paused: bool
+
+    def answer(self, ex: Exchange, status: int, body: bytes) -> None:
+        """Admission refused ``ex`` (no route, health check, ...): answer it from here."""
+        ...
+    def going_away(self, ex: Exchange) -> None:
+        """Past the drain time: tell the client to send ``ex`` elsewhere."""
+        ...
+    def persistence_key(self, ex: Exchange, cluster: Cluster) -> str | None: ...
+    def hold_request(self, ex: Exchange) -> None:
+        """Stop reading ``ex``'s body for now (HTTP/2: its window already bounds it)."""
+        ...
+    def resume_request(self, ex: Exchange) -> None: ...
+    def release_request(self, ex: Exchange, credit: int) -> None:
+        """``credit`` flow-controlled request bytes were handed on (HTTP/2: WINDOW_UPDATE)."""
+        ...
+    def send_informational(self, ex: Exchange, status: int, lines: list[bytes]) -> None: ...
+    def send_head(self, ex: Exchange, status: int, lines: list[bytes],
+                  length: int | None) -> None: ...
+    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool: ...
+    def send_upgrade(self, ex: Exchange, lines: list[bytes], upgrade: bytes,
+                     rest: bytes) -> bool: ...
+    def send_body(self, ex: Exchange, data: bytes) -> None: ...
+    def send_end(self, ex: Exchange, trailers: list[tuple[bytes, bytes]] | None) -> None: ...
+    def send_local(self, ex: Exchange, status: int, body: bytes,
+                   extra: tuple[tuple[bytes, bytes], ...]) -> None: ...
+    def abort(self, ex: Exchange) -> None:
+        """The upstream failed after the response started: the client can only see a reset."""
+        ...
+    def cork(self) -> None: ...
+    def uncork(self) -> None: ...
+    def exchange_done(self, ex: Exchange) -> None: ...
+
+
+class Exchange:
+    """One request and its response, from its head to the last response byte.
+
+    Defaults live on the class: a keep-alive GET sets a handful of attributes, not forty (this
+    is allocated once per request, on the hot path).
+    """
+
+    sid = 0  # the HTTP/2 stream id (0 on HTTP/1.1)
+    head = b""  # the request head for the upstream (formatted by the downstream codec)
+    local: bytes | None = None  # answered here: the answer, queued (HTTP/1.1), or b""
+    close = False  # the connection closes after this response (HTTP/1.1)
+    keep_alive = True
+    v10 = False
+    expect = False  # "Expect: 100-continue": a local answer closes the connection
+    admitted = False  # counted in the process ledger
+    has_body = True
+    chunked_req = False
+    req_done = False
+    buffered: list[bytes] | None = None  # request bytes before an upstream is attached
+    buffered_size = 0
+    unacked = 0  # request bytes read and not yet handed on (flow-control credit)
+    up_paused = False  # the upstream cannot take the request body faster
+    held = False  # the client's request body is paused for this exchange
+    cluster: Cluster | None = None
+    cstats: ClusterStats | None = None
+    endpoint: Endpoint | None = None
+    route_timeout = 0.0
+    reused = False  # on a pooled connection (it may have been closed by the upstream)
+    retried = False  # sent again once on a fresh connection (a stale pooled one, a refusal)
+    tries = 0  # retries on other endpoints (retry_policy.num_retries)
+    retrying = False  # counted in the cluster's retries in flight (the retry budget)
+    retryable = False  # idempotent method, Idempotency-Key or Resume-Seq (RFC 9110 §9.2.2)
+    pkey: str | None = None  # persistence key: the source IP, or the cookie's record key
+    set_cookie: bytes | None = None  # a persistence cookie to set: "name=value; Path=/..."
+    can_replay = False  # what was sent upstream is kept (whole) for a retry
+    replay: list[bytes] | None = None
+    replay_size = 0
+    status = 0
+    resp_started = False
+    resp_chunked = False
+    te_trailers = False  # the client takes trailers (HTTP/1.1 "TE: trailers")
+    req_trailers: list[tuple[bytes, bytes]] | None = None
+    resp_done = False  # no more response bytes go out
+    finished = False  # ``exchange_done`` was called
+    upgrade = False  # a WebSocket: a 101 upstream turns it into a tunnel
+    grpc = False  # a gRPC call: local answers are gRPC statuses
+    connect: tuple[str, int] | None = None  # a CONNECT's destination (on the allow-list)
+    early = b""  # bytes the client sent after an Upgrade request, before the 101
+
+    def __init__(self, down: DownstreamPort, method: bytes) -> None:
+        self.down = down
+        self.method = method
+        self.is_head = method == b"HEAD"
+        # Set here, not as class defaults: mypyc leaves a protocol-typed default undefined.
+        self.up: UpstreamConn | None = None
+        # A tunnel's parts, kept by the codec: a CONNECT stream's destination socket, this
+        # stream as a relay side, the relay.
+        self.tunnel: Any = None
+        self.side: Any = None
+        self.relay: Any = None
+
+    # -- admission ----------------------------------------------------------------------------
+    def admit(self, ctx: ExchangeContext, host: bytes | None, path: bytes,
+              retryable: bool) -> bool:
+        """Route the request and take it on the books; False: the downstream was told to
+        answer it (health check, no route, going away)."""
+        down = self.down
+        hc = ctx.health_check_path
+        if hc is not None and path == hc:
+            live = ctx.process.live
+            down.answer(self, 200 if live else 503, b"OK\n" if live else b"DRAINING\n")
+            return False
+        route = ctx.router.match(host, path)
+        if route is None:
+            down.answer(self, 404, b"no route\n")
+            return False
+        cluster = route.cluster
+        if self.upgrade and cluster.connector is not None:
+            # an HTTP/2 cluster: a WebSocket would need RFC 8441 upstream, not supported
+            down.answer(self, 501, b"websocket to an HTTP/2 upstream not supported\n")
+            return False
+        if not ctx.process.ledger.begin():
+            ctx.stats.downstream_rq_going_away += 1
+            down.going_away(self)
+            return False
+        self.admitted = True
+        self.retryable = retryable
+        self.cluster = cluster
+        self.cstats = cluster.stats
+        if cluster.persistence is not None:
+            self.pkey = down.persistence_key(self, cluster)
+        self.route_timeout = route.timeout
+        return True
+
+    def admit_connect(self, ctx: ExchangeContext, authority: bytes | None) -> bool:
+        """A CONNECT: its destination if the listener allows it (else 403), on the books."""
+        target = ctx.connect_target(authority)
+        if target is None:
+            self.down.answer(self, 403, b"CONNECT not allowed\n")
+            return False
+        if not ctx.process.ledger.begin():
+            ctx.stats.downstream_rq_going_away += 1
+            self.down.going_away(self)
+            return False
+        self.admitted = True
+        self.connect = target
+        return True
+
+    # -- request body ---------------------------------------------------------------------------
+    def request_body(self, data: bytes, credit: int) -> None:
+        """Request body bytes; ``credit``: the flow-control units they took (HTTP/2 counts
+        padding; HTTP/1.1 passes their length and has no window to give back)."""
+        if self.local is not None or self.resp_done:
+            if credit:
+                self.down.release_request(self, credit)  # answered: read and dropped
+            return
+        up = self.up
+        if up is not None and up.sink is self:
+            if data:
+                if self.can_replay:
+                    self._keep(data)
+                up.write(data)
+            if self.up_paused:
+                self.unacked += credit
+            elif credit:
+                self.down.release_request(self, credit)
+            return
+        if data:
+            if self.buffered is None:
+                self.buffered = []
+            self.buffered.append(data)
+            self.buffered_size += len(data)
+        self.unacked += credit  # given back once written upstream
+        if self.buffered_size > BODY_BUFFER_LIMIT and not self.held:
+            self.held = True
+            self.down.hold_request(self)
+
+    def request_complete(self) -> None:
+        self.req_done = True
+        if self.local is not None or self.resp_done:
+            if self.resp_started and self.local is not None:
+                self.finish()  # the local answer went out before the request had ended
+            return
+        up = self.up
+        if up is not None and up.sink is self:
+            up.end(self.req_trailers)  # else ``attach`` ends it, after what was held
+
+    def _keep(self, data: bytes) -> None:
+        """Remember request bytes sent upstream, for a retry (bounded)."""
+        size = self.replay_size + len(data)
+        if size > REPLAY_LIMIT:
+            self.can_replay = False  # too much to keep: a failure is answered, not retried
+            self.replay = None
+            return
+        self.replay_size = size
+        if self.replay is None:
+            self.replay = [data]
+        else:
+            self.replay.append(data)
+
+    # -- upstream -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Pick an endpoint and send the request: on a pooled connection, or a new one."""
+        cluster = self.cluster
+        assert cluster is not None
+        ep = cluster.pick() if cluster.persistence is None else self._sticky(cluster)
+        if ep is None:
+            # no READY, healthy endpoint: 503 and when to come back (Envoy: no healthy upstream)
+            cluster.stats.upstream_cx_none_healthy += 1
+            self.local_error(503, b"no healthy upstream\n", RETRY_AFTER)
+            return
+        self.endpoint = ep
+        conn = ep.acquire()
+        if conn is not None:
+            self.reused = True
+            self.attach(conn)  # type: ignore[arg-type]
+        else:
+            self.reused = False
+            self.down.ctx.connect(cluster, ep).add_done_callback(self._connected)
+
+    def _sticky(self, cluster: Cluster) -> Endpoint | None:
+        """The drain-stop persistence decision; a new record under a cookie sets the cookie."""
+        key = self.pkey
+        ep, now_key = cluster.pick_sticky(key, Layer.L7, self.down.ctx.loop.time(),
+                                           cluster.by_cookie)
+        if now_key is not None and now_key != key:
+            self.pkey = now_key
+            if cluster.by_cookie:
+                self.set_cookie = b"%s=%s; Path=/; HttpOnly" % (cluster.cookie_name,
+                                                               now_key.encode())
+        return ep
+
+    def _connected(self, fut: asyncio.Future[UpstreamConn]) -> None:
+        if self.resp_done or self.down.gone:
+            if not fut.cancelled() and fut.exception() is None:
+                fut.result().close()
+            return
+        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        if exc is not None:
+            self._never_sent()
+            return
+        self.attach(fut.result())
+
+    def _never_sent(self) -> None:
+        """The connection failed before the request went: any request may go elsewhere."""
+        cluster = self.cluster
+        ep = self.endpoint
+        assert cluster is not None and ep is not None
+        cluster.connect_failed(ep)
+        if not self._retry_elsewhere():
+            self.local_error(UpstreamError.CONNECT, UPSTREAM_ERROR_BODY[UpstreamError.CONNECT])
+
+    def _retry_elsewhere(self) -> bool:
+        """Send the request to another endpoint if the policy and budget allow (the caller
+        has checked that it is safe)."""
+        cluster = self.cluster
+        ep = self.endpoint
+        assert cluster is not None and ep is not None
+        down = self.down
+        if self.resp_started or down.gone or down.closing:
+            return False
+        target = cluster.retry_target(ep, self.tries, self.retrying)
+        if target is None:
+            return False
+        self.tries += 1
+        self._retry(target)
+        return True
+
+    def attach(self, up: UpstreamConn) -> None:
+        down = self.down
+        if self.resp_done or down.closing:
+            up.close()  # cut or answered meanwhile: this request is not sent
+            return
+        self.up = up
+        cs = self.cstats
+        ep = self.endpoint
+        assert cs is not None and ep is not None
+        cs.upstream_rq_total += 1
+        cs.upstream_rq_active += 1
+        ep.rq_total += 1
+        ep.rq_active += 1
+        # Kept for a retry: a safe request (idempotent, Idempotency-Key, Resume-Seq), or any
+        # request on an HTTP/2 stream (which the upstream may refuse as unprocessed).
+        self.can_replay = self.retryable or up.multiplexed
+        if not up.alive:  # lost between the pool (or the connect) and now
+            if self.reused:
+                self.on_upstream_error(UpstreamError.RESET, False)
+            else:
+                self._detach(reusable=False)
+                self._never_sent()
+            return
+        if down.write_paused:
+            up.pause_reading()  # the client is behind: this response waits for it too
+        up.start(self, self.head, self.is_head, self.route_timeout, self.chunked_req)
+        if self.up is not up:
+            return  # refused at once (an HTTP/2 connection that went away): retried or answered
+        if self.buffered:
+            for piece in self.buffered:
+                if self.can_replay:
+                    self._keep(piece)
+                up.write(piece)
+            self.buffered = None
+            self.buffered_size = 0
+        if self.held:
+            self.held = False
+            if not self.up_paused:  # the upstream may have paused it meanwhile
+                down.resume_request(self)
+        if self.req_done and up.sink is self:
+            up.end(self.req_trailers)
+        if self.unacked and not self.up_paused:
+            n, self.unacked = self.unacked, 0
+            down.release_request(self, n)
+
+    def _detach(self, reusable: bool) -> None:
+        up = self.up
+        if up is None:
+            return
+        self.up = None
+        cs = self.cstats
+        ep = self.endpoint
+        assert cs is not None and ep is not None
+        cs.upstream_rq_active -= 1
+        ep.rq_active -= 1
+        if up.sink is self:
+            up.sink = None
+        # A flow-control pause on either side belongs to this exchange, not to what comes next.
+        if self.up_paused:
+            self.up_paused = False
+            self.down.resume_request(self)
+        if up.read_paused:
+            up.resume_reading()
+        if (reusable and self.req_done and up.reusable
+                and ep.release(up, self.down.ctx.loop.time())):
+            return
+        up.close()
+
+    def detach(self) -> None:
+        """The exchange ends without its upstream (cut, reset, connection lost)."""
+        self._detach(reusable=False)
+
+    # -- ExchangeSink: what the upstream reports ------------------------------------------------
+    def on_informational(self, status: int, lines: list[bytes]) -> None:
+        if not self.resp_started:
+            self.down.send_informational(self, status, lines)
+
+    def on_response_head(
+        self, status: int, lines: list[bytes], length: int | None, chunked: bool,
+    ) -> None:
+        self.answered(status)
+        self.resp_started = True
+        self.down.send_head(self, status, lines, length)
+
+    def answered(self, status: int) -> None:
+        """The upstream answered: count the status; no retry from here on."""
+        self.status = status
+        if self.can_replay:
+            self.can_replay = False
+            self.replay = None
+        cs = self.cstats
+        cluster = self.cluster
+        ep = self.endpoint
+        assert cs is not None and cluster is not None and ep is not None
+        if 200 <= status < 300:
+            cs.upstream_rq_2xx += 1
+            self.down.ctx.stats.downstream_rq_2xx += 1
+            cluster.request_ok(ep)
+        else:
+            cs.count_status(status)
+            self.down.ctx.stats.count_status(status)
+            if status >= 500:
+                cluster.request_failed(ep, 502 <= status <= 504)
+            else:
+                cluster.request_ok(ep)
+
+    def on_whole_response(self, status: int, data: bytes, end: int) -> bool:
+        """A complete plain response in one piece (see ``http1.wire.whole_response``): the
+        downstream may forward it as it came. False: the caller parses it instead."""
+        if self.set_cookie is not None or not self.req_done:
+            return False
+        if not self.down.send_whole(self, status, data, end):
+            return False
+        self.answered(status)
+        self.resp_started = True
+        self._detach(reusable=True)
+        self.finish()
+        return True
+
+    def on_upgrade(self, lines: list[bytes], upgrade: bytes, rest: bytes) -> bool:
+        """The upstream switched protocols (101). False when this request did not ask for it
+        (the caller fails the exchange)."""
+        if not self.upgrade or self.down.closing:
+            return False
+        return self.down.send_upgrade(self, lines, upgrade, rest)
+
+    def on_response_body(self, data: bytes) -> None:
+        self.down.send_body(self, data)
+
+    def on_response_complete(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
+        self.down.send_end(self, trailers)
+        self._detach(reusable=True)
+        self.finish()
+
+    def on_upstream_error(self, status: int, after_head: bool) -> None:
+        cs = self.cstats
+        cluster = self.cluster
+        ep = self.endpoint
+        assert cs is not None and cluster is not None and ep is not None
+        up_was = self.up
+        can_replay = self.can_replay
+        self._detach(reusable=False)
+        if status == UpstreamError.TIMEOUT:
+            cs.upstream_rq_timeout += 1
+            ep.rq_timeout += 1
+        else:
+            cs.upstream_rq_rx_reset += 1
+        down = self.down
+        if after_head or self.resp_started:
+            # Bytes of this response already went out (its status was counted): the client
+            # can only see a reset.
+            down.abort(self)
+            return
+        # sent, reset before any response byte: safe to send again (RFC 9110 §9.2.2) when the
+        # method is idempotent or the app dedupes it, and its body is still kept whole
+        safe = can_replay and may_retry(sent=True, idempotent=self.retryable,
+                                        idempotency_key=False, unprocessed=False,
+                                        response_started=False)
+        if status == UpstreamError.RESET and safe and not down.gone:
+            if (self.reused and up_was is not None and not up_was.got_bytes
+                    and not self.retried):
+                # A pooled connection the upstream had already closed: once more on a fresh
+                # one to the same endpoint.
+                self._retry(ep)
+                return
+            cluster.request_failed(ep, True)
+            if self._retry_elsewhere():
+                return
+        else:
+            cluster.request_failed(ep, True)
+        self.local_error(status, UPSTREAM_ERROR_BODY[status])
+
+    def on_upstream_refused(self) -> None:
+        """HTTP/2 proved it unprocessed (RFC 9113 §8.7): sent again, to another endpoint if
+        there is one, with the body sent so far (kept up to REPLAY_LIMIT)."""
+        can_replay = self.can_replay
+        ep = self.endpoint
+        assert ep is not None
+        self._detach(reusable=False)
+        if can_replay and not self.resp_started and not self.down.gone:
+            if self._retry_elsewhere():
+                return
+            if not self.retried:
+                self._retry(ep)  # no other endpoint: a fresh connection to the same one
+                return
+        cs = self.cstats
+        assert cs is not None
+        cs.upstream_rq_rx_reset += 1
+        self.local_error(503, b"upstream refused the request\n")
+
+    def _retry(self, target: Endpoint) -> None:
+        """Send the request again to ``target`` on a fresh connection, replaying what was
+        sent."""
+        self.retried = True
+        self.can_replay = False
+        cluster = self.cluster
+        assert cluster is not None
+        cluster.stats.upstream_rq_retry += 1
+        if not self.retrying:
+            self.retrying = True
+            cluster.retry_started()
+        if self.replay:
+            self.buffered = self.replay + (self.buffered or [])
+            self.buffered_size += self.replay_size
+        self.replay = None
+        self.replay_size = 0
+        self.reused = False
+        loop = self.down.ctx.loop
+        if target is not self.endpoint:
+            self.endpoint = target
+            if self.pkey is not None:
+                cluster.rebind(self.pkey, target, loop.time())
+        self.down.ctx.connect(cluster, target).add_done_callback(self._connected)
+
+    def local_error(self, status: int, body: bytes,
+                    extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        """Answer with a local error response, unless the response already started."""
+        down = self.down
+        if down.closing or self.resp_done:
+            return  # cut at the deadline meanwhile: its answer went out already
+        self.local = b""
+        self.resp_started = True
+        down.send_local(self, status, body, extra)
+        self.finish()
+
+    def pause_request_body(self) -> None:
+        if not self.up_paused:
+            self.up_paused = True
+            self.down.hold_request(self)
+
+    def resume_request_body(self) -> None:
+        if self.up_paused:
+            self.up_paused = False
+            if not self.held:
+                self.down.resume_request(self)
+            if self.unacked and self.up is not None:
+                n, self.unacked = self.unacked, 0
+                self.down.release_request(self, n)
+
+    def cork(self) -> None:
+        self.down.cork()
+
+    def uncork(self) -> None:
+        self.down.uncork()
+
+    # -- end --------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """The response went out whole (or the exchange was answered from here)."""
+        if self.finished:
+            return
+        self.finished = True
+        self.resp_done = True
+        self.down.exchange_done(self)
