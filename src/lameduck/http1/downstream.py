@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import httptools
 
-from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
+from lameduck.drain import ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
 from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http1.upstream import H1Upstream
@@ -37,6 +37,7 @@ from lameduck.http1.wire import (
     simple_response,
     status_line,
 )
+from lameduck.proxy.downstream import STOP, Downstream
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import (
     HOP_BY_HOP,
@@ -46,7 +47,7 @@ from lameduck.proxy.fields import (
     trailer_fields,
     valid_authority,
 )
-from lameduck.tunnel.relay import Pending, Relay, abort_with_rst, open_destination
+from lameduck.tunnel.relay import Pending, Relay, open_destination
 from lameduck.upstream.connector import UpstreamConn
 
 if TYPE_CHECKING:
@@ -65,7 +66,6 @@ PAUSE_BODY = 2  # the upstream cannot take the request body faster, or is not th
 PAUSE_CLOSING = 8
 PAUSE_UPGRADE = 16  # an Upgrade request waits for the upstream's answer
 
-LINGER = 2.0  # seconds a staged close keeps reading before it closes
 GOING_AWAY = simple_response(503, b"going away\n", close=True, extra=((b"retry-after", b"1"),))
 GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True,
                                   extra=((b"retry-after", b"1"),), head_only=True)
@@ -113,25 +113,18 @@ class HeaderTooLarge(Exception):
     pass
 
 
-class H1Downstream(asyncio.Protocol):
+class H1Downstream(Downstream):
     """One client connection."""
 
     def __init__(self, ctx: ListenerContext) -> None:
-        self.ctx = ctx
-        self.loop = ctx.loop
-        self.stats = ctx.stats
+        super().__init__(ctx)
         self.headers_timeout = ctx.request_headers_timeout
         self.max_headers = ctx.max_request_headers
-        self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[Exchange] = deque()
         self.reading: Exchange | None = None  # the exchange whose request is being received
         self.paused = 0
-        self.write_paused = False
-        self.closing = False
-        self.gone = False
         self.last_read = False  # the last request this connection will answer has been read
-        self.aborted = False  # we reset the connection (not the client)
         self.wbuf: list[bytes] | None = None  # writes held while corked (see flush)
         self.peer = b""
         self.url = b""
@@ -141,10 +134,6 @@ class H1Downstream(asyncio.Protocol):
         self.raw_head_bytes = 0  # bytes of a request head still incomplete after a read
         self.in_headers = False
         self.req_started = 0.0
-        self.idle_since = 0.0
-        self.timer: asyncio.TimerHandle | None = None
-        self.timer_at = 0.0
-        self.drain: ConnectionDrain = None  # type: ignore[assignment]  # set at connection_made
         self.router = ctx.router
         self.first_read = True  # until the HTTP/2 preface is ruled out (see ``_sniff``)
         self.sniffed = b""  # the first bytes, while they are a strict prefix of the preface
@@ -273,27 +262,24 @@ class H1Downstream(asyncio.Protocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.gone:
-            return  # handed over (see ``hand_over``): no longer ours
-        self.gone = True
-        self.closing = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        ctx = self.ctx
-        ctx.connections.discard(self)
-        st = ctx.stats
-        st.downstream_cx_active -= 1
-        st.downstream_cx_http1_active -= 1
+        if not self.gone:  # else handed over (see ``hand_over``): no longer ours
+            super().connection_lost(exc)
+
+    def abandon_all(self) -> None:
+        self.stats.downstream_cx_http1_active -= 1
         if self.queue:
             if not self.aborted:
-                st.downstream_cx_destroy_remote_active_rq += 1
+                self.stats.downstream_cx_destroy_remote_active_rq += 1
             for ex in list(self.queue):
                 ex.detach()
-                self._settle(ex, completed=False)
+                ex.settle(False)
             self.queue.clear()
-        self.drain.closed()
-        ctx.on_connection_closed(self)
+
+    def busy(self) -> bool:
+        """A request is being read or answered (not just a local answer awaiting a body)."""
+        queue = self.queue
+        return self.in_headers or (bool(queue) and (queue[0].local is None
+                                                    or not queue[0].resp_started))
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -339,15 +325,9 @@ class H1Downstream(asyncio.Protocol):
             self.transport.write(buf[0] if len(buf) == 1 else b"".join(buf))
 
     def reset(self) -> None:
-        """Abort with a TCP reset, not a FIN: a cut close-delimited body must not look whole."""
         self.wbuf = None
-        t = self.transport
-        if t is None or self.gone or self.aborted:
-            return
-        self.aborted = True
-        self.closing = True  # no staged close after this: a write_eof would turn it into a FIN
         self.last_read = True
-        abort_with_rst(t)
+        super().reset()
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -711,41 +691,6 @@ class H1Downstream(asyncio.Protocol):
     def count_status(self, status: int) -> None:
         self.ctx.stats.count_status(status)
 
-    def response_drains(self) -> bool:
-        """The drain core's per-response decision (``Connection: close``)."""
-        d = self.drain
-        if d.drained_by is None and d.listener.quiet:
-            return False  # the common case: no drain anywhere, no clock read needed
-        was_open = d.drained_by is None
-        if not d.on_response(self.loop.time(), self.ctx.rng):
-            return False
-        if was_open:
-            self.ctx.stats.downstream_cx_drain_close += 1
-            if d.drained_by is DrainedBy.RESPONSE:
-                self.ctx.drain_stats.cx_drained_by_response += 1
-        return True
-
-    def _settle(self, ex: Exchange, completed: bool = True) -> None:
-        """Take a finished (or abandoned) exchange off the books."""
-        ctx = self.ctx
-        st = self.stats
-        st.downstream_rq_active -= 1
-        if ex.retrying:  # every way an exchange ends comes here: its retry slot is given back
-            ex.retrying = False
-            assert ex.cluster is not None
-            ex.cluster.retry_ended(0 < ex.status < 500)
-        if ex.admitted:
-            ex.admitted = False
-            ledger = ctx.process.ledger
-            if completed and ex.resp_started:
-                ledger.end()
-            else:
-                ledger.abandon()
-            if ledger.draining:  # a shutdown is waiting for the ledger to empty
-                ctx.on_request_done()
-        if ex.resp_done and ex.resp_started:
-            st.downstream_rq_completed += 1
-
     def exchange_done(self, ex: Exchange) -> None:
         """The response of the head exchange is complete."""
         if self.gone:
@@ -754,7 +699,7 @@ class H1Downstream(asyncio.Protocol):
         if not queue or queue[0] is not ex:
             return
         queue.popleft()
-        self._settle(ex)
+        ex.settle(True)
         if ex.close or not ex.req_done:
             # Closing (or the response finished before the request body, so the stream cannot
             # be resynced): requests pipelined behind are dropped unanswered, as HTTP/1.1
@@ -769,12 +714,7 @@ class H1Downstream(asyncio.Protocol):
             return
         if self.paused:
             self.resume(PAUSE_PIPELINE)
-        self.idle_since = now = self.loop.time()
-        at = now + self.ctx.idle_timeout
-        if self.timer is None or at < self.timer_at:
-            self.arm(at)
-        if self.drain.drained_by is not None and self.drain.on_idle(now) is ConnAction.CLOSE:
-            self.staged_close()
+        self.on_idle(self.loop.time())
 
     def _drop_queue(self) -> None:
         """Forget the requests still queued (never started): the connection is closing."""
@@ -784,7 +724,7 @@ class H1Downstream(asyncio.Protocol):
             ex = queue.popleft()
             ex.finished = ex.resp_done = True  # a late callback finds it finished
             ex.detach()
-            self._settle(ex)
+            ex.settle(True)
 
     # -- errors and cuts ----------------------------------------------------------------------
     def protocol_error(self, status: int, body: bytes) -> None:
@@ -888,7 +828,7 @@ class H1Downstream(asyncio.Protocol):
             self.ctx.drain_stats.cut_reset += 1
         if self.queue and self.queue[0] is ex:
             self.queue.popleft()
-            self._settle(ex, completed=not cut)
+            ex.settle(not cut)
         self.connection_lost(None)
 
     def cut(self) -> None:
@@ -922,33 +862,23 @@ class H1Downstream(asyncio.Protocol):
             self.write(GOING_AWAY_HEAD if self.queue[0].is_head else GOING_AWAY)
         self.staged_close()
 
-    # -- closing ------------------------------------------------------------------------------
-    def staged_close(self) -> None:
-        """Shut down writing, keep reading briefly, then close (RFC 9112 §9.6)."""
-        if self.closing:
-            return
-        self.closing = True
+    # -- the drain manager's questions --------------------------------------------------------
+    def drain_notice(self) -> None:
+        """Nothing to send: the next response carries ``Connection: close``."""
+
+    def final_notice(self) -> None:
+        """Nothing to send outside a response; a request that still comes is answered going
+        away with ``Connection: close``."""
+
+    def drain_tunnels(self, by: DrainedBy) -> None:
+        if self.relay is not None:
+            self.relay.drain_by(by)  # the tunnel ends now (as in Envoy)
+
+    def on_staged_close(self, t: asyncio.Transport) -> None:
         self.last_read = True  # what the parser still holds of this read is not a request
-        self.drain.close()
-        t = self.transport
-        if t is None or self.gone:
-            return
-        self.flush()
         if self.paused:
             self.paused = 0
             t.resume_reading()
-        if t.can_write_eof():
-            t.write_eof()
-            if self.timer is not None:  # an earlier timer (a drain moment) must not end it early
-                self.timer.cancel()
-                self.timer = None
-            self.arm(self.loop.time() + LINGER)
-        else:
-            t.close()
-
-    def no_new_work(self) -> None:
-        """T has passed: nothing to send now. HTTP/1.1 has no notice outside a response; a
-        request that still comes is answered going away with ``Connection: close``."""
 
     def close_at_end(self) -> None:
         """The drain is over: an idle connection is closed now."""
@@ -959,73 +889,20 @@ class H1Downstream(asyncio.Protocol):
             self.ctx.drain_stats.cx_closed_at_end += 1
         self.staged_close()
 
-    # -- timers ---------------------------------------------------------------------------------
-    def arm(self, at: float) -> None:
-        if at == math.inf:
-            return
-        if self.timer is not None:
-            if self.timer_at <= at:
-                return
-            self.timer.cancel()
-        self.timer_at = at
-        self.timer = self.loop.call_at(at, self.on_timer)
-
-    def arm_drain(self) -> None:
-        at = self.drain.next_deadline()
-        if at is not None:
-            self.arm(at)
-
-    def on_drain_event(self, event: object) -> None:
-        """A drain started on this connection's listener: draw the moment, arm the timer."""
-        self.drain.on_drain_event(event, self.ctx.rng)  # type: ignore[arg-type]
-        self.arm_drain()
-
-    def on_timer(self) -> None:
-        self.timer = None
-        if self.gone:
-            return
-        t = self.transport
-        now = self.loop.time()
+    def timeouts(self, now: float) -> float:
         ctx = self.ctx
-        if self.closing:
-            if t is not None:
-                t.close()
-            return
-        nxt: list[float] = []
-        queue = self.queue
-        # busy: a request is being answered (not just a local answer awaiting a request body)
-        busy = bool(queue) and (queue[0].local is None or not queue[0].resp_started)
         if self.in_headers:
             at = self.req_started + ctx.request_headers_timeout
             if now >= at:
-                ctx.stats.downstream_rq_header_timeout += 1
+                self.stats.downstream_rq_header_timeout += 1
                 self.protocol_error(408, b"request header timeout\n")
-                return
-            nxt.append(at)
-        elif not busy:
+                return STOP
+            return at
+        if not self.busy():
             at = self.idle_since + ctx.idle_timeout
             if now >= at:
-                ctx.stats.downstream_cx_idle_timeout += 1
+                self.stats.downstream_cx_idle_timeout += 1
                 self.staged_close()
-                return
-            nxt.append(at)
-        d = self.drain
-        dl = d.next_deadline()
-        if dl is not None and now >= dl:
-            was_open = d.drained_by is None
-            action = d.on_timer(now, idle=not busy and not self.in_headers)
-            if was_open and d.drained_by is DrainedBy.PROACTIVE:
-                ctx.stats.downstream_cx_drain_close += 1
-                ctx.drain_stats.cx_drained_proactive += 1
-            if action is ConnAction.DRAIN and self.relay is not None:
-                # The proactive moment (also of a connection a response drained): its tunnel
-                # ends now (as in Envoy).
-                self.relay.drain_by(DrainedBy.PROACTIVE)
-            if action is ConnAction.CLOSE:
-                self.staged_close()
-                return
-            dl = d.next_deadline()
-        if dl is not None:
-            nxt.append(dl)
-        if nxt:
-            self.arm(min(nxt))
+                return STOP
+            return at
+        return math.inf

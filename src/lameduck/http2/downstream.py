@@ -22,7 +22,7 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
+from lameduck.drain import ConnectionDrain, DrainedBy
 from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS
 from lameduck.drain.tunnel import TunnelKind
 from lameduck.http2.connection import (
@@ -40,6 +40,7 @@ from lameduck.http2.connection import (
     WindowOpened,
 )
 from lameduck.http2.tunnel import H2ConnectTunnel, StreamSide
+from lameduck.proxy.downstream import STOP, Downstream
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import (
     HOP_BY_HOP,
@@ -54,7 +55,7 @@ from lameduck.proxy.local import (
     grpc_local_reply,
     is_grpc,
 )
-from lameduck.tunnel.relay import Relay, abort_with_rst
+from lameduck.tunnel.relay import Relay
 from lameduck.upstream.connector import UpstreamConn
 
 if TYPE_CHECKING:
@@ -92,7 +93,6 @@ class H2ListenerContext(Protocol):
 
 log = logging.getLogger("lameduck.http2")
 
-LINGER = 2.0  # seconds a staged close keeps reading before it closes
 # A stream's response bytes held back by the client's flow-control window before its upstream is
 # paused; and request bytes held for an upstream not attached yet (the window bounds them too).
 OUTBOUND_HIGH = 256 * 1024
@@ -126,29 +126,17 @@ def _fields(lines: list[bytes]) -> list[tuple[bytes, bytes]]:
     return out
 
 
-class H2Downstream(asyncio.Protocol):
+class H2Downstream(Downstream):
     """One client connection speaking HTTP/2 (h2c prior knowledge, or TLS with ALPN h2)."""
 
     def __init__(self, ctx: H2ListenerContext, limits: H2Limits | None = None) -> None:
-        self.ctx = ctx
-        self.loop = ctx.loop
-        self.stats = ctx.stats
+        super().__init__(ctx)
         self.h2stats = ctx.h2stats
         self.h2 = H2Server(limits or ctx.h2_limits, self.loop.time())
-        self.transport: asyncio.Transport | None = None
         self.streams: dict[int, Exchange] = {}
         self.corked = 0
-        self.closing = False
-        self.gone = False
-        self.eof_sent = False
-        self.aborted = False
-        self.write_paused = False
         self.peer = b""
         self.forwarded = b""
-        self.idle_since = 0.0
-        self.timer: asyncio.TimerHandle | None = None
-        self.timer_at = 0.0
-        self.drain: ConnectionDrain = None  # type: ignore[assignment]
         self.goaways = 0  # GOAWAY frames sent for the drain: 0, 1 (2^31-1), 2 (final)
         self.req_fields: list[tuple[bytes, bytes]] = []  # the request being admitted
 
@@ -183,7 +171,7 @@ class H2Downstream(asyncio.Protocol):
         self.h2.initiate()
         self.arm(now + ctx.idle_timeout)
         if drain.drained_by is not None:
-            self._goaway_first()  # drained before it spoke HTTP/2
+            self.drain_notice()  # drained before it spoke HTTP/2
         self.arm_drain()
         if data:
             self.data_received(data)
@@ -257,29 +245,20 @@ class H2Downstream(asyncio.Protocol):
     def eof_received(self) -> bool:
         return False
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.gone:
-            return
-        self.gone = True
-        self.closing = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        st = self.stats
-        st.downstream_cx_active -= 1
-        st.downstream_cx_http2_active -= 1
+    def abandon_all(self) -> None:
+        self.stats.downstream_cx_http2_active -= 1
         if self.streams:
             if not self.aborted:
-                st.downstream_cx_destroy_remote_active_rq += 1
+                self.stats.downstream_cx_destroy_remote_active_rq += 1
             for s in list(self.streams.values()):
                 if s.side is not None:
                     s.side.gone()
                 s.resp_done = True
                 self._detach(s)
                 self._settle(s, completed=False)
-        self.drain.closed()
-        self.ctx.connections.discard(self)
-        self.ctx.on_connection_closed(self)
+
+    def busy(self) -> bool:
+        return bool(self.streams)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -348,7 +327,7 @@ class H2Downstream(asyncio.Protocol):
         ex.resp_done = True
         self.h2.unprocess(ex.sid)
         self.reset_stream(ex, ErrorCode.REFUSED_STREAM)
-        self._goaway_final()
+        self.final_notice()
 
     def persistence_key(self, ex: Exchange, cluster: Cluster) -> str | None:
         return _cookie(self.req_fields, cluster.cookie_name) if cluster.by_cookie else \
@@ -660,95 +639,36 @@ class H2Downstream(asyncio.Protocol):
             # an upstream took them): the connection window gets them back all the same.
             n, s.unacked = s.unacked, 0
             self.h2.acknowledge_received_data(s.sid, n)
-        ctx = self.ctx
-        st = self.stats
-        st.downstream_rq_active -= 1
-        if s.retrying:  # every way a stream ends comes here: its retry slot is given back
-            s.retrying = False
-            assert s.cluster is not None
-            s.cluster.retry_ended(0 < s.status < 500)
-        if s.admitted:
-            s.admitted = False
-            ledger = ctx.process.ledger
-            if completed and s.resp_started:
-                ledger.end()
-            else:
-                ledger.abandon()
-            if ledger.draining:
-                ctx.on_request_done()
-        if completed and s.resp_started:
-            st.downstream_rq_completed += 1
+        s.settle(completed)
         if not self.streams:
-            self._idle()
-
-    def _idle(self) -> None:
-        """The last stream ended: the idle clock starts; a drained connection past G closes."""
-        if self.closing:
-            return
-        self.idle_since = now = self.loop.time()
-        self.arm(now + self.ctx.idle_timeout)
-        d = self.drain
-        if self.goaways >= 2 or (d.drained_by is not None and d.on_idle(now) is ConnAction.CLOSE):
-            self.staged_close()
+            self.on_idle(self.loop.time())
 
     # -- drain --------------------------------------------------------------------------------
-    def response_drains(self) -> bool:
-        """The drain core's per-response decision: GOAWAY instead of ``Connection: close``."""
-        d = self.drain
-        if d.drained_by is None and d.listener.quiet:
-            return False
-        was_open = d.drained_by is None
-        if not d.on_response(self.loop.time(), self.ctx.rng):
-            return False
-        if was_open:
-            self.stats.downstream_cx_drain_close += 1
-            if d.drained_by is DrainedBy.RESPONSE:
-                self.ctx.drain_stats.cx_drained_by_response += 1
-            self._goaway_first()
-            self.arm_drain()
-        return True
-
-    def _goaway_first(self) -> None:
+    def drain_notice(self) -> None:
+        """GOAWAY(2^31-1, NO_ERROR): go elsewhere, streams in flight carry on (RFC 9113 §6.8)."""
         if self.goaways == 0 and not self.h2.closed:
             self.goaways = 1
             self.h2stats.goaway_sent += 1
             self.h2.start_drain()
             self.kick()
+        self.arm_drain()
 
-    def _goaway_final(self) -> None:
-        self._goaway_first()
+    def final_notice(self) -> None:
+        """The final GOAWAY: streams above the last one processed are refused."""
+        self.drain_notice()
         if self.goaways == 1 and not self.h2.closed:
             self.goaways = 2
+            self.final_sent = True
             self.h2stats.goaway_sent += 1
             self.h2.final_goaway()
             self.kick()
 
-    def on_drain_event(self, event: object) -> None:
-        self.drain.on_drain_event(event, self.ctx.rng)  # type: ignore[arg-type]
-        self.arm_drain()
-
-    def arm_drain(self) -> None:
-        at = self.drain.next_deadline()
-        if at is not None:
-            self.arm(at)
-
-    def no_new_work(self) -> None:
-        """T has passed: the process takes no new stream, so the final GOAWAY goes out now
-        rather than G after a drain that may have begun just before T. A client that sent a
-        stream meanwhile learns from it that the stream was not processed."""
-        if not self.closing:
-            self._goaway_final()
-
-    def close_at_end(self) -> None:
-        """The drain is over: the final GOAWAY now; the connection closes once its streams end."""
-        if self.drain.drain_at_end(self.loop.time()):
-            self.ctx.drain_stats.cx_closed_at_end += 1
+    def drain_tunnels(self, by: DrainedBy) -> None:
         for s in list(self.streams.values()):
-            if s.relay is not None:
-                s.relay.drain_by(DrainedBy.END)
-        self._goaway_final()
-        if not self.streams:
-            self.staged_close()
+            if s.tunnel is not None:
+                s.tunnel.drain_by(by)
+            elif s.relay is not None:
+                s.relay.drain_by(by)  # a WebSocket: its close handshake, up to G
 
     def cut(self) -> None:
         """The shutdown deadline: a 503 on streams with no response byte sent, else a reset."""
@@ -779,95 +699,19 @@ class H2Downstream(asyncio.Protocol):
                 s.local = b""
                 self.respond(s, 503, b"going away\n", ((b"retry-after", b"1"),))
                 s.finish()
-        self._goaway_final()
+        self.final_notice()
         self.kick()
         if not self.streams:
             self.staged_close()
 
-    # -- closing --------------------------------------------------------------------------------
-    def staged_close(self) -> None:
-        """Flush, shut down writing, keep reading briefly, then close (no last frame lost)."""
-        if self.closing:
-            return
-        self.closing = True
-        self.drain.close()
-        t = self.transport
-        if t is None or self.gone:
-            return
-        self.flush()  # also when corked: nothing is written after the FIN
-        if t.can_write_eof():
-            self.eof_sent = True
-            t.write_eof()
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
-            self.arm(self.loop.time() + LINGER)
-        else:
-            t.close()
-
-    def reset(self) -> None:
-        t = self.transport
-        if t is None or self.gone or self.aborted:
-            return
-        self.aborted = True
-        self.closing = True
-        abort_with_rst(t)
-
     # -- timers -----------------------------------------------------------------------------------
-    def arm(self, at: float) -> None:
-        if at == math.inf:
-            return
-        if self.timer is not None:
-            if self.timer_at <= at:
-                return
-            self.timer.cancel()
-        self.timer_at = at
-        self.timer = self.loop.call_at(at, self.on_timer)
-
-    def on_timer(self) -> None:
-        self.timer = None
-        if self.gone:
-            return
-        now = self.loop.time()
-        if self.closing:
-            if self.transport is not None:
-                self.transport.close()
-            return
-        ctx = self.ctx
-        nxt: list[float] = []
-        busy = bool(self.streams)
-        if not busy:
-            at = self.idle_since + ctx.idle_timeout
-            if now >= at:
-                self.stats.downstream_cx_idle_timeout += 1
-                self.h2.close(ErrorCode.NO_ERROR)
-                self.staged_close()
-                return
-            nxt.append(at)
-        d = self.drain
-        dl = d.next_deadline()
-        if dl is not None and now >= dl:
-            was_open = d.drained_by is None
-            action = d.on_timer(now, idle=not busy)
-            if was_open and d.drained_by is DrainedBy.PROACTIVE:
-                self.stats.downstream_cx_drain_close += 1
-                ctx.drain_stats.cx_drained_proactive += 1
-                self._goaway_first()
-            if action is ConnAction.DRAIN:
-                # The proactive moment (also of a connection a response drained): its tunnels
-                # are reset G from now (as in Envoy).
-                for s in list(self.streams.values()):
-                    if s.tunnel is not None:
-                        s.tunnel.drain_by(DrainedBy.PROACTIVE)
-                    elif s.relay is not None:
-                        s.relay.drain_by(DrainedBy.PROACTIVE)  # the close handshake, up to G
-            if d.grace_elapsed:
-                self._goaway_final()
-            if action is ConnAction.CLOSE or (self.goaways >= 2 and not self.streams):
-                self.staged_close()
-                return
-            dl = d.next_deadline()
-        if dl is not None:
-            nxt.append(dl)
-        if nxt:
-            self.arm(min(nxt))
+    def timeouts(self, now: float) -> float:
+        if self.streams:
+            return math.inf
+        at = self.idle_since + self.ctx.idle_timeout
+        if now >= at:
+            self.stats.downstream_cx_idle_timeout += 1
+            self.h2.close(ErrorCode.NO_ERROR)
+            self.staged_close()
+            return STOP
+        return at

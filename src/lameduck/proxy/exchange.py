@@ -55,6 +55,7 @@ class ExchangeContext(Protocol):
 
     def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
     def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]: ...
+    def on_request_done(self) -> None: ...
 
 
 class DownstreamPort(Protocol):
@@ -571,6 +572,29 @@ class Exchange:
         self.down.uncork()
 
     # -- end --------------------------------------------------------------------------------
+    def settle(self, completed: bool) -> None:
+        """Off the books, however it ended: the gauges, the retry budget and the ledger (which
+        a shutdown waits on)."""
+        ctx = self.down.ctx
+        st = ctx.stats
+        st.downstream_rq_active -= 1
+        if self.retrying:  # every way an exchange ends comes here: its retry slot is given back
+            self.retrying = False
+            assert self.cluster is not None
+            self.cluster.retry_ended(0 < self.status < 500)
+        done = completed and self.resp_started
+        if self.admitted:
+            self.admitted = False
+            ledger = ctx.process.ledger
+            if done:
+                ledger.end()
+            else:
+                ledger.abandon()
+            if ledger.draining:  # a shutdown is waiting for the ledger to empty
+                ctx.on_request_done()
+        if done:
+            st.downstream_rq_completed += 1
+
     def finish(self) -> None:
         """The response went out whole (or the exchange was answered from here)."""
         if self.finished:

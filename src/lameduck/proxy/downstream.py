@@ -1,0 +1,223 @@
+"""A downstream connection's drain, whatever it speaks: one manager for HTTP/1.1 and HTTP/2.
+
+The drain core (``drain.ConnectionDrain``) decides when this connection drains: a response the
+policy picks, its proactive moment, G after that, the end. This carries the decisions out the
+same way for every codec, and asks the codec only for what differs:
+
+- ``drain_notice()``: tell the client to go elsewhere (HTTP/2: GOAWAY 2^31-1; HTTP/1.1: nothing
+  to send — the next response carries ``Connection: close``);
+- ``final_notice()``: the last word (HTTP/2: the final GOAWAY naming the last stream it
+  processed, RFC 9113 §6.8; HTTP/1.1: nothing);
+- ``drain_tunnels(by)``: its WebSocket and CONNECT tunnels, which end by their own rules;
+- ``busy()``, ``timeouts(now)``: whether an exchange is in flight, and the codec's own
+  deadlines (request header timeout, idle timeout).
+
+One lazily re-armed timer covers the codec's deadlines and the drain's moments. A close is
+staged (RFC 9112 §9.6: write what is pending, shut down writing, keep reading for ``LINGER``,
+then close) so that the last response is not lost to a reset. Envoy's connection manager plays
+the same part for its codecs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any, Final
+
+from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
+from lameduck.stats import HttpStats
+from lameduck.tunnel.relay import abort_with_rst
+
+LINGER: Final = 2.0  # seconds a staged close keeps reading before it closes
+STOP: Final = -1.0  # ``timeouts``: the codec closed the connection, nothing to re-arm
+
+
+class Downstream(asyncio.Protocol):
+    """The parts of a client connection that do not depend on its protocol."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.loop: asyncio.AbstractEventLoop = ctx.loop
+        self.stats: HttpStats = ctx.stats
+        self.transport: asyncio.Transport | None = None
+        self.closing = False
+        self.gone = False
+        self.aborted = False  # we reset the connection (not the client)
+        self.eof_sent = False
+        self.final_sent = False  # the final notice went out: close once idle
+        self.write_paused = False
+        self.idle_since = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0
+        self.drain: ConnectionDrain = None  # type: ignore[assignment]  # set once connected
+
+    # -- what the codec says ----------------------------------------------------------------
+    def busy(self) -> bool:
+        raise NotImplementedError
+
+    def timeouts(self, now: float) -> float:
+        """Act on the codec's own deadlines: the next one (``math.inf``: none), or ``STOP``."""
+        raise NotImplementedError
+
+    def drain_notice(self) -> None:
+        raise NotImplementedError
+
+    def final_notice(self) -> None:
+        raise NotImplementedError
+
+    def drain_tunnels(self, by: DrainedBy) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def on_staged_close(self, t: asyncio.Transport) -> None:
+        """A staged close begins: stop taking requests, keep reading (to drain the socket)."""
+
+    def abandon_all(self) -> None:
+        """The connection is gone: take what was in flight off the books."""
+        raise NotImplementedError
+
+    # -- the drain core's decisions --------------------------------------------------------------
+    def response_drains(self) -> bool:
+        """The drain core's per-response decision; the first one that drains sends the notice."""
+        d = self.drain
+        if d.drained_by is None and d.listener.quiet:
+            return False  # the common case: no drain anywhere, no clock read needed
+        was_open = d.drained_by is None
+        if not d.on_response(self.loop.time(), self.ctx.rng):
+            return False
+        if was_open:
+            self.stats.downstream_cx_drain_close += 1
+            if d.drained_by is DrainedBy.RESPONSE:
+                self.ctx.drain_stats.cx_drained_by_response += 1
+            self.drain_notice()
+        return True
+
+    def on_drain_event(self, event: object) -> None:
+        """A drain started on this connection's listener: draw the moment, arm the timer."""
+        self.drain.on_drain_event(event, self.ctx.rng)  # type: ignore[arg-type]
+        self.arm_drain()
+
+    def arm_drain(self) -> None:
+        at = self.drain.next_deadline()
+        if at is not None:
+            self.arm(at)
+
+    def arm(self, at: float) -> None:
+        if at == math.inf:
+            return
+        if self.timer is not None:
+            if self.timer_at <= at:
+                return
+            self.timer.cancel()
+        self.timer_at = at
+        self.timer = self.loop.call_at(at, self.on_timer)
+
+    def on_timer(self) -> None:
+        self.timer = None
+        if self.gone:
+            return
+        if self.closing:
+            if self.transport is not None:
+                self.transport.close()  # the staged close's linger is over
+            return
+        now = self.loop.time()
+        at = self.timeouts(now)
+        if at == STOP:
+            return
+        d = self.drain
+        dl = d.next_deadline()
+        if dl is not None and now >= dl:
+            was_open = d.drained_by is None
+            action = d.on_timer(now, idle=not self.busy())
+            if was_open and d.drained_by is DrainedBy.PROACTIVE:
+                self.stats.downstream_cx_drain_close += 1
+                self.ctx.drain_stats.cx_drained_proactive += 1
+                self.drain_notice()
+            if action is ConnAction.DRAIN:
+                # The proactive moment (also of a connection a response drained): its tunnels
+                # end from now, by their own rules (as in Envoy).
+                self.drain_tunnels(DrainedBy.PROACTIVE)
+            if d.grace_elapsed:
+                self.final_notice()
+            if action is ConnAction.CLOSE or (self.final_sent and not self.busy()):
+                self.staged_close()
+                return
+            dl = d.next_deadline()
+        if dl is not None and dl < at:
+            at = dl
+        self.arm(at)
+
+    def on_idle(self, now: float) -> None:
+        """The last exchange ended: the idle clock starts; a drained connection may close."""
+        if self.closing:
+            return
+        self.idle_since = now
+        self.arm(now + self.ctx.idle_timeout)
+        d = self.drain
+        if self.final_sent or (d.drained_by is not None
+                               and d.on_idle(now) is ConnAction.CLOSE):
+            self.staged_close()
+
+    def no_new_work(self) -> None:
+        """T has passed: the process takes no new request. HTTP/2 says so now (the final
+        GOAWAY), rather than G after a drain that may have begun just before T; HTTP/1.1 has no
+        notice outside a response, and a request that still comes is answered going away."""
+        if not self.closing:
+            self.final_notice()
+
+    def close_at_end(self) -> None:
+        """The drain is over: the last notice now; the connection closes once it is idle."""
+        if self.drain.drain_at_end(self.loop.time()):
+            self.ctx.drain_stats.cx_closed_at_end += 1
+        self.drain_tunnels(DrainedBy.END)
+        self.final_notice()
+        if not self.busy():
+            self.staged_close()
+
+    # -- closing ------------------------------------------------------------------------------
+    def staged_close(self) -> None:
+        """Flush, shut down writing, keep reading briefly, then close (no last byte lost)."""
+        if self.closing:
+            return
+        self.closing = True
+        self.drain.close()
+        t = self.transport
+        if t is None or self.gone:
+            return
+        self.flush()  # also when corked: nothing is written after the FIN
+        self.on_staged_close(t)
+        if t.can_write_eof():
+            self.eof_sent = True
+            t.write_eof()
+            if self.timer is not None:  # an earlier timer (a drain moment) must not end it early
+                self.timer.cancel()
+                self.timer = None
+            self.arm(self.loop.time() + LINGER)
+        else:
+            t.close()
+
+    def reset(self) -> None:
+        """Abort with a TCP reset, not a FIN: a cut body must not look whole."""
+        t = self.transport
+        if t is None or self.gone or self.aborted:
+            return
+        self.aborted = True
+        self.closing = True  # no staged close after this: a write_eof would turn it into a FIN
+        abort_with_rst(t)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.gone:
+            return
+        self.gone = True
+        self.closing = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.stats.downstream_cx_active -= 1
+        self.abandon_all()
+        self.drain.closed()
+        ctx = self.ctx
+        ctx.connections.discard(self)
+        ctx.on_connection_closed(self)

@@ -1,0 +1,239 @@
+"""Play the real proxy core with no sockets: a fake clock, a scripted upstream and a downstream
+that records what the exchange decided (mitmproxy's ``tutils.Playbook`` is the model).
+
+The ``Exchange`` under test is the one both codecs run; only the two ends are stand-ins: the
+``DownstreamPort`` (what HTTP/1.1 or HTTP/2 would write) and the ``UpstreamConn`` (what a pooled
+connection or an HTTP/2 stream would report). Every step is exact: time moves only when a test
+moves it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from lameduck.drain import ProcessDrain
+from lameduck.drain.endpoint import EndpointDrain
+from lameduck.proxy.exchange import Exchange
+from lameduck.stats import HttpStats
+from lameduck.upstream.cluster import Cluster
+from lameduck.upstream.pool import Endpoint
+from lameduck.upstream.router import Route, Router
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, at: float, cb: Callable[[], None]) -> None:
+        self.timers.append((at, cb))
+
+
+class Connecting:
+    """What ``ctx.connect`` returns: an upstream connection the script will make or fail."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.callbacks: list[Callable[[Any], None]] = []
+        self.conn: Upstream | None = None
+        self.error: Exception | None = None
+
+    def add_done_callback(self, cb: Callable[[Any], None]) -> None:
+        self.callbacks.append(cb)
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> Exception | None:
+        return self.error
+
+    def result(self) -> Upstream:
+        assert self.conn is not None
+        return self.conn
+
+    def succeed(self, multiplexed: bool = False) -> Upstream:
+        self.conn = Upstream(self.endpoint, multiplexed)
+        for cb in self.callbacks:
+            cb(self)
+        return self.conn
+
+    def fail(self) -> None:
+        self.error = ConnectionRefusedError()
+        for cb in self.callbacks:
+            cb(self)
+
+
+class Upstream:
+    """An upstream connection (or HTTP/2 stream): records what the exchange sent on it."""
+
+    def __init__(self, endpoint: Endpoint, multiplexed: bool = False) -> None:
+        self.endpoint = endpoint
+        self.multiplexed = multiplexed
+        self.sink: Any = None
+        self.alive = True
+        self.read_paused = False
+        self.got_bytes = False
+        self.idle_since = 0.0
+        self.sent = b""
+        self.ended = False
+        self.closed = False
+
+    @property
+    def reusable(self) -> bool:
+        return self.alive and not self.closed
+
+    def start(self, sink: Any, head: bytes, no_body: bool, timeout: float,
+              chunked: bool) -> None:
+        self.sink = sink
+        self.sent += head
+
+    def write(self, data: bytes) -> None:
+        self.sent += data
+
+    def end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
+        self.ended = True
+
+    def pause_reading(self) -> None:
+        self.read_paused = True
+
+    def resume_reading(self) -> None:
+        self.read_paused = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def take_over(self) -> None:
+        return None
+
+    def tunnel_closed(self) -> None:
+        pass
+
+
+class Context:
+    """The listener's side: a router to one cluster, the process ledger, stats, connects."""
+
+    def __init__(self, endpoints: int = 2, num_retries: int = 2) -> None:
+        self.loop = Clock()
+        self.stats = HttpStats()
+        self.process = ProcessDrain()
+        self.process.initializing = False
+        self.eps = [Endpoint("127.0.0.1", 9000 + i, 4, 1, EndpointDrain())
+                    for i in range(endpoints)]
+        self.cluster = Cluster("app", self.eps, 1.0, 30.0)
+        self.cluster.clock = self.loop.time
+        self.cluster.num_retries = num_retries
+        self.router = Router([Route("/", self.cluster, None, 0.0)])
+        self.health_check_path: bytes | None = b"/healthz"
+        self.connects: list[Connecting] = []
+        self.done = 0
+
+    def connect_target(self, authority: bytes | None) -> tuple[str, int] | None:
+        return None
+
+    def connect(self, cluster: Cluster, endpoint: Endpoint) -> Connecting:
+        c = Connecting(endpoint)
+        self.connects.append(c)
+        return c
+
+    def on_request_done(self) -> None:
+        self.done += 1
+
+
+class Downstream:
+    """The ``DownstreamPort``: what the exchange asked the client's codec to do, in order."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.gone = False
+        self.closing = False
+        self.write_paused = False
+        self.log: list[tuple[Any, ...]] = []
+        self.held = False
+
+    def answer(self, ex: Exchange, status: int, body: bytes) -> None:
+        self.log.append(("answer", status))
+        ex.local = b""
+        ex.resp_started = True
+        ex.finish()
+
+    def going_away(self, ex: Exchange) -> None:
+        self.log.append(("going_away",))
+
+    def persistence_key(self, ex: Exchange, cluster: Cluster) -> str | None:
+        return "10.0.0.1"
+
+    def hold_request(self, ex: Exchange) -> None:
+        self.held = True
+
+    def resume_request(self, ex: Exchange) -> None:
+        self.held = False
+
+    def release_request(self, ex: Exchange, credit: int) -> None:
+        self.log.append(("release", credit))
+
+    def send_informational(self, ex: Exchange, status: int, lines: list[bytes]) -> None:
+        self.log.append(("informational", status))
+
+    def send_head(self, ex: Exchange, status: int, lines: list[bytes],
+                  length: int | None) -> None:
+        self.log.append(("head", status))
+
+    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool:
+        return False
+
+    def send_upgrade(self, ex: Exchange, lines: list[bytes], upgrade: bytes,
+                     rest: bytes) -> bool:
+        return False
+
+    def send_body(self, ex: Exchange, data: bytes) -> None:
+        self.log.append(("body", data))
+
+    def send_end(self, ex: Exchange, trailers: list[tuple[bytes, bytes]] | None) -> None:
+        self.log.append(("end", trailers))
+
+    def send_local(self, ex: Exchange, status: int, body: bytes,
+                   extra: tuple[tuple[bytes, bytes], ...]) -> None:
+        self.log.append(("local", status))
+
+    def abort(self, ex: Exchange) -> None:
+        self.log.append(("abort",))
+
+    def cork(self) -> None:
+        pass
+
+    def uncork(self) -> None:
+        pass
+
+    def exchange_done(self, ex: Exchange) -> None:
+        self.log.append(("done",))
+        ex.settle(True)
+
+
+def request(ctx: Context, method: bytes = b"GET", retryable: bool | None = None,
+            body: bool = False) -> tuple[Exchange, Downstream]:
+    """A request as a codec hands it over: admitted (or answered), head ready, started."""
+    down = Downstream(ctx)
+    ex = Exchange(down, method)
+    ctx.stats.downstream_rq_active += 1
+    if body:
+        ex.chunked_req = True
+    else:
+        ex.req_done = True
+    if retryable is None:
+        retryable = method in (b"GET", b"HEAD", b"PUT", b"DELETE", b"OPTIONS", b"TRACE")
+    if ex.admit(ctx, b"app", b"/x", retryable):
+        ex.head = method + b" /x HTTP/1.1\r\nhost: app\r\n\r\n"
+        ex.start()
+    return ex, down
+
+
+def pooled(ctx: Context, index: int, multiplexed: bool = False) -> Upstream:
+    """An idle pooled connection to endpoint ``index`` (the next request reuses it)."""
+    ep = ctx.eps[index]
+    up = Upstream(ep, multiplexed)
+    ep.idle.append(up)  # type: ignore[arg-type]
+    return up

@@ -1,0 +1,193 @@
+"""The real ``Exchange`` (the one HTTP/1.1 and HTTP/2 both run), played with no sockets.
+
+One table covers the retry decision: which failure, on which kind of request and connection,
+is sent again (to a fresh connection to the same endpoint, or to another endpoint) and which is
+answered from here — RFC 9110 §9.2.2 (idempotent methods), ``Idempotency-Key``, RFC 9113 §8.7
+(refused streams were not processed), the retry policy's ``num_retries`` and the replay bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from lameduck.drain.endpoint import AdminState, PersistenceTable
+from lameduck.proxy.exchange import Exchange
+from lameduck.proxy.replay import REPLAY_LIMIT
+from lameduck.upstream.connector import UpstreamError
+from tests.playbook import Context, Downstream, Upstream, pooled, request
+
+
+@dataclass
+class Case:
+    name: str
+    method: bytes
+    failure: str  # connect | reset | stale | refused | timeout | after_head
+    endpoints: int = 2
+    retryable: bool | None = None  # None: by method
+    multiplexed: bool = False
+    body: int = 0  # request body bytes sent before the failure
+    # What follows: "same" (fresh connection to the failed endpoint), "other" (another
+    # endpoint), or a status answered locally, or "abort" (the client sees a reset).
+    expect: str | int = "other"
+
+
+CASES = [
+    Case("GET, connect refused: never sent, another endpoint", b"GET", "connect"),
+    Case("POST, connect refused: never sent, safe anywhere", b"POST", "connect"),
+    Case("POST, connect refused, no other endpoint", b"POST", "connect", endpoints=1,
+         expect=503),
+    Case("GET reset before any byte: idempotent, elsewhere", b"GET", "reset"),
+    Case("POST reset before any byte: not safe to send twice", b"POST", "reset", expect=502),
+    Case("POST with Idempotency-Key reset: the app dedupes, elsewhere", b"POST", "reset",
+         retryable=True),
+    Case("GET on a stale pooled connection: once more, fresh, same endpoint", b"GET", "stale",
+         expect="same"),
+    Case("PUT with a body on a stale pooled connection: replayed", b"PUT", "stale", body=1000,
+         expect="same"),
+    Case("PUT whose body outgrew the replay bound: answered", b"PUT", "stale",
+         body=REPLAY_LIMIT + 1, expect=502),
+    Case("POST on a stale pooled connection: answered", b"POST", "stale", expect=502),
+    Case("POST refused by HTTP/2 (unprocessed): elsewhere", b"POST", "refused",
+         multiplexed=True),
+    Case("POST refused, one endpoint: a fresh connection to it", b"POST", "refused",
+         endpoints=1, multiplexed=True, expect="same"),
+    Case("GET timed out: never retried (it may still run)", b"GET", "timeout", expect=504),
+    Case("GET reset after the response head: the client sees a reset", b"GET", "after_head",
+         expect="abort"),
+    Case("GET reset, policy num_retries 0: answered", b"GET", "reset", expect=502),
+]
+
+def _attached(ctx: Context, case: Case) -> tuple[Upstream, object, object]:
+    """The request started and attached to its first upstream (pooled or new)."""
+    if case.failure == "stale":
+        pooled(ctx, 0)
+    ex, down = request(ctx, case.method, case.retryable, body=case.body > 0)
+    if case.failure == "stale":
+        up = ex.up
+        assert isinstance(up, Upstream)
+    else:
+        assert len(ctx.connects) == 1
+        if case.failure == "connect":
+            return None, ex, down  # type: ignore[return-value]
+        up = ctx.connects[0].succeed(case.multiplexed)
+    if case.body:
+        ex.request_body(b"x" * case.body, case.body)
+        ex.request_complete()
+    return up, ex, down
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_retry_decision(case: Case) -> None:
+    ctx = Context(endpoints=case.endpoints,
+                  num_retries=0 if "num_retries 0" in case.name else 2)
+    up, _ex, down = _attached(ctx, case)
+    first = ctx.eps[0] if case.failure == "stale" else ctx.connects[0].endpoint
+    before = len(ctx.connects)
+    if case.failure == "connect":
+        ctx.connects[0].fail()
+    elif case.failure == "refused":
+        up.sink.on_upstream_refused()
+    elif case.failure == "timeout":
+        up.sink.on_upstream_error(UpstreamError.TIMEOUT, False)
+    elif case.failure == "after_head":
+        up.sink.on_response_head(200, [], None, False)
+        up.sink.on_upstream_error(UpstreamError.RESET, True)
+    else:
+        up.sink.on_upstream_error(UpstreamError.RESET, False)
+    retried = ctx.connects[before:] if case.failure != "connect" else ctx.connects[1:]
+    stats = ctx.cluster.stats
+    down.log = [e for e in down.log if e[0] != "release"]  # flow-control credit: not asked
+    if case.expect in ("same", "other"):
+        assert len(retried) == 1, down.log
+        target = retried[0].endpoint
+        assert (target is first) == (case.expect == "same")
+        assert stats.upstream_rq_retry == 1
+        assert down.log == []  # nothing answered yet
+        # the retry carries the request again, with the body sent so far
+        down.log.clear()
+        again = retried[0].succeed(case.multiplexed)
+        assert again.sent.startswith(case.method + b" /x HTTP/1.1\r\n")
+        assert len(again.sent) - again.sent.index(b"\r\n\r\n") - 4 == case.body
+        again.sink.on_response_head(200, [], 0, False)
+        again.sink.on_response_complete()
+        assert [e for e in down.log if e[0] != "release"] == [
+            ("head", 200), ("end", None), ("done",)]
+        assert ctx.cluster.retries_active == 0  # the budget's slot came back
+    elif case.expect == "abort":
+        assert retried == []
+        assert down.log == [("head", 200), ("abort",)]
+    else:
+        assert retried == [], f"sent again: {case.name}"
+        assert down.log == [("local", case.expect), ("done",)]
+        assert stats.upstream_rq_retry == 0
+    assert ctx.process.ledger.active == (1 if case.expect == "abort" else 0)
+
+
+def test_refused_twice_on_the_only_endpoint_is_answered_503() -> None:
+    ctx = Context(endpoints=1)
+    _ex, down = request(ctx, b"POST")
+    ctx.connects[0].succeed(multiplexed=True).sink.on_upstream_refused()
+    ctx.connects[1].succeed(multiplexed=True).sink.on_upstream_refused()
+    assert len(ctx.connects) == 2
+    assert down.log == [("local", 503), ("done",)]
+    assert ctx.cluster.stats.upstream_rq_retry == 1
+
+
+def test_a_retry_moves_the_persistence_record_to_the_endpoint_that_answers() -> None:
+    ctx = Context(endpoints=2)
+    ctx.cluster.persistence = PersistenceTable(60.0)
+    _ex, _ = request(ctx, b"GET")
+    first = ctx.connects[0].endpoint
+    ctx.connects[0].fail()
+    other = ctx.connects[1].endpoint
+    assert other is not first
+    ctx.connects[1].succeed().sink.on_response_head(200, [], 0, False)
+    assert ctx.cluster.persistence is not None
+    assert ctx.cluster.persistence.lookup("10.0.0.1", 0.0) is other
+
+
+def test_no_endpoint_left_answers_503_with_retry_after() -> None:
+    ctx = Context(endpoints=1)
+    ctx.cluster.set_state(ctx.eps[0], AdminState.DRAIN, 0.0)
+    _ex, down = request(ctx)
+    assert ctx.connects == []
+    assert down.log == [("local", 503), ("done",)]
+    assert ctx.cluster.stats.upstream_cx_none_healthy == 1
+
+
+def test_admission_health_check_route_and_going_away() -> None:
+    ctx = Context()
+    ex, _ = request(ctx)
+    assert ex.admitted and ctx.process.ledger.active == 1
+    # the health-check path is answered here, never routed
+    d = Downstream(ctx)
+    assert not Exchange(d, b"GET").admit(ctx, b"app", b"/healthz", True)
+    assert d.log == [("answer", 200), ("done",)]
+    # past the drain time the ledger takes no more: the codec says going away
+    ctx.process.ledger.accepting = False
+    d = Downstream(ctx)
+    assert not Exchange(d, b"GET").admit(ctx, b"app", b"/x", True)
+    assert d.log == [("going_away",)]
+    assert ctx.stats.downstream_rq_going_away == 1
+    assert ctx.process.ledger.active == 1  # the refused one was never counted in flight
+
+
+def test_request_body_waits_for_the_upstream_and_is_given_back_when_sent() -> None:
+    """Bytes read before the upstream is attached are held; their flow-control credit goes
+    back only once they were handed on (an HTTP/2 client's window bounds what it may send)."""
+    ctx = Context()
+    ex, down = request(ctx, b"POST", body=True)
+    ex.request_body(b"a" * 100, 109)  # 9 bytes of padding count against the window too
+    assert [e for e in down.log if e[0] == "release"] == []
+    up = ctx.connects[0].succeed()
+    assert up.sent.endswith(b"a" * 100)
+    assert down.log == [("release", 109)]
+    # the upstream pushes back: credit is kept until it resumes
+    ex.pause_request_body()
+    assert down.held
+    ex.request_body(b"b" * 10, 10)
+    assert down.log == [("release", 109)]
+    ex.resume_request_body()
+    assert not down.held and down.log[-1] == ("release", 10)
