@@ -62,6 +62,9 @@ TARGET_LINE = (f"target: lameduck <= {TARGET_CPU_US:g} µs CPU per keep-alive GE
 # (name, connections, concurrent streams per connection) and the HTTP/2 target.
 H2_PROXIES = ("lameduck", "haproxy")
 H2_SHAPES = (("5x10", 5, 10), ("50x1", 50, 1))
+# h2c clients -> proxy -> the h2c origin (gRPC's path: HTTP/2 on both sides), 5x10, when the
+# h2c origin runs. Informational: the targets are for the two shapes above.
+H2H2_SHAPE = ("h2-h2", 5, 10)
 TARGET_H2_CPU_US = 100.0
 TARGET_H2_RATIO = 0.25
 TARGET_H2_LINE = (f"target (h2c): lameduck >= {TARGET_H2_RATIO:g}x HAProxy req/s and "
@@ -107,6 +110,7 @@ class Proc:
     admin_port: int = 0
     h2_port: int = 0  # where it serves h2c prior knowledge (0: not tested over HTTP/2)
     h2up_port: int = 0  # HTTP/1.1 listener whose upstream is the h2c origin (0: none)
+    h2h2_port: int = 0  # h2c prior knowledge in front of the h2c origin (0: none)
     pool_port: int = 0  # HTTP/1.1 listener whose upstream is the pool of origins (0: none)
     stats_socket: Path | None = None  # HAProxy's stats socket (for the pool's server counts)
 
@@ -337,6 +341,8 @@ def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int,
     if h2:
         proc.h2_port = port  # the same listener serves h2c prior knowledge, no config needed
     proc.h2up_port = h2up_port
+    # its h2c-upstream listener takes h2c prior knowledge too: HTTP/2 in, HTTP/2 upstream
+    proc.h2h2_port = h2up_port if h2 else 0
     proc.pool_port = pool_port
     return proc, port
 
@@ -470,6 +476,14 @@ backend origin_h2
 """
 
 
+HAPROXY_H2H2 = """
+# h2c prior knowledge clients, the same h2c origin backend (HTTP/2 on both sides).
+frontend fe_h2h2
+    bind 127.0.0.1:{h2h2_port} proto h2
+    default_backend origin_h2
+"""
+
+
 HAPROXY_POOL = """
 # HTTP/1.1 clients, a pool of demo origins: round robin, active health checks (GET /health
 # every second, rise 2, fall 3), keep-alive and reuse as the other backends.
@@ -493,6 +507,7 @@ def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
     port = free_port()
     h2_port = free_port() if h2 else 0
     h2up_port = free_port() if h2up_origin_port else 0
+    h2h2_port = free_port() if h2up_origin_port and h2 else 0
     pool_port = free_port() if pool_origin_ports else 0
     sock = workdir / "haproxy.sock" if pool_origin_ports else None
     servers = "".join(f"    server p{i} 127.0.0.1:{p} check inter 1s rise 2 fall 3\n"
@@ -503,6 +518,7 @@ def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
         stats_socket=HAPROXY_STATS_SOCKET.format(path=sock) if sock else "",
         h2_frontend=HAPROXY_H2_FRONTEND.format(h2_port=h2_port) if h2 else "",
         h2up=HAPROXY_H2UP.format(h2up_port=h2up_port, h2up_origin_port=h2up_origin_port)
+        + (HAPROXY_H2H2.format(h2h2_port=h2h2_port) if h2h2_port else "")
         if h2up_origin_port else "",
         pool=HAPROXY_POOL.format(pool_port=pool_port, backend=POOL_HAPROXY_BACKEND,
                                  servers=servers) if pool_origin_ports else ""))
@@ -514,6 +530,7 @@ def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
     wait_until(proc, "listening socket", lambda: _proxied_ok(port))
     proc.h2_port = h2_port
     proc.h2up_port = h2up_port
+    proc.h2h2_port = h2h2_port
     proc.pool_port = pool_port
     proc.stats_socket = sock
     return proc, port
@@ -914,7 +931,8 @@ def measure_h2(procs: Procs, name: str, proxy: Proc, shape: tuple[str, int, int]
     argv = ["-t1", f"-c{conns}", f"-m{streams}", f"-D{round(args.h2_duration * 1000)}ms",
             *([f"--warm-up-time={round(args.h2_warmup * 1000)}ms"] if args.h2_warmup > 0
               else []),
-            f"--log-file={log_file}", f"http://127.0.0.1:{proxy.h2_port}/"]
+            f"--log-file={log_file}",
+            f"http://127.0.0.1:{proxy.h2h2_port if label == H2H2_SHAPE[0] else proxy.h2_port}/"]
     snaps: dict[str, tuple] = {}
 
     def snap(key: str):
@@ -1025,7 +1043,9 @@ def summarize_h2(samples: list[H2Sample], names: list[str], load_cpu: int,
     """Rows (shape x proxy, medians over the rounds that worked), the HTTP/2 verdict, and one
     line per failed row with its reason. A row fails when any of its rounds failed."""
     rows, verdict, failures = [], [], []
-    for label, _, _ in H2_SHAPES:
+    shapes = [*H2_SHAPES, *([H2H2_SHAPE] if any(s.shape == H2H2_SHAPE[0] for s in samples)
+                            else [])]
+    for label, _, _ in shapes:
         med: dict[str, dict[str, float]] = {}
         failed: dict[str, str] = {}
         for n in names:
@@ -1060,8 +1080,8 @@ def summarize_h2(samples: list[H2Sample], names: list[str], load_cpu: int,
                 str(sum(s.errors for s in samples if s.proxy == n and s.shape == label)),
                 bound_by(m["proxy_cpu_pct"], m["load_pct"], load_cpu),
             ])
-        if "lameduck" not in names:
-            continue
+        if "lameduck" not in names or label == H2H2_SHAPE[0]:
+            continue  # no target for the HTTP/2-upstream shape: its row is for information
         if "lameduck" in failed:
             verdict.append(f"h2 {label}: NOT met (lameduck failed, see below)")
             continue
@@ -1078,7 +1098,7 @@ def summarize_h2(samples: list[H2Sample], names: list[str], load_cpu: int,
         verdict.append(f"h2 {label}: lameduck " + ", ".join(parts))
     # Order: shape by shape, proxies in --proxies order (failed rows are listed in place).
     order = {n: i for i, n in enumerate(names)}
-    shape_order = {label: i for i, (label, _, _) in enumerate(H2_SHAPES)}
+    shape_order = {label: i for i, (label, _, _) in enumerate(shapes)}
     rows.sort(key=lambda r: (shape_order[r[0]], order[r[1]]))
     return rows, verdict, failures
 
@@ -1464,11 +1484,13 @@ def run_h2_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], args: argp
             break
         k = (rnd - 1) % len(active)
         order = active[k:] + active[:k]
-        for shape in H2_SHAPES:
+        for shape in (*H2_SHAPES, H2H2_SHAPE):
             for name in order:
                 if name in skipped:
                     continue
                 proc = proxies[name][0]
+                if shape is H2H2_SHAPE and not proc.h2h2_port:
+                    continue  # no h2c origin in this run
                 s = measure_h2(procs, name, proc, shape, args, rnd, workdir)
                 samples.append(s)
                 if s.failed:

@@ -19,13 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import socket
 from collections import deque
 from typing import TYPE_CHECKING, Final, Protocol
 
 import httptools
 
-from lameduck.drain import ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
+from lameduck.drain import ConnectionDrain, DrainedBy
 from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http1.upstream import H1Upstream
@@ -37,7 +36,7 @@ from lameduck.http1.wire import (
     simple_response,
     status_line,
 )
-from lameduck.proxy.downstream import STOP, Downstream
+from lameduck.proxy.downstream import STOP, ConnectionContext, Downstream, no_delay
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import (
     HOP_BY_HOP,
@@ -47,16 +46,11 @@ from lameduck.proxy.fields import (
     trailer_fields,
     valid_authority,
 )
-from lameduck.tunnel.relay import Pending, Relay, open_destination
-from lameduck.upstream.connector import UpstreamConn
+from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
 
-    from lameduck.stats import DrainStats, HttpStats
     from lameduck.upstream.cluster import Cluster
-    from lameduck.upstream.pool import Endpoint
-    from lameduck.upstream.router import Router
 
 log = logging.getLogger("lameduck.http1")
 
@@ -78,29 +72,12 @@ QUERY: Final = 63  # "?", as a byte value: ``in`` looks for it with memchr
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
-class ListenerContext(Protocol):
-    """What a downstream connection needs from its listener (wired in ``listeners``)."""
+class ListenerContext(ConnectionContext, Protocol):
+    """What an HTTP/1.1 connection needs from its listener (wired in ``listeners``)."""
 
-    loop: asyncio.AbstractEventLoop
     name: str
-    stats: HttpStats
-    drain_stats: DrainStats
-    drain: ListenerDrain
-    process: ProcessDrain
-    router: Router
-    rng: Callable[[], float]
-    connections: set[H1Downstream]
-    health_check_path: bytes | None
     request_headers_timeout: float
-    idle_timeout: float
     max_request_headers: int
-    scheme: bytes
-    connect_timeout: float
-
-    def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
-    def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]: ...
-    def on_connection_closed(self, conn: H1Downstream) -> None: ...
-    def on_request_done(self) -> None: ...
 
     def upgrade_h2(self, conn: H1Downstream, data: bytes) -> bool:
         """The connection opened with the HTTP/2 preface (``data`` holds all bytes read so
@@ -126,7 +103,6 @@ class H1Downstream(Downstream):
         self.paused = 0
         self.last_read = False  # the last request this connection will answer has been read
         self.wbuf: list[bytes] | None = None  # writes held while corked (see flush)
-        self.peer = b""
         self.url = b""
         self.lines: list[bytes] = []  # request fields forwarded as they are, formatted
         self.special: list[tuple[bytes, bytes]] = []  # (lower-case name, value) to look at
@@ -148,14 +124,8 @@ class H1Downstream(Downstream):
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         ctx = self.ctx
-        self.transport = transport  # type: ignore[assignment]
-        peer = transport.get_extra_info("peername")
-        self.peer = peer[0].encode() if peer else b""
-        self.forwarded = b"x-forwarded-for: %s\r\nx-forwarded-proto: %s\r\n\r\n" % (
-            self.peer, ctx.scheme)
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.take(transport)
+        no_delay(transport)
         now = self.loop.time()
         self.idle_since = now
         self.drain = ConnectionDrain(ctx.drain, now, ctx.rng)
@@ -564,20 +534,17 @@ class H1Downstream(Downstream):
     def _destination(self, ex: Exchange,
                      fut: asyncio.Future[tuple[asyncio.Transport, Pending]]) -> None:
         """A CONNECT's destination answered (or not): 200 and the tunnel, or a 503."""
-        failed = fut.cancelled() or fut.exception() is not None
-        if ex.resp_done or self.gone or self.closing:
-            if not failed:
-                fut.result()[0].abort()
+        wanted = not (ex.resp_done or self.gone or self.closing)
+        got = destination(fut, wanted)
+        if not wanted:
             return
-        if failed or fut.result()[1].lost:
-            if not failed:
-                fut.result()[0].abort()
+        if got is None:
             ex.resp_started = True
             self.count_status(503)
             self.write(simple_response(503, b"connect error\n", close=True))
             ex.finish()
             return
-        t, pending = fut.result()
+        t, pending = got
         self.count_status(200)
         ex.resp_started = True
         # RFC 9110 §9.3.6: a 2xx to CONNECT has no body, no framing; never Connection: close

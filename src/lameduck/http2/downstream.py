@@ -19,8 +19,7 @@ import base64
 import logging
 import math
 import os
-import socket
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from lameduck.drain import ConnectionDrain, DrainedBy
 from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS
@@ -40,7 +39,7 @@ from lameduck.http2.connection import (
     WindowOpened,
 )
 from lameduck.http2.tunnel import H2ConnectTunnel, StreamSide
-from lameduck.proxy.downstream import STOP, Downstream
+from lameduck.proxy.downstream import STOP, ConnectionContext, Downstream, no_delay
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import (
     HOP_BY_HOP,
@@ -59,37 +58,17 @@ from lameduck.tunnel.relay import Relay
 from lameduck.upstream.connector import UpstreamConn
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
 
-    from lameduck.drain import ListenerDrain, ProcessDrain
-    from lameduck.stats import DrainStats, Http2Stats, HttpStats
+    from lameduck.stats import Http2Stats
     from lameduck.upstream.cluster import Cluster
-    from lameduck.upstream.pool import Endpoint
-    from lameduck.upstream.router import Router
 
 
-class H2ListenerContext(Protocol):
+class H2ListenerContext(ConnectionContext, Protocol):
     """What an HTTP/2 connection needs from its listener (wired in ``listeners``)."""
 
-    loop: asyncio.AbstractEventLoop
-    stats: HttpStats
     h2stats: Http2Stats
     h2_limits: H2Limits
-    drain_stats: DrainStats
-    drain: ListenerDrain
-    process: ProcessDrain
-    router: Router
-    rng: Callable[[], float]
-    connections: set[Any]
-    health_check_path: bytes | None
-    idle_timeout: float
-    scheme: bytes
-    connect_timeout: float
 
-    def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
-    def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]: ...
-    def on_connection_closed(self, conn: Any) -> None: ...
-    def on_request_done(self) -> None: ...
 
 log = logging.getLogger("lameduck.http2")
 
@@ -135,8 +114,6 @@ class H2Downstream(Downstream):
         self.h2 = H2Server(limits or ctx.h2_limits, self.loop.time())
         self.streams: dict[int, Exchange] = {}
         self.corked = 0
-        self.peer = b""
-        self.forwarded = b""
         self.goaways = 0  # GOAWAY frames sent for the drain: 0, 1 (2^31-1), 2 (final)
         self.req_fields: list[tuple[bytes, bytes]] = []  # the request being admitted
 
@@ -147,9 +124,7 @@ class H2Downstream(Downstream):
         st = self.stats
         st.downstream_cx_total += 1
         st.downstream_cx_active += 1
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        no_delay(transport)
         self.adopt(transport, ConnectionDrain(self.ctx.drain, now, self.ctx.rng), b"")
 
     def adopt(self, transport: asyncio.BaseTransport, drain: ConnectionDrain,
@@ -157,11 +132,7 @@ class H2Downstream(Downstream):
         """Take the connection over (from its first byte, or from the HTTP/1 protocol that saw
         the prior-knowledge preface: its drain state, with its proactive moment, carries on)."""
         ctx = self.ctx
-        self.transport = transport  # type: ignore[assignment]
-        peer = transport.get_extra_info("peername")
-        self.peer = peer[0].encode() if peer else b""
-        self.forwarded = b"x-forwarded-for: %s\r\nx-forwarded-proto: %s\r\n\r\n" % (
-            self.peer, ctx.scheme)
+        self.take(transport)
         self.drain = drain
         ctx.connections.add(self)
         st = self.stats
@@ -225,12 +196,7 @@ class H2Downstream(Downstream):
         elif t is WindowOpened:
             s = self.streams.get(cast(WindowOpened, ev).stream_id)
             if s is not None and not self.write_paused:
-                if s.side is not None:
-                    s.side.window_opened()
-                elif s.up is not None:
-                    s.up.resume_reading()
-                elif s.tunnel is not None:
-                    s.tunnel.window_opened()
+                self._room(s)
         elif t is HeadersTooLarge:
             self._too_large(cast(HeadersTooLarge, ev).stream_id)
         elif t is H2ConnectionError:
@@ -275,12 +241,16 @@ class H2Downstream(Downstream):
         h2 = self.h2
         for s in self.streams.values():
             if h2.outbound_buffered(s.sid) <= OUTBOUND_HIGH:
-                if s.side is not None:
-                    s.side.window_opened()
-                elif s.up is not None:
-                    s.up.resume_reading()
-                elif s.tunnel is not None:
-                    s.tunnel.window_opened()
+                self._room(s)
+
+    def _room(self, s: Exchange) -> None:
+        """The client can take more of stream ``s``: its source (upstream, tunnel) goes on."""
+        if s.side is not None:
+            s.side.window_opened()
+        elif s.up is not None:
+            s.up.resume_reading()
+        elif s.tunnel is not None:
+            s.tunnel.window_opened()
 
     def kick(self) -> None:
         """Write what the HTTP/2 layer queued, unless corked (one write per read)."""

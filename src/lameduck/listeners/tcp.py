@@ -21,8 +21,9 @@ from lameduck.drain import ConnectionDrain, ListenerDrain, ProcessDrain
 from lameduck.drain.endpoint import Layer
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.listeners.base import Listener
+from lameduck.proxy.downstream import no_delay
 from lameduck.stats import DrainStats, TcpStats
-from lameduck.tunnel.relay import Pending, Relay, abort_with_rst, open_destination
+from lameduck.tunnel.relay import Pending, Relay, abort_with_rst, destination, open_destination
 from lameduck.upstream.cluster import Cluster
 from lameduck.upstream.pool import Endpoint
 
@@ -58,9 +59,7 @@ class TcpDownstream(asyncio.Protocol):
         st = ctx.stats
         st.downstream_cx_total += 1
         st.downstream_cx_active += 1
-        sock = t.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        no_delay(t)
         now = self.loop.time()
         self.drain = ConnectionDrain(ctx.drain, now, ctx.rng)
         cluster = ctx.cluster
@@ -91,14 +90,11 @@ class TcpDownstream(asyncio.Protocol):
         ep = self.endpoint
         cluster = self.ctx.cluster
         assert ep is not None
-        failed = fut.cancelled() or fut.exception() is not None
-        if self.gone or self.finished:
-            if not failed:
-                fut.result()[0].abort()
+        wanted = not (self.gone or self.finished)
+        got = destination(fut, wanted)
+        if not wanted:
             return
-        if failed or fut.result()[1].lost:
-            if not failed:
-                fut.result()[0].abort()
+        if got is None:
             ep.cx_connect_fail += 1
             cluster.connect_failed(ep)
             self.ctx.stats.upstream_connect_fail += 1
@@ -116,7 +112,7 @@ class TcpDownstream(asyncio.Protocol):
                 return
             self._close(reset=True)  # nothing reachable: not a drain cut (abandoned)
             return
-        ut, pending = fut.result()
+        ut, pending = got
         t = self.transport
         assert t is not None
         cs = cluster.stats

@@ -22,14 +22,38 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Final
+import socket
+from collections.abc import Callable
+from typing import Any, Final, Protocol
 
-from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy
-from lameduck.stats import HttpStats
+from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain
+from lameduck.proxy.exchange import ExchangeContext
+from lameduck.stats import DrainStats, HttpStats
 from lameduck.tunnel.relay import abort_with_rst
 
 LINGER: Final = 2.0  # seconds a staged close keeps reading before it closes
 STOP: Final = -1.0  # ``timeouts``: the codec closed the connection, nothing to re-arm
+
+
+def no_delay(transport: asyncio.BaseTransport) -> None:
+    """Small writes go out at once (a response head must not wait for Nagle's ACK)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class ConnectionContext(ExchangeContext, Protocol):
+    """What a downstream connection needs from its listener, whatever it speaks."""
+
+    drain_stats: DrainStats
+    drain: ListenerDrain
+    rng: Callable[[], float]
+    connections: set[Any]
+    idle_timeout: float
+    scheme: bytes
+    connect_timeout: float
+
+    def on_connection_closed(self, conn: Any) -> None: ...
 
 
 class Downstream(asyncio.Protocol):
@@ -40,6 +64,8 @@ class Downstream(asyncio.Protocol):
         self.loop: asyncio.AbstractEventLoop = ctx.loop
         self.stats: HttpStats = ctx.stats
         self.transport: asyncio.Transport | None = None
+        self.peer = b""
+        self.forwarded = b""  # X-Forwarded-For and -Proto for this peer, formatted once
         self.closing = False
         self.gone = False
         self.aborted = False  # we reset the connection (not the client)
@@ -50,6 +76,14 @@ class Downstream(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
         self.drain: ConnectionDrain = None  # type: ignore[assignment]  # set once connected
+
+    def take(self, transport: asyncio.BaseTransport) -> None:
+        """This connection's socket, and its peer (for X-Forwarded-For)."""
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0].encode() if peer else b""
+        self.forwarded = b"x-forwarded-for: %s\r\nx-forwarded-proto: %s\r\n\r\n" % (
+            self.peer, self.ctx.scheme)
 
     # -- what the codec says ----------------------------------------------------------------
     def busy(self) -> bool:

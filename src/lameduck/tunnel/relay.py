@@ -90,6 +90,19 @@ def open_destination(loop: asyncio.AbstractEventLoop, host: str, port: int,
         loop.create_connection(Pending, host, port), timeout))  # type: ignore[arg-type]
 
 
+def destination(fut: asyncio.Future[tuple[asyncio.Transport, Pending]],
+                wanted: bool) -> tuple[asyncio.Transport, Pending] | None:
+    """What ``open_destination`` gave: the socket, or None if it failed or was lost before the
+    relay began (then closed, as is one no longer ``wanted``)."""
+    if fut.cancelled() or fut.exception() is not None:
+        return None
+    t, pending = fut.result()
+    if not wanted or pending.lost:
+        t.abort()
+        return None
+    return t, pending
+
+
 class Relay:
     """Both sockets of one tunnel. ``on_end(cut)`` runs once, when both are closed."""
 
