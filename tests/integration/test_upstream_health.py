@@ -720,9 +720,15 @@ def test_origin_killed_under_load(lameduck, origins, origin_port) -> None:
     post_failed_bad = [r for r in post_failed
                        if not ((r.status == 502 and r in failed_at_o2 + failed_unseen)
                                or (r.status == 503 and r in failed_unseen))]
-    post_ok_bad = [r for r in posts if r.status == 200
+    # /echo answers its head before the body has arrived: o2 killed between the two leaves a
+    # response that started on o2 and can only be cut (no retry once a response byte went
+    # out, RFC 9110 §9.2.2); counted with the other cuts below.
+    echo_cut = [r for r in by["post"] + by["post_key"]
+                if r.status == 200 and r.origin == "o2" and not r.complete]
+    post_ok_bad = [r for r in posts if r.status == 200 and r not in echo_cut
                    and (logs.get(r.rid) != {r.origin} or r.error or not r.complete)]
-    post_key_bad = [r for r in by["post_key"] if r.status != 200 or r.error or not r.complete]
+    post_key_bad = [r for r in by["post_key"] if r not in echo_cut
+                    and (r.status != 200 or r.error or not r.complete)]
     post_key_resent = [r for r in by["post_key"] if len(logs.get(r.rid, ())) > 1]
     o2_answered = sum(1 for r in results if r.origin == "o2")
     after_kill = sum(1 for r in results if r.started > t_kill + 0.5 and r.status == 200)
@@ -753,7 +759,7 @@ def test_origin_killed_under_load(lameduck, origins, origin_port) -> None:
     assert not stream_errors, stream_errors[:5]
     assert not wrong_cuts, wrong_cuts[:5]
     assert by["catch"][0] in cut  # the o2 stream held across the kill was cut
-    assert st["http.ingress.downstream_cx_destroy_local_active_rq"] >= len(cut)
+    assert st["http.ingress.downstream_cx_destroy_local_active_rq"] >= len(cut) + len(echo_cut)
     assert st["cluster.app.upstream_rq_rx_reset"] + st["cluster.catch.upstream_rq_rx_reset"] \
         >= len(cut)
     assert not post_twice, post_twice[:5]
