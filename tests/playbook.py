@@ -87,7 +87,7 @@ class Upstream:
         return self.alive and not self.closed
 
     def start(self, sink: Any, head: bytes, no_body: bool, timeout: float,
-              chunked: bool) -> None:
+              chunked: bool, fields: list[tuple[bytes, bytes]] | None = None) -> None:
         self.sink = sink
         self.sent += head
 

@@ -47,6 +47,7 @@ from lameduck.proxy.fields import (
     valid_authority,
 )
 from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
+from lameduck.upstream.connector import Fields
 
 if TYPE_CHECKING:
 
@@ -578,16 +579,18 @@ class H1Downstream(Downstream):
     def release_request(self, ex: Exchange, credit: int) -> None:
         pass  # TCP's own window: what is not read is not acknowledged
 
-    def send_informational(self, ex: Exchange, status: int, lines: list[bytes]) -> None:
+    def send_informational(self, ex: Exchange, status: int, fields: Fields) -> None:
         if not ex.v10:
-            self.write(status_line(status) + b"".join(lines) + b"\r\n")
+            self.write(status_line(status) + b"".join([b"%s: %s\r\n" % f for f in fields])
+                       + b"\r\n")
 
-    def send_head(self, ex: Exchange, status: int, lines: list[bytes],
+    def send_head(self, ex: Exchange, status: int, fields: Fields,
                   length: int | None) -> None:
         bodyless = ex.is_head or status == 204 or status == 304
         close = ex.close or not ex.keep_alive or self.response_drains()
-        out = lines
-        out.insert(0, status_line(status))
+        out = [status_line(status)]
+        for name, value in fields:
+            out.append(b"%s: %s\r\n" % (name, value))
         if not bodyless and length is None:
             if ex.v10:
                 close = True  # close-delimited for an HTTP/1.0 client
@@ -615,7 +618,7 @@ class H1Downstream(Downstream):
             self.write(data)
         return True
 
-    def send_upgrade(self, ex: Exchange, lines: list[bytes], upgrade: bytes,
+    def send_upgrade(self, ex: Exchange, fields: Fields, upgrade: bytes,
                      rest: bytes) -> bool:
         """Relay the 101, then the tunnel."""
         up = ex.up
@@ -623,10 +626,11 @@ class H1Downstream(Downstream):
             return False
         ex.answered(101)
         ex.resp_started = True
-        head = (b"HTTP/1.1 101 Switching Protocols\r\n" + b"".join(lines)
+        head = (b"HTTP/1.1 101 Switching Protocols\r\n"
+                + b"".join([b"%s: %s\r\n" % f for f in fields])
                 + b"connection: upgrade\r\nupgrade: %s\r\n\r\n" % upgrade)
-        deflate = any(line[:25].lower() == b"sec-websocket-extensions:"
-                      and b"permessage-deflate" in line.lower() for line in lines)
+        deflate = any(n.lower() == b"sec-websocket-extensions"
+                      and b"permessage-deflate" in v.lower() for n, v in fields)
         self.start_tunnel(ex, head, up.transport, rest, TunnelKind.WEBSOCKET, deflate, up)
         return True
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import httptools
 
 from lameduck.http1.wire import LAST_CHUNK, chunk, status_code, whole_response
-from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated, trailer_block, trailer_fields
-from lameduck.upstream.connector import ExchangeSink, UpstreamError
+from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated_fields, trailer_block, trailer_fields
+from lameduck.upstream.connector import ExchangeSink, Fields, UpstreamError
 
 if TYPE_CHECKING:
     from lameduck.upstream.pool import Endpoint
@@ -41,7 +41,7 @@ class H1Upstream(asyncio.Protocol):
         self.on_opened: Callable[[H1Upstream], None] | None = None  # run at connection_made
         self.on_closed: list = []  # callbacks(conn) run once when the connection is lost
         # response state
-        self.lines: list[bytes] = []  # response fields to forward, formatted
+        self.fields: list[tuple[bytes, bytes]] = []  # response fields to forward
         self.length: int | None = None
         self.chunked = False
         self.nominated = b""  # field names listed in Connection
@@ -116,7 +116,7 @@ class H1Upstream(asyncio.Protocol):
 
     # -- sending ----------------------------------------------------------------------------
     def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float,
-              chunked: bool) -> None:
+              chunked: bool, fields: Fields | None = None) -> None:
         """Send a request head; ``chunked``: the body written after it is framed here."""
         self.sink = sink
         self.chunked_req = chunked
@@ -198,7 +198,7 @@ class H1Upstream(asyncio.Protocol):
             # A 101: relayed only when the request asked for that upgrade (the sink takes the
             # socket over); otherwise not relayable.
             offset = e.args[0] if e.args else len(data)
-            if not (self.switching and sink.on_upgrade(self.lines, self.upgrade, data[offset:])):
+            if not (self.switching and sink.on_upgrade(self.fields, self.upgrade, data[offset:])):
                 self._fail(UpstreamError.RESET)
         except httptools.HttpParserError:
             self._fail(UpstreamError.RESET)
@@ -243,7 +243,7 @@ class H1Upstream(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.in_trailers = False
         self.trailers = []
-        self.lines = []
+        self.fields = []
         self.length = None
         self.chunked = False
         self.nominated = b""
@@ -252,7 +252,7 @@ class H1Upstream(asyncio.Protocol):
         if self.in_trailers:  # after a chunked body: the trailer section
             self.trailers.append((name, value))
             return
-        # Classified as they arrive: the lines to forward, and what frames the body.
+        # Classified as they arrive: the fields to forward, and what frames the body.
         n = name.lower()
         if n in HOP_BY_HOP:
             if n == b"transfer-encoding":
@@ -268,7 +268,7 @@ class H1Upstream(asyncio.Protocol):
             return
         if n == b"content-length":
             self.length = int(value)
-        self.lines.append(b"%s: %s\r\n" % (name, value))
+        self.fields.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.in_trailers = True
@@ -280,20 +280,20 @@ class H1Upstream(asyncio.Protocol):
             if status == 101:
                 self.switching = True  # llhttp stops here: see HttpParserUpgrade
             else:
-                sink.on_informational(status, self.lines)
+                sink.on_informational(status, self.fields)
             return
         self.status = status
         self.head_seen = True
-        lines = self.lines
+        fields = self.fields
         if self.nominated:
-            lines = drop_nominated(lines, self.nominated)
+            fields = drop_nominated_fields(fields, self.nominated)
         length = self.length
         chunked = self.chunked
         bodyless = self.no_body or status in (204, 304)
         self.close_delimited = not bodyless and length is None and not chunked
         if not self.parser.should_keep_alive() or self.close_delimited:
             self.keep_alive = False
-        sink.on_response_head(status, lines, length, chunked)
+        sink.on_response_head(status, fields, length, chunked)
         if self.no_body and self.sink is sink:
             # llhttp would wait for a HEAD response's Content-Length bytes; end it here and
             # give the next response a fresh parser.

@@ -55,7 +55,7 @@ from lameduck.proxy.local import (
     is_grpc,
 )
 from lameduck.tunnel.relay import Relay
-from lameduck.upstream.connector import UpstreamConn
+from lameduck.upstream.connector import Fields, UpstreamConn
 
 if TYPE_CHECKING:
 
@@ -96,13 +96,9 @@ def _cookie(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     return None
 
 
-def _fields(lines: list[bytes]) -> list[tuple[bytes, bytes]]:
-    """HTTP/1 header lines (``Name: value\\r\\n``) as lower-case HTTP/2 fields."""
-    out = []
-    for line in lines:
-        name, _, value = line[:-2].partition(b":")
-        out.append((name.lower(), value.strip()))
-    return out
+def _lower(fields: Fields) -> Fields:
+    """Field names as HTTP/2 writes them (RFC 9113 §8.2.1: lower case)."""
+    return [(n.lower(), v) for n, v in fields]
 
 
 class H2Downstream(Downstream):
@@ -314,15 +310,15 @@ class H2Downstream(Downstream):
             self.h2.acknowledge_received_data(ex.sid, credit)
             self.kick()
 
-    def send_informational(self, ex: Exchange, status: int, lines: list[bytes]) -> None:
+    def send_informational(self, ex: Exchange, status: int, fields: Fields) -> None:
         if status != 100:  # 100 is hop-by-hop in effect (RFC 9110 §15.2.1)
-            self.h2.send_headers(ex.sid, status, _fields(lines))
+            self.h2.send_headers(ex.sid, status, _lower(fields))
 
-    def send_head(self, ex: Exchange, status: int, lines: list[bytes],
+    def send_head(self, ex: Exchange, status: int, fields: Fields,
                   length: int | None) -> None:
         self.response_drains()
         bodyless = ex.is_head or status == 204 or status == 304
-        fields = _fields(lines)
+        fields = _lower(fields)
         if ex.set_cookie is not None:
             fields.append((b"set-cookie", ex.set_cookie))
         self.h2.send_headers(ex.sid, status, fields, end_stream=bodyless)
@@ -332,7 +328,7 @@ class H2Downstream(Downstream):
     def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool:
         return False  # HTTP/1.1 bytes as they came: not for HTTP/2
 
-    def send_upgrade(self, ex: Exchange, lines: list[bytes], upgrade: bytes,
+    def send_upgrade(self, ex: Exchange, fields: Fields, upgrade: bytes,
                      rest: bytes) -> bool:
         """The upstream accepted the WebSocket (101): 200 on the stream, then relay it."""
         up = ex.up
@@ -346,7 +342,7 @@ class H2Downstream(Downstream):
         cs.count_status(101)
         self.stats.count_status(200)
         self.response_drains()  # it may drain the connection; the tunnel itself stays
-        fields = [(n, v) for n, v in _fields(lines)
+        fields = [(n, v) for n, v in _lower(fields)
                   if n in (b"sec-websocket-protocol", b"sec-websocket-extensions")]
         deflate = any(n == b"sec-websocket-extensions" and b"permessage-deflate" in v.lower()
                       for n, v in fields)
@@ -433,7 +429,7 @@ class H2Downstream(Downstream):
         path = ev.path if ev.path is not None else b"/"  # None only for CONNECT (above)
         authority = ev.authority
         host = authority
-        out: list[bytes] = []
+        fields: Fields = []
         xff: bytes | None = None
         content_length: bytes | None = None
         retryable = method in IDEMPOTENT_METHODS
@@ -454,7 +450,7 @@ class H2Downstream(Downstream):
                     retryable = True
                 elif name == b"content-type" and is_grpc(value):
                     s.grpc = True
-                out.append(b"%s: %s\r\n" % (name, value))
+                fields.append((name, value))
         if host is None:
             self._local(s, 400, b"missing authority\n")
             return
@@ -462,24 +458,43 @@ class H2Downstream(Downstream):
             # routed and forwarded by it: one that could mean two things is refused
             self._local(s, 400, b"bad authority\n")
             return
-        out.insert(0, b"host: %s\r\n" % host)
+        if s.upgrade:
+            retryable = False
+        self.req_fields = ev.headers  # for a persistence cookie
+        if not s.admit(ctx, host, path.partition(b"?")[0], retryable):
+            return
+        cluster = s.cluster
+        assert cluster is not None
+        # the length goes on when the request has a body, or a method that defines one
+        length = content_length is not None and (s.has_body or method not in (b"GET", b"HEAD"))
+        if cluster.connector is not None:
+            # HTTP/2 on both sides: the fields as they came, never formatted as HTTP/1 text
+            # (pseudo-fields first, RFC 9113 §8.3); "te: trailers" is the one TE HTTP/2 allows.
+            s.chunked_req = s.has_body  # DATA frames follow
+            head = [(b":method", method), (b":scheme", b"http"), (b":authority", host),
+                    (b":path", path), *fields]
+            if te_trailers:
+                head.append((b"te", b"trailers"))
+            if length:
+                head.append((b"content-length", content_length))  # type: ignore[arg-type]
+            head.append((b"x-forwarded-for", xff + b", " + self.peer if xff else self.peer))
+            head.append((b"x-forwarded-proto", ctx.scheme))
+            s.fields = head
+            s.start()
+            return
+        out = [b"host: %s\r\n" % host]
+        for name, value in fields:
+            out.append(b"%s: %s\r\n" % (name, value))
         if te_trailers:  # gRPC's "te: trailers": the upstream may answer with trailers
             out.append(b"te: trailers\r\nconnection: te\r\n")
         if s.upgrade:
             out.append(b"connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: %s\r\n"
                        % base64.b64encode(os.urandom(16)))
-            retryable = False
-        elif s.has_body:
-            if content_length is not None:
-                out.append(b"content-length: %s\r\n" % content_length)
-            else:
-                s.chunked_req = True
-                out.append(b"transfer-encoding: chunked\r\n")
-        elif content_length is not None and method not in (b"GET", b"HEAD"):
-            out.append(b"content-length: %s\r\n" % content_length)
-        self.req_fields = ev.headers  # for a persistence cookie
-        if not s.admit(ctx, host, path.partition(b"?")[0], retryable):
-            return
+        elif s.has_body and content_length is None:
+            s.chunked_req = True
+            out.append(b"transfer-encoding: chunked\r\n")
+        elif length:
+            out.append(b"content-length: %s\r\n" % content_length)  # type: ignore[str-format]
         if xff:
             out.append(b"x-forwarded-for: %s, %s\r\nx-forwarded-proto: %s\r\n\r\n"
                        % (xff, self.peer, ctx.scheme))

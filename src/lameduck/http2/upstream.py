@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, cast
 
 from lameduck.proxy.fields import trailer_fields
-from lameduck.upstream.connector import ExchangeSink, UpstreamError
+from lameduck.upstream.connector import ExchangeSink, Fields, UpstreamError
 
 from .client import H2Client
 from .connection import H2Limits
@@ -83,17 +83,6 @@ def request_fields(head: bytes) -> tuple[list[tuple[bytes, bytes]], bool]:
     return pseudo + fields, body
 
 
-def _lines(headers: list[tuple[bytes, bytes]]) -> tuple[list[bytes], int | None]:
-    """Response fields in the form the exchanges take (``name: value\\r\\n``), and the length."""
-    length: int | None = None
-    out = []
-    for name, value in headers:
-        if name == b"content-length":
-            length = int(value)
-        out.append(b"%s: %s\r\n" % (name, value))
-    return out, length
-
-
 class H2UpstreamStream:
     """One exchange's stream: what an ``H1Upstream`` is to an exchange, on a shared socket."""
 
@@ -126,7 +115,7 @@ class H2UpstreamStream:
 
     # -- what an exchange calls ----------------------------------------------------------------
     def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float,
-              chunked: bool) -> None:
+              chunked: bool, fields: Fields | None = None) -> None:
         conn = self.conn
         conn.reserved -= 1
         self.started = True
@@ -135,7 +124,11 @@ class H2UpstreamStream:
             # lost, or GOAWAY came between the hand-out and now: never sent, so refused
             self.refuse()
             return
-        self.fields, self.body = request_fields(head)
+        if fields is not None:
+            # from an HTTP/2 client: ``chunked`` says whether DATA frames follow
+            self.fields, self.body = fields, chunked
+        else:
+            self.fields, self.body = request_fields(head)
         self.no_body = no_body
         self.ended = not self.body
         if timeout > 0:
@@ -255,15 +248,18 @@ class H2UpstreamStream:
         self.got_bytes = True
         if sink is None:
             return
-        lines, length = _lines(ev.headers)
         if ev.status < 200:
-            sink.on_informational(ev.status, lines)
+            sink.on_informational(ev.status, ev.headers)
             return
+        length: int | None = None
+        for name, value in ev.headers:
+            if name == b"content-length":
+                length = int(value)
         self.head_seen = True
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        sink.on_response_head(ev.status, lines, length, False)
+        sink.on_response_head(ev.status, ev.headers, length, False)
         if ev.end_stream and self.sink is sink:
             self.complete()
 

@@ -25,7 +25,7 @@ from lameduck.drain.endpoint import Layer
 from lameduck.drain.retry import may_retry
 from lameduck.proxy.local import RETRY_AFTER
 from lameduck.proxy.replay import REPLAY_LIMIT
-from lameduck.upstream.connector import UpstreamConn, UpstreamError
+from lameduck.upstream.connector import Fields, UpstreamConn, UpstreamError
 
 if TYPE_CHECKING:
     from lameduck.drain import ProcessDrain
@@ -80,11 +80,11 @@ class DownstreamPort(Protocol):
     def release_request(self, ex: Exchange, credit: int) -> None:
         """``credit`` flow-controlled request bytes were handed on (HTTP/2: WINDOW_UPDATE)."""
         ...
-    def send_informational(self, ex: Exchange, status: int, lines: list[bytes]) -> None: ...
-    def send_head(self, ex: Exchange, status: int, lines: list[bytes],
+    def send_informational(self, ex: Exchange, status: int, fields: Fields) -> None: ...
+    def send_head(self, ex: Exchange, status: int, fields: Fields,
                   length: int | None) -> None: ...
     def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool: ...
-    def send_upgrade(self, ex: Exchange, lines: list[bytes], upgrade: bytes,
+    def send_upgrade(self, ex: Exchange, fields: Fields, upgrade: bytes,
                      rest: bytes) -> bool: ...
     def send_body(self, ex: Exchange, data: bytes) -> None: ...
     def send_end(self, ex: Exchange, trailers: list[tuple[bytes, bytes]] | None) -> None: ...
@@ -106,7 +106,9 @@ class Exchange:
     """
 
     sid = 0  # the HTTP/2 stream id (0 on HTTP/1.1)
-    head = b""  # the request head for the upstream (formatted by the downstream codec)
+    head = b""  # the request head for an HTTP/1.1 upstream (formatted by the downstream codec)
+    # ... or for an HTTP/2 upstream from an HTTP/2 client: the fields as they are, never text
+    fields: Fields | None = None
     local: bytes | None = None  # answered here: the answer, queued (HTTP/1.1), or b""
     close = False  # the connection closes after this response (HTTP/1.1)
     keep_alive = True
@@ -351,7 +353,8 @@ class Exchange:
             return
         if down.write_paused:
             up.pause_reading()  # the client is behind: this response waits for it too
-        up.start(self, self.head, self.is_head, self.route_timeout, self.chunked_req)
+        up.start(self, self.head, self.is_head, self.route_timeout, self.chunked_req,
+                 self.fields)
         if self.up is not up:
             return  # refused at once (an HTTP/2 connection that went away): retried or answered
         if self.buffered:
@@ -399,16 +402,16 @@ class Exchange:
         self._detach(reusable=False)
 
     # -- ExchangeSink: what the upstream reports ------------------------------------------------
-    def on_informational(self, status: int, lines: list[bytes]) -> None:
+    def on_informational(self, status: int, fields: Fields) -> None:
         if not self.resp_started:
-            self.down.send_informational(self, status, lines)
+            self.down.send_informational(self, status, fields)
 
     def on_response_head(
-        self, status: int, lines: list[bytes], length: int | None, chunked: bool,
+        self, status: int, fields: Fields, length: int | None, chunked: bool,
     ) -> None:
         self.answered(status)
         self.resp_started = True
-        self.down.send_head(self, status, lines, length)
+        self.down.send_head(self, status, fields, length)
 
     def answered(self, status: int) -> None:
         """The upstream answered: count the status; no retry from here on."""
@@ -445,12 +448,12 @@ class Exchange:
         self.finish()
         return True
 
-    def on_upgrade(self, lines: list[bytes], upgrade: bytes, rest: bytes) -> bool:
+    def on_upgrade(self, fields: Fields, upgrade: bytes, rest: bytes) -> bool:
         """The upstream switched protocols (101). False when this request did not ask for it
         (the caller fails the exchange)."""
         if not self.upgrade or self.down.closing:
             return False
-        return self.down.send_upgrade(self, lines, upgrade, rest)
+        return self.down.send_upgrade(self, fields, upgrade, rest)
 
     def on_response_body(self, data: bytes) -> None:
         self.down.send_body(self, data)

@@ -41,6 +41,15 @@ def nominated(tokens: bytes) -> frozenset[bytes]:
     return names - NEVER_NOMINATED
 
 
+def drop_nominated_fields(fields: list[tuple[bytes, bytes]],
+                          tokens: bytes) -> list[tuple[bytes, bytes]]:
+    """``fields`` without those ``tokens`` nominate."""
+    drop = nominated(tokens)
+    if not drop:
+        return fields
+    return [f for f in fields if f[0].lower() not in drop]
+
+
 def drop_nominated(lines: list[bytes], tokens: bytes) -> list[bytes]:
     """``lines`` (formatted ``Name: value\\r\\n``) without the fields ``tokens`` nominate."""
     drop = nominated(tokens)
