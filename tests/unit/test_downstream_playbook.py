@@ -1,0 +1,276 @@
+"""The real downstream connections (HTTP/1.1 and HTTP/2) and their one drain manager, played
+with no sockets on a fake clock: bytes in, bytes out, the timer fired exactly when it is due.
+
+T = 12, G = 1, the drain starts at 10: the proactive window is [18, 21) (Envoy's drain
+sequence: 2T/3 to T - G), and a scripted rng value r puts this connection's moment at 18 + 3r.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from lameduck.drain import DrainEvent, ListenerDrain, Strategy
+from lameduck.http1.downstream import H1Downstream
+from lameduck.http2.connection import H2Limits
+from lameduck.http2.downstream import H2Downstream
+from lameduck.proxy.downstream import LINGER
+from lameduck.stats import DrainStats, Http2Stats
+from tests.drainplay import ScriptedRng
+from tests.playbook import Context
+
+START, T, G = 10.0, 12.0, 1.0
+EV = DrainEvent(START, Strategy.GRADUAL, T, G)
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+GOAWAY = 7
+
+
+class Loop(asyncio.AbstractEventLoop):
+    """``time`` and ``call_at``, by hand: ``advance`` fires what is due, in order."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[asyncio.TimerHandle] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def get_debug(self) -> bool:
+        return False
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any,
+                context: Any = None) -> asyncio.TimerHandle:
+        handle = asyncio.TimerHandle(when, callback, args, self)
+        self.timers.append(handle)
+        return handle
+
+    def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
+        pass
+
+    def advance(self, to: float) -> None:
+        while True:
+            due = sorted((h for h in self.timers if not h.cancelled() and h.when() <= to),
+                         key=lambda h: h.when())
+            if not due:
+                break
+            handle = due[0]
+            self.timers.remove(handle)
+            self.now = max(self.now, handle.when())
+            handle._run()
+        self.now = to
+
+
+class Transport(asyncio.Transport):
+    """A client socket: what the connection wrote, and how it ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = b""
+        self.eof_at: float | None = None
+        self.closed_at: float | None = None
+        self.loop: Loop | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        assert self.eof_at is None, "written after the FIN"
+        self.out += bytes(data)
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        assert self.loop is not None
+        self.eof_at = self.loop.now
+
+    def close(self) -> None:
+        assert self.loop is not None
+        if self.closed_at is None:
+            self.closed_at = self.loop.now
+
+    def is_closing(self) -> bool:
+        return self.closed_at is not None
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def take(self) -> bytes:
+        out, self.out = self.out, b""
+        return out
+
+
+class Listener(Context):
+    """What a downstream connection's listener gives it, around the Exchange's context."""
+
+    def __init__(self, rng: ScriptedRng) -> None:
+        super().__init__()
+        self.loop = Loop()  # type: ignore[assignment]
+        self.cluster.clock = self.loop.time
+        self.name = "ingress"
+        self.drain = ListenerDrain("ingress", grace=G)
+        self.drain_stats = DrainStats()
+        self.h2stats = Http2Stats()
+        self.h2_limits = H2Limits()
+        self.rng = rng
+        self.connections: set[Any] = set()
+        self.request_headers_timeout = 60.0
+        self.idle_timeout = 100.0
+        self.max_request_headers = 60 * 1024
+        self.scheme = b"http"
+        self.connect_timeout = 1.0
+        self.closed: list[Any] = []
+
+    def on_connection_closed(self, conn: Any) -> None:
+        self.closed.append(conn)
+
+    def upgrade_h2(self, conn: Any, data: bytes) -> bool:
+        return False
+
+    def drain_starts(self, conns: list[Any]) -> None:
+        loop = self.loop
+        assert isinstance(loop, Loop)
+        loop.advance(START)
+        self.drain.add_event(EV)
+        for conn in conns:
+            conn.on_drain_event(EV)
+
+
+def accept(ls: Listener, conn: Any) -> Transport:
+    t = Transport()
+    t.loop = ls.loop  # type: ignore[assignment]
+    conn.connection_made(t)
+    return t
+
+
+def answer(ls: Listener, body: bytes = b"ok") -> None:
+    """The upstream answers the request it was sent last."""
+    up = ls.connects[-1].succeed()
+    up.sink.on_response_head(200, [(b"Content-Length", b"%d" % len(body))], len(body), False)
+    up.sink.on_response_body(body)
+    up.sink.on_response_complete()
+
+
+def frames(data: bytes) -> list[tuple[int, int, bytes]]:
+    """HTTP/2 frames (type, stream id, payload) in ``data``."""
+    out = []
+    while len(data) >= 9:
+        length = int.from_bytes(data[:3], "big")
+        out.append((data[3], int.from_bytes(data[5:9], "big") & 0x7FFFFFFF,
+                    data[9:9 + length]))
+        data = data[9 + length:]
+    return out
+
+
+def goaways(data: bytes) -> list[int]:
+    """The last-stream-ids of the GOAWAY frames in ``data``."""
+    return [int.from_bytes(p[:4], "big") & 0x7FFFFFFF for t, _, p in frames(data)
+            if t == GOAWAY]
+
+
+# -- HTTP/1.1 --------------------------------------------------------------------------------------
+
+
+def test_h1_idle_keepalive_drains_at_its_moment_and_closes_g_later_then_lingers() -> None:
+    """As Envoy's connection manager: from its moment (18 + 3 * 0.5) the connection drains,
+    and one still idle after the grace G closes: a FIN, then reads for LINGER."""
+    ls = Listener(ScriptedRng(0.5))
+    conn = H1Downstream(ls)
+    t = accept(ls, conn)
+    conn.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+    answer(ls)
+    assert t.take() == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    ls.drain_starts([conn])
+    ls.loop.advance(19.5)  # type: ignore[attr-defined]
+    assert ls.drain_stats.cx_drained_proactive == 1
+    assert ls.stats.downstream_cx_drain_close == 1
+    assert t.out == b"" and t.eof_at is None  # HTTP/1.1 has nothing to say outside a response
+    ls.loop.advance(20.49)  # type: ignore[attr-defined]
+    assert t.eof_at is None
+    ls.loop.advance(20.5)  # type: ignore[attr-defined]
+    assert t.eof_at == 20.5
+    ls.loop.advance(20.5 + LINGER - 0.01)  # type: ignore[attr-defined]
+    assert t.closed_at is None
+    ls.loop.advance(30.0)  # type: ignore[attr-defined]
+    assert t.closed_at == 20.5 + LINGER
+    assert ls.rng.exhausted  # type: ignore[attr-defined]
+
+
+def test_h1_response_after_the_moment_carries_connection_close() -> None:
+    """Busy at its moment, the connection drains (no close mid-request); the response that
+    follows says ``Connection: close`` (RFC 9112 §9.6) and the close is staged after it."""
+    ls = Listener(ScriptedRng(0.5))
+    conn = H1Downstream(ls)
+    t = accept(ls, conn)
+    ls.drain_starts([conn])
+    ls.loop.advance(19.0)  # type: ignore[attr-defined]
+    conn.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+    ls.loop.advance(20.0)  # type: ignore[attr-defined]
+    assert t.eof_at is None  # its moment passed with a request in flight
+    answer(ls)
+    assert t.take() == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nconnection: close\r\n\r\nok"
+    assert t.eof_at == 20.0
+    assert ls.process.ledger.active == 0
+
+
+def test_h1_close_at_end_closes_an_idle_connection_and_counts_it() -> None:
+    ls = Listener(ScriptedRng())
+    conn = H1Downstream(ls)
+    t = accept(ls, conn)
+    ls.loop.advance(5.0)  # type: ignore[attr-defined]
+    conn.close_at_end()
+    assert t.eof_at == 5.0
+    assert ls.drain_stats.cx_closed_at_end == 1
+
+
+# -- HTTP/2 ----------------------------------------------------------------------------------------
+
+
+def test_h2_idle_connection_gets_goaway_at_its_moment_and_the_final_one_g_later() -> None:
+    ls = Listener(ScriptedRng(0.5))
+    conn = H2Downstream(ls)
+    t = accept(ls, conn)
+    conn.data_received(H2_PREFACE)
+    t.take()
+    ls.drain_starts([conn])
+    ls.loop.advance(19.49)  # type: ignore[attr-defined]
+    assert goaways(t.out) == []
+    ls.loop.advance(19.5)  # type: ignore[attr-defined]
+    # GOAWAY(2^31-1) first: it refuses no stream the client may have in flight (RFC 9113 §6.8)
+    assert goaways(t.take()) == [2**31 - 1]
+    assert t.eof_at is None
+    ls.loop.advance(20.5)  # type: ignore[attr-defined]
+    assert goaways(t.take()) == [0]  # the final one: no stream was processed
+    assert t.eof_at == 20.5
+    assert ls.h2stats.goaway_sent == 2
+    assert ls.drain_stats.cx_drained_proactive == 1
+
+
+def test_h2_busy_connection_gets_the_final_goaway_g_later_then_closes_when_idle() -> None:
+    ls = Listener(ScriptedRng(0.5))
+    conn = H2Downstream(ls)
+    t = accept(ls, conn)
+    conn.data_received(H2_PREFACE)
+    ls.drain_starts([conn])
+    ls.loop.advance(19.0)  # type: ignore[attr-defined]
+    # a HEADERS frame for stream 1: GET /x, literal fields without indexing (RFC 7541 §6.2.2)
+    block = (b"\x82"  # :method GET (static index 2)
+             b"\x86"  # :scheme http (static index 6)
+             b"\x04\x02/x"  # :path /x (name index 4)
+             b"\x01\x03app")  # :authority app (name index 1)
+    conn.data_received(len(block).to_bytes(3, "big") + b"\x01\x05" + (1).to_bytes(4, "big")
+                       + block)
+    t.take()
+    ls.loop.advance(19.5)  # type: ignore[attr-defined]
+    assert goaways(t.take()) == [2**31 - 1]  # its moment: the first notice
+    assert t.eof_at is None  # a stream in flight
+    ls.loop.advance(20.5)  # type: ignore[attr-defined]
+    assert goaways(t.take()) == [1]  # G later: the final one names the last stream processed
+    answer(ls)
+    assert t.eof_at == 20.5  # its last stream ended: closed (staged)
+    assert ls.h2stats.goaway_sent == 2
+    assert ls.process.ledger.active == 0
