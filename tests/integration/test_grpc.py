@@ -118,9 +118,10 @@ def test_local_answers_are_grpc_statuses(
 def test_drain_under_load_fails_no_unary_call(
     peers: Callable[[str], Peer], lameduck: Callable[..., Lameduck],
 ) -> None:
-    """Two lameducks, the client's round_robin over both, one SIGTERMed under steady unary load
-    and server streams: no unary call fails; a stream longer than the deadline ends with
-    UNAVAILABLE (14), one that fits finishes."""
+    """Two lameducks, the client's round_robin over both (no retry policy: only gRPC's own
+    transparent retry of a stream the server did not process), one SIGTERMed under steady
+    unary load and server streams: no unary call fails; a stream longer than the deadline ends
+    with UNAVAILABLE (14), one that fits finishes."""
     peer = peers("p1")
     drain = {"time": "2s", "strategy": "gradual", "connection_grace": "500ms"}
     a = lameduck(h2_config(peer.port, drain=drain, shutdown={"deadline": "4s"}))
@@ -128,7 +129,7 @@ def test_drain_under_load_fails_no_unary_call(
     results: list[tuple[float, str]] = []
     lock = threading.Lock()
     stop_at = time.monotonic() + 60
-    with channel(a.port, b.port) as ch:
+    with channel(a.port, b.port, retry=False) as ch:
         unary = ch.unary_unary("/test.Echo/Unary")
         stream = ch.unary_stream("/test.Echo/Stream")
         assert unary(b"warm", timeout=10) == b"warm"

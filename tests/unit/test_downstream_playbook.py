@@ -24,6 +24,18 @@ START, T, G = 10.0, 12.0, 1.0
 EV = DrainEvent(START, Strategy.GRADUAL, T, G)
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 GOAWAY = 7
+RST_STREAM = 3
+REFUSED_STREAM = 7
+# a HEADERS frame block for GET /x: indexed and literal fields without indexing (RFC 7541)
+GET_X = (b"\x82"  # :method GET (static index 2)
+         b"\x86"  # :scheme http (static index 6)
+         b"\x04\x02/x"  # :path /x (name index 4)
+         b"\x01\x03app")  # :authority app (name index 1)
+
+
+def headers(sid: int, block: bytes = GET_X) -> bytes:
+    """HEADERS with END_STREAM and END_HEADERS."""
+    return len(block).to_bytes(3, "big") + b"\x01\x05" + sid.to_bytes(4, "big") + block
 
 
 class Loop(asyncio.AbstractEventLoop):
@@ -257,13 +269,7 @@ def test_h2_busy_connection_gets_the_final_goaway_g_later_then_closes_when_idle(
     conn.data_received(H2_PREFACE)
     ls.drain_starts([conn])
     ls.loop.advance(19.0)  # type: ignore[attr-defined]
-    # a HEADERS frame for stream 1: GET /x, literal fields without indexing (RFC 7541 §6.2.2)
-    block = (b"\x82"  # :method GET (static index 2)
-             b"\x86"  # :scheme http (static index 6)
-             b"\x04\x02/x"  # :path /x (name index 4)
-             b"\x01\x03app")  # :authority app (name index 1)
-    conn.data_received(len(block).to_bytes(3, "big") + b"\x01\x05" + (1).to_bytes(4, "big")
-                       + block)
+    conn.data_received(headers(1))
     t.take()
     ls.loop.advance(19.5)  # type: ignore[attr-defined]
     assert goaways(t.take()) == [2**31 - 1]  # its moment: the first notice
@@ -274,3 +280,26 @@ def test_h2_busy_connection_gets_the_final_goaway_g_later_then_closes_when_idle(
     assert t.eof_at == 20.5  # its last stream ended: closed (staged)
     assert ls.h2stats.goaway_sent == 2
     assert ls.process.ledger.active == 0
+
+
+def test_h2_stream_after_t_gets_the_final_goaway_before_its_refusal() -> None:
+    """Past T the process takes no new work: the stream is refused (REFUSED_STREAM, safe to
+    retry, RFC 9113 §8.7) and the final GOAWAY goes out first, naming the stream before it,
+    so a client that retries a refused stream once (gRPC) does not retry on this connection."""
+    ls = Listener(ScriptedRng(0.5))
+    conn = H2Downstream(ls)
+    t = accept(ls, conn)
+    conn.data_received(H2_PREFACE + headers(1))
+    answer(ls)
+    t.take()
+    ls.process.ledger.accepting = False  # T has passed
+    conn.data_received(headers(3))
+    got = [(typ, sid, p) for typ, sid, p in frames(t.take()) if typ in (GOAWAY, RST_STREAM)]
+    # no notice had gone out yet: both GOAWAYs now, the final one naming stream 1, then the
+    # refusal of stream 3
+    assert [(typ, sid) for typ, sid, _ in got] == [(GOAWAY, 0), (GOAWAY, 0), (RST_STREAM, 3)]
+    assert [int.from_bytes(p[:4], "big") for typ, _, p in got if typ == GOAWAY] == [
+        2**31 - 1, 1]
+    assert int.from_bytes(got[2][2], "big") == REFUSED_STREAM
+    assert ls.stats.downstream_rq_going_away == 1
+    assert len(ls.connects) == 1  # the refused stream never went upstream

@@ -139,6 +139,8 @@ class H2Downstream(Downstream):
         self.arm(now + ctx.idle_timeout)
         if drain.drained_by is not None:
             self.drain_notice()  # drained before it spoke HTTP/2
+        if not ctx.process.ledger.accepting:
+            self.final_notice()  # past T: no stream will be taken, say so before any is sent
         self.arm_drain()
         if data:
             self.data_received(data)
@@ -292,8 +294,10 @@ class H2Downstream(Downstream):
         just before T has had no response to drain it)."""
         ex.resp_done = True
         self.h2.unprocess(ex.sid)
-        self.reset_stream(ex, ErrorCode.REFUSED_STREAM)
+        # The GOAWAY first: a client that reads the refusal first may retry on this very
+        # connection before it reads the GOAWAY (a gRPC client retries a refused stream once).
         self.final_notice()
+        self.reset_stream(ex, ErrorCode.REFUSED_STREAM)
 
     def persistence_key(self, ex: Exchange, cluster: Cluster) -> str | None:
         return _cookie(self.req_fields, cluster.cookie_name) if cluster.by_cookie else \
