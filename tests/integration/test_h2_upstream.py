@@ -125,6 +125,7 @@ def test_post_3mb_echo_sized_and_chunked(lameduck, h2origin):
         r = c.post(ld.url("/echo"), content=gen())  # chunked from the client: DATA frames
         assert r.status_code == 200
         assert r.content == body
+    assert o.wait_line("request ", 2)  # its stdout is read by a thread: wait for it
     assert [r["path"] for r in o.records("request")] == ["/echo", "/echo"]
 
 
@@ -515,6 +516,7 @@ def test_refused_request_body_is_replayed(lameduck, h2origin, client: str):
     assert r.status_code == 200, r.text
     assert r.text == want
     assert cstat(ld, "upstream_rq_retry") == 1
+    assert o.wait_line("request ", 2)  # its stdout is read by a thread: wait for it
     assert [r["method"] for r in o.records("request")] == ["POST", "POST"]
 
 
