@@ -744,15 +744,39 @@ class H2Origin:
         self.port = int(line.rsplit(":", 1)[1])
         self.addr = f"127.0.0.1:{self.port}"
         self._lines: list[str] = []
+        self._partial = b""
+        self._fd = self.proc.stdout.fileno()
+        os.set_blocking(self._fd, False)
         self._lock = threading.Lock()
+        self._eof = False
+        # A thread keeps the pipe from filling up; ``lines()`` also takes what is pending
+        # itself, so a line printed before a response is seen once the response came.
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
+    def _drain(self) -> None:
+        """Take what the pipe holds (the caller holds the lock)."""
+        while not self._eof:
+            try:
+                data = os.read(self._fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._eof = True
+                return
+            *done, self._partial = (self._partial + data).split(b"\n")
+            self._lines.extend(d.decode(errors="replace") for d in done)
+
     def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+        while not self._eof:
+            try:
+                select.select([self._fd], [], [], 0.05)
+            except (OSError, ValueError):
+                return
             with self._lock:
-                self._lines.append(line.rstrip("\n"))
+                self._drain()
 
     def url(self, path: str = "/") -> str:
         return f"http://{self.addr}{path}"
@@ -760,6 +784,7 @@ class H2Origin:
     def lines(self, prefix: str = "") -> list[str]:
         """The stdout lines so far (after the ``listening`` one) that start with ``prefix``."""
         with self._lock:
+            self._drain()
             return [ln for ln in self._lines if ln.startswith(prefix)]
 
     def records(self, kind: str) -> list[dict[str, str]]:
