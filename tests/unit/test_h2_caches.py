@@ -123,3 +123,31 @@ def test_closed_stream_memory_is_a_bounded_fifo() -> None:
     assert ev == [] and not raw.server.closed  # reset by us: in-flight HEADERS ignored
     ev = raw.send(HeadersFrame(19, raw.block(GET), flags=EHS))
     assert raw.server.closed and ev[-1].code == ErrorCode.PROTOCOL_ERROR
+
+
+def test_huffman_strings_are_decoded_once_and_a_bad_one_is_never_cached() -> None:
+    """nginx codes each response field as a Huffman literal, never indexed: the same coded
+    bytes come on every response and are decoded once. The cache is keyed by those bytes, so
+    it answers exactly what decoding would, and a coding error is raised every time."""
+    enc = hpack.Encoder()
+    block = enc.encode([(b"server", b"nginx"), (b"content-type", b"text/plain")],
+                       huffman=True)
+    codec._HUFFMAN.clear()
+    want = [(b"server", b"nginx"), (b"content-type", b"text/plain")]
+    assert codec.Decoder().decode(block, 1 << 16)[0] == want
+    cached = dict(codec._HUFFMAN)
+    assert b"nginx" in cached.values() and b"text/plain" in cached.values()
+    assert codec.Decoder().decode(block, 1 << 16)[0] == want  # from the cache now
+    # an invalid Huffman string (EOS inside): refused, and not remembered
+    bad = b"\x00\x81\xff"  # literal, new name: a 1-byte Huffman-coded name of all ones
+    for _ in range(2):
+        with pytest.raises(codec.DecodeError):
+            codec.Decoder().decode(bad, 1 << 16)
+    assert codec._HUFFMAN.keys() == cached.keys()
+    # bounded: a peer sending endless distinct strings never grows it past its size
+    codec._HUFFMAN.clear()
+    for i in range(codec.HUFFMAN_CACHE_MAX + 10):
+        codec._huffman(hpack.huffman.HuffmanEncoder(
+            hpack.huffman_constants.REQUEST_CODES,
+            hpack.huffman_constants.REQUEST_CODES_LENGTH).encode(b"v%d" % i))
+    assert len(codec._HUFFMAN) <= codec.HUFFMAN_CACHE_MAX

@@ -208,6 +208,27 @@ def _decode_int_tail(data: bytes, pos: int, value: int) -> tuple[int, int]:
             raise DecodeError("integer too large")
 
 
+# A peer sends the same Huffman-coded strings again and again (nginx codes every response field
+# as a literal, never indexed: its name, the date, the content type), and hpack's decoder is pure
+# Python (bit by bit): each distinct string is decoded once. Keyed by the coded bytes, so the
+# result is the same as decoding; bounded (short strings only, dropped when full), as the
+# field caches below.
+_HUFFMAN: Final[dict[bytes, bytes]] = {}
+HUFFMAN_CACHE_MAX: Final = 4096
+HUFFMAN_CACHED_LEN: Final = 256
+
+
+def _huffman(coded: bytes) -> bytes:
+    out = _HUFFMAN.get(coded)
+    if out is None:
+        out = decode_huffman(coded)
+        if len(coded) <= HUFFMAN_CACHED_LEN:
+            if len(_HUFFMAN) >= HUFFMAN_CACHE_MAX:
+                _HUFFMAN.clear()
+            _HUFFMAN[coded] = out
+    return out
+
+
 def _decode_str(data: bytes, pos: int, n: int) -> tuple[bytes, int]:
     b = data[pos]
     length = b & 0x7F
@@ -218,7 +239,7 @@ def _decode_str(data: bytes, pos: int, n: int) -> tuple[bytes, int]:
     if end > n:
         raise DecodeError("string beyond the block")
     if b & 0x80:
-        return decode_huffman(data[pos:end]), end
+        return _huffman(data[pos:end]), end
     return data[pos:end], end
 
 
