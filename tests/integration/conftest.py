@@ -170,8 +170,8 @@ def haproxy(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[Any]:
-    """A real ``redis-server`` (tests/redisproc.py) on a free port, stopped by pid; installs
-    the Debian package first if it is missing."""
+    """A real ``redis-server`` (tests/redisproc.py) on a Unix socket of its own, stopped by
+    pid; installs the Debian package first if it is missing."""
     from tests.redisproc import RedisServer, ensure_redis
 
     ensure_redis()

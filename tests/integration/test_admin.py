@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from lameduck import cli
-from tests.procs import RawConn, base_config, free_port, wait_until
+from tests.procs import RawConn, base_config, unique, wait_until
 
 GET_PATHS = ["/", "/ready", "/server_info", "/listeners", "/stats", "/stats/prometheus"]
 POST_PATHS = ["/drain_listeners", "/healthcheck/fail", "/healthcheck/ok", "/quitquitquit"]
@@ -261,7 +261,7 @@ def test_quitquitquit_exits(lameduck) -> None:
 
 
 def _write(tmp_path, cfg: dict):
-    path = tmp_path / f"cfg-{free_port()}.yaml"
+    path = tmp_path / f"cfg-{unique()}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 

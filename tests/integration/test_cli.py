@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from lameduck import cli
-from tests.procs import _env, base_config, free_port, port_in_use, stop, wait_until
+from tests.procs import _env, base_config, port_in_use, stop, unique, wait_until
 
 EXIT_CONFIG = 2
 DEFAULT_PORTS = (10000, 9901, 8080)
@@ -34,7 +34,7 @@ def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]
 
 
 def write(tmp_path: Path, cfg: dict | str) -> Path:
-    path = tmp_path / f"cfg-{free_port()}.yaml"
+    path = tmp_path / f"cfg-{unique()}.yaml"
     path.write_text(cfg if isinstance(cfg, str) else yaml.safe_dump(cfg))
     return path
 

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from tests import loadgen
-from tests.procs import AdminPoller, Lameduck, _env, free_port, wait_until
+from tests.procs import AdminPoller, Lameduck, _env, refusing_port, wait_until
 
 HEALTH = "/health_check.html"
 UPSTREAM_ACTIVE = "cluster.app.upstream_rq_active"  # proxied requests only (not health checks)
@@ -251,7 +251,7 @@ def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy)
 
 
 def test_unreachable_admin_exits_4() -> None:
-    r = run_prestop(f"127.0.0.1:{free_port()}", "--drain-timeout", "1s", "--lb-buffer", "0s")
+    r = run_prestop(f"127.0.0.1:{refusing_port()}", "--drain-timeout", "1s", "--lb-buffer", "0s")
     assert r.returncode == 4, (r.stdout, r.stderr)
     assert "unreachable" in r.stderr
     assert json.loads(r.stdout)["error"] == "admin unreachable"
