@@ -781,6 +781,8 @@ def refused(addr: str) -> bool:
 
 
 WSECHO = Path(__file__).resolve().parent / "wsecho.py"
+# argv that runs a command with sockets passed as systemd socket activation passes them
+SDACTIVATE = [sys.executable, str(Path(__file__).resolve().parent / "sdactivate.py")]
 
 
 class WsEcho:
