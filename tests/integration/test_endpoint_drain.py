@@ -710,6 +710,9 @@ def test_tcp_drain_idle_closed_at_moment_busy_cut_at_deadline(lameduck, origins)
         assert st["tcp.l4.downstream_cx_drain_close"] == 1
         assert st["tcp.l4.downstream_cx_active"] == 1 and st["tcp.l4.downstream_cx_cut"] == 0
         code = ld.wait(10)
+        # The chatter sees the cut at its next ask (it sleeps 100 ms between them): wait for
+        # that, not for a stop that could come first on a loaded machine.
+        wait_until(lambda: "at" in ended, 5)
     finally:
         stop.set()
         t.join(10)
