@@ -6,6 +6,7 @@ tests run in parallel, and another one could take that port in between)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -44,8 +46,15 @@ def ensure_command(command: str, package: str) -> None:
     if command in _installed or shutil.which(command):
         _installed.add(command)
         return
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "ensure-debs.sh"), package],
-                       capture_output=True, text=True)
+    # One install at a time across parallel test processes (xdist workers): two apt-get runs
+    # at once fail on dpkg's lock. `make test` installs these first; this is for bare pytest.
+    with open(os.path.join(tempfile.gettempdir(), "lameduck-tests-apt.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if shutil.which(command):
+            _installed.add(command)
+            return
+        r = subprocess.run(["bash", str(ROOT / "scripts" / "ensure-debs.sh"), package],
+                           capture_output=True, text=True)
     if r.returncode != 0 or not shutil.which(command):
         raise RuntimeError(f"cannot install {package} (rc {r.returncode}):\n"
                            f"{r.stdout}{r.stderr}")

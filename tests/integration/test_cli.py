@@ -3,12 +3,15 @@ field, and ``run`` with no file serving the embedded default through its demo or
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -104,6 +107,18 @@ def test_version(capsys: pytest.CaptureFixture) -> None:
     assert capsys.readouterr().out.startswith("lameduck ")
 
 
+@pytest.fixture
+def default_ports() -> Iterator[None]:
+    """The embedded default binds fixed ports (DEFAULT_PORTS): the tests that run it take
+    this lock, so one runs at a time among every test process on the machine (the suite's
+    parallel workers, or another checkout's run), whichever worker each lands on."""
+    path = os.path.join(tempfile.gettempdir(), "lameduck-tests-default-ports.lock")
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+@pytest.mark.usefixtures("default_ports")
 def test_run_embedded_default_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
     busy = [p for p in DEFAULT_PORTS if port_in_use(p)]
     if busy:
@@ -170,6 +185,7 @@ def test_run_on_an_address_in_use_exits_1_without_a_traceback(tmp_path: Path) ->
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.usefixtures("default_ports")
 def test_run_embedded_default_with_the_demo_port_taken(tmp_path: Path) -> None:
     busy = [p for p in DEFAULT_PORTS if port_in_use(p)]
     if busy:
