@@ -53,10 +53,20 @@ run: $(FAST)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 
+# Tests run in parallel, one pytest-xdist worker per core (TEST_JOBS=1: one worker): every
+# server a test starts binds port 0 and the test reads the port back, so none contend for a
+# port; the two that run the embedded default on its fixed ports take a lock (test_cli.py).
+# --dist loadfile: a module's tests share one worker, so a module-scoped fixture (a shared
+# lameduck, a pool of origins) starts once. Not loadgroup: with pytest 9.2 xdist cannot tag
+# node ids any more and silently ignores xdist_group. The Debian packages the tests use are
+# installed first: two workers running apt-get at once would fail on dpkg's lock. pytest's
+# exit code 5 (no test ran) fails the target like any other.
+TEST_JOBS ?= auto
+
 test: $(FAST)
-	bash scripts/ensure-debs.sh curl
+	bash scripts/ensure-debs.sh curl haproxy redis-server
 	$(VENV)/bin/ruff check src tests bench examples
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile
 
 bench: $(FAST)
 	bash scripts/ensure-debs.sh wrk haproxy nginx-light nghttp2-client

@@ -1,5 +1,6 @@
 """The demo resume app (lameduck/demo/resume_app.py) under a real ASGI server: uvicorn,
-hypercorn or granian, as a child process on a free loopback port, stopped by pid."""
+hypercorn or granian, as a child process on a loopback port it binds itself (port 0, read back
+from /proc: none of the three prints the port it got), stopped by pid."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from lameduck.resume.store import Session, open_store
-from tests.procs import _env, free_port, stop
+from tests.procs import _env, listening_ports, stop
 
 APP = "lameduck.demo.resume_app:app"
 
@@ -36,16 +37,17 @@ def load_session(url: str, token: str) -> Session:
     return load_sessions(url, token)[token]
 
 
-def _command(server: str, port: int) -> list[str]:
+def _command(server: str) -> list[str]:
+    """The server on 127.0.0.1 port 0."""
     if server == "uvicorn":
-        return [sys.executable, "-m", "uvicorn", APP, "--host", "127.0.0.1", "--port",
-                str(port), "--log-level", "warning", "--lifespan", "on"]
+        return [sys.executable, "-m", "uvicorn", APP, "--host", "127.0.0.1", "--port", "0",
+                "--log-level", "warning", "--lifespan", "on"]
     if server == "hypercorn":
-        return [sys.executable, "-m", "hypercorn", APP, "--bind", f"127.0.0.1:{port}",
+        return [sys.executable, "-m", "hypercorn", APP, "--bind", "127.0.0.1:0",
                 "--workers", "0", "--graceful-timeout", "10"]
     if server == "granian":
         return [sys.executable, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1",
-                "--port", str(port), "--workers", "1", "--log-level", "warning", APP]
+                "--port", "0", "--workers", "1", "--log-level", "warning", APP]
     raise ValueError(server)
 
 
@@ -54,21 +56,31 @@ class App:
                  stagger: float = 0.5, lock_ttl: float = 60.0) -> None:
         self.server = server
         self.name = name
-        self.port = free_port()
+        self.port = 0  # until it listens
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"{name}.log"
         env = _env()
         env.update(LAMEDUCK_APP_NAME=name, LAMEDUCK_STORE=store, LAMEDUCK_GRACE=str(grace),
                    LAMEDUCK_STAGGER=str(stagger), LAMEDUCK_LOCK_TTL=str(lock_ttl))
         with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(_command(server, self.port), env=env, stdout=log,
+            self.proc = subprocess.Popen(_command(server), env=env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         end = time.monotonic() + 20
-        while not self._answers():  # bound is not enough: hypercorn binds before it listens
+        # bound is not enough: hypercorn binds before it listens, so it must answer too
+        while not self._listens() or not self._answers():
             if self.proc.poll() is not None or time.monotonic() > end:
                 self.stop()
                 raise RuntimeError(f"{server} {name} did not start:\n{self.log()}")
             time.sleep(0.05)
+
+    def _listens(self) -> bool:
+        """Whether it (or its worker) listens yet; reads the port back on the first time."""
+        if not self.port:
+            ports = listening_ports(self.proc.pid)
+            if len(ports) > 1:
+                raise RuntimeError(f"{self.server} {self.name} listens on {ports}: which?")
+            self.port = ports.pop() if ports else 0
+        return bool(self.port)
 
     def _answers(self) -> bool:
         try:

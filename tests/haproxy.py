@@ -2,6 +2,10 @@
 child process (stopped by pid) that health-checks each backend's health-check path, with a
 stats socket to read what it thinks of each server. For the ``lameduck prestop`` tests: the LB
 keeps a server UP while its check answers 200 and marks it DOWN after ``fall`` failed checks.
+
+Its frontend listens on a socket the test binds to port 0 and hands over as an inherited
+descriptor (HAProxy's ``bind fd@<n>`` address: "use file descriptor <n> inherited from the
+parent"): HAProxy cannot report an ephemeral port it bound itself.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.procs import ensure_command, free_port, port_in_use, stop
+from tests.procs import ensure_command, listening_socket, stop
 
 # No ``retry-on`` and no ``option redispatch``: a request sent to a failing server fails
 # visibly instead of being replayed on another one.
@@ -32,7 +36,7 @@ defaults
     timeout http-keep-alive 30s
 
 frontend fe
-    bind 127.0.0.1:{port}
+    bind fd@{fd}
     default_backend be
 
 backend be
@@ -62,7 +66,8 @@ class Haproxy:
             raise ValueError("haproxy needs at least one backend port")
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.listen = listening_socket()
+        self.port: int = self.listen.getsockname()[1]
         self.interval = interval
         self.fall = fall
         self.rise = rise
@@ -71,7 +76,7 @@ class Haproxy:
         self.cfg = workdir / "haproxy.cfg"
         self.log_path = workdir / "haproxy.log"
         self.cfg.write_text(CONFIG.format(
-            sock=self.sock, port=self.port, path=path, inter=_ms(interval), fall=fall,
+            sock=self.sock, fd=self.listen.fileno(), path=path, inter=_ms(interval), fall=fall,
             rise=rise,
             servers="".join(f"    server {name} 127.0.0.1:{p} check\n"
                             for name, p in zip(self.servers, backend_ports, strict=True))))
@@ -82,7 +87,7 @@ class Haproxy:
     def check_config(self) -> None:
         """``haproxy -c -f cfg``; raises with HAProxy's error and the config if it is invalid."""
         r = subprocess.run(["haproxy", "-c", "-q", "-f", str(self.cfg)], capture_output=True,
-                           text=True)
+                           text=True, pass_fds=(self.listen.fileno(),))
         if r.returncode != 0:
             raise RuntimeError(f"haproxy rejected {self.cfg}:\n{r.stdout}{r.stderr}\n"
                                f"--- config ---\n{self.cfg.read_text()}")
@@ -91,18 +96,21 @@ class Haproxy:
         self.check_config()
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(["haproxy", "-f", str(self.cfg), "-db"],
-                                         stdout=log, stderr=subprocess.STDOUT)
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         pass_fds=(self.listen.fileno(),))
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"haproxy exited early ({self.proc.returncode}):\n"
                                    f"{self.log()}")
-            if self.sock.exists() and port_in_use(self.port):
+            if self.sock.exists():  # the stats socket answers once it is set up
                 try:
                     self.server_states()
-                    return self
                 except OSError:
                     pass
+                else:
+                    self.listen.close()  # HAProxy holds its own copy now
+                    return self
             time.sleep(0.02)
         self.stop()
         raise RuntimeError(f"haproxy not ready within {timeout}s:\n{self.log()}")
@@ -163,5 +171,6 @@ class Haproxy:
 
     def stop(self) -> None:
         """SIGKILL it by pid and reap it."""
+        self.listen.close()
         if self.proc is not None:
             stop(self.proc)

@@ -1,9 +1,13 @@
-"""Real processes for the tests: the demo origin and lameduck itself, on free loopback ports,
-started and stopped by pid. No mocks: the tests talk to these over real sockets."""
+"""Real processes for the tests: the demo origin and lameduck itself, started and stopped by
+pid. No mocks: the tests talk to these over real sockets. Every server binds port 0 and the
+test reads the port it got back (never "find a free port, close it, let a process bind it":
+tests run in parallel, and another one could take that port in between)."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import itertools
 import json
 import os
 import re
@@ -14,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -41,18 +46,80 @@ def ensure_command(command: str, package: str) -> None:
     if command in _installed or shutil.which(command):
         _installed.add(command)
         return
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "ensure-debs.sh"), package],
-                       capture_output=True, text=True)
+    # One install at a time across parallel test processes (xdist workers): two apt-get runs
+    # at once fail on dpkg's lock. `make test` installs these first; this is for bare pytest.
+    with open(os.path.join(tempfile.gettempdir(), "lameduck-tests-apt.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if shutil.which(command):
+            _installed.add(command)
+            return
+        r = subprocess.run(["bash", str(ROOT / "scripts" / "ensure-debs.sh"), package],
+                           capture_output=True, text=True)
     if r.returncode != 0 or not shutil.which(command):
         raise RuntimeError(f"cannot install {package} (rc {r.returncode}):\n"
                            f"{r.stdout}{r.stderr}")
     _installed.add(command)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_seq = itertools.count(1)
+
+
+def unique() -> str:
+    """A name no other test of this run uses (this process's pid and a counter): for files
+    and sockets a test creates."""
+    return f"{os.getpid()}-{next(_seq)}"
+
+
+_refusing: list[socket.socket] = []
+
+
+def refusing_port() -> int:
+    """A loopback port where every connect is refused for as long as this test process lives:
+    a socket bound to it (port 0: the kernel's pick) that never listens, so the kernel answers
+    a SYN with a reset, and no other process can bind the port meanwhile (the socket has no
+    SO_REUSEADDR). For a dead endpoint, agent or store."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _refusing.append(s)
+    return s.getsockname()[1]
+
+
+def listening_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A listening socket on an ephemeral port, to hand to a child process (``pass_fds``)
+    that serves on it: the port stays ours across the child's restarts."""
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, 0))
+    s.listen(1024)
+    return s
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports ``pid`` or one of its children listens on, from /proc: the socket inodes
+    among their descriptors, found LISTEN (state 0A) in /proc/PID/net/tcp and tcp6. How a test
+    reads back the port of a server started on port 0 that does not print it."""
+    inodes = set()
+    for p in (pid, *children_of(pid)):
+        try:
+            fds = os.listdir(f"/proc/{p}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{p}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(int(link[8:-1]))
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] == "0A" and int(f[9]) in inodes:
+                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def _read_lines(proc: subprocess.Popen, n: int, timeout: float) -> list[str]:
@@ -207,18 +274,15 @@ def start_named_origin(name: str, log_dir: Path | None = None, agent: bool = Fal
 
 def base_config(origin_port: int, **over: Any) -> dict[str, Any]:
     """A config for one listener in front of the origin; ``over`` replaces top-level keys and
-    ``listener`` / ``cluster`` / ``route`` merge into the first of each."""
-    admin_port = free_port()
-    listen_port = free_port()
-    while listen_port == admin_port:  # the kernel may hand the same free port out twice
-        listen_port = free_port()
+    ``listener`` / ``cluster`` / ``route`` merge into the first of each. The admin API and the
+    listener bind port 0: ``Lameduck.start`` reads back the ports they got."""
     cfg: dict[str, Any] = {
-        "admin": {"address": f"127.0.0.1:{admin_port}"},
+        "admin": {"address": "127.0.0.1:0"},
         "drain": {"time": "2s", "strategy": "gradual", "connection_grace": "200ms"},
         "shutdown": {"deadline": "4s", "min_drain": "0s", "stop_accepting": "at_drain_end"},
         "listeners": [{
             "name": "ingress",
-            "address": f"127.0.0.1:{listen_port}",
+            "address": "127.0.0.1:0",
             "health_check_path": "/health_check.html",
             "routes": [{"prefix": "/", "cluster": "app", "timeout": "30s"}],
         }],
@@ -256,7 +320,10 @@ def children_of(pid: int) -> list[int]:
 
 
 class Lameduck:
-    """A lameduck process started with a config, stopped by pid."""
+    """A lameduck process started with a config, stopped by pid. Started, it has written its
+    admin address to ``admin_path`` (``--admin-address-path``) and its listeners' addresses
+    are read from the admin's ``/listeners``: ``admin_addr``, ``addr`` (the first listener),
+    ``addr_of(name)``; before that they are the configured ones."""
 
     # Every one created, so a fixture can stop what a failed test left running (a hot-restart
     # successor, a supervisor and its children).
@@ -265,7 +332,7 @@ class Lameduck:
     def __init__(self, cfg: dict[str, Any], workdir: Path) -> None:
         Lameduck.created.append(self)
         self.cfg = cfg
-        n = free_port()
+        n = unique()
         # Its own rendezvous under the test's tmp dir, unless the test shares one on purpose
         # (hot restart): not the default in $TMPDIR, which a SIGKILLed process leaves behind.
         hot = cfg.setdefault("hot_restart", {})
@@ -273,8 +340,9 @@ class Lameduck:
         self.path = workdir / f"lameduck-{n}.yaml"
         self.path.write_text(yaml.safe_dump(cfg))
         self.log_path = self.path.with_suffix(".log")
-        self.admin_addr = cfg["admin"]["address"]
-        self.addr = cfg["listeners"][0]["address"]
+        self.admin_path = self.path.with_suffix(".admin")
+        self.admin_addr: str = cfg["admin"]["address"]
+        self.addrs: dict[str, str] = {lc["name"]: lc["address"] for lc in cfg["listeners"]}
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 10.0, wrapper: list[str] | None = None,
@@ -283,10 +351,11 @@ class Lameduck:
         """``wrapper``: argv run first, that execs the rest (e.g. tests/sdactivate.py);
         ``env``: variables added; ``pass_fds``: descriptors the process inherits;
         ``command``: ``run`` or ``supervise``."""
+        self.admin_path.unlink(missing_ok=True)
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 [*(wrapper or []), sys.executable, "-m", "lameduck", command, "-c",
-                 str(self.path)],
+                 str(self.path), "--admin-address-path", str(self.admin_path)],
                 stdout=log, stderr=subprocess.STDOUT, env={**_env(), **(env or {})},
                 pass_fds=pass_fds,
             )
@@ -294,14 +363,47 @@ class Lameduck:
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"lameduck exited early:\n{self.log()}")
-            try:
-                if httpx.get(self.admin_url("/ready"), timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
+            # the address file appears once it serves (after a hot restart's handover)
+            if self.reread():
+                try:
+                    if httpx.get(self.admin_url("/ready"), timeout=1).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
             time.sleep(0.05)
         self.kill()
         raise RuntimeError(f"lameduck not ready within {timeout}s:\n{self.log()}")
+
+    def reread(self) -> bool:
+        """Read the admin address from ``admin_path`` and the listeners' from ``/listeners``;
+        False if the file is not there yet or the admin does not answer (a child of
+        ``lameduck supervise`` restarted after it died binds new ports and rewrites it)."""
+        try:
+            admin = self.admin_path.read_text().strip()
+            r = httpx.get(f"http://{admin}/listeners?format=json", timeout=2)
+        except (OSError, httpx.HTTPError):
+            return False
+        if r.status_code != 200:
+            return False
+        addrs = {}
+        for ls in r.json()["listener_statuses"]:
+            sa = ls["local_address"]["socket_address"]
+            host = f"[{sa['address']}]" if ":" in sa["address"] else sa["address"]
+            addrs[ls["name"]] = f"{host}:{sa['port_value']}"
+        self.admin_addr, self.addrs = admin, addrs
+        return True
+
+    @property
+    def addr(self) -> str:
+        """The first listener's ``host:port``."""
+        return self.addrs[self.cfg["listeners"][0]["name"]]
+
+    def addr_of(self, listener: str) -> str:
+        """The ``host:port`` the listener named ``listener`` is bound to."""
+        return self.addrs[listener]
+
+    def port_of(self, listener: str) -> int:
+        return int(self.addrs[listener].rsplit(":", 1)[1])
 
     @property
     def pid(self) -> int:
@@ -507,11 +609,16 @@ class RawConn:
 # -- HTTP/1 data-plane test helpers: origin restarts, process memory, raw-socket responses ----
 
 
-def start_origin_at(port: int, stderr: IO[bytes] | int = subprocess.DEVNULL) -> subprocess.Popen:
-    """Start the demo origin on a given port (to restart one in place); waits until it listens."""
+def start_origin_on(sock: socket.socket,
+                    stderr: IO[bytes] | int = subprocess.DEVNULL) -> subprocess.Popen:
+    """Start the demo origin serving on ``sock`` (``--fd``: a listening socket the test holds,
+    so an origin restarted in place gets the same port and no other process can take it in
+    between); waits until it listens."""
+    port = sock.getsockname()[1]
+    fd = sock.fileno()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lameduck.demo", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=stderr, env=_env(),
+        [sys.executable, "-m", "lameduck.demo", "--fd", str(fd)],
+        stdout=subprocess.PIPE, stderr=stderr, env=_env(), pass_fds=(fd,),
     )
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], 10)
@@ -683,6 +790,8 @@ def refused(addr: str) -> bool:
 
 
 WSECHO = Path(__file__).resolve().parent / "wsecho.py"
+# argv that runs a command with sockets passed as systemd socket activation passes them
+SDACTIVATE = [sys.executable, str(Path(__file__).resolve().parent / "sdactivate.py")]
 
 
 class WsEcho:
@@ -690,12 +799,12 @@ class WsEcho:
     ``closes(n)`` reads the close codes it saw from its peers."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, str(WSECHO), str(self.port)],
+        self.proc = subprocess.Popen([sys.executable, str(WSECHO), "0"],
                                      stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
-        assert line.strip() == "listening", line
+        assert line.startswith("listening on 127.0.0.1:"), line
+        self.port = int(line.rsplit(":", 1)[1])
         self.lines: list[str] = []
 
     def closes(self, n: int, timeout: float = 5.0) -> list[str]:

@@ -1,9 +1,9 @@
 """A WebSocket echo server (the `websockets` library) for tunnel tests: a real upstream peer.
 
-Run as ``python tests/wsecho.py PORT``; it prints ``listening`` once ready and one line per
-connection end: ``closed <code> <reason>`` (the close code it received from its peer, or
-``closed none`` when the connection died without a close frame), flushed at once so a test
-can read what the upstream saw.
+Run as ``python tests/wsecho.py PORT`` (0: any free port); once ready it prints ``listening
+on 127.0.0.1:P`` (P the port bound), then one line per connection end: ``closed <code>
+<reason>`` (the close code it received from its peer, or ``closed none`` when the connection
+died without a close frame), flushed at once so a test can read what the upstream saw.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ async def echo(ws: ServerConnection) -> None:
 
 async def main(port: int) -> None:
     async with serve(echo, "127.0.0.1", port, ping_interval=None, close_timeout=2,
-                     max_size=None):
-        print("listening", flush=True)
+                     max_size=None) as server:
+        bound = next(iter(server.sockets)).getsockname()[1]
+        print(f"listening on 127.0.0.1:{bound}", flush=True)
         await asyncio.Future()
 
 

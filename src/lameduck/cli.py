@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -15,6 +17,7 @@ from lameduck import __version__
 from lameduck.config import (
     Config,
     ConfigError,
+    HostPort,
     default_config,
     format_duration,
     load_config,
@@ -50,11 +53,12 @@ def _load_or_report(path: str | None) -> Config | None:
         return None
 
 
-def _banner(cfg: Config, demo: bool) -> str:
-    admin = cfg.admin.address
+def _banner(cfg: Config, demo: bool, admin: str, bound: dict[str, str]) -> str:
+    """What to try, at the addresses bound (``bound``: listener name → host:port; a port 0
+    in the config shows as the port the kernel gave)."""
     lines = ["", "lameduck is running" + (" on its embedded default config" if demo else "")]
     for ls in cfg.listeners:
-        base = f"http://{ls.address}"
+        base = f"http://{bound.get(ls.name, ls.address)}"
         lines.append(f"  listener {ls.name}: {base}/")
         if demo:
             lines.append(f"    try:  curl -i {base}/   |   curl -i '{base}/sleep?ms=3000'"
@@ -71,10 +75,49 @@ def _banner(cfg: Config, demo: bool) -> str:
     return "\n".join(lines)
 
 
+class AddressFile:
+    """Envoy's ``--admin-address-path``: the admin address is written to this file once it is
+    bound, so a config with ``admin.address`` on port 0 can be found. Written atomically (a
+    temporary file in the same directory, then a rename): a reader sees no file or the whole
+    address, never a part. The temporary file is opened before the server starts, so a path
+    that cannot be written fails the start instead of leaving nobody able to find the port."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        d, base = os.path.split(os.path.abspath(path))
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=d)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as an ordinary file (mkstemp makes it 0600)
+        self.f = os.fdopen(fd, "w", encoding="utf-8")
+        self.written = False
+
+    def write(self, address: str) -> None:
+        with self.f:
+            self.f.write(address + "\n")
+        os.replace(self.tmp, self.path)
+        self.written = True
+
+    def discard(self) -> None:
+        """The temporary file of a start that failed (or of a write that did)."""
+        self.f.close()
+        if not self.written:
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _load_or_report(args.config)
     if cfg is None:
         return EXIT_CONFIG
+    address_file = None
+    if args.admin_address_path:
+        try:
+            address_file = AddressFile(args.admin_address_path)
+        except OSError as e:
+            print(f"lameduck: cannot write the admin address to {args.admin_address_path}: "
+                  f"{e}", file=sys.stderr)
+            return EXIT_LISTEN
     demo = args.config is None
     try:
         sockets = match_listeners(cfg.listeners, listen_fds())
@@ -130,13 +173,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         server.install_signal_handlers()
         if early:
             server.begin_shutdown(early[0])
-        print(_banner(cfg, demo), file=sys.stderr, flush=True)
+        admin = server.admin_address()
+        if address_file is not None:
+            # after start: bound, and after a hot restart's handover the admin socket is ours
+            try:
+                address_file.write(admin)
+            except OSError as e:
+                logging.getLogger("lameduck").error(
+                    "cannot write the admin address to %s: %s", address_file.path, e)
+        bound = {name: str(HostPort(host, port))
+                 for name, host, port in server.listener_addresses()}
+        print(_banner(cfg, demo, admin, bound), file=sys.stderr, flush=True)
         code = await server.done
         if origin is not None:
             await shutdown_origin(origin, grace=0.2)
         return code
 
-    return _run_loop(main)
+    try:
+        return _run_loop(main)
+    finally:
+        if address_file is not None:
+            address_file.discard()
 
 
 def cmd_supervise(args: argparse.Namespace) -> int:
@@ -151,7 +208,7 @@ def cmd_supervise(args: argparse.Namespace) -> int:
         return EXIT_LISTEN
     from lameduck.restart.supervisor import supervise
 
-    return _run_loop(lambda: supervise(args.config, args.log_level))
+    return _run_loop(lambda: supervise(args.config, args.log_level, args.admin_address_path))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -260,6 +317,11 @@ def cmd_prestop(args: argparse.Namespace) -> int:
     return code
 
 
+ADMIN_ADDRESS_PATH_HELP = ("write the admin API's host:port to PATH once it is bound and "
+                           "serving (Envoy's --admin-address-path; with admin.address on "
+                           "port 0, the port the kernel gave)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lameduck",
@@ -272,11 +334,14 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the proxy (no -c: the embedded default with a demo "
                                      "origin)")
     run.add_argument("-c", "--config", help="YAML config file")
+    run.add_argument("--admin-address-path", metavar="PATH", help=ADMIN_ADDRESS_PATH_HELP)
     run.set_defaults(func=cmd_run)
     sup = sub.add_parser("supervise", help="run `lameduck run` as a child: SIGHUP hot-restarts "
                                            "it with the config, SIGTERM drains it, a dead child "
                                            "is restarted")
     sup.add_argument("-c", "--config", required=True, help="YAML config file")
+    sup.add_argument("--admin-address-path", metavar="PATH",
+                     help=ADMIN_ADDRESS_PATH_HELP + "; passed to every child, each writes it")
     sup.set_defaults(func=cmd_supervise)
     val = sub.add_parser("validate", help="check a config file and exit")
     val.add_argument("-c", "--config", help="YAML config file (default: the embedded one)")

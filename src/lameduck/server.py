@@ -447,6 +447,22 @@ class Server:
                         "host_statuses": hosts})
         return out
 
+    def listener_addresses(self) -> list[tuple[str, str, int]]:
+        """Where each listener is bound: a listener configured on port 0 reports the port the
+        kernel gave it (Envoy's /listeners), the configured address until it is bound."""
+        out = []
+        for ls in self.listeners:
+            if ls.sockname:
+                out.append((ls.name, str(ls.sockname[0]), int(ls.sockname[1])))
+            else:
+                out.append((ls.name, ls.cfg.address.host, ls.cfg.address.port))
+        return out
+
+    def admin_address(self) -> str:
+        """The admin API's bound ``host:port`` (an ephemeral port resolved)."""
+        assert self.admin is not None
+        return _fmt_addr(self.admin.sockets[0].getsockname())
+
     def set_endpoint_state(self, cluster: str, address: str, state: str) -> None:
         c = self.clusters.get(cluster)
         if c is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import trustme
 
 from tests.peers import Destination
 from tests.procs import (
+    SDACTIVATE,
     H2Origin,
     Lameduck,
     Origin,
@@ -55,13 +57,21 @@ def _no_stray_lameduck() -> Iterator[None]:
 def lameduck(
     origin_port: int, tmp_path: Path
 ) -> Iterator[Callable[..., Lameduck]]:
-    """``lameduck(**overrides)`` starts a lameduck in front of the origin (see base_config)."""
+    """``lameduck(**overrides)`` starts a lameduck in front of the origin (see base_config).
+    ``activate``: a listening socket its first listener serves on, passed the way systemd
+    socket activation passes it (tests/sdactivate.py), so the test holds the port and a
+    lameduck restarted in place serves on the same one."""
     started: list[Lameduck] = []
 
-    def make(cfg: dict[str, Any] | None = None, **over: Any) -> Lameduck:
+    def make(cfg: dict[str, Any] | None = None, activate: socket.socket | None = None,
+             **over: Any) -> Lameduck:
         ld = Lameduck(cfg or base_config(origin_port, **over), tmp_path)
         started.append(ld)
-        return ld.start()
+        if activate is None:
+            return ld.start()
+        fd = activate.fileno()
+        name = ld.cfg["listeners"][0]["name"]
+        return ld.start(wrapper=[*SDACTIVATE, f"{fd}={name}", "--"], pass_fds=(fd,))
 
     yield make
     for ld in started:
@@ -170,8 +180,8 @@ def haproxy(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[Any]:
-    """A real ``redis-server`` (tests/redisproc.py) on a free port, stopped by pid; installs
-    the Debian package first if it is missing."""
+    """A real ``redis-server`` (tests/redisproc.py) on a Unix socket of its own, stopped by
+    pid; installs the Debian package first if it is missing."""
     from tests.redisproc import RedisServer, ensure_redis
 
     ensure_redis()

@@ -1,4 +1,4 @@
-"""The admin API over real sockets: methods, /ready states, /server_info,
+"""The admin API over real sockets: methods, /ready states, /server_info, /listeners,
 /stats (text, filter, JSON, Prometheus), health-check fail/ok on a live keep-alive connection,
 /quitquitquit, Envoy's stat names, and the loopback-only rule."""
 
@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from lameduck import cli
-from tests.procs import RawConn, base_config, free_port, wait_until
+from tests.procs import RawConn, base_config, unique, wait_until
 
-GET_PATHS = ["/", "/ready", "/server_info", "/stats", "/stats/prometheus"]
+GET_PATHS = ["/", "/ready", "/server_info", "/listeners", "/stats", "/stats/prometheus"]
 POST_PATHS = ["/drain_listeners", "/healthcheck/fail", "/healthcheck/ok", "/quitquitquit"]
 
 
@@ -54,6 +54,29 @@ def test_every_endpoint_and_wrong_methods(lameduck) -> None:
                      "/drain_listeners?graceful&skip_exit"):
             r = c.post(path)
             assert (r.status_code, r.text) == (200, "OK\n"), path
+
+
+def test_listeners_shows_the_ports_bound(lameduck, origin_port: int) -> None:
+    """Envoy's /listeners: one ``name::address`` line per listener, or its JSON
+    ``listener_statuses``; a listener configured on port 0 shows the port the kernel gave it,
+    the one it serves on (as /server_info says too)."""
+    cfg = base_config(origin_port)
+    cfg["listeners"].append(dict(cfg["listeners"][0], name="v6", address="[::1]:0"))
+    ld = lameduck(cfg)
+    info = {ls["name"]: ls["address"] for ls in ld.server_info()["listeners"]}
+    r = ld.admin("GET", "/listeners")
+    assert r.headers["content-type"].startswith("text/plain")
+    assert r.text == f"ingress::{info['ingress']}\nv6::{info['v6']}\n", r.text
+    assert re.fullmatch(r"127\.0\.0\.1:[1-9]\d*", info["ingress"]), info
+    assert re.fullmatch(r"\[::1\]:[1-9]\d*", info["v6"]), info
+    r = ld.admin("GET", "/listeners?format=json")
+    assert r.headers["content-type"].startswith("application/json")
+    statuses = r.json()["listener_statuses"]
+    assert [(st["name"], st["local_address"]["socket_address"]) for st in statuses] == [
+        ("ingress", {"address": "127.0.0.1", "port_value": int(info["ingress"].split(":")[1])}),
+        ("v6", {"address": "::1", "port_value": int(info["v6"].rsplit(":", 1)[1])})]
+    for addr in info.values():
+        assert httpx.get(f"http://{addr}/", timeout=5).status_code == 200
 
 
 def test_server_info_json(lameduck) -> None:
@@ -238,7 +261,7 @@ def test_quitquitquit_exits(lameduck) -> None:
 
 
 def _write(tmp_path, cfg: dict):
-    path = tmp_path / f"cfg-{free_port()}.yaml"
+    path = tmp_path / f"cfg-{unique()}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 

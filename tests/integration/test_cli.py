@@ -3,12 +3,15 @@ field, and ``run`` with no file serving the embedded default through its demo or
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,7 +19,7 @@ import pytest
 import yaml
 
 from lameduck import cli
-from tests.procs import _env, base_config, free_port, port_in_use, stop, wait_until
+from tests.procs import _env, base_config, port_in_use, stop, unique, wait_until
 
 EXIT_CONFIG = 2
 DEFAULT_PORTS = (10000, 9901, 8080)
@@ -34,7 +37,7 @@ def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]
 
 
 def write(tmp_path: Path, cfg: dict | str) -> Path:
-    path = tmp_path / f"cfg-{free_port()}.yaml"
+    path = tmp_path / f"cfg-{unique()}.yaml"
     path.write_text(cfg if isinstance(cfg, str) else yaml.safe_dump(cfg))
     return path
 
@@ -104,6 +107,18 @@ def test_version(capsys: pytest.CaptureFixture) -> None:
     assert capsys.readouterr().out.startswith("lameduck ")
 
 
+@pytest.fixture
+def default_ports() -> Iterator[None]:
+    """The embedded default binds fixed ports (DEFAULT_PORTS): the tests that run it take
+    this lock, so one runs at a time among every test process on the machine (the suite's
+    parallel workers, or another checkout's run), whichever worker each lands on."""
+    path = os.path.join(tempfile.gettempdir(), "lameduck-tests-default-ports.lock")
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+@pytest.mark.usefixtures("default_ports")
 def test_run_embedded_default_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
     busy = [p for p in DEFAULT_PORTS if port_in_use(p)]
     if busy:
@@ -170,6 +185,7 @@ def test_run_on_an_address_in_use_exits_1_without_a_traceback(tmp_path: Path) ->
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.usefixtures("default_ports")
 def test_run_embedded_default_with_the_demo_port_taken(tmp_path: Path) -> None:
     busy = [p for p in DEFAULT_PORTS if port_in_use(p)]
     if busy:
@@ -181,4 +197,46 @@ def test_run_embedded_default_with_the_demo_port_taken(tmp_path: Path) -> None:
         out = run_cli("run", timeout=30)
     assert out.returncode == 1, out.stderr
     assert "cannot start the demo origin on 127.0.0.1:8080" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_admin_address_path_names_the_ephemeral_admin_port(tmp_path: Path,
+                                                           origin_port: int) -> None:
+    """Envoy's --admin-address-path: admin and listener on port 0; the file holds the admin's
+    bound host:port once it serves, written whole (no temporary file left beside it), and
+    /listeners there names the port the listener got, where it serves."""
+    cfg = write(tmp_path, base_config(origin_port, admin={"address": "127.0.0.1:0"},
+                                      listener={"address": "127.0.0.1:0"}))
+    out = tmp_path / "admin.addr"
+    errlog = tmp_path / "run.log"
+    with errlog.open("wb") as err:
+        proc = subprocess.Popen([*lameduck_cmd(), "run", "-c", str(cfg),
+                                 "--admin-address-path", str(out)],
+                                stdout=err, stderr=subprocess.STDOUT, env=_env())
+    try:
+        assert wait_until(lambda: out.exists() or proc.poll() is not None, 15, 0.02), \
+            errlog.read_text()
+        admin = out.read_text()
+        assert admin.endswith("\n") and admin.startswith("127.0.0.1:"), admin
+        admin = admin.strip()
+        assert int(admin.rsplit(":", 1)[1]) > 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [cfg.name, "admin.addr", "run.log"])
+        assert httpx.get(f"http://{admin}/ready", timeout=5).text == "LIVE\n"
+        (line,) = httpx.get(f"http://{admin}/listeners", timeout=5).text.splitlines()
+        name, _, addr = line.partition("::")
+        assert name == "ingress" and addr.startswith("127.0.0.1:") and not addr.endswith(":0")
+        assert httpx.get(f"http://{addr}/", timeout=5).status_code == 200
+        # the banner shows the ports bound, not the configured 0
+        assert wait_until(lambda: f"listener ingress: http://{addr}/" in errlog.read_text(), 5)
+        assert f"admin: http://{admin}/" in errlog.read_text()
+    finally:
+        stop(proc)
+
+
+def test_admin_address_path_that_cannot_be_written_fails_the_start(tmp_path: Path) -> None:
+    cfg = write(tmp_path, base_config(8080))
+    out = run_cli("run", "-c", str(cfg), "--admin-address-path", str(tmp_path / "no" / "addr"))
+    assert out.returncode == 1, out.stderr
+    assert "cannot write the admin address to" in out.stderr
     assert "Traceback" not in out.stderr

@@ -65,9 +65,9 @@ def test_connect_off_the_list_is_403(lameduck, origin_port):
 
 
 def test_connect_destination_down_is_503(lameduck, origin_port):
-    from tests.procs import free_port
+    from tests.procs import refusing_port
 
-    dead = free_port()
+    dead = refusing_port()
     ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{dead}"]}})
     sock, head = _connect(ld.port, f"127.0.0.1:{dead}")
     assert head.startswith(b"HTTP/1.1 503")

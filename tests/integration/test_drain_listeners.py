@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from tests.procs import AdminPoller, RawConn, base_config, free_port, refused, wait_until
+from tests.procs import AdminPoller, RawConn, base_config, refused, wait_until
 
 
 def curl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -115,8 +115,7 @@ def test_graceful_without_skip_exit_stops_accepting_at_t(lameduck) -> None:
 
 def test_inboundonly_drains_only_inbound_listeners(origin_port: int, lameduck) -> None:
     cfg = base_config(origin_port)
-    out = dict(copy.deepcopy(cfg["listeners"][0]), name="egress",
-               address=f"127.0.0.1:{free_port()}", direction="outbound",
+    out = dict(copy.deepcopy(cfg["listeners"][0]), name="egress", direction="outbound",
                health_check_path=None)
     cfg["listeners"].append(out)
     cfg["drain"] = {"time": "1s", "strategy": "immediate", "connection_grace": "200ms"}
@@ -129,7 +128,7 @@ def test_inboundonly_drains_only_inbound_listeners(origin_port: int, lameduck) -
     # immediate: every response on the inbound listener drains; the outbound one is untouched.
     assert httpx.get(ld.url("/")).headers.get("connection") == "close"
     with httpx.Client() as c:
-        r = c.get(f"http://{out['address']}/")
+        r = c.get(f"http://{ld.addr_of('egress')}/")
         assert r.status_code == 200 and "connection" not in r.headers
 
 

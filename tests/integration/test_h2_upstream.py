@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from lameduck.config import ConfigError, load_config_text
-from tests.procs import H2Origin, RawConn, _env, base_config, free_port
+from tests.procs import H2Origin, RawConn, _env, base_config, refusing_port
 
 CLUSTER = "cluster.h2app."
 
@@ -378,7 +378,7 @@ def test_lost_connection_gives_502_then_serves(lameduck, h2origin):
 
 
 def h2cfg_static(protocol: str) -> dict:
-    cfg = base_config(free_port())
+    cfg = base_config(refusing_port())
     cfg["clusters"][0]["protocol"] = protocol
     return cfg
 

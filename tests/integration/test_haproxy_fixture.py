@@ -28,9 +28,12 @@ def _served(h: Haproxy, lds: list[Lameduck], n: int) -> list[int]:
 def test_config_rejected_with_error(haproxy, tmp_path) -> None:
     """An invalid config fails before HAProxy starts, with HAProxy's error in the message."""
     h = Haproxy([1], tmp_path / "bad", start=False)
-    h.cfg.write_text(h.cfg.read_text() + "    bogus_keyword 1\n")
-    with pytest.raises(RuntimeError, match="bogus_keyword"):
-        h.check_config()
+    try:
+        h.cfg.write_text(h.cfg.read_text() + "    bogus_keyword 1\n")
+        with pytest.raises(RuntimeError, match="bogus_keyword"):
+            h.check_config()
+    finally:
+        h.stop()  # the listening socket it holds for HAProxy
 
 
 def test_lb_follows_lameduck_healthcheck_fail_and_ok(haproxy, lameduck, origin_port) -> None:

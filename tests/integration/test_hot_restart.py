@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests import loadgen
-from tests.procs import Lameduck, base_config, free_port, wait_until
+from tests.procs import Lameduck, base_config, wait_until
 
 
 def _config(origin_port: int, tmp_path: Path, **over: Any) -> dict[str, Any]:
@@ -66,10 +66,17 @@ def _epoch(ld: Lameduck) -> int:
 
 
 def _restart(cfg: dict[str, Any], tmp_path: Path, old: Lameduck, epoch: int) -> Lameduck:
-    """Start the next process; wait until it serves as ``epoch`` and the old one has exited."""
+    """Start the next process; wait until it serves as ``epoch`` and the old one has exited.
+    Its listeners configured on port 0 keep the ports the old one had: it inherits the bound
+    sockets, and so does its admin API."""
     new = Lameduck(cfg, tmp_path)
-    new.start()  # ready: the old one answers /ready until the admin port moves
+    new.start()  # its admin address is written once the old one has handed over
     assert wait_until(lambda: _epoch(new) == epoch, 10), new.log()
+    assert new.admin_addr == old.admin_addr
+    before = {lc["name"]: lc["address"] for lc in old.cfg["listeners"]}
+    kept = [lc["name"] for lc in cfg["listeners"] if before.get(lc["name"]) == lc["address"]]
+    assert {n: new.addrs[n] for n in kept} == {n: old.addrs[n] for n in kept}, (old.addrs,
+                                                                                 new.addrs)
     assert old.wait(10) == 0, old.log()
     return new
 
@@ -189,27 +196,30 @@ def test_a_successor_that_vanishes_mid_handshake(origin_port: int, tmp_path: Pat
 def test_reload_by_hot_restart_adds_moves_and_removes_listeners(
         origin_port: int, tmp_path: Path) -> None:
     """The new process's config decides: a listener kept at its address keeps its socket (no
-    refused connection), one that moved binds anew, one that is gone drains in the old one."""
+    refused connection), one that moved binds anew, one that is gone drains in the old one.
+    Every address has port 0; "moved" goes from 127.0.0.1 to 127.0.0.2."""
     cfg = _config(origin_port, tmp_path)
     keep = cfg["listeners"][0]
-    gone = dict(keep, name="gone", address=f"127.0.0.1:{free_port()}")
-    moved_old = dict(keep, name="moved", address=f"127.0.0.1:{free_port()}")
+    gone = dict(keep, name="gone")
+    moved_old = dict(keep, name="moved")
     cfg["listeners"] = [keep, gone, moved_old]
     ld = Lameduck(cfg, tmp_path).start()
-    moved_new = dict(moved_old, address=f"127.0.0.1:{free_port()}")
-    added = dict(keep, name="added", address=f"127.0.0.1:{free_port()}")
+    moved_new = dict(moved_old, address="127.0.0.2:0")
+    added = dict(keep, name="added")
     new_cfg = dict(cfg, listeners=[keep, moved_new, added])
+    old_addrs = dict(ld.addrs)
     load = Load(ld.port)
     try:
         new = _restart(new_cfg, tmp_path, ld, 1)
     finally:
         counts = load.finish()
     assert counts.failed == 0 and counts.ok > 0, load.report()
+    assert new.addr_of("moved").startswith("127.0.0.2:")
     for lc in (keep, moved_new, added):
-        assert httpx.get(f"http://{lc['address']}/", timeout=5).status_code == 200
+        assert httpx.get(f"http://{new.addr_of(lc['name'])}/", timeout=5).status_code == 200
     for lc in (gone, moved_old):
         with pytest.raises(httpx.ConnectError):
-            httpx.get(f"http://{lc['address']}/", timeout=5)
+            httpx.get(f"http://{old_addrs[lc['name']]}/", timeout=5)
     lm = {k.removeprefix("listener_manager."): v for k, v in new.stats().items()
           if k.startswith("listener_manager.")}
     # Envoy's LDS words against the process before (its own 3 additions carried over)
@@ -225,12 +235,11 @@ def test_modify_only_ignores_healthcheck_fail_but_drains_on_hot_restart(
     from tests.procs import RawConn
 
     cfg = _config(origin_port, tmp_path)
-    side = dict(cfg["listeners"][0], name="sidecar", drain_type="modify_only",
-                address=f"127.0.0.1:{free_port()}")
+    side = dict(cfg["listeners"][0], name="sidecar", drain_type="modify_only")
     cfg["listeners"].append(side)
     ld = Lameduck(cfg, tmp_path).start()
     default = RawConn(ld.addr)
-    sidecar = RawConn(side["address"])
+    sidecar = RawConn(ld.addr_of("sidecar"))
     assert ld.admin("POST", "/healthcheck/fail").status_code == 200
     default.send("/")
     assert default.read_response().closes  # default: every response drains

@@ -21,9 +21,9 @@ from tests.procs import (
     Lameduck,
     StatsDelta,
     base_config,
-    free_port,
     raw_connect,
     read_wire_response,
+    refusing_port,
     wait_closed,
     wait_until,
 )
@@ -40,14 +40,14 @@ HELLO = b"hello from the lameduck demo origin\n"
 @pytest.fixture(scope="module")
 def ld(origin, tmp_path_factory: pytest.TempPathFactory):
     cfg = base_config(origin[1])
-    cfg["clusters"].append({"name": "dead", "endpoints": [f"127.0.0.1:{free_port()}"]})
+    cfg["clusters"].append({"name": "dead", "endpoints": [f"127.0.0.1:{refusing_port()}"]})
     cfg["listeners"][0]["routes"] = [
         {"prefix": "/hang", "cluster": "app", "timeout": "300ms"},
         {"prefix": "/dead", "cluster": "dead"},
         {"prefix": "/", "cluster": "app", "timeout": "30s"},
     ]
     cfg["listeners"].append({
-        "name": "short", "address": f"127.0.0.1:{free_port()}",
+        "name": "short", "address": "127.0.0.1:0",
         "request_headers_timeout": "300ms", "idle_timeout": "300ms",
         "max_request_headers_kb": 4, "health_check_path": "/hc",
         "routes": [{"prefix": "/", "cluster": "app"}],
@@ -61,7 +61,7 @@ def ld(origin, tmp_path_factory: pytest.TempPathFactory):
 
 
 def short_port(ld: Lameduck) -> int:
-    return int(ld.cfg["listeners"][1]["address"].rsplit(":", 1)[1])
+    return ld.port_of("short")
 
 
 def get(path: str, extra: str = "") -> bytes:

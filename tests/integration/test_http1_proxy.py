@@ -25,12 +25,12 @@ from tests.procs import (
     Lameduck,
     StatsDelta,
     base_config,
-    free_port,
+    listening_socket,
     raw_connect,
     read_wire_response,
     rss_kb,
     start_origin,
-    start_origin_at,
+    start_origin_on,
     stop,
     wait_closed,
     wait_until,
@@ -101,7 +101,7 @@ def ld(origin, other_origin: int, tmp_path_factory: pytest.TempPathFactory):
         {"prefix": "/", "cluster": "app"},
     ]
     cfg["listeners"].append({
-        "name": "narrow", "address": f"127.0.0.1:{free_port()}",
+        "name": "narrow", "address": "127.0.0.1:0",
         "health_check_path": "/hc", "routes": [{"prefix": "/only", "cluster": "app"}],
     })
     proc = Lameduck(cfg, tmp_path_factory.mktemp("http1-proxy")).start()
@@ -113,10 +113,7 @@ def ld(origin, other_origin: int, tmp_path_factory: pytest.TempPathFactory):
 
 
 def port_of(ld: Lameduck, listener: str) -> int:
-    for lc in ld.cfg["listeners"]:
-        if lc["name"] == listener:
-            return int(lc["address"].rsplit(":", 1)[1])
-    raise KeyError(listener)
+    return ld.port_of(listener)
 
 
 # -- GET / HEAD -------------------------------------------------------------------------------
@@ -583,14 +580,14 @@ def test_no_route_404_and_health_check(ld: Lameduck) -> None:
 
 
 def test_origin_restart_between_requests(lameduck) -> None:
-    port = free_port()
-    proc = start_origin_at(port)
+    sock = listening_socket()  # the origin's port, held here across its restart
+    proc = start_origin_on(sock)
     try:
-        ld = lameduck(base_config(port))
+        ld = lameduck(base_config(sock.getsockname()[1]))
         with httpx.Client(timeout=5) as c:
             assert c.get(ld.url("/")).content == HELLO
             stop(proc)  # the pooled upstream connection dies with it
-            proc = start_origin_at(port)
+            proc = start_origin_on(sock)
             for _ in range(3):
                 r = c.get(ld.url("/"))
                 assert (r.status_code, r.content) == (200, HELLO)
@@ -599,6 +596,7 @@ def test_origin_restart_between_requests(lameduck) -> None:
         assert s["cluster.app.upstream_cx_total"] == 2
     finally:
         stop(proc)
+        sock.close()
 
 
 class StaleUpstream:

@@ -28,7 +28,14 @@ from typing import Any
 import httpx
 
 from tests import loadgen
-from tests.procs import AdminPoller, Lameduck, _env, free_port, wait_until
+from tests.procs import (
+    AdminPoller,
+    Lameduck,
+    _env,
+    listening_socket,
+    refusing_port,
+    wait_until,
+)
 
 HEALTH = "/health_check.html"
 UPSTREAM_ACTIVE = "cluster.app.upstream_rq_active"  # proxied requests only (not health checks)
@@ -180,7 +187,10 @@ def test_hold_health_protects_a_long_request(lameduck, haproxy) -> None:
 
 
 def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy) -> None:
-    a, b = lameduck(), lameduck()
+    # Each instance's port is held here and passed in (systemd socket activation), so its
+    # replacement serves on the same port, the one HAProxy's server points at.
+    socks = [listening_socket(), listening_socket()]
+    a, b = (lameduck(activate=s) for s in socks)
     h = haproxy([a.port, b.port], interval=0.2, fall=2, rise=2)
     both_up(h)
 
@@ -202,7 +212,7 @@ def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy)
     t0 = time.monotonic()
     replacements: list[Lameduck] = []
     try:
-        for server, old in (("s1", a), ("s2", b)):
+        for server, old, sock in (("s1", a, socks[0]), ("s2", b, socks[1])):
             t = time.monotonic()
             r = run_prestop(old.admin_addr, "--strategy", "hold-health", "--drain-timeout",
                             "5s", "--lb-buffer", "1s")
@@ -219,7 +229,7 @@ def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy)
             cfg = copy.deepcopy(old.cfg)
             cfg["hot_restart"].pop("socket", None)  # its own rendezvous, not the dead one's
             t = time.monotonic()
-            new = lameduck(cfg)
+            new = lameduck(cfg, activate=sock)
             replacements.append(new)
             assert new.port == old.port
             up = h.wait_state(server, "UP", timeout=5)
@@ -230,6 +240,8 @@ def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy)
     finally:
         stop.set()
         loader.join(30)
+        for s in socks:
+            s.close()  # the lameducks hold their own copies
     counts: loadgen.Counts = result["counts"]
     total = counts.ok + counts.failed
     rate = total / result["seconds"]
@@ -251,7 +263,7 @@ def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy)
 
 
 def test_unreachable_admin_exits_4() -> None:
-    r = run_prestop(f"127.0.0.1:{free_port()}", "--drain-timeout", "1s", "--lb-buffer", "0s")
+    r = run_prestop(f"127.0.0.1:{refusing_port()}", "--drain-timeout", "1s", "--lb-buffer", "0s")
     assert r.returncode == 4, (r.stdout, r.stderr)
     assert "unreachable" in r.stderr
     assert json.loads(r.stdout)["error"] == "admin unreachable"

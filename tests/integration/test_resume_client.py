@@ -19,7 +19,7 @@ from lameduck.client import (
     SessionError,
 )
 from tests.apps import load_session
-from tests.procs import base_config, free_port
+from tests.procs import base_config, refusing_port
 
 FAST = Backoff(first=0.05, base=0.05, cap=0.2, max_attempts=8)
 
@@ -59,7 +59,7 @@ def test_gap_is_an_error_naming_the_server_seq(resume_app) -> None:
 
 
 def test_no_server_ends_in_gave_up() -> None:
-    port = free_port()
+    port = refusing_port()
 
     async def main() -> None:
         async with ResumableClient(f"http://127.0.0.1:{port}", backoff=Backoff(

@@ -218,8 +218,8 @@ def test_websocket_told_1001_when_draining(resume_app: Any, server: str) -> None
 
 
 def test_store_down_is_503_not_a_crash(resume_app: Any) -> None:
-    from tests.procs import free_port
-    a = resume_app("uvicorn", store=f"redis://127.0.0.1:{free_port()}/0")
+    from tests.procs import refusing_port
+    a = resume_app("uvicorn", store=f"redis://127.0.0.1:{refusing_port()}/0")
     r = work(a, "t", 1)
     assert r.status_code == 503 and "session store unavailable" in r.text
     assert httpx.get(a.url("/"), timeout=5).status_code == 200  # the rest still serves

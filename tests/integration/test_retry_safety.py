@@ -10,11 +10,11 @@ from typing import Any
 
 import httpx
 
-from tests.procs import base_config, free_port, wait_until
+from tests.procs import base_config, refusing_port, wait_until
 
 
 def _dead_addr() -> str:
-    return f"127.0.0.1:{free_port()}"  # nothing listens there: connect refused
+    return f"127.0.0.1:{refusing_port()}"  # connect refused
 
 
 def test_a_retry_abandoned_by_its_client_gives_its_budget_slot_back(lameduck: Any,

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.procs import Lameduck, base_config, free_port, port_in_use
+from tests.procs import Lameduck, base_config, refused, refusing_port, unique
 
 SDACTIVATE = [sys.executable, str(Path(__file__).resolve().parents[1] / "sdactivate.py")]
 
@@ -35,12 +35,14 @@ def test_socket_passed_by_name_is_served_and_no_connection_is_refused(
         origin_port: int, tmp_path: Path) -> None:
     """The socket named after the listener (FileDescriptorName=ingress) is the one served,
     whatever address the config names; a connection made before lameduck runs is queued by
-    the kernel and answered."""
+    the kernel and answered. The configured address is one this test holds bound: had
+    lameduck tried to bind it, it would have failed to start."""
     passed = _listening()
     port = passed.getsockname()[1]
     early = socket.create_connection(("127.0.0.1", port), timeout=10)
     early.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    ld = Lameduck(base_config(origin_port), tmp_path)
+    configured = f"127.0.0.1:{refusing_port()}"
+    ld = Lameduck(base_config(origin_port, listener={"address": configured}), tmp_path)
     fd = passed.fileno()
     try:
         ld.start(wrapper=[*SDACTIVATE, f"{fd}=ingress", "--"], pass_fds=(fd,))
@@ -50,7 +52,8 @@ def test_socket_passed_by_name_is_served_and_no_connection_is_refused(
             data += chunk
         assert data.startswith(b"HTTP/1.1 200"), data[:200]
         assert _get(port).status_code == 200
-        assert not port_in_use(ld.port)  # the configured address was not bound
+        assert ld.port == port  # /listeners: the passed socket's port
+        assert refused(configured)  # the configured address was not bound
         assert "takes the socket passed by systemd" in ld.log()
     finally:
         early.close()
@@ -60,8 +63,9 @@ def test_socket_passed_by_name_is_served_and_no_connection_is_refused(
 def test_socket_matched_by_address(origin_port: int, tmp_path: Path) -> None:
     """Without a name, the socket bound to a listener's address is that listener's: lameduck
     does not try to bind it again (which would fail: the harness holds it)."""
-    cfg = base_config(origin_port)
-    passed = _listening(int(cfg["listeners"][0]["address"].rsplit(":", 1)[1]))
+    passed = _listening()
+    cfg = base_config(origin_port,
+                      listener={"address": f"127.0.0.1:{passed.getsockname()[1]}"})
     ld = Lameduck(cfg, tmp_path)
     fd = passed.fileno()
     try:
@@ -110,7 +114,7 @@ def test_notify_ready_then_stopping(origin_port: int, tmp_path: Path, abstract: 
     NOTIFY_SOCKET is a path, or @name in the abstract namespace."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     if abstract:
-        name = f"@lameduck-test-{os.getpid()}-{free_port()}"
+        name = f"@lameduck-test-{unique()}"
         sock.bind("\0" + name[1:])
     else:
         name = str(tmp_path / "notify.sock")

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
-from tests.procs import Lameduck, Origin, base_config, free_port, wait_until
+from tests.procs import Lameduck, Origin, base_config, refusing_port, wait_until
 
 INTERVAL = 0.2  # health and agent check interval used below
 HC = {"path": "/health", "interval": "200ms", "timeout": "500ms", "rise": 2, "fall": 3,
@@ -334,7 +334,7 @@ def test_agent_words_move_endpoint_states(lameduck, origins, origin_port) -> Non
         "endpoints": [{"address": o1.addr, "agent_port": o1.agent_port, "weight": 4},
                       {"address": o2.addr, "agent_port": o2.agent_port, "weight": 2},
                       # nothing listens there
-                      {"address": o3.addr, "agent_port": free_port(), "weight": 2}],
+                      {"address": o3.addr, "agent_port": refusing_port(), "weight": 2}],
         "agent_check": AGENT}))
     times: dict[str, float] = {}
     with _admin(ld) as adm:
@@ -437,7 +437,7 @@ def test_outlier_ejection(lameduck, origins, origin_port) -> None:
     o1, o2, o3, o4 = origins(4)
     od = {"consecutive_5xx": 3, "consecutive_gateway_failure": 3, "base_ejection_time": "1s",
           "max_ejection_time": "5s", "max_ejection_percent": 50}
-    dead = f"127.0.0.1:{free_port()}"
+    dead = f"127.0.0.1:{refusing_port()}"
     ld = lameduck(_multi(origin_port, {
         "gw": {"endpoints": [o1.addr, o2.addr, o3.addr], "outlier_detection": od},
         "err": {"endpoints": [o2.addr, o3.addr, o4.addr], "outlier_detection": od},
@@ -782,7 +782,7 @@ def test_no_eligible_endpoint(lameduck, origins, origin_port) -> None:
     to connect everywhere (503 upstream connect error); once they are out, 503 no healthy
     upstream with Retry-After. With num_retries 0 a connect failure is not retried."""
     o1, o2, o3 = origins(3)
-    dead = f"127.0.0.1:{free_port()}"
+    dead = f"127.0.0.1:{refusing_port()}"
     ld = lameduck(_multi(origin_port, {
         "app": {"endpoints": [o1.addr, o2.addr],
                 "health_check": {**HC, "interval": "300ms", "fall": 3}},
@@ -833,7 +833,7 @@ def test_retry_limit_budget_and_safety(lameduck, origins, origin_port) -> None:
     flight on an origin that is killed: a GET and a POST with Idempotency-Key are retried on
     the other endpoint, a POST without one is not (502, and only the dead origin saw it)."""
     o1, o2, o3, o4 = origins(4, log=True)
-    dead1, dead2 = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    dead1, dead2 = f"127.0.0.1:{refusing_port()}", f"127.0.0.1:{refusing_port()}"
     ld = lameduck(_multi(origin_port, {
         "limit": {"endpoints": [dead1, dead2, o1.addr], "retry_policy": {"num_retries": 1}},
         "budget": {"endpoints": [dead1, o1.addr], "retry_policy": {
@@ -940,7 +940,7 @@ def test_retry_budget_does_not_count_the_retry_it_replaces(lameduck, origins,
     Two dead endpoints, one live, num_retries 2, budget 0% with min_retry_concurrency 1, one
     request at a time: dead1, dead2, then the live one answers."""
     (o1,) = origins(1)
-    dead1, dead2 = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    dead1, dead2 = f"127.0.0.1:{refusing_port()}", f"127.0.0.1:{refusing_port()}"
     ld = lameduck(base_config(origin_port, cluster={
         "endpoints": [dead1, dead2, o1.addr],
         "retry_policy": {"num_retries": 2, "retry_budget": {"budget_percent": 0,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from urllib.parse import parse_qs, unquote
 
 from lameduck.admin.control import AdminControl, NotFound
-from lameduck.config import parse_duration
+from lameduck.config import HostPort, parse_duration
 from lameduck.stats import render_json, render_prometheus, render_text
 
 Query = dict[str, list[str]]
@@ -39,6 +39,7 @@ class AdminHandlers:
             "/stats/prometheus": ("GET", self.prometheus),
             "/quitquitquit": ("POST", self.quit),
             "/clusters": ("GET", self.clusters),
+            "/listeners": ("GET", self.listeners),
             "/prestop": ("POST", self.prestop),
         }
 
@@ -122,6 +123,19 @@ class AdminHandlers:
                 for key in ("health_flags", "admin_state", "weight", "maxconn", "agent"):
                     lines.append(f"{prefix}::{key}::{ep[key]}")
         return 200, TEXT, ("\n".join(lines) + "\n").encode()
+
+    def listeners(self, q: Query) -> Reply:
+        """Envoy's /listeners: ``name::address`` lines, or with format=json Envoy's
+        ``listener_statuses`` with each ``local_address``; the address is the bound one, so a
+        listener configured on port 0 shows the port the kernel gave it."""
+        addrs = self.c.listener_addresses()
+        if q.get("format", [""])[0] == "json":
+            statuses = [{"name": name, "local_address": {"socket_address": {
+                "address": host, "port_value": port}}} for name, host, port in addrs]
+            body = json.dumps({"listener_statuses": statuses}, indent=2) + "\n"
+            return 200, JSON, body.encode()
+        lines = [f"{name}::{HostPort(host, port)}\n" for name, host, port in addrs]
+        return 200, TEXT, "".join(lines).encode()
 
     def prestop(self, q: Query) -> Reply:
         """POST /prestop?strategy=hold-health|deregister-first&drain_timeout=20s&lb_buffer=10s:

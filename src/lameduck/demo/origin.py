@@ -842,21 +842,26 @@ def _int_param(req: _Request, name: bytes, default: int, maximum: int) -> int:
 
 
 async def serve(
-    host: str, port: int, *, name: str | None = None, log_fd: int | None = None
+    host: str, port: int, *, name: str | None = None, log_fd: int | None = None,
+    sock: socket.socket | None = None,
 ) -> asyncio.AbstractServer:
     """Start the demo origin on host:port (0 picks a free port) and return the server.
 
     ``name``: sent as ``X-Origin`` on every response and shown by ``/info``; ``log_fd``: an
-    fd opened for appending, that gets a ``METHOD PATH X-REQUEST-ID`` line per request.
+    fd opened for appending, that gets a ``METHOD PATH X-REQUEST-ID`` line per request;
+    ``sock``: a listening socket to serve on instead of binding host:port.
     """
     if name is not None:
         _check_name(name)
     loop = asyncio.get_running_loop()
     state = _ServerState(name, log_fd)
     conn = _Conn if log_fd is None else _LoggingConn
-    server = await loop.create_server(
-        lambda: conn(state), host, port, backlog=1024, reuse_address=True
-    )
+    if sock is not None:
+        server = await loop.create_server(lambda: conn(state), sock=sock, backlog=1024)
+    else:
+        server = await loop.create_server(
+            lambda: conn(state), host, port, backlog=1024, reuse_address=True
+        )
     _STATES[server] = state
     return server
 
@@ -939,8 +944,13 @@ async def _run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"lameduck demo origin: cannot open {args.log}: {exc}", file=sys.stderr)
             return 1
+    sock = None
     try:
-        server = await serve(host, port, name=args.name, log_fd=log_fd)
+        if args.fd is not None:
+            sock = socket.socket(fileno=args.fd)
+            sock.setblocking(False)
+            host = sock.getsockname()[0]
+        server = await serve(host, port, name=args.name, log_fd=log_fd, sock=sock)
     except OSError as exc:
         print(f"lameduck demo origin: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 1
@@ -993,6 +1003,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--fd",
+        type=int,
+        metavar="FD",
+        help="serve on this inherited listening socket instead of binding --host/--port "
+        "(a parent that holds the port across restarts of the origin)",
+    )
     parser.add_argument(
         "--name", type=_name, help="send X-Origin: NAME on every response, show it in /info"
     )

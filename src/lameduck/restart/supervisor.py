@@ -42,9 +42,13 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, config: str, log_level: str = "info") -> None:
+    def __init__(self, config: str, log_level: str = "info",
+                 admin_address_path: str | None = None) -> None:
         self.config = config
         self.log_level = log_level
+        # each child writes its admin address there once it serves (a restarted child that
+        # bound an ephemeral admin port anew rewrites it)
+        self.admin_address_path = admin_address_path
         self.loop = asyncio.get_running_loop()
         self.systemd = Notifier()  # our own supervisor, if any (unsets NOTIFY_SOCKET)
         self.children: dict[int, Child] = {}
@@ -68,9 +72,11 @@ class Supervisor:
         env = dict(os.environ, NOTIFY_SOCKET=self.notify_path)
         # Its own session: a terminal's Ctrl-C or hangup reaches only the supervisor, which
         # forwards one signal (a second SIGINT would make the child quit without draining).
+        extra = ([] if self.admin_address_path is None
+                 else ["--admin-address-path", self.admin_address_path])
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "lameduck", "--log-level", self.log_level,
-            "run", "-c", self.config, env=env, start_new_session=True)
+            "run", "-c", self.config, *extra, env=env, start_new_session=True)
         child = Child(proc)
         self.children[proc.pid] = child
         log.info("child %d started", proc.pid)
@@ -193,8 +199,9 @@ class Supervisor:
             os.rmdir(self.dir)
 
 
-async def supervise(config: str, log_level: str = "info") -> int:
-    sup = Supervisor(config, log_level)
+async def supervise(config: str, log_level: str = "info",
+                    admin_address_path: str | None = None) -> int:
+    sup = Supervisor(config, log_level, admin_address_path)
     loop = sup.loop
     try:
         loop.add_signal_handler(signal.SIGHUP, sup.reload)
