@@ -8,7 +8,14 @@ import itertools
 
 import pytest
 
-from lameduck.drain.retry import IDEMPOTENT_METHODS, RetryBudget, may_retry
+from lameduck.drain.retry import (
+    IDEMPOTENT_METHODS,
+    Failure,
+    Retry,
+    RetryBudget,
+    decide,
+    may_retry,
+)
 
 
 def test_idempotent_methods_are_rfc9110s() -> None:
@@ -88,3 +95,32 @@ def test_budget_edges() -> None:
 def test_budget_config_is_validated(pct: float, floor: int) -> None:
     with pytest.raises(ValueError):
         RetryBudget(pct, floor)
+
+
+# The retry decision, as one table: (failure, started, kept, idempotent, stale, retried) ->
+# (what to do, the status if nothing is retried).
+F, R = Failure, Retry
+DECISIONS = [
+    ((F.CONNECT, False, True, False, False, False), (R.ELSEWHERE, 503)),  # never sent: any
+    ((F.CONNECT, False, False, False, False, True), (R.ELSEWHERE, 503)),
+    ((F.RESET, False, True, True, False, False), (R.ELSEWHERE, 502)),  # idempotent
+    ((F.RESET, False, True, False, False, False), (R.FAIL, 502)),  # POST: maybe processed
+    ((F.RESET, False, False, True, False, False), (R.FAIL, 502)),  # body no longer kept
+    ((F.RESET, False, True, True, True, False), (R.FRESH, 502)),  # stale pooled connection
+    ((F.RESET, False, True, True, True, True), (R.ELSEWHERE, 502)),  # ... already tried fresh
+    ((F.RESET, False, True, False, True, False), (R.FAIL, 502)),  # stale, but a POST
+    ((F.REFUSED, False, True, False, False, False), (R.ELSEWHERE_OR_FRESH, 503)),  # unprocessed
+    ((F.REFUSED, False, True, False, False, True), (R.ELSEWHERE, 503)),
+    ((F.REFUSED, False, False, False, False, False), (R.FAIL, 503)),  # body over the bound
+    ((F.TIMEOUT, False, True, True, False, False), (R.FAIL, 504)),  # may still be running
+    ((F.AFTER_HEAD, False, True, True, False, False), (R.ABORT, 0)),
+    ((F.RESET, True, True, True, True, False), (R.ABORT, 0)),  # a response byte went out
+    ((F.CONNECT, True, True, True, False, False), (R.ABORT, 0)),
+]
+
+
+@pytest.mark.parametrize(("given", "want"), DECISIONS)
+def test_retry_decision_table(given: tuple, want: tuple) -> None:
+    failure, started, kept, idempotent, stale, retried = given
+    assert decide(failure, started=started, kept=kept, idempotent=idempotent, stale=stale,
+                  retried=retried) == want

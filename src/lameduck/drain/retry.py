@@ -9,6 +9,8 @@ instance. Replaying the request body (and its size limit) is the shell's busines
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 # RFC 9110 §9.2.2: the methods whose intended effect is the same however often repeated.
 IDEMPOTENT_METHODS: frozenset[bytes] = frozenset(
     {b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"}
@@ -35,6 +37,53 @@ def may_retry(
     if response_started:
         return False
     return not sent or unprocessed or idempotent or idempotency_key
+
+
+class Failure(IntEnum):
+    """How an upstream request failed, as the exchange saw it."""
+
+    CONNECT = 1  # the connection failed: the request never left
+    RESET = 2  # reset, or a bad response, before any response byte
+    REFUSED = 3  # HTTP/2 proved it unprocessed (REFUSED_STREAM, above GOAWAY's last id)
+    TIMEOUT = 4  # no response within the route's timeout: it may still be running
+    AFTER_HEAD = 5  # failed after the response had started
+
+
+class Retry(IntEnum):
+    """What to do about it."""
+
+    ABORT = 1  # a response byte went out: the client can only see a reset
+    FAIL = 2  # answer the client with the status
+    FRESH = 3  # once more, on a fresh connection to the same endpoint
+    ELSEWHERE = 4  # another endpoint if the policy and budget allow one, else answer
+    ELSEWHERE_OR_FRESH = 5  # another endpoint, else once more to the same one, else answer
+
+
+def decide(failure: Failure, *, started: bool, kept: bool, idempotent: bool, stale: bool,
+           retried: bool) -> tuple[Retry, int]:
+    """The retry decision, and the status the client gets if no retry happens.
+
+    ``kept``: what was sent is still held whole for a replay (or nothing was sent);
+    ``idempotent``: the method is, or the request carries an Idempotency-Key or Resume-Seq;
+    ``stale``: it rode a reused pooled connection that returned no byte (the upstream had
+    closed it); ``retried``: it was already sent once more to a fresh connection."""
+    if started or failure is Failure.AFTER_HEAD:
+        return Retry.ABORT, 0
+    if failure is Failure.CONNECT:
+        return Retry.ELSEWHERE, 503  # never sent: any request may go anywhere
+    if failure is Failure.TIMEOUT:
+        return Retry.FAIL, 504  # it may still run: never sent twice
+    if failure is Failure.REFUSED:
+        if not kept:
+            return Retry.FAIL, 503
+        return (Retry.ELSEWHERE if retried else Retry.ELSEWHERE_OR_FRESH), 503
+    # RESET: sent, and maybe processed
+    if not (kept and may_retry(sent=True, idempotent=idempotent, idempotency_key=False,
+                               unprocessed=False, response_started=False)):
+        return Retry.FAIL, 502
+    if stale and not retried:
+        return Retry.FRESH, 502
+    return Retry.ELSEWHERE, 502
 
 
 class RetryBudget:

@@ -8,12 +8,13 @@ HTTP/2 sends HEADERS), and the upstream connection reports through ``ExchangeSin
 its router filter from the codecs the same way; hypercorn drives both of its codecs through one
 ``HTTPStream``.
 
-Retries (RFC 9110 §9.2.2, RFC 9113 §8.7): a request never sent (connect failed) may go anywhere;
-one reset before any response byte is sent again only if it is safe (idempotent method,
-``Idempotency-Key`` or ``Resume-Seq``) and its body is still kept (``REPLAY_LIMIT``); one an
-HTTP/2 upstream refused unprocessed may always be sent again. Other endpoints come from the
-cluster's retry policy and budget (``Cluster.retry_target``); a stale pooled connection is
-retried once on a fresh one to the same endpoint.
+Retries (RFC 9110 §9.2.2, RFC 9113 §8.7) follow one table, ``drain.retry.decide``: a request
+never sent (connect failed) may go anywhere; one reset before any response byte is sent again
+only if it is safe (idempotent method, ``Idempotency-Key`` or ``Resume-Seq``) and its body is
+still kept (``REPLAY_LIMIT``); one an HTTP/2 upstream refused unprocessed may always be sent
+again. Other endpoints come from the cluster's retry policy and budget
+(``Cluster.retry_target``); a stale pooled connection is retried once on a fresh one to the same
+endpoint.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from lameduck.drain.endpoint import Layer
-from lameduck.drain.retry import may_retry
+from lameduck.drain.retry import Failure, Retry, decide
 from lameduck.proxy.local import RETRY_AFTER
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.upstream.connector import Fields, UpstreamConn, UpstreamError
@@ -318,8 +319,11 @@ class Exchange:
         ep = self.endpoint
         assert cluster is not None and ep is not None
         cluster.connect_failed(ep)
-        if not self._retry_elsewhere():
-            self.local_error(UpstreamError.CONNECT, UPSTREAM_ERROR_BODY[UpstreamError.CONNECT])
+        action, _ = decide(Failure.CONNECT, started=self.resp_started, kept=True,
+                           idempotent=self.retryable, stale=False, retried=self.retried)
+        if action is Retry.ELSEWHERE and self._retry_elsewhere():
+            return
+        self.local_error(UpstreamError.CONNECT, UPSTREAM_ERROR_BODY[UpstreamError.CONNECT])
 
     def _retry_elsewhere(self) -> bool:
         """Send the request to another endpoint if the policy and budget allow (the caller
@@ -486,29 +490,25 @@ class Exchange:
         else:
             cs.upstream_rq_rx_reset += 1
         down = self.down
-        if after_head or self.resp_started:
+        failure = (Failure.AFTER_HEAD if after_head else
+                   Failure.TIMEOUT if status == UpstreamError.TIMEOUT else Failure.RESET)
+        stale = self.reused and up_was is not None and not up_was.got_bytes
+        action, code = decide(failure, started=self.resp_started, kept=can_replay,
+                              idempotent=self.retryable, stale=stale, retried=self.retried)
+        if action is Retry.ABORT:
             # Bytes of this response already went out (its status was counted): the client
             # can only see a reset.
             down.abort(self)
             return
-        # sent, reset before any response byte: safe to send again (RFC 9110 §9.2.2) when the
-        # method is idempotent or the app dedupes it, and its body is still kept whole
-        safe = can_replay and may_retry(sent=True, idempotent=self.retryable,
-                                        idempotency_key=False, unprocessed=False,
-                                        response_started=False)
-        if status == UpstreamError.RESET and safe and not down.gone:
-            if (self.reused and up_was is not None and not up_was.got_bytes
-                    and not self.retried):
-                # A pooled connection the upstream had already closed: once more on a fresh
-                # one to the same endpoint.
-                self._retry(ep)
-                return
-            cluster.request_failed(ep, True)
-            if self._retry_elsewhere():
-                return
-        else:
-            cluster.request_failed(ep, True)
-        self.local_error(status, UPSTREAM_ERROR_BODY[status])
+        if action is Retry.FRESH and not down.gone:
+            # A pooled connection the upstream had already closed: once more on a fresh one
+            # to the same endpoint, replaying what was sent.
+            self._retry(ep)
+            return
+        cluster.request_failed(ep, True)
+        if action is Retry.ELSEWHERE and self._retry_elsewhere():
+            return
+        self.local_error(code, UPSTREAM_ERROR_BODY[code])
 
     def on_upstream_refused(self) -> None:
         """HTTP/2 proved it unprocessed (RFC 9113 §8.7): sent again, to another endpoint if
@@ -517,10 +517,15 @@ class Exchange:
         ep = self.endpoint
         assert ep is not None
         self._detach(reusable=False)
-        if can_replay and not self.resp_started and not self.down.gone:
+        action, _ = decide(Failure.REFUSED, started=self.resp_started, kept=can_replay,
+                           idempotent=self.retryable, stale=False, retried=self.retried)
+        if action is Retry.ABORT:
+            self.down.abort(self)
+            return
+        if action is not Retry.FAIL and not self.down.gone:
             if self._retry_elsewhere():
                 return
-            if not self.retried:
+            if action is Retry.ELSEWHERE_OR_FRESH:
                 self._retry(ep)  # no other endpoint: a fresh connection to the same one
                 return
         cs = self.cstats
