@@ -1,4 +1,4 @@
-"""The ``lameduck`` command: one function per subcommand, thin; the work is in server.py."""
+"""The ``lameduck`` command: one function per subcommand, thin; the work is in server/."""
 
 from __future__ import annotations
 

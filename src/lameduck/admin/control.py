@@ -1,4 +1,4 @@
-"""What the admin API needs from the server: an interface, so admin/ never imports server.py."""
+"""What the admin API needs from the server: an interface, so admin/ never imports server/."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A keep-alive connection pool per endpoint.
 
-The pool knows nothing of HTTP: it gets a connection factory from the wiring in ``server.py``
-(upstream/ must not import the codecs). Idle connections are reused last-in,
+The pool knows nothing of HTTP: it gets a connection factory from the wiring in
+``server/build.py`` (upstream/ must not import the codecs). Idle connections are reused last-in,
 first-out, so a steady load keeps a small hot set and the surplus ages out by idle timeout
 instead of being churned.
 """

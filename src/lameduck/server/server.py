@@ -1,8 +1,10 @@
-"""Wiring and lifecycle: config -> drain core, stats, clusters, listeners, admin; signals; exit.
+"""The process: sockets (bound, inherited from systemd or a hot restart), admin, signals, the
+drain's steps and the exit.
 
-The server is the only place that knows every part. It drives the drain core's ``ProcessDrain``
-(pure decisions) with the loop's monotonic clock and carries out what it decides: tell the
-listeners, stop accepting, cut, exit. The admin API reaches it through ``AdminControl``.
+It drives the drain core's ``ProcessDrain`` (pure decisions) with the loop's monotonic clock and
+carries out what it decides: tell the listeners, stop accepting, cut, exit. What it runs is
+built from the config by ``server.build`` (no sockets there); the admin API reaches it through
+``AdminControl``.
 """
 
 from __future__ import annotations
@@ -19,40 +21,23 @@ from typing import Any
 from lameduck import __version__
 from lameduck.admin import AdminHandlers, start_admin
 from lameduck.admin.control import NotFound
-from lameduck.config import ClusterConfig, Config, format_duration
+from lameduck.config import Config, format_duration
 from lameduck.drain import (
     Cause,
     DrainEvent,
-    DrainSettings,
     ListenerDrain,
-    ProcessDrain,
-    ShutdownSettings,
     Step,
 )
-from lameduck.drain.endpoint import AdminState, EndpointDrain, PersistenceTable
-from lameduck.drain.health import OutlierDetector
+from lameduck.drain.endpoint import AdminState
 from lameduck.drain.prestop import Prestop, PrestopAction, PrestopStrategy
-from lameduck.drain.retry import RetryBudget
-from lameduck.http2.connection import H2Limits
-from lameduck.http2.upstream import H2Pool
-from lameduck.listeners import HttpListener, Listener, TcpListener
+from lameduck.listeners import TcpListener
 from lameduck.restart import Notifier
 from lameduck.restart.hot import HasFileno, Inherited, Rendezvous, follow_parent, take_over
+from lameduck.server.build import build
 from lameduck.stats import (
     DrainStats,
-    HealthCheckStats,
-    Http2Stats,
-    HttpStats,
-    ListenerManagerStats,
-    ServerStats,
     Stat,
-    StatsRegistry,
-    TcpStats,
 )
-from lameduck.upstream.cluster import Cluster
-from lameduck.upstream.health import AgentChecker, HealthChecker
-from lameduck.upstream.pool import Endpoint
-from lameduck.upstream.router import Route, Router
 
 log = logging.getLogger("lameduck")
 
@@ -80,55 +65,15 @@ class Server:
         self.cfg = cfg
         self.loop = loop or asyncio.get_running_loop()
         self.rng = random.random
-        self.process = ProcessDrain(
-            DrainSettings(cfg.drain.time, cfg.drain.strategy, cfg.drain.connection_grace),
-            ShutdownSettings(cfg.shutdown.deadline, cfg.shutdown.min_drain,
-                             cfg.shutdown.stop_accepting == "at_drain_end"),
-        )
-        self.registry = StatsRegistry()
-        self.server_stats = self.registry.add("server", ServerStats())
-        self.drain_stats = self.registry.add("server.drain", DrainStats())
-        self.lm_stats = self.registry.add("listener_manager", ListenerManagerStats())
-        self.clusters: dict[str, Cluster] = {}
-        self.checkers: list[HealthChecker | AgentChecker] = []
-        for cc in cfg.clusters:
-            cluster = self._cluster(cc)
-            if cc.protocol == "h2":
-                h2 = cc.http2
-                # The upstream is configured, not a stranger: its refusals (REFUSED_STREAM
-                # under load) are not a rapid-reset attack.
-                limits = H2Limits(initial_window_size=h2.initial_stream_window_size,
-                                  connection_window=h2.initial_connection_window_size,
-                                  max_resets_per_window=1 << 20)
-                cluster.connector = H2Pool(cluster, limits, h2.max_concurrent_streams,
-                                           self.loop).connect
-            self.registry.add(f"cluster.{cc.name}", cluster.stats)
-            if cc.outlier_detection is not None:
-                self.registry.add(f"cluster.{cc.name}.outlier_detection", cluster.outlier_stats)
-            if cc.health_check is not None:
-                hstats = self.registry.add(f"cluster.{cc.name}.health_check",
-                                           HealthCheckStats())
-                self.checkers.append(HealthChecker(cluster, self.loop, cc.health_check, hstats))
-            if any(e.agent_port is not None for e in cc.endpoints):
-                self.checkers.append(AgentChecker(cluster, self.loop, cc.agent_check))
-            self.clusters[cc.name] = cluster
-        self.listeners: list[Listener] = []
-        for lc in cfg.listeners:
-            ld = self.process.add_listener(ListenerDrain(lc.name, lc.direction, lc.drain_type))
-            if lc.protocol == "tcp":
-                assert lc.cluster is not None
-                tstats = self.registry.add(f"tcp.{lc.name}", TcpStats())
-                self.listeners.append(TcpListener(lc, self.loop, self.process, ld,
-                                                  self.clusters[lc.cluster], tstats,
-                                                  self.drain_stats, self._changed, self.rng))
-                continue
-            router = Router([Route(r.prefix, self.clusters[r.cluster], r.host, r.timeout)
-                             for r in lc.routes])
-            stats = self.registry.add(f"http.{lc.name}", HttpStats())
-            h2stats = self.registry.add(f"http.{lc.name}.http2", Http2Stats())
-            self.listeners.append(HttpListener(lc, self.loop, self.process, ld, router, stats,
-                                               self.drain_stats, self._changed, self.rng,
-                                               h2stats))
+        built = build(cfg, self.loop, self.rng, self._changed)
+        self.process = built.process
+        self.registry = built.registry
+        self.server_stats = built.server_stats
+        self.drain_stats = built.drain_stats
+        self.lm_stats = built.lm_stats
+        self.clusters = built.clusters
+        self.checkers = built.checkers
+        self.listeners = built.listeners
         self.started_mono = self.loop.time()
         self.started_wall = time.time()
         self.started_all = inherited.started if inherited is not None else self.started_wall
@@ -147,40 +92,6 @@ class Server:
         self._quitting = False
         self._finishing = False
         self._no_new_work_logged = False
-
-    def _cluster(self, cc: ClusterConfig) -> Cluster:
-        """A cluster and its endpoints as configured: drain stop, persistence, outlier
-        detection, retries; timers on this loop."""
-        eps = []
-        for e in cc.endpoints:
-            drain = EndpointDrain(cc.drain_stop, cc.drop_at_drain_end,
-                                  cc.clear_persistence_on_drain)
-            eps.append(Endpoint(e.host, e.port, cc.max_idle_connections, e.weight, drain,
-                                e.agent_port))
-        cluster = Cluster(cc.name, eps, cc.connect_timeout, cc.idle_timeout, cc.lb_policy,
-                          self.rng)
-        cluster.schedule = self.loop.call_at
-        cluster.clock = self.loop.time
-        for ep, e in zip(eps, cc.endpoints, strict=True):
-            if e.state is not AdminState.READY:  # as if set at start: drain stop runs from now
-                cluster.set_state(ep, e.state, self.loop.time())
-        p = cc.persistence
-        if p is not None:
-            cluster.persistence = PersistenceTable(p.timeout, p.max_records)
-            cluster.by_cookie = p.type == "cookie"
-            cluster.cookie_name = p.cookie_name.encode()
-        od = cc.outlier_detection
-        if od is not None:
-            cluster.outlier = OutlierDetector(od.consecutive_5xx, od.consecutive_gateway_failure,
-                                              od.base_ejection_time, od.max_ejection_time,
-                                              od.max_ejection_percent)
-            for ep in eps:
-                cluster.outlier.add(ep)
-        rp = cc.retry_policy
-        cluster.num_retries = rp.num_retries
-        cluster.budget = RetryBudget(rp.retry_budget.budget_percent,
-                                     rp.retry_budget.min_retry_concurrency)
-        return cluster
 
     # -- start ------------------------------------------------------------------------------
     async def start(self) -> None:
