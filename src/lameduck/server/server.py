@@ -34,6 +34,7 @@ from lameduck.listeners import TcpListener
 from lameduck.restart import Notifier
 from lameduck.restart.hot import HasFileno, Inherited, Rendezvous, follow_parent, take_over
 from lameduck.server.build import build
+from lameduck.server.views import clusters_view, fmt_addr, listener_addresses, prestop_view
 from lameduck.stats import (
     DrainStats,
     Stat,
@@ -128,7 +129,7 @@ class Server:
         before = inh.definitions if inh is not None else {}
         for listener, sock in zip(self.listeners, socks, strict=True):
             await listener.start(sock)
-            log.info("listener %s on %s", listener.name, _fmt_addr(listener.sockname))
+            log.info("listener %s on %s", listener.name, fmt_addr(listener.sockname))
             # Envoy's LDS words, against the process before this one (hot restart)
             old = before.get(listener.name)
             if old is None:
@@ -139,7 +140,7 @@ class Server:
         self.lm_stats.listener_removed += sum(1 for name in before if name not in names)
         self.lm_stats.total_listeners_active = len(self.listeners)
         self.admin_port = self.admin.sockets[0].getsockname()[1]
-        log.info("admin on %s", _fmt_addr(self.admin.sockets[0].getsockname()))
+        log.info("admin on %s", fmt_addr(self.admin.sockets[0].getsockname()))
         self.process.initialized()
         self._housekeeping = self.loop.call_later(1.0, self._housekeep)
         for checker in self.checkers:
@@ -319,60 +320,18 @@ class Server:
         self._prestop_timer = self.loop.call_at(at, self._prestop_tick)
 
     def prestop_view(self) -> dict[str, Any]:
-        p = self.prestop
-        if p is None:
-            return {"state": "SERVING"}
-        return {
-            "state": p.state.name,
-            "strategy": p.strategy.value,
-            "drain_timeout": p.drain_timeout,
-            "lb_buffer": p.lb_buffer,
-            "elapsed": round(self.loop.time() - (p.started or 0.0), 3),
-            "in_flight": self._in_flight(),
-            "timed_out": p.timed_out,
-            "in_flight_at_timeout": p.in_flight_at_timeout,
-            "transitions": [{"from": t.source.name, "to": t.target.name, "reason": t.reason,
-                             "after": round(t.at - (p.started or 0.0), 3)}
-                            for t in p.transitions],
-        }
+        return prestop_view(self.prestop, self.loop.time(), self._in_flight())
 
     def clusters_view(self) -> list[dict[str, Any]]:
-        out = []
-        for c in self.clusters.values():
-            hosts = []
-            for ep in c.endpoints:
-                hosts.append({
-                    "address": ep.address,
-                    "stats": {"cx_active": ep.cx_active, "cx_connect_fail": ep.cx_connect_fail,
-                              "cx_total": ep.cx_total, "rq_active": ep.rq_active,
-                              "rq_error": ep.rq_error, "rq_success": ep.rq_success,
-                              "rq_timeout": ep.rq_timeout, "rq_total": ep.rq_total},
-                    "health_flags": ep.health_flags,
-                    "healthy": ep.drain.healthy,
-                    "admin_state": ep.drain.state.value,
-                    "weight": ep.weight,
-                    "maxconn": ep.maxconn,
-                    "agent": ep.agent_said,
-                })
-            out.append({"name": c.name, "lb_policy": c.lb_policy,
-                        "host_statuses": hosts})
-        return out
+        return clusters_view(self.clusters.values())
 
     def listener_addresses(self) -> list[tuple[str, str, int]]:
-        """Where each listener is bound: a listener configured on port 0 reports the port the
-        kernel gave it (Envoy's /listeners), the configured address until it is bound."""
-        out = []
-        for ls in self.listeners:
-            if ls.sockname:
-                out.append((ls.name, str(ls.sockname[0]), int(ls.sockname[1])))
-            else:
-                out.append((ls.name, ls.cfg.address.host, ls.cfg.address.port))
-        return out
+        return listener_addresses(self.listeners)
 
     def admin_address(self) -> str:
         """The admin API's bound ``host:port`` (an ephemeral port resolved)."""
         assert self.admin is not None
-        return _fmt_addr(self.admin.sockets[0].getsockname())
+        return fmt_addr(self.admin.sockets[0].getsockname())
 
     def set_endpoint_state(self, cluster: str, address: str, state: str) -> None:
         c = self.clusters.get(cluster)
@@ -424,7 +383,7 @@ class Server:
             "drain": drain,
             "prestop": self.prestop_view(),
             "listeners": [
-                {"name": ls.name, "address": _fmt_addr(ls.sockname), "accepting": ls.accepting,
+                {"name": ls.name, "address": fmt_addr(ls.sockname), "accepting": ls.accepting,
                  "draining": ls.drain.draining, "connections": len(ls.connections)}
                 for ls in self.listeners
             ],
@@ -605,13 +564,6 @@ class Server:
         self.lm_stats.total_listeners_active = sum(1 for ls in self.listeners if ls.accepting)
         self.lm_stats.total_listeners_draining = self.parent_draining + sum(
             1 for ls in self.listeners if ls.drain.draining)
-
-
-def _fmt_addr(sockname: tuple) -> str:
-    if not sockname:
-        return "-"
-    host, port = sockname[0], sockname[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def serve(cfg: Config) -> int:
