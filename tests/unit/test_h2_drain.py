@@ -98,3 +98,21 @@ def test_a_stream_turned_away_untouched_is_above_the_final_goaway() -> None:
     assert [g.last_stream_id for g in goaways] == [MAX_STREAM_ID, 1]
     raw.server.unprocess(1)  # not the newest: a processed stream stays processed
     assert raw.server.last_processed == 1
+
+
+def test_streams_turned_away_in_one_read_are_left_out_of_the_final_goaway() -> None:
+    """HEADERS for 3 and 5 arrive in one read; the shell processes neither (past the drain
+    time): the final GOAWAY names 1, the last stream processed, not 5, the last one parsed."""
+    raw = Raw()
+    raw.send(HeadersFrame(1, raw.block(GET), flags=["END_HEADERS", "END_STREAM"]))
+    both = (HeadersFrame(3, raw.block(GET), flags=["END_HEADERS", "END_STREAM"]).serialize()
+            + HeadersFrame(5, raw.block(GET), flags=["END_HEADERS", "END_STREAM"]).serialize())
+    ev = raw.server.receive(both, 0.0)
+    assert [e.stream_id for e in ev if isinstance(e, RequestReceived)] == [3, 5]
+    raw.server.data_to_send()
+    raw.server.unprocess(3)
+    raw.server.final_goaway()  # as the shell does on turning 3 away
+    raw.server.unprocess(5)
+    out = frames_of(raw.server.data_to_send())
+    assert [(f.type, f.last_stream_id) for f in out if f.type == 7] == [(7, 1)]
+    assert raw.server.last_processed == 1

@@ -40,6 +40,7 @@ def test_framing_routing_and_retry_fields_are_never_nominated(name: bytes) -> No
     (b"a%2Eb", True),
     (b"user@example.com", False), (b"a b", False), (b"a/b", False), (b"a:1:2", False),
     (b"[::1", False), (b"a\x00b", False), (b"example.com:x", False), (b"a?b", False),
+    (b":80", False), (b":", False),  # a port without a host (RFC 9110 §4.2.1)
 ])
 def test_valid_authority(value: bytes, ok: bool) -> None:
     assert valid_authority(value) is ok

@@ -291,7 +291,9 @@ class H2Connection:
         # State the shell reads.
         self.goaway_sent = 0
         self.last_processed = 0
-        self._before_last = 0  # last_processed before the newest stream was handed on
+        # Streams handed to the shell in the read being handled (ascending), after the last
+        # one before it: the shell decides on them only once ``receive`` has returned.
+        self._handed: list[int] = []
         self.closed = False
         self.peer_goaway: int | None = None
         self.resets_received = 0
@@ -358,6 +360,8 @@ class H2Connection:
         if self.closed:
             return events
         self._now = now
+        if self._handed:
+            self._handed = []  # the shell has decided on every stream of the last read
         buf = self._buf
         buf += data
         try:
@@ -1061,15 +1065,19 @@ class H2Server(H2Connection):
             self.goaway_sent = 1
 
     def _processed(self, sid: int) -> None:
-        self._before_last = self.last_processed
+        if not self._handed:
+            self._handed.append(self.last_processed)
+        self._handed.append(sid)
         self.last_processed = sid
 
     def unprocess(self, sid: int) -> None:
-        """The shell turned the newest stream away untouched (going away): a GOAWAY sent
-        from now on names the stream before it, so the client knows this one was not
-        processed (RFC 9113 §6.8) whichever of GOAWAY and RST_STREAM it reads first."""
-        if sid == self.last_processed:
-            self.last_processed = self._before_last
+        """The shell turned a stream of this read away untouched (going away), and so every
+        later one of it (the process takes no new work from then on): a GOAWAY sent from now
+        on names the stream before it, so the client knows it was not processed (RFC 9113
+        §6.8) whichever of GOAWAY and RST_STREAM it reads first."""
+        before = [i for i in self._handed if i < sid]
+        if before and before[-1] < self.last_processed:
+            self.last_processed = before[-1]
 
     def final_goaway(self) -> None:
         """Phase 2: the highest stream handed to the shell; newer ones are refused."""

@@ -60,9 +60,12 @@ def drop_nominated(lines: list[bytes], tokens: bytes) -> list[bytes]:
 
 # RFC 9110 §4.2.3 / RFC 3986 §3.2.2: uri-host [ ":" port ]; uri-host is an IP-literal in
 # brackets, or a reg-name / IPv4 address (unreserved, pct-encoded, sub-delims). No userinfo:
-# RFC 9110 §4.2.4 forbids it in http(s) URIs, and it has no place in Host.
+# RFC 9110 §4.2.4 forbids it in http(s) URIs, and it has no place in Host. Empty as a whole
+# (RFC 9112 §3.2: a target without authority), but not a port without a host (RFC 9110
+# §4.2.1: an http URI with an empty host is invalid).
 _AUTHORITY: Final = re.compile(
-    rb"(?:\[[0-9A-Fa-f:.]+\]|(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})*)(?::[0-9]*)?")
+    rb"(?:(?:\[[0-9A-Fa-f:.]+\]|(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})+)"
+    rb"(?::[0-9]*)?)?")
 
 
 def valid_authority(value: bytes) -> bool:
