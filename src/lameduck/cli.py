@@ -163,8 +163,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, early.append, sig.name)
+        def publish() -> None:
+            """The admin address, once bound (after a hot restart's handover, the admin
+            socket is ours) and before readiness is signalled."""
+            if address_file is None:
+                return
+            try:
+                address_file.write(server.admin_address())
+            except OSError as e:
+                logging.getLogger("lameduck").error(
+                    "cannot write the admin address to %s: %s", address_file.path, e)
+
         try:
-            await server.start()
+            await server.start(publish)
         except OSError as e:
             print(f"lameduck: cannot listen: {e}", file=sys.stderr)
             if origin is not None:
@@ -174,13 +185,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         if early:
             server.begin_shutdown(early[0])
         admin = server.admin_address()
-        if address_file is not None:
-            # after start: bound, and after a hot restart's handover the admin socket is ours
-            try:
-                address_file.write(admin)
-            except OSError as e:
-                logging.getLogger("lameduck").error(
-                    "cannot write the admin address to %s: %s", address_file.path, e)
         bound = {name: str(HostPort(host, port))
                  for name, host, port in server.listener_addresses()}
         print(_banner(cfg, demo, admin, bound), file=sys.stderr, flush=True)

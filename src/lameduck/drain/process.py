@@ -63,6 +63,20 @@ class Step(Enum):
     CUT = "cut"  # the deadline: cut what is in flight, then exit
 
 
+def min_drain_for(explicit: float | None, drain_time: float, *, accepting_until_t: bool,
+              deregistered: bool, hot_restart: bool = False) -> float:
+    """How long an idle process keeps serving after its shutdown starts: ``shutdown.min_drain``
+    when set; else T while it accepts until T (a client that has not yet seen it leave must
+    not find a closed port), 0 once a preStop hook ran to its end (the load balancer stopped
+    sending here) or for a hot restart (the new process serves), or when it stops accepting
+    at once."""
+    if explicit is not None:
+        return explicit
+    if deregistered or hot_restart or not accepting_until_t:
+        return 0.0
+    return drain_time
+
+
 class ProcessDrain:
     """Pure drain control for one process. Times are the caller's monotonic seconds."""
 
@@ -167,18 +181,24 @@ class ProcessDrain:
     @property
     def min_drain(self) -> float:
         """Seconds from the shutdown's start before an idle process may exit."""
-        explicit = self.shutdown_settings.min_drain
-        if explicit is not None:
-            return explicit
         ev = self.shutdown
-        if (ev is None or self.deregistered or ev.cause is Cause.HOT_RESTART
-                or not self.shutdown_settings.stop_accepting_at_drain_end):
-            return 0.0
-        return ev.time
+        settings = self.shutdown_settings
+        if ev is None:
+            return settings.min_drain or 0.0
+        return min_drain_for(settings.min_drain, ev.time,
+                             accepting_until_t=settings.stop_accepting_at_drain_end,
+                             deregistered=self.deregistered,
+                             hot_restart=ev.cause is Cause.HOT_RESTART)
 
     @property
     def deadline(self) -> float | None:
         return None if self.shutdown is None else self.shutdown.start + self.exit_after
+
+    def drain_active(self, now: float) -> bool:
+        """A drain is under way: its time T has not passed, or requests it let in are still
+        in flight (``server.drain.active``)."""
+        ev = self.last_event
+        return ev is not None and (now < ev.ends_at or not self.ledger.idle)
 
     def tick(self, now: float) -> None:
         """Apply time: from T on a shutting-down process takes no new work."""

@@ -27,7 +27,6 @@ import httptools
 from lameduck.drain import ConnectionDrain, DrainedBy
 from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS
 from lameduck.drain.tunnel import Flow, TunnelKind
-from lameduck.http1.upstream import H1Upstream
 from lameduck.http1.wire import (
     LAST_CHUNK,
     absolute_form,
@@ -46,8 +45,9 @@ from lameduck.proxy.fields import (
     trailer_fields,
     valid_authority,
 )
+from lameduck.proxy.local import RETRY_AFTER
 from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
-from lameduck.upstream.connector import Fields
+from lameduck.upstream.connector import Fields, UpstreamConn
 
 if TYPE_CHECKING:
 
@@ -61,9 +61,9 @@ PAUSE_BODY = 2  # the upstream cannot take the request body faster, or is not th
 PAUSE_CLOSING = 8
 PAUSE_UPGRADE = 16  # an Upgrade request waits for the upstream's answer
 
-GOING_AWAY = simple_response(503, b"going away\n", close=True, extra=((b"retry-after", b"1"),))
-GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True,
-                                  extra=((b"retry-after", b"1"),), head_only=True)
+GOING_AWAY = simple_response(503, b"going away\n", close=True, extra=RETRY_AFTER)
+GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True, extra=RETRY_AFTER,
+                                  head_only=True)
 # Request fields the proxy looks at (the rest are forwarded as they come).
 REQUEST_SPECIAL = HOP_BY_HOP | REPLAY_SAFE_FIELDS | {
     b"host", b"x-forwarded-for", b"x-forwarded-proto", b"expect",
@@ -622,7 +622,8 @@ class H1Downstream(Downstream):
                      rest: bytes) -> bool:
         """Relay the 101, then the tunnel."""
         up = ex.up
-        if not isinstance(up, H1Upstream) or up.transport is None:
+        ut = up.take_over() if up is not None else None
+        if ut is None:
             return False
         ex.answered(101)
         ex.resp_started = True
@@ -631,7 +632,7 @@ class H1Downstream(Downstream):
                 + b"connection: upgrade\r\nupgrade: %s\r\n\r\n" % upgrade)
         deflate = any(n.lower() == b"sec-websocket-extensions"
                       and b"permessage-deflate" in v.lower() for n, v in fields)
-        self.start_tunnel(ex, head, up.transport, rest, TunnelKind.WEBSOCKET, deflate, up)
+        self.start_tunnel(ex, head, ut, rest, TunnelKind.WEBSOCKET, deflate, up)
         return True
 
     def send_body(self, ex: Exchange, data: bytes) -> None:
@@ -762,9 +763,10 @@ class H1Downstream(Downstream):
 
     # -- tunnel (after a 101) -------------------------------------------------------------------
     def start_tunnel(self, ex: Exchange, head: bytes, ut: asyncio.Transport, rest: bytes,
-                     kind: TunnelKind, deflate: bool, up: H1Upstream | None) -> None:
+                     kind: TunnelKind, deflate: bool, up: UpstreamConn | None) -> None:
         """Send the 101 (or CONNECT's 200) and relay both sockets from now on; ``up`` is the
-        upstream connection that switched protocols (None for a CONNECT destination)."""
+        upstream connection that switched protocols and gave its socket up (None for a
+        CONNECT destination)."""
         t = self.transport
         assert t is not None
         self.upgrading = None
@@ -773,9 +775,6 @@ class H1Downstream(Downstream):
         st = self.ctx.stats
         st.downstream_cx_upgrades_total += 1
         st.downstream_cx_upgrades_active += 1
-        if up is not None:
-            up.sink = None
-            up.alive = False  # never back to the pool
         early, ex.early = ex.early, b""
         self.paused = 0
         relay = Relay(self.loop, t, ut, kind, self.ctx.drain.grace,
@@ -785,13 +784,13 @@ class H1Downstream(Downstream):
         if self.drain.proactive_fired:
             relay.drain_by(DrainedBy.PROACTIVE)  # its moment has passed already
 
-    def _tunnel_ended(self, ex: Exchange, up: H1Upstream | None, cut: bool) -> None:
+    def _tunnel_ended(self, ex: Exchange, up: UpstreamConn | None, cut: bool) -> None:
         """Both sockets of the tunnel are closed: settle the books of both connections."""
         self.relay = None
         self.ctx.stats.downstream_cx_upgrades_active -= 1
         ex.detach()
         if up is not None:
-            up.connection_lost(None)  # the pool's and the cluster's bookkeeping
+            up.tunnel_closed()  # the pool's and the cluster's bookkeeping
         ex.finished = ex.resp_done = True
         if cut and ex.admitted:
             ex.admitted = False

@@ -242,7 +242,8 @@ class H1Upstream(asyncio.Protocol):
     # -- httptools callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:
         self.in_trailers = False
-        self.trailers = []
+        if self.trailers:  # almost no response has any: no new list each time
+            self.trailers = []
         self.fields = []
         self.length = None
         self.chunked = False

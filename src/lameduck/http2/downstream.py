@@ -50,6 +50,7 @@ from lameduck.proxy.fields import (
 )
 from lameduck.proxy.local import (
     GRPC_UNAVAILABLE,
+    RETRY_AFTER,
     grpc_fields,
     grpc_local_reply,
     is_grpc,
@@ -94,11 +95,6 @@ def _cookie(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
             if value is not None:
                 return value
     return None
-
-
-def _lower(fields: Fields) -> Fields:
-    """Field names as HTTP/2 writes them (RFC 9113 §8.2.1: lower case)."""
-    return [(n.lower(), v) for n, v in fields]
 
 
 class H2Downstream(Downstream):
@@ -316,15 +312,14 @@ class H2Downstream(Downstream):
 
     def send_informational(self, ex: Exchange, status: int, fields: Fields) -> None:
         if status != 100:  # 100 is hop-by-hop in effect (RFC 9110 §15.2.1)
-            self.h2.send_headers(ex.sid, status, _lower(fields))
+            self.h2.send_headers(ex.sid, status, fields)  # it lower-cases the names
 
     def send_head(self, ex: Exchange, status: int, fields: Fields,
                   length: int | None) -> None:
         self.response_drains()
         bodyless = ex.is_head or status == 204 or status == 304
-        fields = _lower(fields)
         if ex.set_cookie is not None:
-            fields.append((b"set-cookie", ex.set_cookie))
+            fields = [*fields, (b"set-cookie", ex.set_cookie)]
         self.h2.send_headers(ex.sid, status, fields, end_stream=bodyless)
         if bodyless:
             ex.resp_done = True  # the upstream still ends its message; we are done here
@@ -341,13 +336,12 @@ class H2Downstream(Downstream):
         transport = up.take_over()
         if transport is None:
             return False
-        cs = ex.cstats
-        assert cs is not None
-        cs.count_status(101)
+        assert ex.cluster is not None
+        ex.cluster.stats.count_status(101)
         self.stats.count_status(200)
         self.response_drains()  # it may drain the connection; the tunnel itself stays
-        fields = [(n, v) for n, v in _lower(fields)
-                  if n in (b"sec-websocket-protocol", b"sec-websocket-extensions")]
+        fields = [(n.lower(), v) for n, v in fields
+                  if n.lower() in (b"sec-websocket-protocol", b"sec-websocket-extensions")]
         deflate = any(n == b"sec-websocket-extensions" and b"permessage-deflate" in v.lower()
                       for n, v in fields)
         ex.resp_started = True
@@ -686,7 +680,7 @@ class H2Downstream(Downstream):
             else:
                 ds.cut_before_response += 1
                 s.local = b""
-                self.respond(s, 503, b"going away\n", ((b"retry-after", b"1"),))
+                self.respond(s, 503, b"going away\n", RETRY_AFTER)
                 s.finish()
         self.final_notice()
         self.kick()

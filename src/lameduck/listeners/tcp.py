@@ -102,10 +102,7 @@ class TcpDownstream(asyncio.Protocol):
             other = cluster.retry_target(ep, self.tries, self.retrying)
             if other is not None:
                 self.tries += 1
-                cluster.stats.upstream_rq_retry += 1
-                if not self.retrying:
-                    self.retrying = True
-                    cluster.retry_started()
+                self.retrying = cluster.retry_started(self.retrying)
                 if self.pkey is not None:  # the record follows the endpoint that answers
                     cluster.rebind(self.pkey, other, self.loop.time())
                 self._connect(other)

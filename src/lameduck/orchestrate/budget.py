@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from lameduck.config import Config, StopAccepting, format_duration, parse_duration
+from lameduck.drain.process import min_drain_for
 
 __all__ = [
     "DEFAULT_GRACE",
@@ -156,9 +157,9 @@ class Budget:
     @property
     def effective_min_drain(self) -> float:
         """How long an idle lameduck keeps serving after SIGTERM (the runtime's own rule)."""
-        if self.min_drain is not None:
-            return self.min_drain
-        return 0.0 if self.lameduck_prestop else self.drain_time
+        return min_drain_for(self.min_drain, self.drain_time,
+                             accepting_until_t=self.accept_until_drain_end,
+                             deregistered=self.lameduck_prestop)
 
     @property
     def serving_after_sigterm(self) -> float:

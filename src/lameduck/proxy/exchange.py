@@ -30,7 +30,7 @@ from lameduck.upstream.connector import Fields, UpstreamConn, UpstreamError
 
 if TYPE_CHECKING:
     from lameduck.drain import ProcessDrain
-    from lameduck.stats import ClusterStats, HttpStats
+    from lameduck.stats import HttpStats
     from lameduck.upstream.cluster import Cluster
     from lameduck.upstream.pool import Endpoint
     from lameduck.upstream.router import Router
@@ -43,12 +43,6 @@ UPSTREAM_ERROR_BODY: Final = {
     UpstreamError.CONNECT: b"upstream connect error\n",
     UpstreamError.TIMEOUT: b"upstream request timeout\n",
 }
-
-
-def ep_clock(cluster: Cluster | None) -> float:
-    """The time, from the cluster's clock (the loop's, as wired): one call, no lookups."""
-    assert cluster is not None
-    return cluster.clock()
 
 
 class ExchangeContext(Protocol):
@@ -131,7 +125,6 @@ class Exchange:
     up_paused = False  # the upstream cannot take the request body faster
     held = False  # the client's request body is paused for this exchange
     cluster: Cluster | None = None
-    cstats: ClusterStats | None = None
     endpoint: Endpoint | None = None
     route_timeout = 0.0
     reused = False  # on a pooled connection (it may have been closed by the upstream)
@@ -191,14 +184,10 @@ class Exchange:
             # an HTTP/2 cluster: a WebSocket would need RFC 8441 upstream, not supported
             down.answer(self, 501, b"websocket to an HTTP/2 upstream not supported\n")
             return False
-        if not ctx.process.ledger.begin():
-            ctx.stats.downstream_rq_going_away += 1
-            down.going_away(self)
+        if not self._on_books(ctx):
             return False
-        self.admitted = True
         self.retryable = retryable
         self.cluster = cluster
-        self.cstats = cluster.stats
         if cluster.persistence is not None:
             self.pkey = down.persistence_key(self, cluster)
         self.route_timeout = route.timeout
@@ -210,12 +199,18 @@ class Exchange:
         if target is None:
             self.down.answer(self, 403, b"CONNECT not allowed\n")
             return False
+        if not self._on_books(ctx):
+            return False
+        self.connect = target
+        return True
+
+    def _on_books(self, ctx: ExchangeContext) -> bool:
+        """Counted in flight, or (past the drain time) turned away "going away"."""
         if not ctx.process.ledger.begin():
-            ctx.stats.downstream_rq_going_away += 1
+            self.stats.downstream_rq_going_away += 1
             self.down.going_away(self)
             return False
         self.admitted = True
-        self.connect = target
         return True
 
     # -- request body ---------------------------------------------------------------------------
@@ -293,8 +288,7 @@ class Exchange:
     def _sticky(self, cluster: Cluster) -> Endpoint | None:
         """The drain-stop persistence decision; a new record under a cookie sets the cookie."""
         key = self.pkey
-        ep, now_key = cluster.pick_sticky(key, Layer.L7, self.down.ctx.loop.time(),
-                                           cluster.by_cookie)
+        ep, now_key = cluster.pick_sticky(key, Layer.L7, cluster.clock(), cluster.by_cookie)
         if now_key is not None and now_key != key:
             self.pkey = now_key
             if cluster.by_cookie:
@@ -307,8 +301,7 @@ class Exchange:
             if not fut.cancelled() and fut.exception() is None:
                 fut.result().close()
             return
-        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
-        if exc is not None:
+        if fut.cancelled() or fut.exception() is not None:
             self._never_sent()
             return
         self.attach(fut.result())
@@ -347,9 +340,10 @@ class Exchange:
             up.close()  # cut or answered meanwhile: this request is not sent
             return
         self.up = up
-        cs = self.cstats
+        cluster = self.cluster
         ep = self.endpoint
-        assert cs is not None and ep is not None
+        assert cluster is not None and ep is not None
+        cs = cluster.stats
         cs.upstream_rq_total += 1
         cs.upstream_rq_active += 1
         ep.rq_total += 1
@@ -392,10 +386,10 @@ class Exchange:
         if up is None:
             return
         self.up = None
-        cs = self.cstats
+        cluster = self.cluster
         ep = self.endpoint
-        assert cs is not None and ep is not None
-        cs.upstream_rq_active -= 1
+        assert cluster is not None and ep is not None
+        cluster.stats.upstream_rq_active -= 1
         ep.rq_active -= 1
         if up.sink is self:
             up.sink = None
@@ -406,7 +400,7 @@ class Exchange:
         if up.read_paused:
             up.resume_reading()
         if (reusable and self.req_done and up.reusable
-                and ep.release(up, ep_clock(self.cluster))):
+                and ep.release(up, cluster.clock())):
             return
         up.close()
 
@@ -432,10 +426,10 @@ class Exchange:
         if self.can_replay:
             self.can_replay = False
             self.replay = None
-        cs = self.cstats
         cluster = self.cluster
         ep = self.endpoint
-        assert cs is not None and cluster is not None and ep is not None
+        assert cluster is not None and ep is not None
+        cs = cluster.stats
         if 200 <= status < 300:
             cs.upstream_rq_2xx += 1
             self.stats.downstream_rq_2xx += 1
@@ -477,10 +471,10 @@ class Exchange:
         self.finish()
 
     def on_upstream_error(self, status: int, after_head: bool) -> None:
-        cs = self.cstats
         cluster = self.cluster
         ep = self.endpoint
-        assert cs is not None and cluster is not None and ep is not None
+        assert cluster is not None and ep is not None
+        cs = cluster.stats
         up_was = self.up
         can_replay = self.can_replay
         self._detach(reusable=False)
@@ -528,9 +522,8 @@ class Exchange:
             if action is Retry.ELSEWHERE_OR_FRESH:
                 self._retry(ep)  # no other endpoint: a fresh connection to the same one
                 return
-        cs = self.cstats
-        assert cs is not None
-        cs.upstream_rq_rx_reset += 1
+        assert self.cluster is not None
+        self.cluster.stats.upstream_rq_rx_reset += 1
         self.local_error(503, b"upstream refused the request\n")
 
     def _retry(self, target: Endpoint) -> None:
@@ -540,21 +533,17 @@ class Exchange:
         self.can_replay = False
         cluster = self.cluster
         assert cluster is not None
-        cluster.stats.upstream_rq_retry += 1
-        if not self.retrying:
-            self.retrying = True
-            cluster.retry_started()
+        self.retrying = cluster.retry_started(self.retrying)
         if self.replay:
             self.buffered = self.replay + (self.buffered or [])
             self.buffered_size += self.replay_size
         self.replay = None
         self.replay_size = 0
         self.reused = False
-        loop = self.down.ctx.loop
         if target is not self.endpoint:
             self.endpoint = target
             if self.pkey is not None:
-                cluster.rebind(self.pkey, target, loop.time())
+                cluster.rebind(self.pkey, target, cluster.clock())
         self.down.ctx.connect(cluster, target).add_done_callback(self._connected)
 
     def local_error(self, status: int, body: bytes,

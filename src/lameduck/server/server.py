@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import signal
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from lameduck import __version__
@@ -82,7 +82,6 @@ class Server:
         if inherited is not None:
             self.registry.carried = dict(inherited.counters)  # stats do not reset
         self.admin: asyncio.AbstractServer | None = None
-        self.admin_port = 0
         self.done: asyncio.Future[int] = self.loop.create_future()
         self._check_pending = False
         self._shutdown_timer: asyncio.TimerHandle | None = None
@@ -95,7 +94,9 @@ class Server:
         self._no_new_work_logged = False
 
     # -- start ------------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, before_ready: Callable[[], None] | None = None) -> None:
+        """``before_ready``: called once everything is bound and serving, before readiness is
+        signalled (systemd, a supervisor), e.g. to publish the bound admin address."""
         # Every socket first (inherited, passed by systemd, or bound here), then serve: a
         # failure (an address taken) must come before this process accepts any connection,
         # or a hot restart that fails would drop what it had accepted.
@@ -139,7 +140,6 @@ class Server:
         names = {ls.name for ls in self.listeners}
         self.lm_stats.listener_removed += sum(1 for name in before if name not in names)
         self.lm_stats.total_listeners_active = len(self.listeners)
-        self.admin_port = self.admin.sockets[0].getsockname()[1]
         log.info("admin on %s", fmt_addr(self.admin.sockets[0].getsockname()))
         self.process.initialized()
         self._housekeeping = self.loop.call_later(1.0, self._housekeep)
@@ -150,6 +150,8 @@ class Server:
         if self.restart_path is not None:
             self.rendezvous = Rendezvous(self.restart_path, self.loop, self)
             self.rendezvous.start()
+        if before_ready is not None:
+            before_ready()
         self.notifier.ready()
 
     def _inherited_socket(self, name: str, address: str) -> socket.socket | None:
@@ -210,7 +212,8 @@ class Server:
         return self.registry.counters()
 
     def connections(self) -> int:
-        return self._connections()
+        """Downstream connections open, on every listener."""
+        return sum(len(ls.connections) for ls in self.listeners)
 
     def hand_over(self) -> None:
         """The new process is ready: stop accepting (it accepts on the same sockets), hand
@@ -358,7 +361,7 @@ class Server:
         uptime = now - self.started_mono
         d = self.cfg.drain
         ev = self.process.last_event
-        drain: dict[str, Any] = {"active": self._drain_active(now)}
+        drain: dict[str, Any] = {"active": self.process.drain_active(now)}
         if ev is not None:
             drain.update(
                 cause=ev.cause.value,
@@ -445,9 +448,6 @@ class Server:
         self._check_pending = True
         self.loop.call_soon(self._shutdown_check)
 
-    def _connections(self) -> int:
-        return sum(len(ls.connections) for ls in self.listeners)
-
     def _shutdown_check(self) -> None:
         self._check_pending = False
         if self._quitting or self.done.done():
@@ -458,12 +458,12 @@ class Server:
         if now >= ev.ends_at and not self._no_new_work_logged:
             self._no_new_work_logged = True
             log.info("drain time reached: no new work; %d requests in flight, %d connections",
-                     self.process.ledger.active, self._connections())
+                     self.process.ledger.active, self.connections())
             for ls in self.listeners:
                 ls.schedule_stop()  # a listener closing at T closes first: nobody new
                 for conn in list(ls.connections):
                     conn.no_new_work()
-        step = self.process.shutdown_step(now, self._connections())
+        step = self.process.shutdown_step(now, self.connections())
         if step is Step.WAIT:
             self._schedule_shutdown_check(now)
             return
@@ -507,7 +507,7 @@ class Server:
 
     async def _exit_after_flush(self, limit: float) -> None:
         short = self.loop.time() + EXIT_FLUSH
-        while self._connections() and self.loop.time() < limit:
+        while self.connections() and self.loop.time() < limit:
             if self.loop.time() >= short and not self._unsent():
                 break  # what is left has been written; its clients may linger
             await asyncio.sleep(0.01)
@@ -545,12 +545,6 @@ class Server:
         return ds
 
     # -- stats ------------------------------------------------------------------------------
-    def _drain_active(self, now: float) -> bool:
-        ev = self.process.last_event
-        if ev is None:
-            return False
-        return now < ev.ends_at or not self.process.ledger.idle
-
     def _refresh_gauges(self) -> None:
         now = self.loop.time()
         ss = self.server_stats
@@ -558,18 +552,9 @@ class Server:
         ss.state = int(state)
         ss.live = 1 if state.name == "LIVE" else 0
         ss.uptime = int(now - self.started_mono)
-        ss.total_connections = self._connections()
-        self.drain_stats.active = 1 if self._drain_active(now) else 0
+        ss.total_connections = self.connections()
+        self.drain_stats.active = 1 if self.process.drain_active(now) else 0
         self._sync_drain_counts()
         self.lm_stats.total_listeners_active = sum(1 for ls in self.listeners if ls.accepting)
         self.lm_stats.total_listeners_draining = self.parent_draining + sum(
             1 for ls in self.listeners if ls.drain.draining)
-
-
-async def serve(cfg: Config) -> int:
-    """Run one lameduck process until it exits; returns the exit code."""
-    server = Server(cfg)
-    await server.start()
-    server.install_signal_handlers()
-    log.info("lameduck %s ready (pid %d)", __version__, os.getpid())
-    return await server.done

@@ -6,17 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from lameduck.config import HostPort
 from lameduck.drain.prestop import Prestop
 from lameduck.listeners import Listener
 from lameduck.upstream.cluster import Cluster
 
 
 def fmt_addr(sockname: tuple) -> str:
-    """``host:port``, IPv6 in brackets; ``-`` when not bound."""
-    if not sockname:
-        return "-"
-    host, port = sockname[0], sockname[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    """A bound socket's name as the config writes addresses; ``-`` when not bound."""
+    return str(HostPort(sockname[0], sockname[1])) if sockname else "-"
 
 
 def prestop_view(p: Prestop | None, now: float, in_flight: int) -> dict[str, Any]:

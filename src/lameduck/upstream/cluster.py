@@ -129,10 +129,14 @@ class Cluster:
         self.stats.lb_persistence_records = len(table)
         return ep, key
 
-    def retry_started(self) -> None:
-        """A request (or a TCP connection) begins retrying: it holds a slot in the budget
-        until ``retry_ended``, however many more tries it makes."""
-        self.retries_active += 1
+    def retry_started(self, retrying: bool) -> bool:
+        """A request (or a TCP connection) is tried again: counted, and its first retry takes
+        a slot in the budget it holds until ``retry_ended``, however many more tries it
+        makes. Returns True: it is retrying now."""
+        self.stats.upstream_rq_retry += 1
+        if not retrying:
+            self.retries_active += 1
+        return True
 
     def retry_ended(self, answered: bool) -> None:
         """A request that retried has ended (any way): its slot in the budget is free."""
