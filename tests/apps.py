@@ -67,11 +67,14 @@ class App:
                                          stderr=subprocess.STDOUT, start_new_session=True)
         end = time.monotonic() + 20
         # bound is not enough: hypercorn binds before it listens, so it must answer too
-        while not self._listens() or not self._answers():
-            if self.proc.poll() is not None or time.monotonic() > end:
-                self.stop()
-                raise RuntimeError(f"{server} {name} did not start:\n{self.log()}")
-            time.sleep(0.05)
+        try:
+            while not self._listens() or not self._answers():
+                if self.proc.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError(f"{server} {name} did not start:\n{self.log()}")
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()  # never left running behind a failed start
+            raise
 
     def _listens(self) -> bool:
         """Whether it (or its worker) listens yet; reads the port back on the first time."""

@@ -34,7 +34,6 @@ class CaptureOrigin:
         self.lock = threading.Lock()
         self.received: list[bytearray] = []  # every connection's bytes, in accept order
         self.requests: list[bytes] = []  # each request as framed here: head + body
-        self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -127,5 +126,4 @@ class CaptureOrigin:
                 return -1
 
     def close(self) -> None:
-        self.closed = True
         self.sock.close()

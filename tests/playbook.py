@@ -9,6 +9,7 @@ moves it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -21,16 +22,39 @@ from lameduck.upstream.pool import Endpoint
 from lameduck.upstream.router import Route, Router
 
 
-class Clock:
+class Loop(asyncio.AbstractEventLoop):
+    """``time`` and ``call_at``, by hand: ``advance`` fires what is due, in order."""
+
     def __init__(self) -> None:
         self.now = 0.0
-        self.timers: list[tuple[float, Callable[[], None]]] = []
+        self.timers: list[asyncio.TimerHandle] = []
 
     def time(self) -> float:
         return self.now
 
-    def call_at(self, at: float, cb: Callable[[], None]) -> None:
-        self.timers.append((at, cb))
+    def get_debug(self) -> bool:
+        return False
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any,
+                context: Any = None) -> asyncio.TimerHandle:
+        handle = asyncio.TimerHandle(when, callback, args, self)
+        self.timers.append(handle)
+        return handle
+
+    def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
+        pass
+
+    def advance(self, to: float) -> None:
+        while True:
+            due = sorted((h for h in self.timers if not h.cancelled() and h.when() <= to),
+                         key=lambda h: h.when())
+            if not due:
+                break
+            handle = due[0]
+            self.timers.remove(handle)
+            self.now = max(self.now, handle.when())
+            handle._run()
+        self.now = to
 
 
 class Connecting:
@@ -117,7 +141,7 @@ class Context:
     """The listener's side: a router to one cluster, the process ledger, stats, connects."""
 
     def __init__(self, endpoints: int = 2, num_retries: int = 2) -> None:
-        self.loop = Clock()
+        self.loop = Loop()
         self.stats = HttpStats()
         self.process = ProcessDrain()
         self.process.initializing = False

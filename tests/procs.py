@@ -801,9 +801,10 @@ class WsEcho:
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, str(WSECHO), "0"],
                                      stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line.startswith("listening on 127.0.0.1:"), line
+        line = (_read_lines(self.proc, 1, 10) or [""])[0]
+        if not line.startswith("listening on 127.0.0.1:"):
+            stop(self.proc)
+            raise RuntimeError(f"wsecho did not start: {line!r}")
         self.port = int(line.rsplit(":", 1)[1])
         self.lines: list[str] = []
 
@@ -845,8 +846,8 @@ class H2Origin:
         self._err = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the origin)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._err, text=True)
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
+        # read off the fd, as the lines after it will be (a buffered readline could take them)
+        line = (_read_lines(self.proc, 1, timeout) or [""])[0]
         if not line.startswith("listening on 127.0.0.1:"):
             stop(self.proc)
             raise RuntimeError(f"h2origin did not start: {line!r} {self.stderr()}")

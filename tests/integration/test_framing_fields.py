@@ -52,8 +52,9 @@ def proxy(capture: CaptureOrigin, tmp_path: Path) -> Iterator[Lameduck]:
     assert "Traceback" not in ld.log(), ld.log()
 
 
-def exchange(addr: str, data: bytes, timeout: float = 3.0) -> bytes:
-    """Send raw bytes, read until the server closes (or goes quiet)."""
+def exchange(addr: str, data: bytes, timeout: float = 10.0) -> bytes:
+    """Send raw bytes, read until the server closes: every request here ends its connection
+    (``Connection: close``, HTTP/1.0, or an error), so one left open fails the test."""
     host, port = addr.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout) as s:
         s.sendall(data)
@@ -62,7 +63,7 @@ def exchange(addr: str, data: bytes, timeout: float = 3.0) -> bytes:
             while chunk := s.recv(65536):
                 out += chunk
         except TimeoutError:
-            pass
+            raise AssertionError(f"the connection was not closed; got {out[:200]!r}") from None
     return out
 
 

@@ -18,7 +18,15 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.procs import Lameduck, _env, _read_lines, base_config, stop
+from tests.procs import (
+    Lameduck,
+    _env,
+    _read_lines,
+    base_config,
+    refusing_port,
+    stop,
+    wait_until,
+)
 
 PEER = Path(__file__).resolve().parents[1] / "grpcpeer.py"
 
@@ -100,10 +108,7 @@ def test_local_answers_are_grpc_statuses(
     lameduck: Callable[..., Lameduck], where: str, code: grpc.StatusCode, detail: str,
 ) -> None:
     """Not "Received http2 header with status: 502": the status a gRPC client can act on."""
-    import socket
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
+    dead = refusing_port()  # nothing listens there for as long as this test runs
     over: dict[str, Any] = {}
     if where == "no route":
         over["route"] = {"prefix": "/other"}
@@ -129,6 +134,7 @@ def test_drain_under_load_fails_no_unary_call(
     results: list[tuple[float, str]] = []
     lock = threading.Lock()
     stop_at = time.monotonic() + 60
+    halt = threading.Event()  # set however the test ends: no load thread outlives it
     with channel(a.port, b.port, retry=False) as ch:
         unary = ch.unary_unary("/test.Echo/Unary")
         stream = ch.unary_stream("/test.Echo/Stream")
@@ -136,7 +142,7 @@ def test_drain_under_load_fails_no_unary_call(
 
         def load() -> None:
             for i in range(100_000):  # bounded in count as well as in time
-                if time.monotonic() >= stop_at:
+                if halt.is_set() or time.monotonic() >= stop_at:
                     return
                 try:
                     ok = unary(b"%d" % i, timeout=10) == b"%d" % i
@@ -155,13 +161,18 @@ def test_drain_under_load_fails_no_unary_call(
         threads = [threading.Thread(target=load) for _ in range(6)]
         for t in threads:
             t.start()
-        time.sleep(0.5)
-        t0 = time.monotonic()
-        a.signal(signal.SIGTERM)
-        stop_at = t0 + 5.0  # past A's deadline: it has exited by then
-        for t in threads:
-            t.join(timeout=30)
-        exit_code = a.wait(timeout=10)
+        try:
+            assert wait_until(lambda: len(results) >= 100, 10), "the load did not start"
+            t0 = time.monotonic()
+            a.signal(signal.SIGTERM)
+            stop_at = t0 + 5.0  # past A's deadline: it has exited by then
+            exit_code = a.wait(timeout=15)
+        except BaseException:
+            halt.set()  # a failed start or wait: the load stops now, not 60 s from now
+            raise
+        finally:
+            for t in threads:
+                t.join(timeout=30)
         short = [list(s) for s in short_streams]
         long_codes = []
         for s in long_streams:

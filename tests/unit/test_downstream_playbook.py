@@ -8,7 +8,6 @@ sequence: 2T/3 to T - G), and a scripted rng value r puts this connection's mome
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from lameduck.drain import DrainEvent, ListenerDrain, Strategy
@@ -18,7 +17,7 @@ from lameduck.http2.downstream import H2Downstream
 from lameduck.proxy.downstream import LINGER
 from lameduck.stats import DrainStats, Http2Stats
 from tests.drainplay import ScriptedRng
-from tests.playbook import Context
+from tests.playbook import Context, Loop
 
 START, T, G = 10.0, 12.0, 1.0
 EV = DrainEvent(START, Strategy.GRADUAL, T, G)
@@ -36,41 +35,6 @@ GET_X = (b"\x82"  # :method GET (static index 2)
 def headers(sid: int, block: bytes = GET_X) -> bytes:
     """HEADERS with END_STREAM and END_HEADERS."""
     return len(block).to_bytes(3, "big") + b"\x01\x05" + sid.to_bytes(4, "big") + block
-
-
-class Loop(asyncio.AbstractEventLoop):
-    """``time`` and ``call_at``, by hand: ``advance`` fires what is due, in order."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.timers: list[asyncio.TimerHandle] = []
-
-    def time(self) -> float:
-        return self.now
-
-    def get_debug(self) -> bool:
-        return False
-
-    def call_at(self, when: float, callback: Callable[..., object], *args: Any,
-                context: Any = None) -> asyncio.TimerHandle:
-        handle = asyncio.TimerHandle(when, callback, args, self)
-        self.timers.append(handle)
-        return handle
-
-    def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
-        pass
-
-    def advance(self, to: float) -> None:
-        while True:
-            due = sorted((h for h in self.timers if not h.cancelled() and h.when() <= to),
-                         key=lambda h: h.when())
-            if not due:
-                break
-            handle = due[0]
-            self.timers.remove(handle)
-            self.now = max(self.now, handle.when())
-            handle._run()
-        self.now = to
 
 
 class Transport(asyncio.Transport):
@@ -119,10 +83,10 @@ class Transport(asyncio.Transport):
 class Listener(Context):
     """What a downstream connection's listener gives it, around the Exchange's context."""
 
+    rng: ScriptedRng
+
     def __init__(self, rng: ScriptedRng) -> None:
         super().__init__()
-        self.loop = Loop()  # type: ignore[assignment]
-        self.cluster.clock = self.loop.time
         self.name = "ingress"
         self.drain = ListenerDrain("ingress", grace=G)
         self.drain_stats = DrainStats()
@@ -144,9 +108,7 @@ class Listener(Context):
         return False
 
     def drain_starts(self, conns: list[Any]) -> None:
-        loop = self.loop
-        assert isinstance(loop, Loop)
-        loop.advance(START)
+        self.loop.advance(START)
         self.drain.add_event(EV)
         for conn in conns:
             conn.on_drain_event(EV)
@@ -154,7 +116,7 @@ class Listener(Context):
 
 def accept(ls: Listener, conn: Any) -> Transport:
     t = Transport()
-    t.loop = ls.loop  # type: ignore[assignment]
+    t.loop = ls.loop
     conn.connection_made(t)
     return t
 
@@ -165,6 +127,15 @@ def answer(ls: Listener, body: bytes = b"ok") -> None:
     up.sink.on_response_head(200, [(b"Content-Length", b"%d" % len(body))], len(body), False)
     up.sink.on_response_body(body)
     up.sink.on_response_complete()
+
+
+def h2_accept(ls: Listener, opening: bytes = b"") -> tuple[H2Downstream, Transport]:
+    """An HTTP/2 connection past its preface (and ``opening``), its server frames taken."""
+    conn = H2Downstream(ls)
+    t = accept(ls, conn)
+    conn.data_received(H2_PREFACE + opening)
+    t.take()
+    return conn, t
 
 
 def frames(data: bytes) -> list[tuple[int, int, bytes]]:
@@ -197,19 +168,19 @@ def test_h1_idle_keepalive_drains_at_its_moment_and_closes_g_later_then_lingers(
     answer(ls)
     assert t.take() == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
     ls.drain_starts([conn])
-    ls.loop.advance(19.5)  # type: ignore[attr-defined]
+    ls.loop.advance(19.5)
     assert ls.drain_stats.cx_drained_proactive == 1
     assert ls.stats.downstream_cx_drain_close == 1
     assert t.out == b"" and t.eof_at is None  # HTTP/1.1 has nothing to say outside a response
-    ls.loop.advance(20.49)  # type: ignore[attr-defined]
+    ls.loop.advance(20.49)
     assert t.eof_at is None
-    ls.loop.advance(20.5)  # type: ignore[attr-defined]
+    ls.loop.advance(20.5)
     assert t.eof_at == 20.5
-    ls.loop.advance(20.5 + LINGER - 0.01)  # type: ignore[attr-defined]
+    ls.loop.advance(20.5 + LINGER - 0.01)
     assert t.closed_at is None
-    ls.loop.advance(30.0)  # type: ignore[attr-defined]
+    ls.loop.advance(30.0)
     assert t.closed_at == 20.5 + LINGER
-    assert ls.rng.exhausted  # type: ignore[attr-defined]
+    assert ls.rng.exhausted
 
 
 def test_h1_response_after_the_moment_carries_connection_close() -> None:
@@ -219,9 +190,9 @@ def test_h1_response_after_the_moment_carries_connection_close() -> None:
     conn = H1Downstream(ls)
     t = accept(ls, conn)
     ls.drain_starts([conn])
-    ls.loop.advance(19.0)  # type: ignore[attr-defined]
+    ls.loop.advance(19.0)
     conn.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
-    ls.loop.advance(20.0)  # type: ignore[attr-defined]
+    ls.loop.advance(20.0)
     assert t.eof_at is None  # its moment passed with a request in flight
     answer(ls)
     assert t.take() == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nconnection: close\r\n\r\nok"
@@ -233,7 +204,7 @@ def test_h1_close_at_end_closes_an_idle_connection_and_counts_it() -> None:
     ls = Listener(ScriptedRng())
     conn = H1Downstream(ls)
     t = accept(ls, conn)
-    ls.loop.advance(5.0)  # type: ignore[attr-defined]
+    ls.loop.advance(5.0)
     conn.close_at_end()
     assert t.eof_at == 5.0
     assert ls.drain_stats.cx_closed_at_end == 1
@@ -244,18 +215,15 @@ def test_h1_close_at_end_closes_an_idle_connection_and_counts_it() -> None:
 
 def test_h2_idle_connection_gets_goaway_at_its_moment_and_the_final_one_g_later() -> None:
     ls = Listener(ScriptedRng(0.5))
-    conn = H2Downstream(ls)
-    t = accept(ls, conn)
-    conn.data_received(H2_PREFACE)
-    t.take()
+    conn, t = h2_accept(ls)
     ls.drain_starts([conn])
-    ls.loop.advance(19.49)  # type: ignore[attr-defined]
+    ls.loop.advance(19.49)
     assert goaways(t.out) == []
-    ls.loop.advance(19.5)  # type: ignore[attr-defined]
+    ls.loop.advance(19.5)
     # GOAWAY(2^31-1) first: it refuses no stream the client may have in flight (RFC 9113 §6.8)
     assert goaways(t.take()) == [2**31 - 1]
     assert t.eof_at is None
-    ls.loop.advance(20.5)  # type: ignore[attr-defined]
+    ls.loop.advance(20.5)
     assert goaways(t.take()) == [0]  # the final one: no stream was processed
     assert t.eof_at == 20.5
     assert ls.h2stats.goaway_sent == 2
@@ -264,17 +232,15 @@ def test_h2_idle_connection_gets_goaway_at_its_moment_and_the_final_one_g_later(
 
 def test_h2_busy_connection_gets_the_final_goaway_g_later_then_closes_when_idle() -> None:
     ls = Listener(ScriptedRng(0.5))
-    conn = H2Downstream(ls)
-    t = accept(ls, conn)
-    conn.data_received(H2_PREFACE)
+    conn, t = h2_accept(ls)
     ls.drain_starts([conn])
-    ls.loop.advance(19.0)  # type: ignore[attr-defined]
+    ls.loop.advance(19.0)
     conn.data_received(headers(1))
     t.take()
-    ls.loop.advance(19.5)  # type: ignore[attr-defined]
+    ls.loop.advance(19.5)
     assert goaways(t.take()) == [2**31 - 1]  # its moment: the first notice
     assert t.eof_at is None  # a stream in flight
-    ls.loop.advance(20.5)  # type: ignore[attr-defined]
+    ls.loop.advance(20.5)
     assert goaways(t.take()) == [1]  # G later: the final one names the last stream processed
     answer(ls)
     assert t.eof_at == 20.5  # its last stream ended: closed (staged)
@@ -287,9 +253,7 @@ def test_h2_stream_after_t_gets_the_final_goaway_before_its_refusal() -> None:
     retry, RFC 9113 §8.7) and the final GOAWAY goes out first, naming the stream before it,
     so a client that retries a refused stream once (gRPC) does not retry on this connection."""
     ls = Listener(ScriptedRng(0.5))
-    conn = H2Downstream(ls)
-    t = accept(ls, conn)
-    conn.data_received(H2_PREFACE + headers(1))
+    conn, t = h2_accept(ls, headers(1))
     answer(ls)
     t.take()
     ls.process.ledger.accepting = False  # T has passed
