@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from lameduck.upstream.connector import Fields
+
 # RFC 9110 §7.6.1: connection-specific fields a proxy does not forward as they came.
 # Transfer-Encoding is re-framed by the codec; TE is re-stated by it ("trailers" only); the
 # others are this hop's alone. Trailer (RFC 9110 §6.6.2) is end to end: trailers are forwarded.
@@ -87,8 +89,6 @@ def cookie_value(header: bytes, name: bytes) -> str | None:
                 return None
     return None
 
-
-Fields = list[tuple[bytes, bytes]]
 
 # RFC 9110 §6.5.1: a trailer section must not carry what frames or routes the message, nor the
 # connection's own fields; such a field is dropped, never merged into the head. RFC 9113
