@@ -1,38 +1,52 @@
 """Play a connection through a drain on a fake clock (mitmproxy's Playbook, h11's ConnectionPair).
 
-Three small pieces, no sockets, no sleeps:
+Small pieces, no sockets, no sleeps:
 
 - ``FakeClock``: a monotonic clock that only moves when the test says so.
 - ``ScriptedRng``: returns queued values in order and fails loudly when the core draws one more
   than the test scripted, so every random decision in a test is visible in its text.
-- ``Play``: one ``ConnectionDrain`` driven the way the I/O shell drives it. It keeps the one timer
-  the core asks for (``next_deadline``), fires it when the clock passes it, tracks requests in
-  flight (``idle``), and records what the core told the shell to do as ``(time, action)`` pairs::
+- ``RecordingCodec``: a codec on the real drain manager (``lameduck.proxy.downstream``, the one
+  HTTP/1.1 and HTTP/2 share) that speaks no protocol: it is busy while a request the test began
+  is in flight, and logs what the manager asks of it (the drain notice, the final notice, the
+  proactive moment for its tunnels, the staged close).
+- ``Play``: one such connection on ``tests.playbook.Loop`` told the time by the ``FakeClock``.
+  The manager keeps its own timer; ``run`` fires it when the clock passes it. The log holds
+  ``(time, entry)`` pairs::
 
       play = Play.accept(listener, at=0.0, rng=ScriptedRng(0.5))
       play.run(until=T)
-      assert play.log == [(x, DRAIN), (x + G, CLOSE)]   # drained at 2T/3+..., idle, closes at +G
+      assert play.log == [(x, NOTICE), (x, DRAIN), (x + G, FINAL), (x + G, CLOSE)]
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 from collections import deque
+from typing import Any
 
 from lameduck.drain import (
     ConnAction,
     ConnectionDrain,
     ConnState,
     Direction,
+    DrainedBy,
     DrainEvent,
     DrainType,
     ListenerDrain,
 )
+from lameduck.proxy.downstream import Downstream
+from lameduck.stats import DrainStats, HttpStats
+from tests.playbook import Loop
 
-# What the log records besides ConnAction.DRAIN / ConnAction.CLOSE.
+# What the log records: the manager's requests to the codec, and the responses of the test.
+NOTICE = "notice"  # drain_notice(): go elsewhere (HTTP/2: GOAWAY 2^31-1)
+FINAL = "final"  # final_notice(): the last word (HTTP/2: the final GOAWAY, RFC 9113 §6.8)
+DRAIN = ConnAction.DRAIN  # drain_tunnels(PROACTIVE): the proactive moment, tunnels end from now
+END = DrainedBy.END  # drain_tunnels(END): the drain is over, tunnels end now
+CLOSE = ConnAction.CLOSE  # the staged close begins (RFC 9112 §9.6)
 RESPONSE = "response"  # a response that did not drain its connection
 RESPONSE_DRAINS = "response-drains"  # a response that drains it (HTTP/1: Connection: close)
-DRAIN = ConnAction.DRAIN
-CLOSE = ConnAction.CLOSE
 
 
 class FakeClock:
@@ -93,15 +107,135 @@ def listener_with(*events: DrainEvent, grace: float | None = None, name: str = "
     return listener
 
 
-class Play:
-    """One connection driven through a drain on a fake clock; ``log`` holds ``(time, action)``."""
+class ClockLoop(Loop):
+    """The playbook's fake event loop, telling the time by a ``FakeClock`` (it cannot go back)."""
 
-    def __init__(self, conn: ConnectionDrain, clock: FakeClock, rng: ScriptedRng) -> None:
-        self.conn = conn
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.timers: list[asyncio.TimerHandle] = []
+
+    @property  # type: ignore[override]
+    def now(self) -> float:
+        return self.clock.now
+
+    @now.setter
+    def now(self, t: float) -> None:
+        self.clock.set(t)
+
+
+class Socket(asyncio.Transport):
+    """The client's socket: when the FIN went out and when it was closed."""
+
+    def __init__(self, loop: Loop) -> None:
+        super().__init__()
+        self.loop = loop
+        self.eof_at: float | None = None
+        self.closed_at: float | None = None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        raise AssertionError("the recording codec writes nothing")
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof_at = self.loop.time()
+
+    def close(self) -> None:
+        if self.closed_at is None:
+            self.closed_at = self.loop.time()
+
+    def is_closing(self) -> bool:
+        return self.closed_at is not None
+
+
+class Side:
+    """What a listener gives its downstream connections (``ConnectionContext``), for one."""
+
+    def __init__(self, loop: Loop, listener: ListenerDrain, rng: ScriptedRng) -> None:
+        self.loop = loop
+        self.drain = listener
+        self.rng = rng
+        self.stats = HttpStats()
+        self.drain_stats = DrainStats()
+        self.connections: set[Any] = set()
+        self.idle_timeout = math.inf  # the codecs' own timeouts are test_downstream_playbook's
+        self.scheme = b"http"
+        self.closed: list[Any] = []
+
+    def on_connection_closed(self, conn: Any) -> None:
+        self.closed.append(conn)
+
+
+class RecordingCodec(Downstream):
+    """A codec that speaks no protocol: what the drain manager asked of it goes to ``log``."""
+
+    def __init__(self, ctx: Side, log: list[tuple[float, object]]) -> None:
+        super().__init__(ctx)
+        self.log = log
+        self.in_flight = 0
+        # HTTP/2's drain_notice re-arms the manager's timer: a response that drains the
+        # connection starts its grace G, and the manager itself does not arm for it.
+        self.arms_on_notice = True
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        ctx = self.ctx
+        self.take(transport)
+        now = self.loop.time()
+        self.idle_since = now
+        self.drain = ConnectionDrain(ctx.drain, now, ctx.rng)
+        ctx.connections.add(self)
+        ctx.stats.downstream_cx_total += 1
+        ctx.stats.downstream_cx_active += 1
+        self.arm_drain()
+
+    def _note(self, entry: object) -> None:
+        self.log.append((self.loop.time(), entry))
+
+    def busy(self) -> bool:
+        return self.in_flight > 0
+
+    def timeouts(self, now: float) -> float:
+        return math.inf  # no request header or idle timeout of its own
+
+    def drain_notice(self) -> None:
+        self._note(NOTICE)
+        if self.arms_on_notice:
+            self.arm_drain()
+
+    def final_notice(self) -> None:
+        if not self.final_sent:  # once, like HTTP/2's final GOAWAY
+            self.final_sent = True
+            self._note(FINAL)
+
+    def drain_tunnels(self, by: DrainedBy) -> None:
+        self._note(DRAIN if by is DrainedBy.PROACTIVE else by)
+
+    def flush(self) -> None:
+        pass  # nothing is ever held back
+
+    def on_staged_close(self, t: asyncio.Transport) -> None:
+        self._note(CLOSE)
+
+    def abandon_all(self) -> None:
+        self.in_flight = 0
+
+
+class Play:
+    """One connection driven through a drain on a fake clock; ``log`` holds ``(time, entry)``."""
+
+    def __init__(self, listener: ListenerDrain, clock: FakeClock, rng: ScriptedRng) -> None:
         self.clock = clock
         self.rng = rng
-        self.in_flight = 0
+        self.loop = ClockLoop(clock)
+        self.side = Side(self.loop, listener, rng)
         self.log: list[tuple[float, object]] = []
+        self.codec = RecordingCodec(self.side, self.log)
+        self.socket = Socket(self.loop)
+        self.codec.connection_made(self.socket)
 
     # -- set-up -------------------------------------------------------------------------------
     @classmethod
@@ -111,7 +245,7 @@ class Play:
         clock = clock if clock is not None else FakeClock(at)
         clock.set(at)
         rng = rng if rng is not None else ScriptedRng()
-        return cls(ConnectionDrain(listener, at, rng), clock, rng)
+        return cls(listener, clock, rng)
 
     @classmethod
     def through(cls, event: DrainEvent, accepted_at: float = 0.0, *rng_values: float) -> Play:
@@ -132,55 +266,61 @@ class Play:
     # -- inputs -------------------------------------------------------------------------------
     def drain_event(self, event: DrainEvent) -> None:
         """A drain event starts now: the shell adds it to the listener and pushes it here."""
-        self.conn.listener.add_event(event)
-        self.conn.on_drain_event(event, self.rng)
+        self.side.drain.add_event(event)
+        self.codec.on_drain_event(event)
 
     def response(self, at: float) -> bool:
         """A response starts at ``at``; returns whether it drains the connection."""
         self.run(until=at)
-        drains = self.conn.on_response(self.clock.now, self.rng)
+        drains = self.codec.response_drains()
         self.log.append((self.clock.now, RESPONSE_DRAINS if drains else RESPONSE))
         return drains
 
     def begin(self, at: float) -> None:
         """A request arrives at ``at`` and is in flight until ``end``."""
         self.run(until=at)
-        self.in_flight += 1
+        self.codec.in_flight += 1
 
     def end(self, at: float, drains: bool | None = None) -> None:
         """The response to the oldest request in flight is sent at ``at`` and completes."""
-        assert self.in_flight > 0, "end() without begin()"
+        assert self.codec.in_flight > 0, "end() without begin()"
         got = self.response(at)
         if drains is not None:
             assert got is drains, f"response at {at} drains={got}, expected {drains}"
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self._record(self.conn.on_idle(self.clock.now))
+        self.codec.in_flight -= 1
+        if self.codec.in_flight == 0:
+            self.codec.on_idle(self.clock.now)
+
+    def no_new_work(self, at: float) -> None:
+        """T passes at ``at``: the process takes no new request, and says so."""
+        self.run(until=at)
+        self.codec.no_new_work()
+
+    def close_at_end(self, at: float) -> None:
+        """The drain's deadline comes at ``at``: the shell's last word to the connection."""
+        self.run(until=at)
+        self.codec.close_at_end()
 
     # -- time ---------------------------------------------------------------------------------
     def run(self, until: float) -> list[tuple[float, object]]:
-        """Move the clock to ``until``, firing the connection's timer at each deadline on the way.
+        """Move the clock to ``until``, firing the manager's timer whenever it is due on the way.
 
-        Returns the entries logged meanwhile. The timer fires exactly at ``next_deadline()``.
+        Returns the entries logged meanwhile.
         """
         start = len(self.log)
-        while True:
-            deadline = self.conn.next_deadline()
-            if deadline is None or deadline > until:
-                break
-            self.clock.set(max(deadline, self.clock.now))
-            action = self.conn.on_timer(self.clock.now, idle=self.in_flight == 0)
-            self._record(action)
-            if action is ConnAction.NONE and self.conn.next_deadline() == deadline:
-                raise AssertionError(f"timer at {deadline} fired but did not move on")
-        self.clock.set(max(until, self.clock.now))
+        self.loop.advance(max(until, self.clock.now))
         return self.log[start:]
 
-    def _record(self, action: ConnAction) -> None:
-        if action is not ConnAction.NONE:
-            self.log.append((self.clock.now, action))
-
     # -- what the shell sees ------------------------------------------------------------------
+    @property
+    def conn(self) -> ConnectionDrain:
+        """The drain core's state of this connection (the manager's ``drain``)."""
+        return self.codec.drain
+
+    @property
+    def in_flight(self) -> int:
+        return self.codec.in_flight
+
     @property
     def state(self) -> ConnState:
         return self.conn.state

@@ -1,5 +1,9 @@
 """One connection through a drain as Envoy's draining docs describe it, on a fake clock.
 
+Played on the real drain manager (the one HTTP/1.1 and HTTP/2 share) by a codec that records
+what it is asked: the drain notice (HTTP/2: GOAWAY 2^31-1), the final notice (the final GOAWAY),
+the proactive moment for its tunnels, the staged close.
+
 T = 12, G = 1, the drain starts at 10: T/2 is at 16, the proactive window is [18, 21), T ends at 22.
 A scripted rng value r puts the proactive moment at 18 + 3r.
 """
@@ -23,6 +27,9 @@ from lameduck.drain.connection import TRANSITIONS, Input
 from tests.drainplay import (
     CLOSE,
     DRAIN,
+    END,
+    FINAL,
+    NOTICE,
     RESPONSE,
     RESPONSE_DRAINS,
     FakeClock,
@@ -66,8 +73,10 @@ class TestDrainedByResponse:
         play.run(until=30.0)
         assert play.log == [
             (13.0, RESPONSE),
+            (13.0, NOTICE),  # sent as the first draining response starts
             (13.0, RESPONSE_DRAINS),
             (13.5, RESPONSE_DRAINS),
+            (14.0, FINAL),  # G after the drain: the last word
             (14.0, CLOSE),  # idle: closes at drained_at + G
         ]
         assert play.state is ConnState.CLOSING
@@ -77,7 +86,8 @@ class TestDrainedByResponse:
         play = Play.through(ev, 0.0, 0.0)  # r=0: moment at 18
         assert play.response(at=START) is True
         play.run(until=30.0)
-        assert play.log == [(START, RESPONSE_DRAINS), (START + G, CLOSE)]
+        assert play.log == [(START, NOTICE), (START, RESPONSE_DRAINS), (START + G, FINAL),
+                            (START + G, CLOSE)]
 
     def test_after_half_t_the_first_response_drains(self) -> None:
         play = Play.through(EV, 0.0, 0.9)
@@ -89,13 +99,15 @@ class TestDrainedByResponse:
         play.begin(at=15.0)
         play.begin(at=15.5)
         play.end(at=16.0, drains=True)  # drained at 16 by this response; one request left
-        play.run(until=17.0)  # grace elapsed at 17, but not idle: nothing
+        # grace elapsed at 17, but not idle: the final notice goes out, the close waits
+        assert play.run(until=17.0) == [(17.0, FINAL)]
         assert play.state is ConnState.DRAINING
         assert play.conn.grace_elapsed
         # the shell waits for on_idle now; only the proactive moment (for tunnels) is left
         assert play.conn.next_deadline() == 19.5
         play.end(at=19.0, drains=True)
-        assert play.actions == [(16.0, RESPONSE_DRAINS), (19.0, RESPONSE_DRAINS), (19.0, CLOSE)]
+        assert play.actions == [(16.0, NOTICE), (16.0, RESPONSE_DRAINS), (17.0, FINAL),
+                                (19.0, RESPONSE_DRAINS), (19.0, CLOSE)]
 
 
 # -- drained proactively --------------------------------------------------------------------------
@@ -108,7 +120,7 @@ class TestProactiveDrain:
         assert x == 19.5
         assert play.conn.next_deadline() == x
         assert play.run(until=x - 0.25) == []
-        assert play.run(until=40.0) == [(x, DRAIN), (x + G, CLOSE)]
+        assert play.run(until=40.0) == [(x, NOTICE), (x, DRAIN), (x + G, FINAL), (x + G, CLOSE)]
         assert play.conn.drained_by is DrainedBy.PROACTIVE
         assert play.conn.drained_at == x
         assert play.conn.next_deadline() is None
@@ -137,25 +149,26 @@ class TestProactiveDrain:
     def test_busy_past_grace_closes_on_idle(self) -> None:
         play = Play.through(EV, 0.0, 0.5)
         play.begin(at=15.0)  # a long request, in flight across the whole drain
-        assert play.run(until=25.0) == [(19.5, DRAIN)]  # 20.5: grace over, but busy
+        # 20.5: grace over, but busy: the final notice, no close
+        assert play.run(until=25.0) == [(19.5, NOTICE), (19.5, DRAIN), (20.5, FINAL)]
         assert play.conn.grace_elapsed
         assert play.state is ConnState.DRAINING
         play.end(at=25.0)
-        assert play.actions == [(19.5, DRAIN), (25.0, RESPONSE_DRAINS), (25.0, CLOSE)]
+        assert play.actions[-2:] == [(25.0, RESPONSE_DRAINS), (25.0, CLOSE)]
 
     def test_idle_before_grace_waits_for_the_timer(self) -> None:
         play = Play.through(EV, 0.0, 0.5)
         play.begin(at=19.0)
         play.end(at=20.0)  # after the proactive drain at 19.5, before 20.5
-        assert play.actions == [(19.5, DRAIN), (20.0, RESPONSE_DRAINS)]
+        assert play.actions == [(19.5, NOTICE), (19.5, DRAIN), (20.0, RESPONSE_DRAINS)]
         assert play.state is ConnState.DRAINING
-        play.run(until=30.0)
-        assert play.actions[-1] == (20.5, CLOSE)
+        assert play.run(until=30.0) == [(20.5, FINAL), (20.5, CLOSE)]
 
     def test_zero_grace_drains_and_closes_at_once(self) -> None:
         ev = DrainEvent(START, Strategy.GRADUAL, T, 0.0)  # window [18, 22)
         play = Play.through(ev, 0.0, 0.5)
-        assert play.run(until=30.0) == [(20.0, CLOSE)]
+        # its moment finds it idle and past G at once: closed, no tunnel to end
+        assert play.run(until=30.0) == [(20.0, NOTICE), (20.0, FINAL), (20.0, CLOSE)]
 
     def test_no_moment_when_the_window_is_empty(self) -> None:
         ev = DrainEvent(START, Strategy.GRADUAL, T, 4.0)  # G = T/3
@@ -192,14 +205,17 @@ class TestProactiveDrain:
 
 
 class TestDrainAtEnd:
-    def test_open_connection_drained_at_the_deadline_then_closes_at_plus_g(self) -> None:
+    def test_open_idle_connection_is_closed_at_the_deadline_at_once(self) -> None:
+        """The drain is over: no grace G is left to give; the final notice, then the close."""
         ev = DrainEvent(START, Strategy.GRADUAL, T, 5.0)  # empty window: nothing proactive
         play = Play.through(ev)
-        play.run(until=25.0)
-        assert play.conn.drain_at_end(25.0) is True
+        assert play.run(until=25.0) == []
+        play.close_at_end(at=25.0)
         assert play.conn.drained_by is DrainedBy.END
         assert play.conn.drain_at_end(25.0) is False
-        assert play.run(until=100.0) == [(30.0, CLOSE)]
+        assert play.side.drain_stats.cx_closed_at_end == 1
+        assert play.log == [(25.0, END), (25.0, FINAL), (25.0, CLOSE)]
+        assert play.socket.eof_at == 25.0
 
     def test_already_draining_is_not_drained_again(self) -> None:
         play = Play.through(EV, 0.0, 0.5)
@@ -217,7 +233,8 @@ class TestEventsReachingAConnection:
         play = Play.through(EV, 12.0, 0.25)  # accepted at 12: the listener's event is replayed
         assert play.conn.proactive_at == moment(0.25)
         assert play.rng.exhausted
-        assert play.run(until=30.0) == [(18.75, DRAIN), (19.75, CLOSE)]
+        assert play.run(until=30.0) == [(18.75, NOTICE), (18.75, DRAIN), (19.75, FINAL),
+                                        (19.75, CLOSE)]
 
     def test_connection_accepted_at_two_thirds_still_gets_a_moment(self) -> None:
         play = Play.through(EV, LO, 0.0)
@@ -228,7 +245,7 @@ class TestEventsReachingAConnection:
         assert play.conn.proactive_at is None
         assert play.run(until=40.0) == []
         assert play.response(at=40.0) is True
-        assert play.run(until=50.0) == [(41.0, CLOSE)]
+        assert play.run(until=50.0) == [(41.0, FINAL), (41.0, CLOSE)]
 
     @pytest.mark.parametrize("order", ["long-first", "short-first"])
     def test_earliest_moment_wins_across_two_events(self, order: str) -> None:
@@ -240,7 +257,8 @@ class TestEventsReachingAConnection:
             play.run(until=ev.start)
             play.drain_event(ev)
         assert play.conn.proactive_at == 17.75
-        assert play.run(until=40.0) == [(17.75, DRAIN), (18.75, CLOSE)]
+        assert play.run(until=40.0) == [(17.75, NOTICE), (17.75, DRAIN), (18.75, FINAL),
+                                        (18.75, CLOSE)]
 
     def test_two_events_replayed_at_accept(self) -> None:
         short = DrainEvent(13.0, Strategy.GRADUAL, 6.0, 0.5, Cause.RELOAD)
@@ -338,3 +356,4 @@ def test_moment_before_response_drain_fires_once() -> None:
     play.begin(at=11.0)
     log = play.run(until=30.0)
     assert [e for e in log if e[1] is DRAIN] == [(19.5, DRAIN)]
+

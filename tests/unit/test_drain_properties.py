@@ -4,7 +4,8 @@
 - From T/2 on every response drains; before it, a response drains iff rng() < elapsed / (T/2).
 - No request is both counted and refused: active == admitted - ended - cut at every point.
 - Completion (shutdown_step EXIT) never precedes the end of the last request in flight.
-- A drained connection that is idle is closed exactly at drained_at + G, never before.
+- A drained connection that is idle is closed exactly at drained_at + G, never before; one the
+  drain's end finds open and idle is closed at once (played on the real drain manager).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hypothesis.stateful import (
 from lameduck.drain import (
     ConnAction,
     ConnState,
+    DrainedBy,
     DrainEvent,
     DrainSettings,
     Ledger,
@@ -34,7 +36,7 @@ from lameduck.drain import (
     proactive_window,
     response_drains,
 )
-from tests.drainplay import CLOSE, Play, ScriptedRng
+from tests.drainplay import CLOSE, DRAIN, END, FINAL, NOTICE, Play, ScriptedRng
 
 FAST = settings(max_examples=120, deadline=None)
 
@@ -275,7 +277,7 @@ def test_idle_drained_connection_closes_exactly_at_drained_at_plus_g(
             return
         play.run(until=conn.proactive_at)
         if conn.proactive_at + grace > conn.proactive_at:  # G not lost to float rounding
-            assert play.log == [(conn.proactive_at, ConnAction.DRAIN)]
+            assert play.log == [(conn.proactive_at, NOTICE), (conn.proactive_at, DRAIN)]
     elif how == "response":
         play.rng.push(0.0)  # a ramp draw, if any, drains
         if conn.proactive_at is not None and when >= conn.proactive_at:
@@ -285,8 +287,11 @@ def test_idle_drained_connection_closes_exactly_at_drained_at_plus_g(
     else:
         if conn.proactive_at is not None and when >= conn.proactive_at:
             return
-        play.run(until=when)
-        assert conn.drain_at_end(when)
+        play.close_at_end(at=when)  # the deadline leaves no G: an idle connection closes now
+        assert conn.drained_by is DrainedBy.END and conn.drained_at == when
+        assert play.log == [(when, END), (when, FINAL), (when, CLOSE)]
+        assert conn.state is ConnState.CLOSING
+        return
     drained_at = conn.drained_at
     assert drained_at is not None
     close_at = drained_at + grace
@@ -301,4 +306,5 @@ def test_idle_drained_connection_closes_exactly_at_drained_at_plus_g(
     play.run(until=close_at + 10.0)
     closes = [t for t, a in play.log if a is CLOSE]
     assert closes == [close_at]
+    assert [t for t, a in play.log if a == FINAL] == [close_at]  # the last word, then the close
     assert conn.state is ConnState.CLOSING
