@@ -24,6 +24,7 @@ from lameduck.drain import (
     Strategy,
 )
 from lameduck.drain.connection import TRANSITIONS, Input
+from lameduck.proxy.downstream import LINGER
 from tests.drainplay import (
     CLOSE,
     DRAIN,
@@ -32,6 +33,7 @@ from tests.drainplay import (
     NOTICE,
     RESPONSE,
     RESPONSE_DRAINS,
+    ClockLoop,
     FakeClock,
     Play,
     ScriptedRng,
@@ -121,6 +123,9 @@ class TestProactiveDrain:
         assert play.conn.next_deadline() == x
         assert play.run(until=x - 0.25) == []
         assert play.run(until=40.0) == [(x, NOTICE), (x, DRAIN), (x + G, FINAL), (x + G, CLOSE)]
+        # the staged close: the FIN at x + G, reads for LINGER, then the socket is closed
+        assert play.socket.eof_at == x + G
+        assert play.socket.closed_at == x + G + LINGER
         assert play.conn.drained_by is DrainedBy.PROACTIVE
         assert play.conn.drained_at == x
         assert play.conn.next_deadline() is None
@@ -217,12 +222,35 @@ class TestDrainAtEnd:
         assert play.log == [(25.0, END), (25.0, FINAL), (25.0, CLOSE)]
         assert play.socket.eof_at == 25.0
 
+    def test_busy_connection_at_the_deadline_closes_when_its_last_request_ends(self) -> None:
+        ev = DrainEvent(START, Strategy.GRADUAL, T, 5.0)
+        play = Play.through(ev)
+        play.begin(at=24.0)
+        play.close_at_end(at=25.0)
+        assert play.log == [(25.0, END), (25.0, FINAL)]
+        assert play.run(until=100.0) == []  # no timer closes it under its request
+        play.end(at=100.0)
+        assert play.log[-2:] == [(100.0, RESPONSE_DRAINS), (100.0, CLOSE)]
+
     def test_already_draining_is_not_drained_again(self) -> None:
         play = Play.through(EV, 0.0, 0.5)
         play.response(at=16.0)
         assert play.conn.drain_at_end(25.0) is False
         assert play.conn.drained_by is DrainedBy.RESPONSE
         assert play.conn.drained_at == 16.0
+
+
+class TestNoNewWork:
+    def test_past_t_the_final_notice_goes_out_and_a_busy_connection_closes_when_idle(
+        self,
+    ) -> None:
+        play = Play.through(EV, 18.5)  # accepted after 2T/3: no moment, no draw
+        play.begin(at=21.0)
+        play.no_new_work(at=START + T)
+        assert play.log == [(22.0, FINAL)]  # at T, not G after a drain (HTTP/2: final GOAWAY)
+        assert play.state is ConnState.OPEN
+        play.end(at=23.0)  # past T/2 every response drains; its end is the close
+        assert play.log[1:] == [(23.0, NOTICE), (23.0, RESPONSE_DRAINS), (23.0, CLOSE)]
 
 
 # -- drain events reaching a connection -----------------------------------------------------------
@@ -329,6 +357,18 @@ def test_fake_clock_is_monotonic() -> None:
         clock.set(6.0)
 
 
+def test_a_timer_that_never_moves_on_fails_the_play_instead_of_hanging_it() -> None:
+    loop = ClockLoop(FakeClock())
+
+    def again() -> None:
+        loop.call_at(loop.time(), again)
+
+    loop.call_at(1.0, again)
+    with pytest.raises(AssertionError, match="never moves on"):
+        loop.advance(2.0, max_fires=50)
+    assert loop.time() == 1.0
+
+
 def test_scripted_rng_fails_on_an_unscripted_draw() -> None:
     rng = ScriptedRng(0.5)
     assert rng() == 0.5
@@ -357,3 +397,15 @@ def test_moment_before_response_drain_fires_once() -> None:
     log = play.run(until=30.0)
     assert [e for e in log if e[1] is DRAIN] == [(19.5, DRAIN)]
 
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Downstream.response_drains does not arm the timer for drained_at + G: HTTP/2 re-arms it in "
+    "its drain_notice and HTTP/1.1 closes after the draining response, but a codec that only "
+    "implements the hooks is not woken at G"))
+def test_the_manager_arms_the_grace_of_a_connection_a_response_drained() -> None:
+    """The manager keeps the drain's one timer: the grace G a draining response starts is one
+    of its moments, whatever the codec does with the notice."""
+    play = Play.through(EV, 18.5)  # no proactive moment: no timer armed before the response
+    play.codec.arms_on_notice = False
+    assert play.response(at=40.0) is True
+    assert play.run(until=50.0) == [(41.0, FINAL), (41.0, CLOSE)]
