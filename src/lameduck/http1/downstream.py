@@ -46,6 +46,7 @@ from lameduck.proxy.fields import (
     valid_authority,
 )
 from lameduck.proxy.local import RETRY_AFTER
+from lameduck.stats import HttpStats
 from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
 from lameduck.upstream.connector import Fields, UpstreamConn
 
@@ -96,6 +97,7 @@ class H1Downstream(Downstream):
 
     def __init__(self, ctx: ListenerContext) -> None:
         super().__init__(ctx)
+        self.stats: HttpStats = ctx.stats
         self.headers_timeout = ctx.request_headers_timeout
         self.max_headers = ctx.max_request_headers
         self.parser = httptools.HttpRequestParser(self)

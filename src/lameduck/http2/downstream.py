@@ -55,6 +55,7 @@ from lameduck.proxy.local import (
     grpc_local_reply,
     is_grpc,
 )
+from lameduck.stats import HttpStats
 from lameduck.tunnel.relay import Relay
 from lameduck.upstream.connector import Fields, UpstreamConn
 
@@ -102,6 +103,7 @@ class H2Downstream(Downstream):
 
     def __init__(self, ctx: H2ListenerContext, limits: H2Limits | None = None) -> None:
         super().__init__(ctx)
+        self.stats: HttpStats = ctx.stats
         self.h2stats = ctx.h2stats
         self.h2 = H2Server(limits or ctx.h2_limits, self.loop.time())
         self.streams: dict[int, Exchange] = {}
@@ -634,7 +636,6 @@ class H2Downstream(Downstream):
             self.h2stats.goaway_sent += 1
             self.h2.start_drain()
             self.kick()
-        self.arm_drain()
 
     def final_notice(self) -> None:
         """The final GOAWAY: streams above the last one processed are refused."""

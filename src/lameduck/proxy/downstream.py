@@ -1,4 +1,5 @@
-"""A downstream connection's drain, whatever it speaks: one manager for HTTP/1.1 and HTTP/2.
+"""A downstream connection's drain, whatever it speaks: one manager for HTTP/1.1, HTTP/2 and
+TCP listeners.
 
 The drain core (``drain.ConnectionDrain``) decides when this connection drains: a response the
 policy picks, its proactive moment, G after that, the end. This carries the decisions out the
@@ -11,6 +12,8 @@ same way for every codec, and asks the codec only for what differs:
 - ``drain_tunnels(by)``: its WebSocket and CONNECT tunnels, which end by their own rules;
 - ``busy()``, ``timeouts(now)``: whether an exchange is in flight, and the codec's own
   deadlines (request header timeout, idle timeout).
+- ``drained(by)``: what being drained means; by default it counts and sends
+  ``drain_notice()``. A TCP connection has nobody to tell: it closes once quiet instead.
 
 One lazily re-armed timer covers the codec's deadlines and the drain's moments. A close is
 staged (RFC 9112 §9.6: write what is pending, shut down writing, keep reading for ``LINGER``,
@@ -26,9 +29,11 @@ import socket
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain
 from lameduck.proxy.exchange import ExchangeContext
-from lameduck.stats import DrainStats, HttpStats
+from lameduck.stats import ConnectionStats, DrainStats
 from lameduck.tunnel.relay import abort_with_rst
 
 LINGER: Final = 2.0  # seconds a staged close keeps reading before it closes
@@ -56,13 +61,14 @@ class ConnectionContext(ExchangeContext, Protocol):
     def on_connection_closed(self, conn: Any) -> None: ...
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the TCP listener's, and the tests' codecs
 class Downstream(asyncio.Protocol):
     """The parts of a client connection that do not depend on its protocol."""
 
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
         self.loop: asyncio.AbstractEventLoop = ctx.loop
-        self.stats: HttpStats = ctx.stats
+        self.cx_stats: ConnectionStats = ctx.stats  # the codec keeps its own, typed
         self.transport: asyncio.Transport | None = None
         self.peer = b""
         self.forwarded = b""  # X-Forwarded-For and -Proto for this peer, formatted once
@@ -122,11 +128,20 @@ class Downstream(asyncio.Protocol):
         if not d.on_response(self.loop.time(), self.ctx.rng):
             return False
         if was_open:
-            self.stats.downstream_cx_drain_close += 1
-            if d.drained_by is DrainedBy.RESPONSE:
-                self.ctx.drain_stats.cx_drained_by_response += 1
-            self.drain_notice()
+            self.drained(DrainedBy.RESPONSE)
+            self.arm_drain()  # its grace G is one of the drain's moments
         return True
+
+    def drained(self, by: DrainedBy) -> None:
+        """The connection was drained (by a response, or its proactive moment): count it and
+        tell the client. A codec with nobody to tell (TCP) changes what draining means."""
+        self.cx_stats.downstream_cx_drain_close += 1
+        ds = self.ctx.drain_stats
+        if by is DrainedBy.RESPONSE:
+            ds.cx_drained_by_response += 1
+        else:
+            ds.cx_drained_proactive += 1
+        self.drain_notice()
 
     def on_drain_event(self, event: object) -> None:
         """A drain started on this connection's listener: draw the moment, arm the timer."""
@@ -166,9 +181,7 @@ class Downstream(asyncio.Protocol):
             was_open = d.drained_by is None
             action = d.on_timer(now, idle=not self.busy())
             if was_open and d.drained_by is DrainedBy.PROACTIVE:
-                self.stats.downstream_cx_drain_close += 1
-                self.ctx.drain_stats.cx_drained_proactive += 1
-                self.drain_notice()
+                self.drained(DrainedBy.PROACTIVE)
             if action is ConnAction.DRAIN:
                 # The proactive moment (also of a connection a response drained): its tunnels
                 # end from now, by their own rules (as in Envoy).
@@ -200,6 +213,8 @@ class Downstream(asyncio.Protocol):
         notice outside a response, and a request that still comes is answered going away."""
         if not self.closing:
             self.final_notice()
+            if self.final_sent and not self.busy():
+                self.staged_close()  # the last word is said and nothing is in flight
 
     def close_at_end(self) -> None:
         """The drain is over: the last notice now; the connection closes once it is idle."""
@@ -249,7 +264,7 @@ class Downstream(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self.stats.downstream_cx_active -= 1
+        self.cx_stats.downstream_cx_active -= 1
         self.abandon_all()
         self.drain.closed()
         ctx = self.ctx

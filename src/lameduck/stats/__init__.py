@@ -15,6 +15,7 @@ from lameduck.stats.render import (
 from lameduck.stats.scopes import (
     SCOPE_CLASSES,
     ClusterStats,
+    ConnectionStats,
     DrainStats,
     HealthCheckStats,
     Http2Stats,
@@ -31,6 +32,7 @@ __all__ = [
     "GAUGE",
     "SCOPE_CLASSES",
     "ClusterStats",
+    "ConnectionStats",
     "DrainStats",
     "HealthCheckStats",
     "Http2Stats",

@@ -13,6 +13,7 @@ from typing import Any
 __all__ = [
     "SCOPE_CLASSES",
     "ClusterStats",
+    "ConnectionStats",
     "DrainStats",
     "HealthCheckStats",
     "Http2Stats",
@@ -37,18 +38,25 @@ def stat_fields(scope: Any) -> tuple[str, ...]:
 
 
 @dataclass(slots=True)
-class HttpStats:
-    """One per listener's HTTP connection manager, rendered under `http.<listener>.`."""
+class ConnectionStats:
+    """What every downstream connection counts, whatever it speaks: the connection drain
+    manager bumps these for HTTP and TCP listeners alike."""
 
     downstream_cx_total: int = 0
     downstream_cx_active: int = 0
+    downstream_cx_drain_close: int = 0
+
+
+@dataclass(slots=True)
+class HttpStats(ConnectionStats):
+    """One per listener's HTTP connection manager, rendered under `http.<listener>.`."""
+
     downstream_cx_http1_active: int = 0
     downstream_cx_http2_total: int = 0
     downstream_cx_http2_active: int = 0
     downstream_cx_ssl_total: int = 0
     downstream_cx_upgrades_total: int = 0  # WebSocket upgrades and CONNECT tunnels
     downstream_cx_upgrades_active: int = 0
-    downstream_cx_drain_close: int = 0
     downstream_cx_idle_timeout: int = 0
     downstream_cx_protocol_error: int = 0
     downstream_cx_destroy_remote_active_rq: int = 0
@@ -157,13 +165,12 @@ name_gauges(ClusterStats, {"upstream_cx_active", "upstream_rq_active", "membersh
 
 
 @dataclass(slots=True)
-class TcpStats:
-    """One per `protocol: tcp` listener, rendered under `tcp.<listener>.` (Envoy tcp_proxy)."""
+class TcpStats(ConnectionStats):
+    """One per `protocol: tcp` listener, rendered under `tcp.<listener>.` (Envoy tcp_proxy).
+    Its ``downstream_cx_drain_close`` counts connections closed once quiet, from their
+    proactive drain moment."""
 
-    downstream_cx_total: int = 0
-    downstream_cx_active: int = 0
     downstream_cx_no_route: int = 0  # closed at once: no READY, healthy endpoint to relay to
-    downstream_cx_drain_close: int = 0  # closed once quiet, from its proactive drain moment
     downstream_cx_cut: int = 0  # reset: the shutdown deadline, or its endpoint's drain stop
     upstream_connect_fail: int = 0  # an endpoint that could not be reached (then the next)
 
