@@ -47,6 +47,14 @@ from lameduck.config import (
         (5, 5.0),
         (0, 0.0),
         (1.5, 1.5),
+        ("5", 5.0),  # a plain number is seconds, as a string too
+        ("0.5", 0.5),
+        (" 10 ", 10.0),
+        ("3600", 3600.0),  # the unitless bound itself
+        (3600, 3600.0),
+        ("2h", 7200.0),  # with a unit, as written
+        ("20000s", 20000.0),
+        ("20000ms", 20.0),
     ],
 )
 def test_parse_duration_valid(text: str | float, seconds: float) -> None:
@@ -55,12 +63,32 @@ def test_parse_duration_valid(text: str | float, seconds: float) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", " ", "-5s", -1, -0.5, "5", "20", "5 s", "5x", "5sec", "1d", "s", "ms", "1.s", "5S",
+    ["", " ", "-5s", -1, -0.5, "-5", "5 s", "5x", "5sec", "1d", "s", "ms", "1.s", "5S",
      "1m30s", "nan", float("nan"), float("inf"), True, None, [], "5s5"],
 )  # fmt: skip
 def test_parse_duration_invalid_says_what_is_accepted(text: object) -> None:
-    with pytest.raises(ValueError, match=r"invalid duration .*150ms, 5s.*units: us, ms, s, m, h"):
+    with pytest.raises(ValueError, match=r"invalid duration .*a number of seconds \(10, 0\.5\) "
+                                         r"or a number with a unit .*units: us, ms, s, m, h"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize("value", [20000, "20000", 3600.5, "3601"])
+def test_unitless_duration_over_an_hour_is_refused_with_the_units_to_write(value: object) -> None:
+    """20000 meant as milliseconds must not drain for five and a half hours."""
+    text = str(value)
+    with pytest.raises(ValueError) as e:
+        parse_duration(value)
+    message = str(e.value)
+    assert message.startswith(f"implausible duration {value!r}: a number without a unit is "
+                              "seconds"), message
+    assert f"write {text}s if you mean it, or {text}ms" in message
+    assert "above the 1h allowed without a unit" in message
+
+
+def test_unitless_bound_is_per_kind() -> None:
+    assert parse_duration(7200, unitless_max=86400) == 7200.0
+    with pytest.raises(ValueError, match="above the 24h allowed"):
+        parse_duration(90000, unitless_max=86400)
 
 
 @pytest.mark.parametrize(
@@ -311,8 +339,8 @@ def test_valid_fixture_loads() -> None:
             "drain: {time: 20s}",
             "drain: {time: 20 seconds}",
             "lameduck.yaml: drain.time: invalid duration '20 seconds': expected a non-negative "
-            "duration such as 250us, 150ms, 5s, 1.5s, 2m or 1h (units: us, ms, s, m, h), or a "
-            "plain number of seconds",
+            "duration: a number of seconds (10, 0.5) or a number with a unit (250us, 150ms, 5s, "
+            "1.5s, 2m, 1h; units: us, ms, s, m, h)",
         ),
         (  # bad enum, with the offending value
             "drain: {time: 20s}",
@@ -500,6 +528,34 @@ def test_route_host_is_lowercased() -> None:
 def test_durations_accept_numbers_as_seconds() -> None:
     config = load_config_text("drain: {time: 12, connection_grace: 0.5}\nshutdown: {deadline: 30}")
     assert (config.drain.time, config.drain.connection_grace) == (12.0, 0.5)
+
+
+def test_durations_accept_numeric_strings_as_seconds() -> None:
+    config = load_config_text('drain: {time: "5", connection_grace: "0.5"}')
+    assert (config.drain.time, config.drain.connection_grace) == (5.0, 0.5)
+
+
+@pytest.mark.parametrize("text", ["drain: {time: 20000}", 'drain: {time: "20000"}'])
+def test_unitless_drain_time_over_an_hour_is_refused_naming_the_field(text: str) -> None:
+    [line] = error_lines(text, "big.yaml")
+    assert line.startswith("big.yaml: drain.time: implausible duration "), line
+    assert "write 20000s if you mean it, or 20000ms" in line
+
+
+def test_a_long_drain_with_its_unit_is_taken_as_written() -> None:
+    config = load_config_text("drain: {time: 2h}\nshutdown: {deadline: 2h}\n"
+                              "hot_restart: {parent_shutdown_time: 7200s}")
+    assert (config.drain.time, config.shutdown.deadline) == (7200.0, 7200.0)
+
+
+def test_persistence_timeout_may_be_hours_without_a_unit() -> None:
+    base = ("clusters: [{name: c, endpoints: [127.0.0.1:80], "
+            "persistence: {type: source_ip, timeout: %s}}]")
+    config = load_config_text(base % "7200")
+    assert config.clusters[0].persistence is not None
+    assert config.clusters[0].persistence.timeout == 7200.0
+    [line] = error_lines(base % "90000", "p.yaml")
+    assert line.startswith("p.yaml: clusters[0].persistence.timeout: implausible duration"), line
 
 
 # --- YAML-level problems -----------------------------------------------------------------------

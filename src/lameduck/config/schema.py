@@ -30,7 +30,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from lameduck.config.durations import Duration, format_duration
+from lameduck.config.durations import Duration, LongDuration, format_duration
 from lameduck.drain.endpoint import AdminState
 from lameduck.drain.event import Direction, DrainType, Strategy
 
@@ -485,7 +485,7 @@ class PersistenceConfig(BaseModel):
     # source_ip: the client's address (HTTP and TCP listeners); cookie: a cookie the proxy
     # inserts (HTTP listeners only; a TCP listener falls back to the source IP).
     type: Literal["source_ip", "cookie"]
-    timeout: PositiveDuration = 1800.0
+    timeout: Annotated[LongDuration, AfterValidator(_positive)] = 1800.0  # unitless: up to 1 day
     cookie_name: Annotated[str, AfterValidator(_check_cookie_name)] = "lameduck"
     max_records: int = Field(100_000, ge=1)
 

@@ -1,0 +1,62 @@
+"""What an operator meets at the edges, through the real ``lameduck`` process: one rule for
+durations in flags and files, a port taken or two listeners that cannot both bind named as
+such, a connection_grace that turns the proactive drain off said out loud, a closed pipe
+that ends output quietly, and a second preStop with another strategy refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.procs import _env, base_config, refusing_port, unique
+
+EXIT_CONFIG = 2
+EXIT_LISTEN = 1
+EXIT_UNREACHABLE = 4  # lameduck prestop: the admin API did not answer
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lameduck", *args], capture_output=True,
+                          text=True, timeout=timeout, env=_env(), check=False)
+
+
+def write(tmp_path: Path, cfg: dict[str, Any]) -> str:
+    path = tmp_path / f"cfg-{unique()}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+# -- durations: one rule for flags and files --------------------------------------------------
+
+
+def test_durations_are_one_rule_for_flags_and_files(tmp_path: Path) -> None:
+    """A plain number is seconds in a flag as in the file; a unitless number over an hour is
+    refused in both, with the units to write."""
+    admin = f"127.0.0.1:{refusing_port()}"
+    # accepted: it gets as far as the admin API, which does not answer
+    out = run_cli("prestop", "--admin", admin, "--drain-timeout", "10", "--lb-buffer", "0.5")
+    assert out.returncode == EXIT_UNREACHABLE, out.stderr
+    assert "invalid duration" not in out.stderr
+    out = run_cli("prestop", "--admin", admin, "--drain-timeout", "20000")
+    assert out.returncode == EXIT_CONFIG, out.stderr
+    assert "implausible duration '20000'" in out.stderr
+    assert "write 20000s if you mean it, or 20000ms" in out.stderr
+
+    ok = write(tmp_path, base_config(8080, drain={"time": "5", "connection_grace": 0.5},
+                                     shutdown={"deadline": 10}))
+    out = run_cli("validate", "-c", ok)
+    assert out.returncode == 0, out.stderr
+    big = write(tmp_path, base_config(8080, drain={"time": 20000}))
+    out = run_cli("validate", "-c", big)
+    assert out.returncode == EXIT_CONFIG, out.stderr
+    assert f"{big}: drain.time: implausible duration 20000" in out.stderr
+    assert "write 20000s if you mean it, or 20000ms" in out.stderr
+    hours = write(tmp_path, base_config(8080, drain={"time": "2h"},
+                                        shutdown={"deadline": "2h", "min_drain": "0s"},
+                                        hot_restart={"parent_shutdown_time": "2h"}))
+    out = run_cli("validate", "-c", hours)
+    assert out.returncode == 0, out.stderr
