@@ -5,6 +5,7 @@ that ends output quietly, and a second preStop with another strategy refused."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,31 @@ def test_durations_are_one_rule_for_flags_and_files(tmp_path: Path) -> None:
                                         hot_restart={"parent_shutdown_time": "2h"}))
     out = run_cli("validate", "-c", hours)
     assert out.returncode == 0, out.stderr
+
+
+# -- listening: the listener, the address and the cause -----------------------------------------
+
+
+def test_a_port_taken_names_the_listener_the_address_and_the_cause(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = base_config(8080, listener={"address": f"127.0.0.1:{port}"})
+        out = run_cli("run", "-c", write(tmp_path, cfg))
+    assert out.returncode == EXIT_LISTEN, out.stderr
+    assert (f"cannot listen: listener 'ingress' on 127.0.0.1:{port}: address already in use"
+            in out.stderr), out.stderr
+    assert "Errno" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_validate_refuses_listeners_that_cannot_both_bind(tmp_path: Path) -> None:
+    """0.0.0.0:P beside 127.0.0.1:P passes no bind on Linux: validate says so first."""
+    cfg = base_config(8080, listener={"address": "0.0.0.0:18080"})
+    second = {**cfg["listeners"][0], "name": "local", "address": "127.0.0.1:18080"}
+    cfg["listeners"].append(second)
+    path = write(tmp_path, cfg)
+    out = run_cli("validate", "-c", path)
+    assert out.returncode == EXIT_CONFIG, (out.stdout, out.stderr)
+    assert (f"{path}: listeners[1].address: 127.0.0.1:18080 cannot be bound beside listener "
+            "'ingress' (listeners[0].address) on 0.0.0.0:18080" in out.stderr), out.stderr

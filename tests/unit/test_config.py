@@ -447,8 +447,8 @@ def test_duplicate_listener_name_and_address() -> None:
     )
     assert lines == [
         "lameduck.yaml: listeners[1].name: duplicate listener name 'ingress' (also listeners[0])",
-        "lameduck.yaml: listeners[1].address: duplicate address 127.0.0.1:10000 "
-        "(also listeners[0].address)",
+        "lameduck.yaml: listeners[1].address: duplicate address 127.0.0.1:10000: also "
+        "listener 'ingress' (listeners[0].address)",
     ]
 
 
@@ -467,8 +467,77 @@ def test_duplicates_are_listed_one_line_each() -> None:
     )
     assert lines == [
         "x.yaml: clusters[1].name: duplicate cluster name 'app' (also clusters[0])",
-        "x.yaml: listeners[0].address: duplicate address 127.0.0.1:9901 (also admin.address)",
+        "x.yaml: listeners[0].address: duplicate address 127.0.0.1:9901: also the admin API "
+        "(admin.address)",
     ]  # port 0 twice is fine: each bind gets its own ephemeral port
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "expected"),
+    [
+        ("0.0.0.0:8080", "127.0.0.1:8080",
+         "127.0.0.1:8080 cannot be bound beside listener 'a' (listeners[0].address) on "
+         "0.0.0.0:8080: 0.0.0.0 takes port 8080 on every IPv4 address"),
+        ("127.0.0.1:8080", "0.0.0.0:8080",
+         "0.0.0.0:8080 cannot be bound beside listener 'a' (listeners[0].address) on "
+         "127.0.0.1:8080: 0.0.0.0 takes port 8080 on every IPv4 address"),
+        ("'[::]:8080'", "127.0.0.1:8080",
+         "127.0.0.1:8080 cannot be bound beside listener 'a' (listeners[0].address) on "
+         "[::]:8080: [::] takes port 8080 on every IPv6 address and, dual-stack "
+         "(net.ipv6.bindv6only=0), every IPv4 one"),
+        ("'[::1]:8080'", "'[::]:8080'",
+         "[::]:8080 cannot be bound beside listener 'a' (listeners[0].address) on [::1]:8080: "
+         "[::] takes port 8080 on every IPv6 address and, dual-stack "
+         "(net.ipv6.bindv6only=0), every IPv4 one"),
+        ("localhost:8080", "127.0.0.1:8080",
+         "duplicate address 127.0.0.1:8080: also listener 'a' (listeners[0].address)"),
+        ("'[::ffff:127.0.0.1]:8080'", "127.0.0.1:8080",
+         "duplicate address 127.0.0.1:8080: also listener 'a' (listeners[0].address)"),
+    ],
+)
+def test_listeners_that_cannot_both_bind_are_refused_naming_both(first: str, second: str,
+                                                                  expected: str) -> None:
+    lines = error_lines(
+        f"""
+        listeners:
+          - {{name: a, address: {first}, routes: [{{cluster: app}}]}}
+          - {{name: b, address: {second}, routes: [{{cluster: app}}]}}
+        clusters:
+          - {{name: app, endpoints: [127.0.0.1:9000]}}
+        """
+    )
+    assert lines == [f"lameduck.yaml: listeners[1].address: {expected}"]
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    ("127.0.0.1:8080", "'[::1]:8080'"),  # two families, two specific addresses
+    ("127.0.0.1:8080", "127.0.0.2:8080"),
+    ("0.0.0.0:8080", "0.0.0.0:8081"),
+    ("0.0.0.0:0", "127.0.0.1:0"),  # port 0: each bind gets its own port
+])  # fmt: skip
+def test_listeners_that_can_both_bind_pass(first: str, second: str) -> None:
+    load_config_text(f"""
+listeners:
+  - {{name: a, address: {first}, routes: [{{cluster: app}}]}}
+  - {{name: b, address: {second}, routes: [{{cluster: app}}]}}
+clusters:
+  - {{name: app, endpoints: [127.0.0.1:9000]}}
+""")
+
+
+def test_a_wildcard_listener_over_the_admin_address_is_refused() -> None:
+    lines = error_lines(
+        """
+        admin: {address: 127.0.0.1:9901}
+        listeners:
+          - {name: a, address: 0.0.0.0:9901, routes: [{cluster: app}]}
+        clusters:
+          - {name: app, endpoints: [127.0.0.1:9000]}
+        """
+    )
+    assert lines == ["lameduck.yaml: listeners[0].address: 0.0.0.0:9901 cannot be bound beside "
+                     "the admin API (admin.address) on 127.0.0.1:9901: 0.0.0.0 takes port 9901 "
+                     "on every IPv4 address"]
 
 
 def test_several_problems_are_all_reported() -> None:

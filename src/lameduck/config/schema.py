@@ -617,6 +617,45 @@ class HotRestartConfig(BaseModel):
     parent_shutdown_time: PositiveDuration = 30.0
 
 
+def _bind_key(a: HostPort) -> tuple[int, str | None]:
+    """(IP version, address) a bind takes; address None: every address of that version.
+    An IPv4-mapped IPv6 address is its IPv4 address; a host name binds IPv4 (as bind() does)."""
+    host = a.host.lower().rstrip(".")
+    if host == "localhost":
+        return 4, "127.0.0.1"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return 4, host
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.version, None if ip.is_unspecified else str(ip)
+
+
+def _bind_overlaps(a: HostPort, b: HostPort) -> bool:
+    """Whether both cannot be bound at once on Linux: the same port and address, or a
+    wildcard beside an address it covers. [::] covers IPv4 too (a dual-stack socket:
+    net.ipv6.bindv6only=0, the default); SO_REUSEADDR does not let listening sockets share."""
+    if a.port != b.port or a.port == 0:
+        return False
+    (va, xa), (vb, xb) = _bind_key(a), _bind_key(b)
+    if (va == 6 and xa is None) or (vb == 6 and xb is None):
+        return True
+    return va == vb and (xa is None or xb is None or xa == xb)
+
+
+def _bind_clash(a: HostPort, b: HostPort, who: str) -> str:
+    """Why ``a`` cannot be bound beside ``b`` (which ``who`` binds)."""
+    (va, xa), (vb, xb) = _bind_key(a), _bind_key(b)
+    if xa is not None and xb is not None:
+        return f"duplicate address {a}: also {who}"
+    wild, v = (a, va) if xa is None else (b, vb)
+    covers = ("every IPv4 address" if v == 4 else
+              "every IPv6 address and, dual-stack (net.ipv6.bindv6only=0), every IPv4 one")
+    return (f"{a} cannot be bound beside {who} on {b}: {wild.host if v == 4 else '[::]'} "
+            f"takes port {a.port} on {covers}")
+
+
 class Config(BaseModel):
     """The whole config file. Cross-section rules live here because they need both sections."""
 
@@ -666,9 +705,10 @@ class Config(BaseModel):
             else:
                 cluster_seen[cluster.name] = i
         names: dict[str, int] = {}
-        addresses: dict[HostPort, str] = {}
+        # What binds so far: (address, who) — port 0 is left out, each bind gets its own port.
+        bound: list[tuple[HostPort, str]] = []
         if self.admin.address.port != 0:
-            addresses[self.admin.address] = "admin.address"
+            bound.append((self.admin.address, "the admin API (admin.address)"))
         for i, listener in enumerate(self.listeners):
             if listener.name in names:
                 problems.append(
@@ -681,18 +721,15 @@ class Config(BaseModel):
                 )
             else:
                 names[listener.name] = i
-            if listener.address.port != 0:  # port 0: each bind gets its own ephemeral port
-                if listener.address in addresses:
-                    problems.append(
-                        (
-                            ("listeners", i, "address"),
-                            f"duplicate address {listener.address} "
-                            f"(also {addresses[listener.address]})",
-                            str(listener.address),
-                        )
-                    )
+            if listener.address.port != 0:
+                clash = next((_bind_clash(listener.address, addr, who)
+                              for addr, who in bound if _bind_overlaps(listener.address, addr)),
+                             None)
+                if clash is not None:
+                    problems.append((("listeners", i, "address"), clash, str(listener.address)))
                 else:
-                    addresses[listener.address] = f"listeners[{i}].address"
+                    bound.append((listener.address,
+                                  f"listener {listener.name!r} (listeners[{i}].address)"))
             if listener.cluster is not None and listener.cluster not in cluster_seen:
                 known = ", ".join(sorted(cluster_seen)) or "none defined"
                 problems.append((("listeners", i, "cluster"),

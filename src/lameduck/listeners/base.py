@@ -32,6 +32,18 @@ def accept_queue(sock: Any) -> int:
     return struct.unpack_from("I", info, 24)[0] if len(info) >= 28 else 0
 
 
+class ListenError(OSError):
+    """A listener's address could not be bound: ``listener 'ingress' on 127.0.0.1:8080:
+    address already in use`` (the errno is kept for code that tests it)."""
+
+    def __init__(self, listener: str, address: str, cause: OSError) -> None:
+        reason = cause.strerror or str(cause)
+        super().__init__(f"listener {listener!r} on {address}: {reason[:1].lower()}{reason[1:]}")
+        self.errno = cause.errno
+        self.listener = listener
+        self.address = address
+
+
 class Listener:
     """A configured listener's socket lifecycle; subclasses say what serves a connection."""
 
@@ -59,7 +71,8 @@ class Listener:
 
     # -- lifecycle --------------------------------------------------------------------------
     def bind(self) -> socket.socket:
-        """A listening socket at the configured address (raises OSError if taken)."""
+        """A listening socket at the configured address; ListenError names this listener,
+        the address and the cause (an operator reads which port to free, not an errno)."""
         addr = self.cfg.address
         family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -67,9 +80,9 @@ class Listener:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((addr.host, addr.port))
             sock.listen(1024)
-        except OSError:
+        except OSError as e:
             sock.close()
-            raise
+            raise ListenError(self.name, str(addr), e) from e
         sock.setblocking(False)
         return sock
 
