@@ -89,3 +89,19 @@ def test_validate_refuses_listeners_that_cannot_both_bind(tmp_path: Path) -> Non
     assert out.returncode == EXIT_CONFIG, (out.stdout, out.stderr)
     assert (f"{path}: listeners[1].address: 127.0.0.1:18080 cannot be bound beside listener "
             "'ingress' (listeners[0].address) on 0.0.0.0:18080" in out.stderr), out.stderr
+
+
+# -- connection_grace >= T/3: valid, said out loud ----------------------------------------------
+
+
+def test_validate_warns_that_a_long_grace_turns_the_proactive_drain_off(tmp_path: Path) -> None:
+    path = write(tmp_path, base_config(8080, drain={"time": "900ms", "connection_grace": "300ms"}))
+    out = run_cli("validate", "-c", path)
+    assert out.returncode == 0, out.stderr
+    assert "OK" in out.stdout
+    assert (f"WARNING lameduck.config: {path}: drain.connection_grace: 300ms is >= "
+            "drain.time/3 (900ms/3)" in out.stderr), out.stderr
+    assert "keep connection_grace below 300ms or drain.time above 900ms" in out.stderr
+    quiet = write(tmp_path, base_config(8080, drain={"time": "1s", "connection_grace": "200ms"}))
+    out = run_cli("validate", "-c", quiet)
+    assert out.returncode == 0 and "WARNING" not in out.stderr, out.stderr

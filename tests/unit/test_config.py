@@ -713,3 +713,26 @@ def test_tcp_listener_fields() -> None:
             load_config_text(f"listeners: [{listener}]\n"
                              "clusters: [{name: c, endpoints: [127.0.0.1:1]}]\n")
         assert expected in str(err.value), (listener, str(err.value))
+
+
+# --- warnings: valid, but probably not meant ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("drain", "warned"), [
+    ("{time: 900ms, connection_grace: 300ms}", True),  # G == T/3: the window is empty
+    ("{time: 20s, connection_grace: 10s}", True),
+    ("{time: 1s, connection_grace: 200ms}", False),
+    ("{time: 20s, connection_grace: 5s}", False),  # the default
+    ("{time: 0s, connection_grace: 5s, strategy: immediate}", False),  # no window by design
+])  # fmt: skip
+def test_grace_that_empties_the_proactive_window_is_warned_with_numbers(
+        drain: str, warned: bool, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="lameduck.config"):
+        load_config_text(f"drain: {drain}", "w.yaml")
+    lines = [r.getMessage() for r in caplog.records if r.name == "lameduck.config"]
+    if not warned:
+        assert lines == []
+        return
+    [line] = lines
+    assert line.startswith("w.yaml: drain.connection_grace: "), line
+    assert "is >= drain.time/3" in line and "proactive drain window [2T/3, T - G) is empty" in line

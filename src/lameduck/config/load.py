@@ -7,6 +7,7 @@ with the field to fix instead of a pydantic dump or a traceback.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import types
 import typing
@@ -18,9 +19,11 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from lameduck.config.schema import Config
+from lameduck.config.schema import Config, drain_warnings
 
 __all__ = ["ConfigError", "default_config", "format_loc", "load_config", "load_config_text"]
+
+log = logging.getLogger("lameduck.config")
 
 # Error types whose message does not already show the offending value.
 _NO_INPUT_ECHO = frozenset({"missing", "extra_forbidden", "value_error", "config_rule"})
@@ -153,9 +156,13 @@ def load_config_text(text: str, source: str = "<string>") -> Config:
             [("", f"top level must be a mapping of sections, got {type(data).__name__}")],
         )
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as error:
         raise ConfigError.from_validation_error(error, source) from None
+    # Valid but probably not meant: said on every load (run, supervise, validate, budget).
+    for path, message in drain_warnings(config.drain):
+        log.warning("%s: %s: %s", source, path, message)
+    return config
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:

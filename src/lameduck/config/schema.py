@@ -33,6 +33,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from lameduck.config.durations import Duration, LongDuration, format_duration
 from lameduck.drain.endpoint import AdminState
 from lameduck.drain.event import Direction, DrainType, Strategy
+from lameduck.drain.policy import WINDOW_EPSILON
 
 __all__ = [
     "AdminConfig",
@@ -288,6 +289,24 @@ class DrainConfig(BaseModel):
     time: Duration = 20.0
     strategy: Strategy = Strategy.GRADUAL
     connection_grace: Duration = 5.0
+
+
+def drain_warnings(drain: DrainConfig) -> list[tuple[str, str]]:
+    """(field, message) for a drain that validates but does less than it seems to: G >= T/3
+    leaves the proactive window [2T/3, T - G) empty, so idle keep-alive connections are not
+    spread over the last third of T but closed together at the end (a reconnect herd). Not
+    refused: a short T with a long G for WebSocket close handshakes is a choice; T = 0 is the
+    plain graceful-drain recipe, with no window by design."""
+    t, g = drain.time, drain.connection_grace
+    if t <= 0 or t / 3.0 - g > WINDOW_EPSILON:
+        return []
+    return [("drain.connection_grace",
+             f"{format_duration(g)} is >= drain.time/3 ({format_duration(t)}/3): the proactive "
+             f"drain window [2T/3, T - G) is empty, so idle keep-alive connections get no close "
+             f"spread over the last third of T: they are left to the end and close together; "
+             f"for a proactive drain keep "
+             f"connection_grace below {format_duration(round(t / 3.0, 3))} or drain.time above "
+             f"{format_duration(round(3.0 * g, 3))}")]
 
 
 class ShutdownConfig(BaseModel):
