@@ -28,6 +28,7 @@ from lameduck.restart.hot import connect_parent, default_path
 
 EXIT_CONFIG = 2
 EXIT_LISTEN = 1  # an address could not be bound
+EXIT_PIPE = 128 + signal.SIGPIPE  # stdout's reader went away
 
 
 def _run_loop(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
@@ -402,9 +403,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S", stream=sys.stderr)
-    return int(args.func(args))
+    """A reader that goes away (``lameduck budget --json | head -1``) ends the output
+    quietly: Python's docs on SIGPIPE point stdout at devnull so the flush at exit does not
+    raise again, and the exit is 141, what a shell reports for a process SIGPIPE ended."""
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+            logging.basicConfig(
+                level=getattr(logging, args.log_level.upper()),
+                format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
+                datefmt="%H:%M:%S", stream=sys.stderr)
+            return int(args.func(args))
+        finally:
+            sys.stdout.flush()  # here, where a closed pipe can still be caught (also --help)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE

@@ -5,12 +5,14 @@ that ends output quietly, and a second preStop with another strategy refused."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.procs import _env, base_config, refusing_port, unique
@@ -105,3 +107,36 @@ def test_validate_warns_that_a_long_grace_turns_the_proactive_drain_off(tmp_path
     quiet = write(tmp_path, base_config(8080, drain={"time": "1s", "connection_grace": "200ms"}))
     out = run_cli("validate", "-c", quiet)
     assert out.returncode == 0 and "WARNING" not in out.stderr, out.stderr
+
+
+# -- a reader that goes away ------------------------------------------------------------------
+
+
+POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app"},
+       "spec": {"terminationGracePeriodSeconds": 60, "containers": [
+           {"name": "lameduck", "image": "lameduck",
+            "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}}}]}}
+
+
+@pytest.mark.parametrize("args", [
+    ("budget", "--pod", "{pod}", "--json"),
+    ("budget", "--pod", "{pod}", "--solve"),
+    ("validate",),
+    ("prestop", "--admin", "{refusing}", "--drain-timeout", "1s", "--lb-buffer", "0s"),
+])  # fmt: skip
+def test_output_to_a_closed_pipe_ends_quietly(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """``lameduck budget --json | head -1``: the reader is gone before the output is
+    written (its end of the pipe is closed first, so every write fails, not only a late one)."""
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(yaml.safe_dump(POD))
+    argv = [a.format(pod=pod, refusing=f"127.0.0.1:{refusing_port()}") for a in args]
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        out = subprocess.run([sys.executable, "-m", "lameduck", *argv], stdout=write_end,
+                             stderr=subprocess.PIPE, text=True, timeout=30, env=_env(),
+                             check=False)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+    assert out.returncode == 141, out.stderr  # 128 + SIGPIPE, as a shell reports it
