@@ -140,3 +140,30 @@ def test_output_to_a_closed_pipe_ends_quietly(tmp_path: Path, args: tuple[str, .
         os.close(write_end)
     assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
     assert out.returncode == 141, out.stderr  # 128 + SIGPIPE, as a shell reports it
+
+
+# -- a second preStop -------------------------------------------------------------------------
+
+
+def test_a_second_prestop_with_another_strategy_is_a_conflict(lameduck) -> None:
+    ld = lameduck()
+    first = ld.admin("POST", "/prestop?strategy=hold-health&drain_timeout=10s&lb_buffer=30s")
+    assert first.status_code == 200, first.text
+    assert first.json()["strategy"] == "hold-health"
+
+    other = ld.admin("POST", "/prestop?strategy=deregister-first&drain_timeout=1s&lb_buffer=0s")
+    assert other.status_code == 409, other.text
+    assert other.reason_phrase == "Conflict"
+    assert other.text.startswith("a preStop with strategy hold-health is already running "
+                                 "(state "), other.text
+    out = run_cli("prestop", "--admin", ld.admin_addr, "--strategy", "deregister-first")
+    assert out.returncode == EXIT_CONFIG, (out.stdout, out.stderr)
+    assert "strategy hold-health is already running" in out.stderr, out.stderr
+
+    same = ld.admin("POST", "/prestop?strategy=hold-health&drain_timeout=1s&lb_buffer=0s")
+    assert same.status_code == 200, same.text
+    view = same.json()
+    assert view["strategy"] == "hold-health"
+    assert (view["drain_timeout"], view["lb_buffer"]) == (10.0, 30.0), view  # the running one's
+    assert view["transitions"][0] == first.json()["transitions"][0]
+    assert ld.server_info()["prestop"]["strategy"] == "hold-health"

@@ -351,9 +351,12 @@ def test_deregister_first_order(lameduck, haproxy) -> None:
                     health_first = client.get(a.url(HEALTH)).status_code
                     view = a.server_info()["prestop"]
                     assert view["state"] in ("CLOSING", "DRAINING", "CLOSED"), view
-                    # A second POST reports the running one, unchanged.
-                    second = a.admin("POST", "/prestop?strategy=hold-health&drain_timeout=1s"
-                                              "&lb_buffer=0s").json()
+                    # A second POST: the other strategy is a conflict; the same one
+                    # reports the running FSM, unchanged.
+                    conflict = a.admin("POST", "/prestop?strategy=hold-health")
+                    assert conflict.status_code == 409, conflict.text
+                    second = a.admin("POST", "/prestop?strategy=deregister-first"
+                                              "&drain_timeout=1s&lb_buffer=0s").json()
             if "DOWN" not in first and h.server_states()["s1"] == "DOWN":
                 first["DOWN"] = now
             time.sleep(0.02)

@@ -140,7 +140,9 @@ class AdminHandlers:
     def prestop(self, q: Query) -> Reply:
         """POST /prestop?strategy=hold-health|deregister-first&drain_timeout=20s&lb_buffer=10s:
         start the preStop FSM here (``lameduck prestop`` calls it, then follows
-        /server_info's ``prestop``)."""
+        /server_info's ``prestop``). A process runs one: asked again with the same strategy,
+        the answer is the running one's state (a retried hook follows it); with another,
+        409 Conflict naming the one running, not its state passed off as the new one's."""
         strategy = q.get("strategy", ["hold-health"])[0]
         if strategy not in ("hold-health", "deregister-first"):
             raise ValueError(f"unknown strategy {strategy!r}: use hold-health or "
@@ -153,6 +155,12 @@ class AdminHandlers:
             except ValueError as e:
                 raise ValueError(f"{name}: {e}") from None
         view = self.c.start_prestop(strategy, times["drain_timeout"], times["lb_buffer"])
+        running = view.get("strategy", strategy)
+        if running != strategy:
+            return 409, TEXT, (
+                f"a preStop with strategy {running} is already running (state "
+                f"{view['state']}, started {view['elapsed']}s ago); one runs per process: "
+                f"POST /prestop?strategy={running} follows it\n").encode()
         return 200, JSON, (json.dumps(view, indent=2) + "\n").encode()
 
     def endpoint_state(self, path: str, q: Query) -> Reply:

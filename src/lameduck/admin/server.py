@@ -68,7 +68,8 @@ class AdminProtocol(asyncio.Protocol):
 
 def _phrase(status: int) -> str:
     return {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            500: "Internal Server Error", 503: "Service Unavailable"}.get(status, "Unknown")
+            409: "Conflict", 500: "Internal Server Error",
+            503: "Service Unavailable"}.get(status, "Unknown")
 
 
 async def start_admin(
