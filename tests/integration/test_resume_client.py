@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from lameduck.client import (
+    DEFAULT_TIMEOUT,
     Backoff,
     GaveUp,
     ResumableClient,
@@ -45,6 +46,24 @@ def test_going_away_is_retried_elsewhere_and_commits_once(resume_app, lameduck, 
 
     got = load_session(f"sqlite://{tmp_path / 'sessions.db'}", "rc")
     assert got.last_seq == 12 and json.loads(got.state or b"{}") == {"count": 12, "sum": 78}
+
+
+def test_a_request_longer_than_httpx_default_timeout_is_not_lost(resume_app) -> None:
+    """httpx gives up reading after 5 s by default; a unit of work that takes 6 s must still
+    commit, with no retry (a read timeout is not retried: the work may still be running)."""
+    a = resume_app("uvicorn")
+
+    async def main() -> tuple[httpx.Response, int, float]:
+        async with ResumableClient(a.url(""), token="long", backoff=FAST) as c:
+            assert c.http.timeout == DEFAULT_TIMEOUT
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            r = await c.post("/work?ms=6000")
+            return r, c.retries, loop.time() - t0
+    r, retries, took = asyncio.run(main())
+    assert r.status_code == 200, r.text
+    assert r.json()["seq"] == 1 and retries == 0
+    assert took >= 5.5  # it really outlived httpx's 5 s
 
 
 def test_gap_is_an_error_naming_the_server_seq(resume_app) -> None:

@@ -23,6 +23,11 @@ RETRY_STATUSES = frozenset({502, 503, 504})
 # at once (commit-once keeps the store right, not the work).
 RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError,
                 httpx.RemoteProtocolError, httpx.PoolTimeout)
+# httpx's own default (5 s for everything) would end a longer unit of work with a ReadTimeout
+# that is not retried (above). Connecting stays quick, so a dead instance is left fast for
+# another; reading, writing and waiting for a pooled connection may take minutes: work that
+# resumes is often long. A read silent for longer is taken as a hung instance and raised.
+DEFAULT_TIMEOUT = httpx.Timeout(300.0, connect=5.0)
 
 
 class GaveUp(Exception):
@@ -41,6 +46,9 @@ class ResumeGap(Exception):
 class ResumableClient:
     """Requests go one at a time (a lock): each seq must commit before the next is sent.
 
+    ``timeout`` (passed to httpx with the other keywords) defaults to ``DEFAULT_TIMEOUT``:
+    connect 5 s, read, write and pool 300 s. A ``client`` passed in keeps its own.
+
     ``last_acked`` moves only on an answer that says it committed (``Resume-Last-Seq`` at
     or past the seq); any other answer (the app's 5xx, a 4xx of the middleware) is returned
     and the same seq is sent next time."""
@@ -56,6 +64,7 @@ class ResumableClient:
         self.rng = rng or random.Random()
         self.sleep = sleep
         self._own = client is None
+        httpx_kw.setdefault("timeout", DEFAULT_TIMEOUT)
         self.http = client or httpx.AsyncClient(base_url=base_url, **httpx_kw)
         self.retries = 0  # over the client's life: how often it went back
         self._lock = asyncio.Lock()
