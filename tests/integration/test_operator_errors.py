@@ -6,16 +6,18 @@ that ends output quietly, and a second preStop with another strategy refused."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.procs import _env, base_config, refusing_port, unique
+from tests.procs import RawConn, _env, base_config, refused, refusing_port, unique, wait_until
 
 EXIT_CONFIG = 2
 EXIT_LISTEN = 1
@@ -167,3 +169,29 @@ def test_a_second_prestop_with_another_strategy_is_a_conflict(lameduck) -> None:
     assert (view["drain_timeout"], view["lb_buffer"]) == (10.0, 30.0), view  # the running one's
     assert view["transitions"][0] == first.json()["transitions"][0]
     assert ld.server_info()["prestop"]["strategy"] == "hold-health"
+
+
+# -- from T on: new connections refused, open ones answered "going away" ---------------------
+
+
+def test_after_t_a_new_client_is_refused_and_an_open_connection_gets_going_away(
+        lameduck) -> None:
+    """What README and docs/drain.md promise: at T the listener stops accepting (a new
+    client's connect is refused, nothing answers it), while a request on a connection opened
+    before gets 503 going away."""
+    ld = lameduck(drain={"time": "0s", "strategy": "immediate", "connection_grace": "0s"},
+                  shutdown={"deadline": "3s", "stop_accepting": "at_drain_end"})
+    idle = RawConn(ld.addr)
+    assert idle.request("/").status == 200
+    busy = RawConn(ld.addr)  # keeps the process alive past T
+    busy.send("/sleep?ms=1000")
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 1)
+    t0 = time.monotonic()
+    ld.signal(signal.SIGTERM)
+    assert wait_until(lambda: refused(ld.addr), 0.8), "the listener still accepts after T"
+    gone = idle.request("/")
+    assert time.monotonic() - t0 < 0.95, "too slow: the busy request may have ended the process"
+    assert (gone.status, gone.body, gone.closes) == (503, b"going away\n", True)
+    assert gone.header("retry-after") is not None
+    assert busy.read_response().status == 200
+    assert ld.wait(5) == 0
