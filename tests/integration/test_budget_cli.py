@@ -116,8 +116,10 @@ def test_bad_input_exits_2_naming_the_field(tmp_path: Path) -> None:
     assert out.returncode == EXIT_INPUT
     assert "spec.terminationGracePeriodSeconds" in out.stderr
     assert budget("--pod", str(tmp_path / "missing.yaml")).returncode == EXIT_INPUT
-    flag = budget("--pod", pod, "--lb-idle", "60")
+    # a plain number is seconds, as in the config; over an hour it needs its unit
+    flag = budget("--pod", pod, "--lb-idle", "20000")
     assert flag.returncode == EXIT_INPUT and "--lb-idle" in flag.stderr
+    assert "write 20000s if you mean it" in flag.stderr
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("drain: {time: soon}\n")
     out = budget("--pod", write(tmp_path / "ok.yaml", pitfall_pod()), "--config", str(cfg))
