@@ -41,6 +41,14 @@ class Loop(asyncio.AbstractEventLoop):
         self.timers.append(handle)
         return handle
 
+    def call_soon(self, callback: Callable[..., object], *args: Any,
+                  context: Any = None) -> asyncio.TimerHandle:
+        """Due now: run by the next ``advance`` (or ``run_soon``)."""
+        return self.call_at(self.now, callback, *args)
+
+    def run_soon(self) -> None:
+        self.advance(self.now)
+
     def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
         pass
 
@@ -76,6 +84,9 @@ class Connecting:
     def cancelled(self) -> bool:
         return False
 
+    def done(self) -> bool:
+        return self.conn is not None or self.error is not None
+
     def exception(self) -> Exception | None:
         return self.error
 
@@ -109,6 +120,7 @@ class Upstream:
         self.sent = b""
         self.ended = False
         self.closed = False
+        self.timeout = 0.0  # the route timeout the exchange gave it
 
     @property
     def reusable(self) -> bool:
@@ -117,6 +129,7 @@ class Upstream:
     def start(self, sink: Any, head: bytes, no_body: bool, timeout: float,
               chunked: bool, fields: list[tuple[bytes, bytes]] | None = None) -> None:
         self.sink = sink
+        self.timeout = timeout
         self.sent += head
 
     def write(self, data: bytes) -> None:
@@ -144,20 +157,27 @@ class Upstream:
 class Context:
     """The listener's side: a router to one cluster, the process ledger, stats, connects."""
 
-    def __init__(self, endpoints: int = 2, num_retries: int = 2) -> None:
+    def __init__(self, endpoints: int = 2, num_retries: int = 2, route_timeout: float = 0.0,
+                 max_connecting: int = 0) -> None:
         self.loop = Loop()
         self.stats = HttpStats()
         self.process = ProcessDrain()
         self.process.initializing = False
-        self.eps = [Endpoint("127.0.0.1", 9000 + i, 4, 1, EndpointDrain())
+        self.eps = [Endpoint("127.0.0.1", 9000 + i, 4, 1, EndpointDrain(),
+                             max_connecting=max_connecting)
                     for i in range(endpoints)]
         self.cluster = Cluster("app", self.eps, 1.0, 30.0)
         self.cluster.clock = self.loop.time
         self.cluster.num_retries = num_retries
-        self.router = Router([Route("/", self.cluster, None, 0.0)])
+        # The back-off's jitter: the next draws, in order (then 0.5 each).
+        self.draws: list[float] = []
+        self.router = Router([Route("/", self.cluster, None, route_timeout)])
         self.health_check_path: bytes | None = b"/healthz"
         self.connects: list[Connecting] = []
         self.done = 0
+
+    def rng(self) -> float:
+        return self.draws.pop(0) if self.draws else 0.5
 
     def connect_target(self, authority: bytes | None) -> tuple[str, int] | None:
         return None

@@ -13,6 +13,7 @@ from lameduck.drain.retry import (
     Failure,
     Retry,
     RetryBudget,
+    back_off,
     decide,
     may_retry,
 )
@@ -101,8 +102,9 @@ def test_budget_config_is_validated(pct: float, floor: int) -> None:
 # (what to do, the status if nothing is retried).
 F, R = Failure, Retry
 DECISIONS = [
-    ((F.CONNECT, False, True, False, False, False), (R.ELSEWHERE, 503)),  # never sent: any
-    ((F.CONNECT, False, False, False, False, True), (R.ELSEWHERE, 503)),
+    # never sent: anywhere, the same endpoint too after a back-off (a POST, a retried one)
+    ((F.CONNECT, False, True, False, False, False), (R.ELSEWHERE_OR_LATER, 503)),
+    ((F.CONNECT, False, False, False, False, True), (R.ELSEWHERE_OR_LATER, 503)),
     ((F.RESET, False, True, True, False, False), (R.ELSEWHERE, 502)),  # idempotent
     ((F.RESET, False, True, False, False, False), (R.FAIL, 502)),  # POST: maybe processed
     ((F.RESET, False, False, True, False, False), (R.FAIL, 502)),  # body no longer kept
@@ -124,3 +126,16 @@ def test_retry_decision_table(given: tuple, want: tuple) -> None:
     failure, started, kept, idempotent, stale, retried = given
     assert decide(failure, started=started, kept=kept, idempotent=idempotent, stale=stale,
                   retried=retried) == want
+
+
+def test_back_off_is_envoys_fully_jittered_exponential() -> None:
+    """Retry n waits uniform in [0, (2^n - 1) x base], at most the cap (Envoy's
+    retry_back_off, base 25 ms, cap ten times that)."""
+    top = 1.0 - 1e-12  # rng() is below 1
+    assert back_off(1, 0.025, 0.25, lambda: top) == pytest.approx(0.025)
+    assert back_off(2, 0.025, 0.25, lambda: top) == pytest.approx(0.075)
+    assert back_off(3, 0.025, 0.25, lambda: top) == pytest.approx(0.175)
+    assert back_off(4, 0.025, 0.25, lambda: top) == pytest.approx(0.25)  # capped
+    assert back_off(500, 0.025, 0.25, lambda: top) == pytest.approx(0.25)  # no overflow
+    assert back_off(2, 0.025, 0.25, lambda: 0.0) == 0.0
+    assert back_off(2, 0.025, 0.25, lambda: 0.5) == pytest.approx(0.0375)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from lameduck.drain.endpoint import AdminState, PersistenceTable
+from lameduck.drain.retry import RetryBudget
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.upstream.connector import UpstreamError
@@ -29,16 +30,19 @@ class Case:
     multiplexed: bool = False
     body: int = 0  # request body bytes sent before the failure
     num_retries: int = 2  # the cluster's retry_policy
-    # What follows: "same" (fresh connection to the failed endpoint), "other" (another
-    # endpoint), or a status answered locally, or "abort" (the client sees a reset).
+    # What follows: "same" (fresh connection to the failed endpoint), "later" (the same, after
+    # a back-off), "other" (another endpoint), or a status answered locally, or "abort" (the
+    # client sees a reset).
     expect: str | int = "other"
 
 
 CASES = [
     Case("GET, connect refused: never sent, another endpoint", b"GET", "connect"),
     Case("POST, connect refused: never sent, safe anywhere", b"POST", "connect"),
-    Case("POST, connect refused, no other endpoint", b"POST", "connect", endpoints=1,
-         expect=503),
+    Case("POST, connect refused, no other endpoint: the same one after a back-off", b"POST",
+         "connect", endpoints=1, expect="later"),
+    Case("GET, connect refused, no other endpoint, num_retries 0: answered", b"GET",
+         "connect", endpoints=1, num_retries=0, expect=503),
     Case("GET reset before any byte: idempotent, elsewhere", b"GET", "reset"),
     Case("POST reset before any byte: not safe to send twice", b"POST", "reset", expect=502),
     Case("POST with Idempotency-Key reset: the app dedupes, elsewhere", b"POST", "reset",
@@ -100,10 +104,14 @@ def test_retry_decision(case: Case) -> None:
     retried = ctx.connects[before:] if case.failure != "connect" else ctx.connects[1:]
     stats = ctx.cluster.stats
     down.log = [e for e in down.log if e[0] != "release"]  # flow-control credit: not asked
-    if case.expect in ("same", "other"):
+    if case.expect == "later":
+        assert retried == [] and down.log == []  # not at once: after the back-off
+        ctx.loop.advance(ctx.loop.now + ctx.cluster.back_off_max)
+        retried = ctx.connects[1:]
+    if case.expect in ("same", "later", "other"):
         assert len(retried) == 1, down.log
         target = retried[0].endpoint
-        assert (target is first) == (case.expect == "same")
+        assert (target is first) == (case.expect != "other")
         assert stats.upstream_rq_retry == 1
         assert down.log == []  # nothing answered yet
         # the retry carries the request again, with the body sent so far
@@ -191,3 +199,153 @@ def test_request_body_waits_for_the_upstream_and_is_given_back_when_sent() -> No
     assert down.log == [("release", 109)]
     ex.resume_request_body()
     assert not down.held and down.log[-1] == ("release", 10)
+
+
+# -- the same endpoint after a back-off (HAProxy's retries, Envoy's retry_back_off) -----------
+
+def test_connect_refused_on_the_only_endpoint_is_retried_after_a_jittered_back_off() -> None:
+    ctx = Context(endpoints=1, route_timeout=1.0)
+    ctx.draws = [0.4]  # the first retry waits 0.4 x 25 ms
+    _ex, down = request(ctx, b"POST")
+    ctx.connects[0].fail()
+    ctx.loop.advance(0.0099)
+    assert len(ctx.connects) == 1 and down.log == []
+    ctx.loop.advance(0.0101)
+    assert [c.endpoint for c in ctx.connects] == [ctx.eps[0], ctx.eps[0]]
+    up = ctx.connects[1].succeed()
+    up.sink.on_response_head(200, [], 0, False)
+    up.sink.on_response_complete()
+    assert down.log == [("head", 200), ("end", None), ("done",)]
+    stats = ctx.cluster.stats
+    assert (stats.upstream_rq_retry, stats.upstream_rq_retry_success) == (1, 1)
+    assert stats.upstream_cx_connect_fail == 1
+    assert ctx.cluster.retries_active == 0
+
+
+def test_back_off_grows_and_num_retries_bounds_the_tries() -> None:
+    ctx = Context(endpoints=1, num_retries=2)
+    ctx.draws = [0.999, 0.999]
+    _ex, down = request(ctx)
+    ctx.connects[0].fail()
+    ctx.loop.advance(0.0249)  # retry 1: up to 25 ms
+    assert len(ctx.connects) == 1
+    ctx.loop.advance(0.0250)
+    ctx.connects[1].fail()
+    ctx.loop.advance(0.0250 + 0.0748)  # retry 2: up to 75 ms
+    assert len(ctx.connects) == 2
+    ctx.loop.advance(0.0250 + 0.0750)
+    assert len(ctx.connects) == 3
+    ctx.connects[2].fail()  # the policy's two retries are spent: answered
+    assert down.log == [("local", 503), ("done",)]
+    stats = ctx.cluster.stats
+    assert (stats.upstream_rq_retry, stats.upstream_rq_retry_limit_exceeded) == (2, 1)
+    assert all(t.cancelled() for t in ctx.loop.timers)
+
+
+def test_an_exhausted_retry_budget_answers_at_once() -> None:
+    ctx = Context(endpoints=1)
+    ctx.cluster.budget = RetryBudget(0.0, 0)  # no retry in flight allowed
+    _ex, down = request(ctx)
+    ctx.connects[0].fail()
+    assert down.log == [("local", 503), ("done",)]
+    stats = ctx.cluster.stats
+    assert (stats.upstream_rq_retry_overflow, stats.upstream_rq_retry) == (1, 0)
+    ctx.loop.advance(1.0)
+    assert len(ctx.connects) == 1
+
+
+def test_a_back_off_that_would_outlast_the_route_timeout_is_not_taken() -> None:
+    ctx = Context(endpoints=1, route_timeout=0.05)
+    ctx.draws = [0.999]
+    _ex, down = request(ctx)  # the route timeout runs from the first connect: ends at 50 ms
+    ctx.loop.advance(0.04)
+    ctx.connects[0].fail()  # a back-off of ~25 ms would end past 50 ms: answered now
+    assert down.log == [("local", 503), ("done",)]
+    assert ctx.cluster.stats.upstream_rq_retry == 0
+    ctx.loop.advance(1.0)
+    assert len(ctx.connects) == 1
+
+
+def test_a_retry_gets_only_what_is_left_of_the_route_timeout() -> None:
+    ctx = Context(endpoints=1, route_timeout=1.0)
+    ctx.draws = [0.4]
+    request(ctx)
+    ctx.loop.advance(0.3)
+    ctx.connects[0].fail()
+    ctx.loop.advance(0.31)
+    assert ctx.connects[1].succeed().timeout == pytest.approx(0.69)
+
+
+def test_a_connect_outlasting_the_route_timeout_is_answered_504() -> None:
+    ctx = Context(endpoints=1, route_timeout=0.5)
+    _ex, down = request(ctx)
+    ctx.loop.advance(0.5)
+    assert down.log == [("local", 504), ("done",)]
+    assert ctx.cluster.stats.upstream_rq_timeout == 1
+    late = ctx.connects[0].succeed()  # the connect ends after all: kept for the next request
+    assert not late.closed and ctx.eps[0].idle == [late]
+    assert ctx.eps[0].connecting == 0
+
+
+# -- max_connecting: a cold pool opens a few connections at a time ------------------------
+
+def test_requests_past_max_connecting_wait_for_the_first_free_connection() -> None:
+    ctx = Context(endpoints=1, max_connecting=2, route_timeout=5.0)
+    got = [request(ctx) for _ in range(4)]
+    stats = ctx.cluster.stats
+    assert len(ctx.connects) == 2  # two connects under way; two requests in line
+    assert (stats.upstream_rq_pending_total, stats.upstream_rq_pending_active) == (2, 2)
+    first = ctx.connects[0].succeed()  # a connect slot is free: the third connects
+    ctx.loop.run_soon()
+    assert len(ctx.connects) == 3 and stats.upstream_rq_pending_active == 1
+    first.sink.on_response_head(200, [], 0, False)
+    first.sink.on_response_complete()  # back in the pool: the fourth takes it, no connect
+    ctx.loop.run_soon()
+    assert len(ctx.connects) == 3 and stats.upstream_rq_pending_active == 0
+    assert first.sink is got[3][0]
+    first.sink.on_response_head(200, [], 0, False)
+    first.sink.on_response_complete()
+    for c in ctx.connects[1:]:
+        up = c.succeed()
+        up.sink.on_response_head(200, [], 0, False)
+        up.sink.on_response_complete()
+    assert all(d.log == [("head", 200), ("end", None), ("done",)] for _, d in got)
+    assert ctx.eps[0].connecting == 0 and not ctx.eps[0].waiting
+
+
+def test_a_request_in_line_is_bounded_by_the_route_timeout() -> None:
+    ctx = Context(endpoints=1, max_connecting=1, route_timeout=1.0)
+    _a, first = request(ctx)
+    ctx.loop.advance(0.5)
+    _b, second = request(ctx)
+    assert len(ctx.connects) == 1
+    ctx.loop.advance(1.0)  # the first's route timeout: it was still connecting
+    assert first.log == [("local", 504), ("done",)]
+    assert second.log == []
+    ctx.loop.advance(1.5)  # the second's, in line
+    assert second.log == [("local", 504), ("done",)]
+    stats = ctx.cluster.stats
+    assert (stats.upstream_rq_timeout, stats.upstream_rq_pending_active) == (2, 0)
+    assert not ctx.eps[0].waiting
+
+
+def test_a_request_cut_in_line_passes_its_turn_on() -> None:
+    """The shutdown deadline cuts a request waiting for a connection as it cuts any other
+    (the codec answers it); the one behind it gets the connection."""
+    ctx = Context(endpoints=1, max_connecting=1)
+    request(ctx)
+    cut, _ = request(ctx)
+    third, down = request(ctx)
+    # what the codecs' ``cut`` does to an exchange with no response byte sent
+    cut.finished = cut.resp_done = True
+    cut.detach()
+    cut.settle(False)
+    assert ctx.cluster.stats.upstream_rq_pending_active == 1
+    ctx.connects[0].succeed()
+    ctx.loop.run_soon()
+    assert len(ctx.connects) == 2  # the third's turn came
+    up = ctx.connects[1].succeed()
+    assert up.sink is third
+    up.sink.on_response_head(200, [], 0, False)
+    up.sink.on_response_complete()
+    assert down.log == [("head", 200), ("end", None), ("done",)]

@@ -61,8 +61,9 @@ def test_scope_field_names_match_envoy() -> None:
         "downstream_rq_active",
     } == HttpStats.GAUGES
     assert {"goaway_sent", "rx_reset", "tx_reset"} <= {f.name for f in fields(Http2Stats)}
-    assert {"upstream_cx_active", "upstream_rq_active", "membership_total", "membership_healthy",
-            "membership_excluded", "lb_persistence_records"} == ClusterStats.GAUGES
+    assert {"upstream_cx_active", "upstream_rq_active", "upstream_rq_pending_active",
+            "membership_total", "membership_healthy", "membership_excluded",
+            "lb_persistence_records"} == ClusterStats.GAUGES
     assert {"live", "state", "uptime", "total_connections", "hot_restart_epoch",
             "parent_connections", "prestop_state"} == ServerStats.GAUGES
     assert {"active"} == DrainStats.GAUGES

@@ -9,6 +9,7 @@ instance. Replaying the request body (and its size limit) is the shell's busines
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import IntEnum
 
 # RFC 9110 §9.2.2: the methods whose intended effect is the same however often repeated.
@@ -57,6 +58,9 @@ class Retry(IntEnum):
     FRESH = 3  # once more, on a fresh connection to the same endpoint
     ELSEWHERE = 4  # another endpoint if the policy and budget allow one, else answer
     ELSEWHERE_OR_FRESH = 5  # another endpoint, else once more to the same one, else answer
+    # another endpoint, else the same one after a jittered back-off (HAProxy's ``retries``
+    # reconnect to the same server), else answer
+    ELSEWHERE_OR_LATER = 6
 
 
 def decide(failure: Failure, *, started: bool, kept: bool, idempotent: bool, stale: bool,
@@ -70,7 +74,8 @@ def decide(failure: Failure, *, started: bool, kept: bool, idempotent: bool, sta
     if started or failure is Failure.AFTER_HEAD:
         return Retry.ABORT, 0
     if failure is Failure.CONNECT:
-        return Retry.ELSEWHERE, 503  # never sent: any request may go anywhere
+        # never sent: any request may go anywhere, the same endpoint too once it had a moment
+        return Retry.ELSEWHERE_OR_LATER, 503
     if failure is Failure.TIMEOUT:
         return Retry.FAIL, 504  # it may still run: never sent twice
     if failure is Failure.REFUSED:
@@ -84,6 +89,13 @@ def decide(failure: Failure, *, started: bool, kept: bool, idempotent: bool, sta
     if stale and not retried:
         return Retry.FRESH, 502
     return Retry.ELSEWHERE, 502
+
+
+def back_off(retry: int, base: float, cap: float, rng: Callable[[], float]) -> float:
+    """The wait before ``retry`` (1 = the first) to the same endpoint: Envoy's fully jittered
+    exponential back-off (router ``retry_back_off``), uniform in [0, (2**retry - 1) * base],
+    at most ``cap``; jittered so requests failed together do not come back together."""
+    return rng() * min(cap, (2.0 ** min(max(retry, 1), 62) - 1.0) * base)
 
 
 class RetryBudget:

@@ -533,17 +533,24 @@ class H2Pool:
         # Connections being opened, per endpoint, with the streams promised on each.
         self.opening: dict[Endpoint, list[tuple[asyncio.Future[H2UpstreamConnection], list[
             asyncio.Future[H2UpstreamStream]]]]] = {}
+        # Streams in line, per endpoint: every connection being opened is full and there are
+        # ``max_connecting`` of them. Placed again when one of those is open (or failed).
+        self.waiting: dict[Endpoint, list[asyncio.Future[H2UpstreamStream]]] = {}
 
     def connect(self, ep: Endpoint) -> asyncio.Future[H2UpstreamStream]:
         """A stream on a connection with room, or on one being opened for it."""
         fut: asyncio.Future[H2UpstreamStream] = self.loop.create_future()
+        self._place(ep, fut)
+        return fut
+
+    def _place(self, ep: Endpoint, fut: asyncio.Future[H2UpstreamStream]) -> None:
         room = self.max_streams  # what a new connection is expected to take
         for c in ep.shared:
             conn = cast("H2UpstreamConnection", c)
             if conn.can_open or (conn.alive and not conn.goaway and conn.allows_none):
                 # (an upstream that allows no stream refuses it: no new connection for that)
                 fut.set_result(conn.new_stream())
-                return fut
+                return
             if conn.h2.settings:
                 # the endpoint's SETTINGS, as its last connection said (at least one: an
                 # upstream that allows none must not make every request open a connection)
@@ -553,12 +560,14 @@ class H2Pool:
         for _, waiters in pending:
             if len(waiters) < room:
                 waiters.append(fut)
-                return fut
+                return
+        if ep.max_connecting and len(pending) >= ep.max_connecting:
+            self.waiting.setdefault(ep, []).append(fut)
+            return
         conn_fut = asyncio.ensure_future(self._open(ep))
         waiters = [fut]
         pending.append((conn_fut, waiters))
         conn_fut.add_done_callback(lambda f: self._opened(ep, f, waiters))
-        return fut
 
     def _opened(self, ep: Endpoint, f: asyncio.Future[H2UpstreamConnection],
                 waiters: list[asyncio.Future[H2UpstreamStream]]) -> None:
@@ -582,6 +591,13 @@ class H2Pool:
             # connect finished, a request in between would see it empty and take a stream,
             # and the waiters would then overfill it (one queued behind the limit).
             ep.shared.append(f.result())
+        # A connect slot is free (and maybe streams on the new connection): those in line
+        # are placed again, in order.
+        line = self.waiting.pop(ep, None)
+        if line:
+            for w in line:
+                if not w.done():
+                    self._place(ep, w)
 
     async def _open(self, ep: Endpoint) -> H2UpstreamConnection:
         cluster = self.cluster

@@ -9,21 +9,28 @@ its router filter from the codecs the same way; hypercorn drives both of its cod
 ``HTTPStream``.
 
 Retries (RFC 9110 §9.2.2, RFC 9113 §8.7) follow one table, ``drain.retry.decide``: a request
-never sent (connect failed) may go anywhere; one reset before any response byte is sent again
-only if it is safe (idempotent method, ``Idempotency-Key`` or ``Resume-Seq``) and its body is
-still kept (``REPLAY_LIMIT``); one an HTTP/2 upstream refused unprocessed may always be sent
-again. Other endpoints come from the cluster's retry policy and budget
-(``Cluster.retry_target``); a stale pooled connection is retried once on a fresh one to the same
+never sent (connect failed) may go anywhere, and to the same endpoint again after a jittered
+back-off when no other can take it (HAProxy's ``retries``); one reset before any response byte
+is sent again only if it is safe (idempotent method, ``Idempotency-Key`` or ``Resume-Seq``) and
+its body is still kept (``REPLAY_LIMIT``); one an HTTP/2 upstream refused unprocessed may always
+be sent again. Every retry needs the cluster's retry policy and budget
+(``Cluster.retry_allowed``); a stale pooled connection is retried once on a fresh one to the same
 endpoint.
+
+A new HTTP/1.1 connection waits in line when its endpoint has ``max_connecting`` connects under
+way (``Endpoint.may_connect``). From the first new connection on, the route timeout covers the
+whole request: the line, the connect, a back-off and every retry (Envoy's route timeout spans
+the retries too); a request still without an upstream then is answered 504.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from lameduck.drain.endpoint import Layer
-from lameduck.drain.retry import Failure, Retry, decide
+from lameduck.drain.retry import Failure, Retry, back_off, decide
 from lameduck.proxy.local import RETRY_AFTER
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.upstream.connector import Fields, UpstreamConn, UpstreamError
@@ -53,6 +60,7 @@ class ExchangeContext(Protocol):
     process: ProcessDrain
     router: Router
     health_check_path: bytes | None
+    rng: Callable[[], float]  # uniform in [0, 1): the retry back-off's jitter
 
     def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
     def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]: ...
@@ -127,6 +135,9 @@ class Exchange:
     cluster: Cluster | None = None
     endpoint: Endpoint | None = None
     route_timeout = 0.0
+    deadline = 0.0  # loop time the route timeout ends, set at the first new connection
+    dialing = False  # counted in its endpoint's connects under way (``max_connecting``)
+    queued = False  # in line for a connection to its endpoint
     reused = False  # on a pooled connection (it may have been closed by the upstream)
     retried = False  # sent again once on a fresh connection (a stale pooled one, a refusal)
     tries = 0  # retries on other endpoints (retry_policy.num_retries)
@@ -158,6 +169,9 @@ class Exchange:
         self.is_head = method == b"HEAD"
         # Set here, not as class defaults: mypyc leaves a protocol-typed default undefined.
         self.up: UpstreamConn | None = None
+        # The one timer of the slow path: the route timeout while in line or connecting, or
+        # the back-off before a retry.
+        self.timer: asyncio.TimerHandle | None = None
         # A tunnel's parts, kept by the codec: a CONNECT stream's destination socket, this
         # stream as a relay side, the relay.
         self.tunnel: Any = None
@@ -283,7 +297,7 @@ class Exchange:
             self.attach(conn)  # type: ignore[arg-type]
         else:
             self.reused = False
-            self.down.ctx.connect(cluster, ep).add_done_callback(self._connected)
+            self._open(ep)
 
     def _sticky(self, cluster: Cluster) -> Endpoint | None:
         """The drain-stop persistence decision; a new record under a cookie sets the cookie."""
@@ -296,15 +310,133 @@ class Exchange:
                                                                now_key.encode())
         return ep
 
+    def _open(self, ep: Endpoint) -> None:
+        """A new connection to ``ep``: opened now, or in line for the first free one when
+        ``max_connecting`` connects to it are under way (HTTP/2 pools keep their own line)."""
+        cluster = self.cluster
+        assert cluster is not None
+        if not self.deadline and self.route_timeout > 0:
+            self.deadline = self.down.ctx.loop.time() + self.route_timeout
+        if cluster.connector is None and not ep.may_connect():
+            self.queued = True
+            ep.waiting.append(self._woken)
+            cs = cluster.stats
+            cs.upstream_rq_pending_total += 1
+            cs.upstream_rq_pending_active += 1
+            self._arm_deadline()
+            return
+        self._dial(ep)
+
+    def _dial(self, ep: Endpoint) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        if cluster.connector is None:  # one connection per exchange: counted against the cap
+            ep.connecting += 1
+            self.dialing = True
+        fut = self.down.ctx.connect(cluster, ep)
+        if not fut.done():
+            self._arm_deadline()
+        fut.add_done_callback(self._connected)
+
+    def _arm_deadline(self) -> None:
+        if self.deadline and self.timer is None:
+            self.timer = self.down.ctx.loop.call_at(self.deadline, self._no_upstream_in_time)
+
+    def _no_upstream_in_time(self) -> None:
+        """The route timeout ended in line or while connecting: 504, as Envoy answers it."""
+        self.timer = None
+        ep = self.endpoint
+        cluster = self.cluster
+        assert cluster is not None and ep is not None
+        if self.queued:
+            self._leave_line(ep)
+        if self.resp_done or self.down.gone:
+            return
+        cluster.stats.upstream_rq_timeout += 1
+        ep.rq_timeout += 1
+        self.local_error(UpstreamError.TIMEOUT, UPSTREAM_ERROR_BODY[UpstreamError.TIMEOUT])
+
+    def _woken(self) -> None:
+        """A connection to this request's endpoint became free: a pooled one to take, or a
+        connect slot. Nothing free after all (a new request took it): first in line again."""
+        ep = self.endpoint
+        assert ep is not None
+        if not self.queued:
+            self._wake_next(ep)  # gave up meanwhile: the turn passes on
+            return
+        down = self.down
+        if self.resp_done or down.gone or down.closing:
+            self._left_line()
+            self._wake_next(ep)
+            return
+        conn = ep.acquire()
+        if conn is not None:
+            self._left_line()
+            self._stop_timer()  # the upstream keeps what is left of the route timeout
+            self.reused = True
+            self.attach(conn)  # type: ignore[arg-type]
+        elif ep.may_connect_next():
+            self._left_line()
+            self._dial(ep)  # the deadline timer runs on through the connect
+        else:
+            ep.waiting.appendleft(self._woken)
+
+    def _wake_next(self, ep: Endpoint) -> None:
+        """A connection to ``ep`` became free: the first in line gets its turn (soon, not
+        from inside the codec callback that freed it)."""
+        wake = ep.next_waiting()
+        if wake is not None:
+            self.down.ctx.loop.call_soon(wake)
+
+    def _left_line(self) -> None:
+        self.queued = False
+        assert self.cluster is not None
+        self.cluster.stats.upstream_rq_pending_active -= 1
+
+    def _leave_line(self, ep: Endpoint) -> None:
+        ep.leave_line(self._woken)
+        self._left_line()
+
+    def _stop_timer(self) -> None:
+        timer = self.timer
+        if timer is not None:
+            self.timer = None
+            timer.cancel()
+
+    def _stop_waiting(self) -> None:
+        """The exchange ends: no timer fires for it, and it leaves the line."""
+        self._stop_timer()
+        if self.queued:
+            ep = self.endpoint
+            assert ep is not None
+            self._leave_line(ep)
+
     def _connected(self, fut: asyncio.Future[UpstreamConn]) -> None:
+        self._stop_timer()
+        ep = self.endpoint
+        assert ep is not None
+        if self.dialing:
+            self.dialing = False
+            ep.connecting -= 1
+            self._wake_next(ep)
         if self.resp_done or self.down.gone:
             if not fut.cancelled() and fut.exception() is None:
-                fut.result().close()
+                self._spare(fut.result(), ep)
             return
         if fut.cancelled() or fut.exception() is not None:
             self._never_sent()
             return
         self.attach(fut.result())
+
+    def _spare(self, conn: UpstreamConn, ep: Endpoint) -> None:
+        """A new connection this exchange no longer needs: pooled for the next request (one in
+        line takes it), closed if it cannot be."""
+        cluster = self.cluster
+        assert cluster is not None
+        if cluster.connector is None and conn.reusable and ep.release(conn, cluster.clock()):
+            self._wake_next(ep)
+            return
+        conn.close()
 
     def _never_sent(self) -> None:
         """The connection failed before the request went: any request may go elsewhere."""
@@ -314,25 +446,52 @@ class Exchange:
         cluster.connect_failed(ep)
         action, _ = decide(Failure.CONNECT, started=self.resp_started, kept=True,
                            idempotent=self.retryable, stale=False, retried=self.retried)
-        if action is Retry.ELSEWHERE and self._retry_elsewhere():
+        if (action is Retry.ELSEWHERE or action is Retry.ELSEWHERE_OR_LATER) and \
+                self._retry_elsewhere(later=action is Retry.ELSEWHERE_OR_LATER):
             return
         self.local_error(UpstreamError.CONNECT, UPSTREAM_ERROR_BODY[UpstreamError.CONNECT])
 
-    def _retry_elsewhere(self) -> bool:
+    def _retry_elsewhere(self, later: bool = False) -> bool:
         """Send the request to another endpoint if the policy and budget allow (the caller
-        has checked that it is safe)."""
+        has checked that it is safe); ``later``: else to the same one after a back-off."""
         cluster = self.cluster
         ep = self.endpoint
         assert cluster is not None and ep is not None
         down = self.down
         if self.resp_started or down.gone or down.closing:
             return False
-        target = cluster.retry_target(ep, self.tries, self.retrying)
-        if target is None:
+        if not cluster.retry_allowed(self.tries, self.retrying):
             return False
+        target = cluster.pick(ep)
+        if target is None:
+            return later and self._retry_later(ep)
         self.tries += 1
         self._retry(target)
         return True
+
+    def _retry_later(self, ep: Endpoint) -> bool:
+        """The same endpoint again after a jittered back-off; False when the route timeout
+        would end first (the request is answered now rather than at its deadline)."""
+        cluster = self.cluster
+        assert cluster is not None
+        ctx = self.down.ctx
+        loop = ctx.loop
+        at = loop.time() + back_off(self.tries + 1, cluster.back_off_base,
+                                    cluster.back_off_max, ctx.rng)
+        if self.deadline and at >= self.deadline:
+            return False
+        self.tries += 1
+        self._stop_timer()
+        self.timer = loop.call_at(at, self._backed_off)
+        return True
+
+    def _backed_off(self) -> None:
+        self.timer = None
+        ep = self.endpoint
+        assert ep is not None
+        if self.resp_done or self.down.gone or self.down.closing:
+            return
+        self._retry(ep)
 
     def attach(self, up: UpstreamConn) -> None:
         down = self.down
@@ -360,8 +519,10 @@ class Exchange:
             return
         if down.write_paused:
             up.pause_reading()  # the client is behind: this response waits for it too
-        up.start(self, self.head, self.is_head, self.route_timeout, self.chunked_req,
-                 self.fields)
+        timeout = self.route_timeout
+        if self.deadline:  # what is left of it after the line, the connect, the retries
+            timeout = max(self.deadline - down.ctx.loop.time(), 0.001)
+        up.start(self, self.head, self.is_head, timeout, self.chunked_req, self.fields)
         if self.up is not up:
             return  # refused at once (an HTTP/2 connection that went away): retried or answered
         if self.buffered:
@@ -401,11 +562,14 @@ class Exchange:
             up.resume_reading()
         if (reusable and self.req_done and up.reusable
                 and ep.release(up, cluster.clock())):
+            if ep.waiting:
+                self._wake_next(ep)  # the first in line takes it
             return
         up.close()
 
     def detach(self) -> None:
         """The exchange ends without its upstream (cut, reset, connection lost)."""
+        self._stop_waiting()
         self._detach(reusable=False)
 
     # -- ExchangeSink: what the upstream reports ------------------------------------------------
@@ -544,7 +708,7 @@ class Exchange:
             self.endpoint = target
             if self.pkey is not None:
                 cluster.rebind(self.pkey, target, cluster.clock())
-        self.down.ctx.connect(cluster, target).add_done_callback(self._connected)
+        self._open(target)
 
     def local_error(self, status: int, body: bytes,
                     extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
@@ -583,6 +747,8 @@ class Exchange:
         a shutdown waits on)."""
         st = self.stats
         st.downstream_rq_active -= 1
+        if self.timer is not None or self.queued:
+            self._stop_waiting()
         if self.retrying:  # every way an exchange ends comes here: its retry slot is given back
             self.retrying = False
             assert self.cluster is not None

@@ -125,6 +125,8 @@ class ClusterStats:
     upstream_cx_idle_timeout: int = 0
     upstream_rq_total: int = 0
     upstream_rq_active: int = 0
+    upstream_rq_pending_total: int = 0  # waited in line for a connection (max_connecting)
+    upstream_rq_pending_active: int = 0
     upstream_rq_1xx: int = 0
     upstream_rq_2xx: int = 0
     upstream_rq_3xx: int = 0
@@ -159,7 +161,8 @@ class ClusterStats:
             self.upstream_rq_1xx += 1
 
 
-name_gauges(ClusterStats, {"upstream_cx_active", "upstream_rq_active", "membership_total",
+name_gauges(ClusterStats, {"upstream_cx_active", "upstream_rq_active",
+                           "upstream_rq_pending_active", "membership_total",
                            "membership_healthy", "membership_excluded",
                            "lb_persistence_records"})
 

@@ -36,10 +36,11 @@ Schedule = Callable[[float, Callable[[], None]], Any]
 class Cluster:
     """Endpoints balanced over those READY and healthy, with persistence and drain stop."""
 
-    __slots__ = ("available", "balancer", "budget", "by_cookie", "clock", "connect_timeout",
-                 "connector", "cookie_name", "endpoints", "idle_timeout", "lb_policy", "name",
-                 "num_retries", "on_change", "outlier", "outlier_stats", "persistence",
-                 "retries_active", "schedule", "stats", "uneject_timer")
+    __slots__ = ("available", "back_off_base", "back_off_max", "balancer", "budget",
+                 "by_cookie", "clock", "connect_timeout", "connector", "cookie_name",
+                 "endpoints", "idle_timeout", "lb_policy", "name", "num_retries", "on_change",
+                 "outlier", "outlier_stats", "persistence", "retries_active", "schedule",
+                 "stats", "uneject_timer")
 
     def __init__(
         self,
@@ -75,6 +76,10 @@ class Cluster:
         self.outlier: OutlierDetector | None = None
         self.outlier_stats = OutlierStats()
         self.num_retries = 2
+        # A never-sent request retried on the same endpoint waits first (Envoy's
+        # retry_back_off defaults: 25 ms base, ten times that at most).
+        self.back_off_base = 0.025
+        self.back_off_max = 0.25
         self.budget = RetryBudget()
         self.retries_active = 0
         self.available: list[Endpoint] = []
@@ -155,16 +160,23 @@ class Cluster:
         if self.persistence is not None:
             self.persistence.record(key, ep, now)
 
-    def retry_target(self, failed: Endpoint, tries: int, retrying: bool) -> Endpoint | None:
-        """Another endpoint for a retry, if the policy and the budget allow one. ``retrying``:
-        this request is retrying already; its slot in the budget is reused, as Envoy releases
-        the previous retry before it asks for the next."""
+    def retry_allowed(self, tries: int, retrying: bool) -> bool:
+        """May a request that has made ``tries`` retries make one more (``num_retries``, the
+        budget)? A refusal is counted. ``retrying``: this request is retrying already; its slot
+        in the budget is reused, as Envoy releases the previous retry before it asks for the
+        next."""
         st = self.stats
         if tries >= self.num_retries:
             st.upstream_rq_retry_limit_exceeded += 1
-            return None
+            return False
         if not self.budget.allows(st.upstream_rq_active, self.retries_active - retrying):
             st.upstream_rq_retry_overflow += 1
+            return False
+        return True
+
+    def retry_target(self, failed: Endpoint, tries: int, retrying: bool) -> Endpoint | None:
+        """Another endpoint for a retry, if the policy and the budget allow one."""
+        if not self.retry_allowed(tries, retrying):
             return None
         return self.pick(failed)
 

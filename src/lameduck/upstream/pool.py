@@ -4,11 +4,19 @@ The pool knows nothing of HTTP: it gets a connection factory from the wiring in
 ``server/build.py`` (upstream/ must not import the codecs). Idle connections are reused last-in,
 first-out, so a steady load keeps a small hot set and the surplus ages out by idle timeout
 instead of being churned.
+
+New connections still being opened to one endpoint are capped (``max_connecting``): a cold
+pool (after a hot restart) meets a burst of requests with a few connects at a time, and the
+rest wait in line for the first connection that is free — one that finished connecting
+frees a slot, one given back to the pool is taken — instead of opening a storm of connects
+that an origin with a short accept queue (the Python standard library's ``socketserver``
+listens with a backlog of 5) drops.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -48,13 +56,15 @@ class Endpoint:
     """One upstream address: its drain state and health, its pool of idle connections and its
     shared (HTTP/2) ones, every connection open to it (to sever them), and its counters."""
 
-    __slots__ = ("address", "agent_port", "agent_said", "agent_up", "conns", "cx_active",
-                 "cx_connect_fail", "cx_total", "drain", "ejected", "hc_ok", "host", "idle",
-                 "max_idle", "maxconn", "port", "rq_active", "rq_error", "rq_success",
-                 "rq_timeout", "rq_total", "shared", "weight", "weight_config")
+    __slots__ = ("address", "agent_port", "agent_said", "agent_up", "connecting", "conns",
+                 "cx_active", "cx_connect_fail", "cx_total", "drain", "ejected", "hc_ok", "host",
+                 "idle", "max_connecting", "max_idle", "maxconn", "port", "rq_active",
+                 "rq_error", "rq_success", "rq_timeout", "rq_total", "shared", "waiting",
+                 "weight", "weight_config")
 
     def __init__(self, host: str, port: int, max_idle: int, weight: int = 1,
-                 drain: EndpointDrain | None = None, agent_port: int | None = None) -> None:
+                 drain: EndpointDrain | None = None, agent_port: int | None = None,
+                 max_connecting: int = 0) -> None:
         self.host = host
         self.port = port
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -62,6 +72,10 @@ class Endpoint:
         self.idle: list[PooledConnection] = []
         self.shared: list[SharedConnection] = []  # open, in the order they were opened
         self.conns: set[Severable] = set()  # every open connection (and TCP relay)
+        self.max_connecting = max_connecting  # new connections being opened at once; 0 = any
+        self.connecting = 0
+        # Requests in line for a connection (their wake-ups), first come first served.
+        self.waiting: deque[Callable[[], None]] = deque()
         self.drain = drain if drain is not None else EndpointDrain()
         self.weight_config = weight
         self.weight = weight  # as an agent's "N%" scaled it
@@ -117,6 +131,25 @@ class Endpoint:
             if conn.reusable:
                 return conn
         return None
+
+    def may_connect(self) -> bool:
+        """May a new connection be opened now: fewer than ``max_connecting`` are being opened
+        and nobody is in line before the caller?"""
+        return not self.waiting and (not self.max_connecting
+                                     or self.connecting < self.max_connecting)
+
+    def may_connect_next(self) -> bool:
+        """The same for the first in line (woken by ``next_waiting``)."""
+        return not self.max_connecting or self.connecting < self.max_connecting
+
+    def next_waiting(self) -> Callable[[], None] | None:
+        """A connection became free (connected, or given back): the first in line's wake-up."""
+        return self.waiting.popleft() if self.waiting else None
+
+    def leave_line(self, wake: Callable[[], None]) -> None:
+        """A request in line gave up (timed out, cut, its client gone)."""
+        with contextlib.suppress(ValueError):
+            self.waiting.remove(wake)
 
     def release(self, conn: PooledConnection, now: float) -> bool:
         """Give a finished connection back; False means the caller must close it."""
