@@ -244,7 +244,7 @@ def test_every_model_forbids_extra_keys_and_is_frozen() -> None:
         return found
 
     models = set(walk(Config))
-    assert len(models) == 18
+    assert len(models) == 19
     for model in models:
         assert model.model_config.get("extra") == "forbid", model
         assert model.model_config.get("frozen") is True, model
@@ -736,3 +736,29 @@ def test_grace_that_empties_the_proactive_window_is_warned_with_numbers(
     [line] = lines
     assert line.startswith("w.yaml: drain.connection_grace: "), line
     assert "is >= drain.time/3" in line and "proactive drain window [2T/3, T - G) is empty" in line
+
+
+@pytest.mark.parametrize(
+    ("new", "expected"),
+    [
+        ("endpoints: [127.0.0.1:8080]\n    max_connecting: -1",
+         "lameduck.yaml: clusters[0].max_connecting: Input should be greater than or equal to 0 "
+         "(got -1)"),
+        ("endpoints: [127.0.0.1:8080]\n"
+         "    retry_policy: {retry_back_off: {base_interval: 100ms, max_interval: 50ms}}",
+         "lameduck.yaml: clusters[0].retry_policy.retry_back_off.max_interval: must be >= "
+         "base_interval (100ms), got 50ms"),
+        ("endpoints: [127.0.0.1:8080]\n    retry_policy: {retry_back_off: {base_interval: 0s}}",
+         "lameduck.yaml: clusters[0].retry_policy.retry_back_off.base_interval: must be greater "
+         "than 0s, got 0s"),
+    ],
+)
+def test_connect_retry_and_max_connecting_keys_name_the_field(new: str, expected: str) -> None:
+    assert error_lines(VALID.replace("endpoints: [127.0.0.1:8080]", new, 1)) == [expected]
+
+
+def test_connect_retry_and_max_connecting_defaults() -> None:
+    cluster = default_config().clusters[0]
+    assert cluster.max_connecting == 4
+    back_off = cluster.retry_policy.retry_back_off
+    assert (back_off.base_interval, back_off.cap) == (0.025, 0.25)

@@ -571,14 +571,39 @@ class RetryBudgetConfig(BaseModel):
     min_retry_concurrency: int = Field(10, ge=0)
 
 
+class RetryBackOffConfig(BaseModel):
+    """Envoy's retry_back_off: the wait before a never-sent request is tried again on the same
+    endpoint, uniform in [0, (2^n - 1) x base_interval] for retry n, at most max_interval."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_interval: PositiveDuration = 0.025
+    max_interval: PositiveDuration | None = None  # null: 10 x base_interval (Envoy's default)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.max_interval is not None and self.max_interval < self.base_interval:
+            _fail("RetryBackOffConfig", [(("max_interval",), "must be >= base_interval "
+                                          f"({format_duration(self.base_interval)}), got "
+                                          f"{format_duration(self.max_interval)}",
+                                          format_duration(self.max_interval))])
+        return self
+
+    @property
+    def cap(self) -> float:
+        return self.max_interval if self.max_interval is not None else 10 * self.base_interval
+
+
 class RetryPolicyConfig(BaseModel):
-    """Retries on another endpoint, only when safe: never sent, idempotent method,
-    Idempotency-Key, or refused unprocessed by HTTP/2. 0 retries: none."""
+    """Retries, only when safe: never sent, idempotent method, Idempotency-Key, or refused
+    unprocessed by HTTP/2. A never-sent request with no other endpoint to go to is tried on
+    the same one after retry_back_off (HAProxy's `retries`). 0 retries: none."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     num_retries: int = Field(2, ge=0, le=10)
     retry_budget: RetryBudgetConfig = RetryBudgetConfig()
+    retry_back_off: RetryBackOffConfig = RetryBackOffConfig()
 
 
 class ClusterConfig(BaseModel):
@@ -591,6 +616,10 @@ class ClusterConfig(BaseModel):
     endpoints: Annotated[tuple[Endpoint, ...], AfterValidator(_non_empty("endpoint"))]
     connect_timeout: PositiveDuration = 1.0
     max_idle_connections: int = Field(256, ge=0)  # per endpoint; 0 = no pooling
+    # New connections per endpoint being opened at once (0 = no cap); more requests wait for
+    # the first free connection. 4: below the smallest accept backlog seen in practice (the
+    # Python standard library's socketserver listens with 5), so a cold pool's burst fits.
+    max_connecting: int = Field(4, ge=0, le=1024)
     idle_timeout: Duration = 30.0  # pooled upstream connection idle timeout; 0 = none
     # "http1": a keep-alive pool, one request per connection at a time; "h2": HTTP/2 with
     # prior knowledge (h2c), many streams per connection (Envoy's explicit http2 config).

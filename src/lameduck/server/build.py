@@ -110,7 +110,7 @@ def make_cluster(cc: ClusterConfig, loop: asyncio.AbstractEventLoop,
         drain = EndpointDrain(cc.drain_stop, cc.drop_at_drain_end,
                               cc.clear_persistence_on_drain)
         eps.append(Endpoint(e.host, e.port, cc.max_idle_connections, e.weight, drain,
-                            e.agent_port))
+                            e.agent_port, cc.max_connecting))
     cluster = Cluster(cc.name, eps, cc.connect_timeout, cc.idle_timeout, cc.lb_policy,
                       rng)
     cluster.schedule = loop.call_at
@@ -132,6 +132,8 @@ def make_cluster(cc: ClusterConfig, loop: asyncio.AbstractEventLoop,
             cluster.outlier.add(ep)
     rp = cc.retry_policy
     cluster.num_retries = rp.num_retries
+    cluster.back_off_base = rp.retry_back_off.base_interval
+    cluster.back_off_max = rp.retry_back_off.cap
     cluster.budget = RetryBudget(rp.retry_budget.budget_percent,
                                  rp.retry_budget.min_retry_concurrency)
     return cluster
