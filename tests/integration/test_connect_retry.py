@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -113,3 +115,32 @@ def test_a_burst_on_a_cold_pool_opens_at_most_max_connecting_at_once(lameduck: A
         if origin is not None:
             stop(origin)
         sock.close()
+
+
+def test_an_http2_pool_opens_at_most_max_connecting_connections_at_once() -> None:
+    """HTTP/2 multiplexes, so the pool caps connections, not requests: with one stream per
+    connection and max_connecting 1, a burst of three opens one connection; the others wait
+    in line and are placed as each open ends (here refused: loopback answers at once)."""
+    from lameduck.drain.endpoint import EndpointDrain
+    from lameduck.http2.connection import H2Limits
+    from lameduck.http2.upstream import H2Pool
+    from lameduck.upstream.cluster import Cluster
+    from lameduck.upstream.pool import Endpoint
+    from tests.procs import refusing_port
+
+    async def burst() -> None:
+        loop = asyncio.get_running_loop()
+        ep = Endpoint("127.0.0.1", refusing_port(), 4, 1, EndpointDrain(), max_connecting=1)
+        pool = H2Pool(Cluster("app", [ep], 1.0, 30.0), H2Limits(), 1, loop)
+        futs = [pool.connect(ep) for _ in range(3)]
+        assert len(pool.opening[ep]) == 1 and len(pool.waiting[ep]) == 2
+        opened_at_once = 1
+        for fut in futs:
+            with contextlib.suppress(OSError):
+                await asyncio.wait_for(fut, 5)
+            opened_at_once = max(opened_at_once, len(pool.opening.get(ep, [])))
+        assert opened_at_once == 1
+        assert all(isinstance(f.exception(), OSError) for f in futs)
+        assert ep.cx_connect_fail == 3 and not pool.waiting.get(ep)
+
+    asyncio.run(burst())
