@@ -86,12 +86,19 @@ def test_prestop_pitfall_rejected_then_solved(tmp_path: Path) -> None:
 
 
 def test_solve_from_the_defaults_is_accepted(tmp_path: Path) -> None:
-    """The embedded default config behind a Deployment with no preStop: several links break;
-    the text --solve prints is YAML that, applied, makes every link hold."""
+    """The embedded default config with a 15 s route timeout and a 60 s listener idle timeout,
+    behind a Deployment with no preStop: two links break; the text --solve prints is YAML that,
+    applied, makes every link hold."""
     dep = {"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"template": {"spec": {
         "containers": [{"name": "lameduck", "image": "lameduck"}]}}}}
     pod = write(tmp_path / "dep.yaml", dep)
-    out = budget("--pod", pod, "--solve", "--lb-idle", "60s", "--client-idle", "30s")
+    base = yaml.safe_load(
+        (Path(__file__).parents[2] / "src/lameduck/config/default.yaml").read_text())
+    base["listeners"][0]["idle_timeout"] = "60s"
+    base["listeners"][0]["routes"][0]["timeout"] = "15s"
+    cfg = write(tmp_path / "cfg.yaml", base)
+    out = budget("--pod", pod, "--config", cfg, "--solve", "--lb-idle", "60s",
+                 "--client-idle", "30s")
     assert out.returncode == EXIT_BROKEN
     assert "container 'lameduck' has no preStop hook" in out.stdout
     for name in ("keepalive-lb", "deadline"):
@@ -99,8 +106,6 @@ def test_solve_from_the_defaults_is_accepted(tmp_path: Path) -> None:
     # Serving until T after SIGTERM by default, lameduck holds the LB's detection time itself.
     assert "OK   lb-detection:" in out.stdout
     prop = yaml.safe_load(out.stdout.split("# --solve")[1].split("\n", 1)[1])
-    base = yaml.safe_load(
-        (Path(__file__).parents[2] / "src/lameduck/config/default.yaml").read_text())
     dep["spec"]["template"].update(merge(dep["spec"]["template"], prop["pod"]))
     pod2 = write(tmp_path / "dep2.yaml", dep)
     cfg2 = write(tmp_path / "cfg2.yaml", merge(base, prop["lameduck"]))

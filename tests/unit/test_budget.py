@@ -247,7 +247,8 @@ shutdown: {deadline: 10s, stop_accepting: immediately}
 listeners:
   - {name: a, address: 127.0.0.1:10000, idle_timeout: 75s,
      routes: [{prefix: /, cluster: c, timeout: 5s}, {prefix: /up, cluster: c, timeout: 8s}]}
-  - {name: b, address: 127.0.0.1:10001, idle_timeout: 0s, routes: [{cluster: c}]}
+  - {name: b, address: 127.0.0.1:10001, idle_timeout: 0s,
+     routes: [{cluster: c, timeout: 15s}]}
 clusters: [{name: c, endpoints: [127.0.0.1:8080]}]
 """
 
@@ -256,7 +257,7 @@ def test_budget_from_config() -> None:
     cfg = load_config_text(CFG)
     b = budget_from(cfg, pod_timers(pod(exec_("sleep", "55"))), lb_idle=60)
     assert (b.grace_period, b.prestop, b.drain_time, b.shutdown_deadline) == (60, 55, 5, 10)
-    assert b.max_request == 15  # the default route timeout of listener b
+    assert b.max_request == 15  # the longest route timeout, listener b's
     assert b.listener_idle == 75  # 0s is no limit
     assert not b.accept_until_drain_end
     assert budget_from(cfg, pod_timers(pod()), max_request=2, prestop=1).prestop == 1

@@ -199,10 +199,10 @@ def test_default_config_matches_the_documented_values() -> None:
     assert listener.drain_type is DrainType.DEFAULT
     assert listener.health_check_path == "/health_check.html"
     assert listener.request_headers_timeout == 10.0
-    assert listener.idle_timeout == 60.0
+    assert listener.idle_timeout == 75.0
     assert listener.max_request_headers_kb == 60
     [route] = listener.routes
-    assert (route.prefix, route.cluster, route.host, route.timeout) == ("/", "demo", None, 15.0)
+    assert (route.prefix, route.cluster, route.host, route.timeout) == ("/", "demo", None, 5.0)
     [cluster] = config.clusters
     assert cluster.name == "demo"
     assert [e.address for e in cluster.endpoints] == [HostPort("127.0.0.1", 8080)]
@@ -255,7 +255,7 @@ def test_json_dump_round_trips() -> None:
     dumped = config.model_dump(mode="json")
     assert dumped["drain"]["time"] == "20s"
     assert dumped["listeners"][0]["address"] == "127.0.0.1:10000"
-    assert dumped["listeners"][0]["idle_timeout"] == "1m"
+    assert dumped["listeners"][0]["idle_timeout"] == "75s"
     assert Config.model_validate(dumped) == config
 
 

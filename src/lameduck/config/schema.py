@@ -3,7 +3,8 @@
 Every model forbids unknown keys (a typo must not silently fall back to a default) and is frozen
 (the running proxy shares one Config; a reload builds a new one). Cross-field rules report the
 exact field path so `ConfigError` can say `shutdown.deadline: ...` rather than "invalid config".
-Defaults fit Kubernetes' 30 s grace period: drain 20 s inside a 25 s shutdown deadline.
+Defaults fit Kubernetes' 30 s grace period: drain 20 s, then at most a 5 s route timeout, inside a
+25 s shutdown deadline; a 75 s listener idle timeout above a 60 s load balancer idle timeout.
 """
 
 from __future__ import annotations
@@ -345,7 +346,7 @@ class RouteConfig(BaseModel):
     prefix: Annotated[str, AfterValidator(_check_path)] = "/"
     cluster: str
     host: Annotated[str | None, AfterValidator(_check_route_host)] = None
-    timeout: Duration = 15.0  # upstream response timeout; 0 = none
+    timeout: Duration = 5.0  # upstream response timeout; 0 = none
 
 
 def _readable_file(value: str) -> str:
@@ -428,7 +429,7 @@ class ListenerConfig(BaseModel):
     drain_type: DrainType = DrainType.DEFAULT
     health_check_path: Annotated[str | None, AfterValidator(_check_path)] = None
     request_headers_timeout: Duration = 10.0  # 0 = none
-    idle_timeout: Duration = 60.0  # downstream keep-alive idle timeout; 0 = none
+    idle_timeout: Duration = 75.0  # downstream keep-alive idle timeout; 0 = none
     max_request_headers_kb: int = Field(60, ge=1, le=8192)
     tls: TlsConfig | None = None
     http2: Http2Config = Http2Config()
