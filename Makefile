@@ -22,7 +22,7 @@ HOT   := lameduck/http1/wire.py lameduck/http1/upstream.py lameduck/http1/downst
 # Every compiled module (also those of an older HOT list).
 BUILT := src/*__mypyc*.so $$(find src/lameduck -name '*.so')
 
-.PHONY: run test lint bench clean fast pure
+.PHONY: run test lint bench clean fast pure install
 
 $(STAMP): pyproject.toml
 	python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -49,6 +49,28 @@ pure:
 
 run: $(FAST)
 	$(VENV)/bin/lameduck run $(if $(CONFIG),-c $(CONFIG))
+
+# The installed command the systemd unit runs (deploy/systemd/lameduck.service: ExecStart=
+# /usr/local/bin/lameduck): a venv of its own under $(PREFIX)/lib/lameduck with lameduck and
+# its dependencies from the package index (pure Python: no compiler needed), and a symlink
+# $(PREFIX)/bin/lameduck to its entry point. Run again to upgrade in place. No DESTDIR: a venv
+# records its own path, so it must be built where it runs.
+# PYTHON: the interpreter the venv links to; the unit's ProtectHome=yes hides /root and /home,
+# so under systemd it must live elsewhere (Debian's /usr/bin/python3, not a pyenv shim).
+PREFIX ?= /usr/local
+PYTHON ?= python3
+
+install:
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "lameduck needs Python >= 3.11 as $(PYTHON)" >&2; exit 1; }
+	$(PYTHON) -m venv $(PREFIX)/lib/lameduck || \
+	  { bash scripts/ensure-debs.sh python3-venv && $(PYTHON) -m venv $(PREFIX)/lib/lameduck; }
+	$(PREFIX)/lib/lameduck/bin/python -m pip install -q --upgrade pip
+	$(PREFIX)/lib/lameduck/bin/python -m pip install -q .
+	mkdir -p $(PREFIX)/bin
+	ln -sfn $(abspath $(PREFIX))/lib/lameduck/bin/lameduck $(PREFIX)/bin/lameduck
+	$(PREFIX)/bin/lameduck validate >/dev/null
+	@echo "installed $(PREFIX)/bin/lameduck -> $(abspath $(PREFIX))/lib/lameduck"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
