@@ -347,15 +347,15 @@ class Lameduck:
 
     def start(self, timeout: float = 10.0, wrapper: list[str] | None = None,
               env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
-              command: str = "run") -> Lameduck:
+              command: str = "run", args: tuple[str, ...] = ()) -> Lameduck:
         """``wrapper``: argv run first, that execs the rest (e.g. tests/sdactivate.py);
         ``env``: variables added; ``pass_fds``: descriptors the process inherits;
-        ``command``: ``run`` or ``supervise``."""
+        ``command``: ``run`` or ``supervise``; ``args``: more options (``--hot-restart``)."""
         self.admin_path.unlink(missing_ok=True)
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 [*(wrapper or []), sys.executable, "-m", "lameduck", command, "-c",
-                 str(self.path), "--admin-address-path", str(self.admin_path)],
+                 str(self.path), "--admin-address-path", str(self.admin_path), *args],
                 stdout=log, stderr=subprocess.STDOUT, env={**_env(), **(env or {})},
                 pass_fds=pass_fds,
             )

@@ -54,7 +54,7 @@ def _load_or_report(path: str | None) -> Config | None:
         return None
 
 
-def _banner(cfg: Config, demo: bool, admin: str, bound: dict[str, str]) -> str:
+def _banner(cfg: Config, demo: bool, admin: str, bound: dict[str, str], pid: int) -> str:
     """What to try, at the addresses bound (``bound``: listener name → host:port; a port 0
     in the config shows as the port the kernel gave)."""
     lines = ["", "lameduck is running" + (" on its embedded default config" if demo else "")]
@@ -70,7 +70,8 @@ def _banner(cfg: Config, demo: bool, admin: str, bound: dict[str, str]) -> str:
         f"  admin: http://{admin}/   (stats: http://{admin}/stats, ready: http://{admin}/ready)",
         "  start a graceful drain:",
         f"    curl -X POST 'http://{admin}/drain_listeners?graceful&skip_exit'",
-        "  or stop it the way Kubernetes does: kill -TERM <pid> (drains, then exits)",
+        f"  or stop it the way Kubernetes does: kill -TERM {pid} (drains, then exits)",
+        f"  hot-restart it with the config re-read: kill -HUP {pid}",
         "",
     ]
     return "\n".join(lines)
@@ -107,10 +108,55 @@ class AddressFile:
                 os.unlink(self.tmp)
 
 
+def _successor_argv(args: argparse.Namespace, config: str) -> list[str]:
+    """The command line SIGHUP starts: this one's, with ``--hot-restart``."""
+    argv = [sys.executable, "-m", "lameduck", "--log-level", args.log_level, "run",
+            "-c", config, "--hot-restart"]
+    if args.admin_address_path:
+        argv += ["--admin-address-path", os.path.abspath(args.admin_address_path)]
+    if args.log_file:
+        argv += ["--log-file", os.path.abspath(args.log_file)]
+    return argv
+
+
+def _restart_path(cfg: Config) -> str | None:
+    a = cfg.admin.address
+    return cfg.hot_restart.socket or default_path(a.host, a.port)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    from lameduck.server.running import refusal
+    from lameduck.server.server import SIGNALS
+
+    # What arrives while starting waits for the start to finish (a supervisor's SIGTERM during
+    # a hot restart, a SIGHUP): the default actions would kill the process with connections
+    # it had accepted on sockets it shares with the old one.
+    early: list[signal.Signals] = []
+    previous = {sig: signal.signal(sig, lambda n, _f: early.append(signal.Signals(n)))
+                for sig in SIGNALS}
     cfg = _load_or_report(args.config)
     if cfg is None:
         return EXIT_CONFIG
+    demo = args.config is None
+    config_path = "" if demo else os.path.abspath(args.config)
+    restart_path = None if demo else _restart_path(cfg)
+    if args.hot_restart and demo:
+        print("lameduck: --hot-restart needs -c: the demo (no -c) cannot hand its sockets "
+              "over", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.hot_restart and restart_path is None:
+        print("lameduck: --hot-restart: admin.address is on port 0, so there is no default "
+              "hot-restart socket; set hot_restart.socket", file=sys.stderr)
+        return EXIT_CONFIG
+    if not args.hot_restart:
+        try:
+            refused = refusal(cfg, restart_path)
+        except OSError as e:
+            print(f"lameduck: hot-restart socket {restart_path}: {e}", file=sys.stderr)
+            return EXIT_LISTEN
+        if refused is not None:
+            print(f"lameduck: not started: {refused}", file=sys.stderr)
+            return EXIT_LISTEN
     address_file = None
     if args.admin_address_path:
         try:
@@ -119,7 +165,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"lameduck: cannot write the admin address to {args.admin_address_path}: "
                   f"{e}", file=sys.stderr)
             return EXIT_LISTEN
-    demo = args.config is None
     try:
         sockets = match_listeners(cfg.listeners, listen_fds())
     except ValueError as e:
@@ -142,28 +187,25 @@ def cmd_run(args: argparse.Namespace) -> int:
                 return EXIT_LISTEN
             logging.getLogger("lameduck").info("demo origin on %s", ep)
         inherited = None
-        restart_path = None
-        if not demo:  # the demo origin lives in this process: it cannot be handed over
-            a = cfg.admin.address
-            restart_path = cfg.hot_restart.socket or default_path(a.host, a.port)
+        if args.hot_restart and restart_path is not None:
             try:
-                inherited = connect_parent(restart_path) if restart_path else None
+                inherited = connect_parent(restart_path, config_path)
             except (OSError, ValueError) as e:
                 print(f"lameduck: hot restart from {restart_path} failed: {e}", file=sys.stderr)
                 return EXIT_LISTEN
+            log = logging.getLogger("lameduck")
             if inherited is not None:
-                logging.getLogger("lameduck").info(
-                    "hot restart: took the sockets of pid %d (epoch %d)",
-                    inherited.parent_pid, inherited.epoch)
+                log.info("hot restart: took the sockets of pid %d (epoch %d)",
+                         inherited.parent_pid, inherited.epoch)
+            else:
+                log.info("hot restart: no lameduck serves %s; starting afresh", restart_path)
         server = Server(cfg, sockets=sockets, notifier=Notifier(), inherited=inherited,
-                        restart_path=restart_path)
-        # A stop asked for while starting (a supervisor's SIGTERM during a hot restart) waits
-        # for the start to finish, then drains; the default action would kill the process
-        # with connections it had accepted on sockets it shares with the old one.
-        early: list[str] = []
+                        restart_path=restart_path, config_path=config_path,
+                        successor_argv=None if demo else _successor_argv(args, config_path))
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, early.append, sig.name)
+        for sig in SIGNALS:
+            loop.add_signal_handler(sig, early.append, sig)
+
         def publish() -> None:
             """The admin address, once bound (after a hot restart's handover, the admin
             socket is ours) and before readiness is signalled."""
@@ -183,12 +225,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                 await shutdown_origin(origin, grace=0.0)
             return EXIT_LISTEN
         server.install_signal_handlers()
-        if early:
-            server.begin_shutdown(early[0])
         admin = server.admin_address()
         bound = {name: str(HostPort(host, port))
                  for name, host, port in server.listener_addresses()}
-        print(_banner(cfg, demo, admin, bound), file=sys.stderr, flush=True)
+        print(_banner(cfg, demo, admin, bound, os.getpid()), file=sys.stderr, flush=True)
+        for sig in early:
+            server.handle_signal(sig)
         code = await server.done
         if origin is not None:
             await shutdown_origin(origin, grace=0.2)
@@ -197,6 +239,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         return _run_loop(main)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if address_file is not None:
             address_file.discard()
 
@@ -340,6 +384,15 @@ def build_parser() -> argparse.ArgumentParser:
                                      "origin)")
     run.add_argument("-c", "--config", help="YAML config file")
     run.add_argument("--admin-address-path", metavar="PATH", help=ADMIN_ADDRESS_PATH_HELP)
+    run.add_argument("--hot-restart", action="store_true",
+                     help="take over the sockets of the lameduck running with the same config "
+                          "path (at its hot-restart socket), which then drains and exits; "
+                          "starts afresh if none runs. Without it, a lameduck already serving "
+                          "the hot-restart socket or the admin address stops this one from "
+                          "starting")
+    run.add_argument("--log-file", metavar="PATH",
+                     help="log to PATH (appended) instead of stderr; SIGUSR1 reopens it "
+                          "(logrotate)")
     run.set_defaults(func=cmd_run)
     sup = sub.add_parser("supervise", help="run `lameduck run` as a child: SIGHUP hot-restarts "
                                            "it with the config, SIGTERM drains it, a dead child "
@@ -409,10 +462,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             args = build_parser().parse_args(argv)
+            where: dict[str, Any] = {"stream": sys.stderr}
+            if getattr(args, "log_file", None):
+                from lameduck.server.logfile import open_log_file
+
+                try:
+                    where = {"handlers": [open_log_file(args.log_file)]}
+                except OSError as e:
+                    print(f"lameduck: --log-file {args.log_file}: {e}", file=sys.stderr)
+                    return EXIT_LISTEN
             logging.basicConfig(
                 level=getattr(logging, args.log_level.upper()),
                 format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
-                datefmt="%H:%M:%S", stream=sys.stderr)
+                datefmt="%H:%M:%S", **where)
             return int(args.func(args))
         finally:
             sys.stdout.flush()  # here, where a closed pipe can still be caught (also --help)

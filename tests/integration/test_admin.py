@@ -90,7 +90,9 @@ def test_server_info_json(lameduck) -> None:
     assert info["version"].startswith("lameduck/")
     assert info["state"] == "LIVE"
     assert re.fullmatch(r"\d+s", info["uptime_current_epoch"])
-    assert info["command_line_options"] == {"drain_time": "2s", "drain_strategy": "Gradual"}
+    assert info["command_line_options"] == {"config_path": str(ld.path), "drain_time": "2s",
+                                            "drain_strategy": "Gradual"}
+    assert info["pid"] == ld.pid
     assert info["drain"] == {"active": False}
     assert info["listeners"] == [{"name": "ingress", "address": ld.addr, "accepting": True,
                                   "draining": False, "connections": 0}]
@@ -257,7 +259,71 @@ def test_quitquitquit_exits(lameduck) -> None:
     r = ld.admin("POST", "/quitquitquit")
     assert (r.status_code, r.text) == (200, "OK\n")
     assert ld.wait(5) == 0  # nothing was in flight
-    assert "quit requested" in ld.log()
+    assert "POST /quitquitquit: quit requested: exiting at once" in ld.log()
+    assert "POST /quitquitquit: no request in flight" in ld.log()
+
+
+def test_quitquitquit_cuts_what_is_in_flight_and_says_so(lameduck) -> None:
+    """Envoy's /quitquitquit exits at once: the log names it, not a drain deadline."""
+    ld = lameduck()
+    c = RawConn(ld.addr)
+    c.send("/sleep?ms=8000")
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 1)
+    t0 = time.monotonic()
+    ld.admin("POST", "/quitquitquit")
+    assert ld.wait(5) == 3  # a request was cut
+    assert time.monotonic() - t0 < 2.0
+    log = ld.log()
+    assert "POST /quitquitquit: cutting 1 requests still in flight" in log, log
+    assert "deadline" not in log.split("quit requested", 1)[1], log
+    c.close()
+
+
+def test_graceful_drain_without_skip_exit_exits_after_t(lameduck) -> None:
+    """Envoy's admin: ``skip_exit`` is "do not exit after the drain period"; without it the
+    process exits at the end of the drain, with the drain's exit code (0: nothing cut)."""
+    ld = lameduck(drain={"time": "800ms", "strategy": "gradual", "connection_grace": "200ms"})
+    c = RawConn(ld.addr)
+    c.send("/sleep?ms=400")
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 1)
+    t0 = time.monotonic()
+    assert ld.admin("POST", "/drain_listeners?graceful").text == "OK\n"
+    assert ld.admin("GET", "/ready").status_code == 200  # LIVE until the drain ends
+    r = c.read_response()
+    assert r.status == 200 and r.complete
+    assert ld.wait(10) == 0, ld.log()
+    assert time.monotonic() - t0 >= 0.75  # not before T, although idle since 400 ms
+    log = ld.log()
+    assert "skip_exit=False inboundonly=False listeners=1; exits at the end of the drain" in log
+    assert "drain_listeners without skip_exit: drain time reached, exiting" in log, log
+    c.close()
+
+
+def test_graceful_drain_without_skip_exit_cuts_at_the_deadline(lameduck) -> None:
+    """A request still running at T gets until shutdown.deadline (from the drain's start),
+    then is cut: exit code 3, as a SIGTERM drain's."""
+    ld = lameduck(drain={"time": "500ms", "strategy": "gradual", "connection_grace": "100ms"},
+                  shutdown={"deadline": "1500ms"})
+    c = RawConn(ld.addr)
+    c.send("/sleep?ms=8000")
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 1)
+    t0 = time.monotonic()
+    ld.admin("POST", "/drain_listeners?graceful")
+    assert ld.wait(10) == 3, ld.log()
+    assert 1.4 <= time.monotonic() - t0 < 4.0
+    assert "deadline: cutting 1 requests still in flight" in ld.log()
+    c.close()
+
+
+@pytest.mark.parametrize("query", ["graceful&skip_exit", ""])
+def test_skip_exit_or_a_drain_that_is_not_graceful_stays_up(lameduck, query: str) -> None:
+    ld = lameduck(drain={"time": "500ms", "strategy": "gradual", "connection_grace": "100ms"})
+    assert ld.admin("POST", f"/drain_listeners?{query}").text == "OK\n"
+    assert wait_until(lambda: ld.stat("server.drain.active") == 0, 5)  # past T, idle
+    time.sleep(0.3)  # a margin past T for an exit that must not come
+    assert ld.proc is not None and ld.proc.poll() is None
+    assert ld.admin("GET", "/ready").status_code == 200
+    assert "stays up" in ld.log()
 
 
 def _write(tmp_path, cfg: dict):

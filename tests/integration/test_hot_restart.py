@@ -1,10 +1,12 @@
-"""Hot restart over real processes: a new `lameduck run` takes the running one's sockets over
-the rendezvous Unix socket, becomes ready, then the old one drains and exits. Load runs from
-a client that counts every failure (tests/loadgen.py): keep-alive and new connections mixed."""
+"""Hot restart over real processes: a new `lameduck run --hot-restart` with the same config
+path takes the running one's sockets over the rendezvous Unix socket, becomes ready, then the
+old one drains and exits. Load runs from a client that counts every failure
+(tests/loadgen.py): keep-alive and new connections mixed."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import struct
@@ -15,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests import loadgen
 from tests.procs import Lameduck, base_config, wait_until
@@ -65,12 +68,32 @@ def _epoch(ld: Lameduck) -> int:
         return -1
 
 
+def _successor(cfg: dict[str, Any], tmp_path: Path, old: Lameduck) -> Lameduck:
+    """The next process, not started: ``cfg`` written over ``old``'s config file, since a hot
+    restart replaces the same service (the same config path). Start it with
+    ``start(args=HOT)``."""
+    new = Lameduck(cfg, tmp_path)
+    new.path.unlink()
+    new.path = old.path
+    old.path.write_text(yaml.safe_dump(new.cfg))
+    return new
+
+
+HOT = ("--hot-restart",)
+
+
+def _hello(ld: Lameduck) -> bytes:
+    """A successor's first message, by hand (restart/hot.py), for ``ld``'s config."""
+    msg = json.dumps({"op": "hello", "pid": 1, "config": str(ld.path)}).encode()
+    return struct.pack(">I", len(msg)) + msg
+
+
 def _restart(cfg: dict[str, Any], tmp_path: Path, old: Lameduck, epoch: int) -> Lameduck:
     """Start the next process; wait until it serves as ``epoch`` and the old one has exited.
     Its listeners configured on port 0 keep the ports the old one had: it inherits the bound
     sockets, and so does its admin API."""
-    new = Lameduck(cfg, tmp_path)
-    new.start()  # its admin address is written once the old one has handed over
+    new = _successor(cfg, tmp_path, old)
+    new.start(args=HOT)  # its admin address is written once the old one has handed over
     assert wait_until(lambda: _epoch(new) == epoch, 10), new.log()
     assert new.admin_addr == old.admin_addr
     before = {lc["name"]: lc["address"] for lc in old.cfg["listeners"]}
@@ -85,7 +108,7 @@ def _start_failing(new: Lameduck) -> int:
     """Start a successor that must fail; its exit code. (Its start may look ready: the old
     process answers the admin's /ready until a successor takes the admin port.)"""
     try:
-        new.start()
+        new.start(args=HOT)
     except RuntimeError as e:
         assert "exited early" in str(e)
     return new.wait(10)
@@ -125,7 +148,7 @@ def test_a_successor_with_a_bad_config_leaves_the_old_one_serving(
     load = Load(ld.port)
     try:
         bad = dict(cfg, drain={"time": "banana"})
-        new = Lameduck(bad, tmp_path)
+        new = _successor(bad, tmp_path, ld)
         assert _start_failing(new) == 2
         assert "drain.time" in new.log()
         time.sleep(0.5)
@@ -149,7 +172,7 @@ def test_a_successor_that_fails_after_taking_the_sockets_changes_nothing(
     try:
         second = dict(cfg["listeners"][0], name="second",
                       address=f"127.0.0.1:{busy.getsockname()[1]}")
-        new = Lameduck(dict(cfg, listeners=[cfg["listeners"][0], second]), tmp_path)
+        new = _successor(dict(cfg, listeners=[cfg["listeners"][0], second]), tmp_path, ld)
         assert _start_failing(new) == 1
         assert wait_until(lambda: "went away before it was ready" in ld.log(), 5), ld.log()
         time.sleep(0.5)
@@ -174,8 +197,7 @@ def test_a_successor_that_vanishes_mid_handshake(origin_port: int, tmp_path: Pat
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(5)
     s.connect(path)
-    hello = b'{"op":"hello","pid":1}'
-    s.sendall(struct.pack(">I", len(hello)) + hello)
+    s.sendall(_hello(ld))
     data, fds, _, _ = socket.recv_fds(s, 65536, 16)
     while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
         data += s.recv(65536)
@@ -247,8 +269,8 @@ def test_modify_only_ignores_healthcheck_fail_but_drains_on_hot_restart(
         sidecar.send("/")
         r = sidecar.read_response()
         assert r.status == 200 and not r.closes
-    new = Lameduck(cfg, tmp_path)
-    new.start()
+    new = _successor(cfg, tmp_path, ld)
+    new.start(args=HOT)
     assert wait_until(lambda: _epoch(new) == 1, 10), new.log()
     time.sleep(0.4)  # past T/2 (300 ms): in the old process every response drains
     # Drained either way: its response says close, or (idle, its proactive moment came
@@ -281,8 +303,8 @@ def test_the_old_process_exits_by_parent_shutdown_time(origin_port: int, tmp_pat
     t = threading.Thread(target=slow)
     t.start()
     time.sleep(0.3)
-    new = Lameduck(cfg, tmp_path)
-    new.start()
+    new = _successor(cfg, tmp_path, ld)
+    new.start(args=HOT)
     assert wait_until(lambda: _epoch(new) == 1, 10), new.log()
     t0 = time.monotonic()
     assert ld.wait(10) == 3  # cut at the deadline
@@ -302,12 +324,11 @@ def test_one_successor_at_a_time(origin_port: int, tmp_path: Path) -> None:
     first = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     first.settimeout(5)
     first.connect(cfg["hot_restart"]["socket"])
-    hello = b'{"op":"hello","pid":1}'
-    first.sendall(struct.pack(">I", len(hello)) + hello)
+    first.sendall(_hello(ld))
     _, fds, _, _ = socket.recv_fds(first, 65536, 16)
     for fd in fds:
         os.close(fd)
-    second = Lameduck(cfg, tmp_path)
+    second = _successor(cfg, tmp_path, ld)
     assert _start_failing(second) == 1
     assert "refused: another new process is taking over" in second.log()
     first.close()  # the first one gives up (dies before it was ready)

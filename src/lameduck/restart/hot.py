@@ -7,7 +7,7 @@ once the new one accepts.
 The rendezvous socket (owner-only) speaks length-prefixed JSON messages (4-byte big-endian
 length); the one that carries descriptors sends them with its first byte.
 
-    new → old   {"op": "hello", "pid": P}
+    new → old   {"op": "hello", "pid": P, "config": path}
     old → new   {"op": "sockets", "epoch": E, "pid": P, "listeners": [[name, address], ...],
                  "admin": address or null, "counters": {...}, "started": wall,
                  "definitions": {name: listener config}}
@@ -18,7 +18,14 @@ length); the one that carries descriptors sends them with its first byte.
                 every STATUS_EVERY s (L: its listeners with connections left)
 
 A new process that goes away before "drain" (a bad config caught late, a crash, a kill)
-changes nothing in the old one: it keeps serving, untouched.
+changes nothing in the old one: it keeps serving, untouched. A hello whose config path is not
+the running one's is refused ({"op": "refused", "why": ...}): a hot restart replaces the same
+service, not whatever else happens to share the admin port.
+
+A plain `lameduck run` (no --hot-restart) only asks who runs there, and refuses to start:
+
+    new → old   {"op": "who"}
+    old → new   {"op": "whoami", "pid": P, "config": path}
 """
 
 from __future__ import annotations
@@ -142,9 +149,9 @@ def _recv_message(sock: socket.socket, reader: _Reader) -> dict[str, Any]:
             return msgs[0]
 
 
-def connect_parent(path: str, timeout: float = 10.0) -> Inherited | None:
-    """Find the running lameduck at ``path`` and take its sockets; None if none runs there.
-    Raises OSError/ValueError when one answers but the handover fails (nothing changed in it)."""
+def _connect(path: str, timeout: float) -> socket.socket | None:
+    """A connection to the rendezvous at ``path``; None if no process listens there (no file,
+    or a stale one a killed process left)."""
     d = os.path.dirname(path)
     if d and os.path.exists(d):
         _check_dir(d)
@@ -155,10 +162,47 @@ def connect_parent(path: str, timeout: float = 10.0) -> Inherited | None:
     except (FileNotFoundError, ConnectionRefusedError):
         s.close()
         return None
+    if not _peer_is_us(s):
+        s.close()
+        raise PermissionError(f"{path} is served by another user")
+    return s
+
+
+@dataclass(frozen=True)
+class Running:
+    """The lameduck serving a rendezvous: what a refusal names."""
+
+    pid: int
+    config: str | None  # its config path, absolute as given (None: unknown)
+
+
+def who_runs(path: str, timeout: float = 2.0) -> Running | None:
+    """The lameduck that listens at ``path``, without touching it; None if none does.
+    Raises OSError when the path is not ours to use."""
+    s = _connect(path, timeout)
+    if s is None:
+        return None
+    with s:
+        creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid = struct.unpack("3i", creds)[0]
+        try:
+            s.sendall(_frame({"op": "who"}))
+            msg = _recv_message(s, _Reader())
+        except (OSError, ValueError):
+            return Running(pid, None)  # a lameduck that does not answer "who": still there
+        config = msg.get("config") if msg.get("op") == "whoami" else None
+        return Running(int(msg.get("pid", pid)), config if isinstance(config, str) else None)
+
+
+def connect_parent(path: str, config: str | None, timeout: float = 10.0) -> Inherited | None:
+    """Find the running lameduck at ``path`` and take its sockets; None if none runs there.
+    ``config``: this process's config path; the running one refuses another service's.
+    Raises OSError/ValueError when one answers but the handover fails (nothing changed in it)."""
+    s = _connect(path, timeout)
+    if s is None:
+        return None
     try:
-        if not _peer_is_us(s):
-            raise PermissionError(f"{path} is served by another user")
-        s.sendall(_frame({"op": "hello", "pid": os.getpid()}))
+        s.sendall(_frame({"op": "hello", "pid": os.getpid(), "config": config}))
         reader = _Reader()
         msg = _recv_message(s, reader)
         if msg.get("op") == "refused":
@@ -246,6 +290,7 @@ class Source(Protocol):
 
     epoch: int
     started_all: float  # wall time the first epoch started
+    config_path: str | None  # absolute as given: a successor must come with the same one
 
     def handover_sockets(self) -> tuple[list[tuple[str, str, HasFileno]],
                                         tuple[str, HasFileno] | None]:
@@ -362,14 +407,31 @@ class Rendezvous:
             self._drop(conn)
             return
         for msg in msgs:
+            if msg["op"] == "who":
+                self._whoami(conn)
+                return
             if msg["op"] == "hello":
                 if self.pending is not None or self.handed_over or not _peer_is_us(conn):
                     # one successor at a time: two would both serve, one never drained
                     self._refuse(conn, "another new process is taking over")
                     return
+                mine, theirs = self.source.config_path, msg.get("config")
+                if theirs != mine:
+                    self._refuse(conn, f"pid {os.getpid()} serves config {mine}, not "
+                                       f"{theirs}: a hot restart replaces the same service "
+                                       f"(the same config path)")
+                    return
                 self._send_sockets(conn, int(msg.get("pid", 0)))
             elif msg["op"] == "drain" and conn is self.pending and not self.handed_over:
                 self._release(conn)
+
+    def _whoami(self, conn: socket.socket) -> None:
+        """A plain `lameduck run` asking before it refuses to start: answer, change nothing."""
+        conn.settimeout(1.0)
+        with contextlib.suppress(OSError):
+            conn.sendall(_frame({"op": "whoami", "pid": os.getpid(),
+                                 "config": self.source.config_path}))
+        self._drop(conn)
 
     def _refuse(self, conn: socket.socket, why: str) -> None:
         log.warning("hot restart: refused a new process: %s", why)

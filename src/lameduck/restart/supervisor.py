@@ -76,7 +76,8 @@ class Supervisor:
                  else ["--admin-address-path", self.admin_address_path])
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "lameduck", "--log-level", self.log_level,
-            "run", "-c", self.config, *extra, env=env, start_new_session=True)
+            "run", "-c", self.config, "--hot-restart", *extra, env=env,
+            start_new_session=True)
         child = Child(proc)
         self.children[proc.pid] = child
         log.info("child %d started", proc.pid)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import signal
 import socket
@@ -21,7 +22,7 @@ from typing import Any
 from lameduck import __version__
 from lameduck.admin import AdminHandlers, start_admin
 from lameduck.admin.control import NotFound
-from lameduck.config import Config, format_duration
+from lameduck.config import Config, ConfigError, format_duration, load_config
 from lameduck.drain import (
     Cause,
     DrainEvent,
@@ -34,6 +35,8 @@ from lameduck.listeners import TcpListener
 from lameduck.restart import Notifier
 from lameduck.restart.hot import HasFileno, Inherited, Rendezvous, follow_parent, take_over
 from lameduck.server.build import build
+from lameduck.server.logfile import reopen_log_files
+from lameduck.server.successor import Successor
 from lameduck.server.views import clusters_view, fmt_addr, listener_addresses, prestop_view
 from lameduck.stats import (
     DrainStats,
@@ -46,6 +49,11 @@ EXIT_OK = 0
 EXIT_CUT = 3  # the drain had to cut requests at the deadline
 EXIT_FLUSH = 0.25  # seconds the last writes get to leave before the process exits
 
+# What `lameduck run` does with each signal (README.md, "Signals"); any other keeps its
+# default action.
+SIGNALS = (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
+           signal.SIGUSR2)
+
 
 class Server:
     """One lameduck process: data plane and control in one event loop (one worker)."""
@@ -53,12 +61,18 @@ class Server:
     def __init__(self, cfg: Config, loop: asyncio.AbstractEventLoop | None = None,
                  sockets: dict[str, socket.socket] | None = None,
                  notifier: Notifier | None = None, inherited: Inherited | None = None,
-                 restart_path: str | None = None) -> None:
+                 restart_path: str | None = None, config_path: str | None = None,
+                 successor_argv: list[str] | None = None) -> None:
         # listener name → a listening socket handed to us (systemd socket activation)
         self.sockets = sockets or {}
         # what the previous process handed over (hot restart), and where we wait for the next
         self.inherited = inherited
         self.restart_path = restart_path
+        # the config file, absolute as given ('' for the embedded default): a successor must
+        # come with the same one; SIGHUP starts ``successor_argv`` (None: no hot restart)
+        self.config_path = config_path
+        self.successor_argv = successor_argv
+        self.successor: Successor | None = None
         self.rendezvous: Rendezvous | None = None
         self.epoch = inherited.epoch if inherited is not None else 0
         self.parent_draining = 0  # the previous process's listeners still draining
@@ -90,6 +104,8 @@ class Server:
         self._prestop_timer: asyncio.TimerHandle | None = None
         self._sigint_count = 0
         self._quitting = False
+        self._quit_why = ""
+        self._drain_exit_timer: asyncio.TimerHandle | None = None
         self._finishing = False
         self._no_new_work_logged = False
 
@@ -226,17 +242,84 @@ class Server:
         self.begin_shutdown("hot restart", Cause.HOT_RESTART,
                             self.cfg.hot_restart.parent_shutdown_time)
 
+    # -- signals (README.md, "Signals") ------------------------------------------------------
     def install_signal_handlers(self) -> None:
-        self.loop.add_signal_handler(signal.SIGTERM, self.begin_shutdown, "SIGTERM")
-        self.loop.add_signal_handler(signal.SIGINT, self._sigint)
+        for sig in SIGNALS:
+            self.loop.add_signal_handler(sig, self.handle_signal, sig)
+
+    def handle_signal(self, sig: signal.Signals) -> None:
+        """Each signal is logged with what it does; none keeps its default action (SIGHUP,
+        SIGQUIT, SIGUSR1 and SIGUSR2 would end the process at once)."""
+        if sig in (signal.SIGTERM, signal.SIGQUIT):
+            self._stop(sig.name)
+        elif sig is signal.SIGINT:
+            self._sigint()
+        elif sig is signal.SIGHUP:
+            self._sighup()
+        elif sig is signal.SIGUSR1:
+            paths = reopen_log_files()
+            if paths:
+                log.info("SIGUSR1: reopened the log file %s", ", ".join(paths))
+            else:
+                log.info("SIGUSR1: no --log-file (the log goes to stderr): nothing to reopen")
+        else:
+            log.info("%s: ignored (lameduck gives it no meaning)", sig.name)
+
+    def _stop(self, name: str) -> None:
+        if self.process.shutdown is not None:
+            log.info("%s: already draining; exits by the deadline (%s after the drain "
+                     "started)", name, format_duration(self.process.exit_after))
+            return
+        self.begin_shutdown(f"{name}: drain, then exit")
 
     def _sigint(self) -> None:
         self._sigint_count += 1
         if self._sigint_count == 1:
-            self.begin_shutdown("SIGINT (again for immediate exit)")
+            self._stop("SIGINT (a second SIGINT exits at once)")
         else:
-            log.warning("second SIGINT: exiting now")
-            self.quit()
+            self.quit("second SIGINT")
+
+    def _sighup(self) -> None:
+        """Hot restart into a new process with the config re-read; a config that does not
+        load changes nothing."""
+        if self.successor_argv is None or self.restart_path is None:
+            why = ("the demo (no -c) cannot hand its sockets over" if self.config_path == ""
+                   else "no hot-restart socket (admin.address on port 0 needs "
+                        "hot_restart.socket)")
+            log.warning("SIGHUP: ignored: %s", why)
+            return
+        if self.process.shutdown is not None:
+            log.info("SIGHUP: ignored: this process is draining")
+            return
+        if self.successor is not None and self.successor.running:
+            log.info("SIGHUP: ignored: a hot restart is already under way")
+            return
+        assert self.config_path
+        try:
+            load_config(self.config_path)
+        except ConfigError as e:
+            log.error("SIGHUP: config not valid, nothing changed:\n%s", e)
+            return
+        env = dict(os.environ)
+        if self.notifier.address:  # the new process reports READY=1 with its MAINPID
+            a = self.notifier.address
+            env["NOTIFY_SOCKET"] = "@" + a[1:] if a.startswith("\0") else a
+            self.notifier.send("RELOADING=1")
+        self.successor = Successor(self.successor_argv, self.loop, self._successor_exited)
+        try:
+            pid = self.successor.start(env)
+        except OSError as e:
+            log.error("SIGHUP: cannot start the new process: %s; this one keeps serving", e)
+            self.successor = None
+            return
+        log.info("SIGHUP: hot restart: started pid %d with %s; it takes the sockets once "
+                 "ready, then this one drains and exits", pid, self.config_path)
+
+    def _successor_exited(self, pid: int, code: int) -> None:
+        if self.process.shutdown is None:
+            log.error("SIGHUP: the new process pid %d exited with %d before taking over; "
+                      "this one keeps serving", pid, code)
+            self.notifier.ready()
 
     def _housekeep(self) -> None:
         now = self.loop.time()
@@ -246,13 +329,28 @@ class Server:
 
     # -- AdminControl -----------------------------------------------------------------------
     def drain_listeners(self, graceful: bool, skip_exit: bool, inbound_only: bool) -> None:
+        """Envoy's admin: ``graceful`` without ``skip_exit`` exits at the end of the drain
+        period; with ``skip_exit``, or not graceful (listeners stop at once), it stays up."""
         now = self.loop.time()
         event, reached = self.process.drain_listeners(now, graceful, skip_exit, inbound_only)
-        if not skip_exit:
+        exits = graceful and not skip_exit
+        if exits:
             self.notifier.stopping("drain_listeners")
         self._log_event(event, f"graceful={graceful} skip_exit={skip_exit} "
-                               f"inboundonly={inbound_only} listeners={len(reached)}")
+                               f"inboundonly={inbound_only} listeners={len(reached)}; "
+                               + ("exits at the end of the drain" if exits else "stays up"))
         self._broadcast(event, reached)
+        if exits and self._drain_exit_timer is None:
+            self._drain_exit_timer = self.loop.call_at(event.ends_at, self._drain_end, event)
+
+    def _drain_end(self, event: DrainEvent) -> None:
+        """T of a drain_listeners without skip_exit: the drain becomes the shutdown (already
+        at T: no new work, the requests in flight finish by the deadline, then exit)."""
+        self._drain_exit_timer = None
+        if self.process.shutdown is not None:
+            return
+        self.begin_shutdown("drain_listeners without skip_exit: drain time reached, exiting",
+                            Cause.DRAIN_LISTENERS, start=event.start)
 
     def healthcheck_fail(self) -> None:
         if not self.process.hc_failed:
@@ -379,7 +477,9 @@ class Server:
             "uptime_current_epoch": f"{int(uptime)}s",
             "uptime_all_epochs": f"{int(time.time() - self.started_all)}s",
             "hot_restart_epoch": self.epoch,
+            "pid": os.getpid(),
             "command_line_options": {
+                "config_path": self.config_path or "",
                 "drain_time": format_duration(d.time),
                 "drain_strategy": d.strategy.value.capitalize(),
             },
@@ -392,29 +492,35 @@ class Server:
             ],
         }
 
-    def quit(self) -> None:
-        """Admin ``/quitquitquit`` and a second SIGINT: exit now, cutting what is in flight."""
+    def quit(self, why: str = "POST /quitquitquit") -> None:
+        """Admin ``/quitquitquit`` (Envoy's: exit at once) and a second SIGINT: exit now,
+        cutting what is in flight."""
         if self._quitting:
             return
         self._quitting = True
-        log.info("quit requested: exiting without a drain")
+        self._quit_why = why
+        log.info("%s: quit requested: exiting at once, without a drain", why)
         self.loop.call_soon(self._finish, Step.CUT if not self.process.ledger.idle else Step.EXIT)
 
     # -- shutdown ---------------------------------------------------------------------------
     def begin_shutdown(self, why: str = "SIGTERM", cause: Cause = Cause.SHUTDOWN,
-                       deadline: float | None = None) -> None:
-        """Not ready at once (Kubernetes readiness), then one drain event over every listener."""
+                       deadline: float | None = None, start: float | None = None) -> None:
+        """Not ready at once (Kubernetes readiness), then one drain event over every listener.
+        ``start``: when the drain began, if earlier (a drain_listeners reaching its end)."""
         if self.process.shutdown is not None:
             return
         now = self.loop.time()
-        event, reached = self.process.start_shutdown(now, cause, deadline)
+        event, reached = self.process.start_shutdown(now if start is None else start, cause,
+                                                     deadline)
         if cause is not Cause.HOT_RESTART:
             self.notifier.stopping(why)
         s = self.cfg.shutdown
         self._log_event(event, f"{why}: not ready; "
                                f"deadline={format_duration(self.process.exit_after)} "
                                f"stop_accepting={s.stop_accepting.value}")
-        self._broadcast(event, reached)
+        if start is None:
+            self._broadcast(event, reached)
+        # else the connections have had this drain's notice since it started
         for ls in self.listeners:
             ls.schedule_stop()
         self._schedule_shutdown_check(now)
@@ -478,11 +584,17 @@ class Server:
         for ls in self.listeners:
             ls.stop_accepting()
         if step is Step.CUT:
-            log.warning("deadline: cutting %d requests still in flight",
-                        self.process.ledger.active)
+            if self._quitting:
+                log.warning("%s: cutting %d requests still in flight", self._quit_why,
+                            self.process.ledger.active)
+            else:
+                log.warning("deadline: cutting %d requests still in flight",
+                            self.process.ledger.active)
             for ls in self.listeners:
                 for conn in list(ls.connections):
                     conn.cut()
+        elif self._quitting:
+            log.info("%s: no request in flight", self._quit_why)
         else:
             log.info("drain complete: no request in flight")
         for ls in self.listeners:
@@ -533,6 +645,10 @@ class Server:
             self._housekeeping.cancel()
         if self._prestop_timer is not None:
             self._prestop_timer.cancel()
+        if self._drain_exit_timer is not None:
+            self._drain_exit_timer.cancel()
+        if self.successor is not None:
+            self.successor.close()  # the new process goes on without us
         for checker in self.checkers:
             checker.stop()
         if not self.done.done():
