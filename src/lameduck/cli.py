@@ -246,18 +246,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_supervise(args: argparse.Namespace) -> int:
-    if _load_or_report(args.config) is None:
+    cfg = _load_or_report(args.config)
+    if cfg is None:
         return EXIT_CONFIG
-    if os.environ.get("LISTEN_PID") == str(os.getpid()):
-        # Its children could not use them (LISTEN_PID names the supervisor), and nobody would
-        # accept on them: refuse rather than queue connections nobody serves.
-        print("lameduck: supervise does not take sockets from systemd socket activation; "
-              "use `lameduck run` with a .socket unit, or supervise without one",
-              file=sys.stderr)
+    try:
+        # the supervisor holds systemd's sockets and passes them on to each child
+        passed = match_listeners(cfg.listeners, listen_fds())
+    except ValueError as e:
+        print(f"lameduck: socket activation: {e}", file=sys.stderr)
         return EXIT_LISTEN
     from lameduck.restart.supervisor import supervise
 
-    return _run_loop(lambda: supervise(args.config, args.log_level, args.admin_address_path))
+    return _run_loop(lambda: supervise(args.config, args.log_level, args.admin_address_path,
+                                       passed))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

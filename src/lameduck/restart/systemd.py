@@ -10,6 +10,7 @@ no process accepts.
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import logging
 import os
@@ -152,3 +153,22 @@ def match_listeners(listeners: Iterable[ListenerConfig],
                     p.fd, p.name, p.sock.getsockname())
         p.sock.close()
     return out
+
+
+def pass_listen_fds(fds: list[tuple[int, str]],
+                    env: MutableMapping[str, str] | None = None) -> None:
+    """Do what systemd does between fork and exec (sd_listen_fds(3)), in the process that is to
+    serve the listening sockets ``fds`` [(fd, name)]: move them to fd 3, 4, ... and set
+    ``LISTEN_FDS``, ``LISTEN_FDNAMES`` and ``LISTEN_PID`` (this process), so that
+    ``listen_fds`` finds them. How `lameduck supervise` hands its sockets to a child."""
+    env = os.environ if env is None else env
+    # out of the way first, so moving one onto 3+i never clobbers another
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3 + len(fds)) for fd, _ in fds]
+    for fd, _ in fds:
+        os.close(fd)
+    for i, fd in enumerate(high):
+        os.dup2(fd, LISTEN_FDS_START + i, inheritable=False)
+        os.close(fd)
+    env["LISTEN_FDS"] = str(len(fds))
+    env["LISTEN_FDNAMES"] = ":".join(name for _, name in fds)
+    env["LISTEN_PID"] = str(os.getpid())
