@@ -153,7 +153,7 @@ def test_sigterm_not_ready_health_check_503_in_flight_completes_exit_0(lameduck)
     report = drain_report(log)
     assert "cut=0" in report
     # One log line per phase.
-    for phase in ("drain started (shutdown)", "SIGTERM: not ready",
+    for phase in ("drain started (shutdown)", "SIGTERM: drain, then exit: not ready",
                   "listener ingress stopped accepting", "drain time reached: no new work",
                   "drain complete: no request in flight", "drain report:"):
         assert len(re.findall(re.escape(phase), log)) == 1, (phase, log)
@@ -259,7 +259,7 @@ def test_sigint_twice_exits_immediately(lameduck) -> None:
     assert watch.at - t1 < 1.0
     assert code == 3
     log = ld.log()
-    assert "second SIGINT: exiting now" in log
+    assert "second SIGINT: quit requested: exiting at once" in log
     assert "cut=1" in drain_report(log)
     busy.close()
 

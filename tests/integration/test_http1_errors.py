@@ -112,7 +112,9 @@ def test_connect_refused_503(ld: Lameduck) -> None:
         sock.sendall(get("/"))
         assert read_wire_response(f).body == HELLO
     s = d.refresh()
-    assert s["cluster.dead.upstream_cx_connect_fail"] == 3
+    # never sent, each is retried on the only endpoint (num_retries: 2) before the 503
+    assert s["cluster.dead.upstream_cx_connect_fail"] == 3 * 3
+    assert s["cluster.dead.upstream_rq_retry"] == 3 * 2
     assert s["cluster.dead.upstream_cx_total"] == 0
     assert s["http.ingress.downstream_rq_5xx"] == 3
     assert s["http.ingress.downstream_cx_total"] == 2
@@ -150,8 +152,9 @@ def test_connect_timeout_503(lameduck) -> None:
         assert r.status_code == 503
         assert time.monotonic() - t0 < 5
         s = ld.stats()
-        assert s["cluster.app.upstream_cx_connect_timeout"] == 1
-        assert s["cluster.app.upstream_cx_connect_fail"] == 1
+        # the first try and its two retries (num_retries: 2) each time out
+        assert s["cluster.app.upstream_cx_connect_timeout"] == 3
+        assert s["cluster.app.upstream_cx_connect_fail"] == 3
         assert s["http.ingress.downstream_rq_5xx"] == 1
     finally:
         for s in fillers:

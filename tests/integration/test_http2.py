@@ -108,8 +108,9 @@ def test_local_answers_and_errors(lameduck):
         assert c.get(ld.url("/health_check.html")).status_code == 200
         assert c.get(ld.url("/nope")).status_code == 404
         r = c.get(ld.url("/app"))
-        assert r.status_code == 503  # connect refused
-    assert ld.stat("cluster.app.upstream_cx_connect_fail") == 1
+        assert r.status_code == 503  # connect refused, on the first try and both retries
+    assert ld.stat("cluster.app.upstream_cx_connect_fail") == 3
+    assert ld.stat("cluster.app.upstream_rq_retry") == 2
 
 
 def test_protocol_error_gets_goaway_and_process_lives(lameduck):

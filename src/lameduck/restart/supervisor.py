@@ -37,8 +37,10 @@ READY_TIMEOUT = 60.0  # a new child not ready by then is stopped; the old one ke
 RESTART_BACKOFF = (0.2, 5.0)  # seconds before restarting a child that died, doubling
 EXIT_SECOND_SIGINT = 128 + signal.SIGINT  # the shell's code for "killed by SIGINT"
 
-# What a child runs: take the held sockets as systemd would pass them, then `lameduck ...`.
-CHILD_BOOT = "from lameduck.restart.supervisor import child_main; child_main()"
+# What a child runs: take the held sockets as systemd would pass them, then `lameduck ...` (the
+# command line is the top of the import graph: restart/ does not import it).
+CHILD_BOOT = ("import sys; from lameduck.restart.supervisor import child_argv; "
+              "from lameduck.cli import main; sys.exit(main(child_argv()))")
 
 # Signals forwarded to the children, and what they mean there (for the log).
 FORWARDED = {
@@ -50,17 +52,15 @@ FORWARDED = {
 }
 
 
-def child_main() -> None:
+def child_argv() -> list[str]:
     """A child's entry (``python -c CHILD_BOOT FD=NAME ... -- <lameduck arguments>``): the
-    sockets are moved to fd 3 on with LISTEN_* set for this pid, then `lameduck` runs here,
-    in the same process (its pid is the one the supervisor knows)."""
+    sockets are moved to fd 3 on with LISTEN_* set for this pid; then `lameduck` runs with the
+    arguments returned, in the same process (its pid is the one the supervisor knows)."""
     argv = sys.argv[1:]
     sep = argv.index("--")
     fds = [(int(fd), name) for fd, _, name in (spec.partition("=") for spec in argv[:sep])]
     pass_listen_fds(fds)
-    from lameduck.cli import main
-
-    sys.exit(main(argv[sep + 1:]))
+    return argv[sep + 1:]
 
 
 def handles(pid: int, sig: int) -> bool:
