@@ -83,6 +83,22 @@ def test_a_port_taken_names_the_listener_the_address_and_the_cause(tmp_path: Pat
     assert "Errno" not in out.stderr and "Traceback" not in out.stderr
 
 
+def test_an_admin_port_taken_by_another_program_names_the_admin_address(
+        tmp_path: Path) -> None:
+    """Not another lameduck (that one is named by its pid): a plain socket holds the port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = base_config(8080, listener={"address": "127.0.0.1:0"})
+        cfg["admin"] = {"address": f"127.0.0.1:{port}"}
+        out = run_cli("run", "-c", write(tmp_path, cfg))
+    assert out.returncode == EXIT_LISTEN, out.stderr
+    assert f"cannot listen: admin on 127.0.0.1:{port}: address already in use" in out.stderr, (
+        out.stderr)
+    assert "Errno" not in out.stderr and "Traceback" not in out.stderr
+
+
 def test_validate_refuses_listeners_that_cannot_both_bind(tmp_path: Path) -> None:
     """0.0.0.0:P beside 127.0.0.1:P passes no bind on Linux: validate says so first."""
     cfg = base_config(8080, listener={"address": "0.0.0.0:18080"})

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 
 import httptools
 
 from lameduck.admin.handlers import AdminHandlers
+from lameduck.config import HostPort
 
 log = logging.getLogger("lameduck.admin")
 
@@ -79,5 +81,12 @@ async def start_admin(
     """``sock``: an already listening socket (handed over by a hot restart) instead of a bind."""
     if sock is not None:
         return await loop.create_server(lambda: AdminProtocol(handlers), sock=sock)
-    return await loop.create_server(lambda: AdminProtocol(handlers), host, port,
-                                    reuse_address=True)
+    try:
+        return await loop.create_server(lambda: AdminProtocol(handlers), host, port,
+                                        reuse_address=True)
+    except OSError as e:
+        # asyncio's text ("error while attempting to bind on address ...") names no owner
+        reason = os.strerror(e.errno) if e.errno else str(e)
+        err = OSError(f"admin on {HostPort(host, port)}: {reason[:1].lower()}{reason[1:]}")
+        err.errno = e.errno
+        raise err from e

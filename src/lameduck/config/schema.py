@@ -655,7 +655,8 @@ class ClusterConfig(BaseModel):
 
 
 class HotRestartConfig(BaseModel):
-    """Hot restart: a new `lameduck run` takes the running one's sockets over a Unix socket."""
+    """Hot restart: a new `lameduck run --hot-restart` (SIGHUP, `lameduck supervise`) takes
+    the running one's sockets over a Unix socket."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
