@@ -37,7 +37,7 @@ from lameduck.drain import (
 )
 from lameduck.proxy.downstream import Downstream
 from lameduck.stats import DrainStats, HttpStats
-from tests.playbook import Loop
+from tests.playbook import Loop, Transport
 
 # What the log records: the manager's requests to the codec, and the responses of the test.
 NOTICE = "notice"  # drain_notice(): go elsewhere (HTTP/2: GOAWAY 2^31-1)
@@ -123,35 +123,6 @@ class ClockLoop(Loop):
         self.clock.set(t)
 
 
-class Socket(asyncio.Transport):
-    """The client's socket: when the FIN went out and when it was closed."""
-
-    def __init__(self, loop: Loop) -> None:
-        super().__init__()
-        self.loop = loop
-        self.eof_at: float | None = None
-        self.closed_at: float | None = None
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        raise AssertionError("the recording codec writes nothing")
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        self.eof_at = self.loop.time()
-
-    def close(self) -> None:
-        if self.closed_at is None:
-            self.closed_at = self.loop.time()
-
-    def is_closing(self) -> bool:
-        return self.closed_at is not None
-
-
 class Side:
     """What a listener gives its downstream connections (``ConnectionContext``), for one."""
 
@@ -229,7 +200,7 @@ class Play:
         self.side = Side(self.loop, listener, rng)
         self.log: list[tuple[float, object]] = []
         self.codec = RecordingCodec(self.side, self.log)
-        self.socket = Socket(self.loop)
+        self.socket = Transport(self.loop)
         self.codec.connection_made(self.socket)
 
     # -- set-up -------------------------------------------------------------------------------

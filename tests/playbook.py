@@ -69,6 +69,72 @@ class Loop(asyncio.AbstractEventLoop):
         self.now = to
 
 
+class Transport(asyncio.Transport):
+    """A socket with no socket: what was written to it, when the FIN went out, how it ended
+    (a reset or a close). With a protocol set on it (a relay's), an end is reported to it."""
+
+    def __init__(self, loop: Loop) -> None:
+        super().__init__()
+        self.loop = loop
+        self.protocol: Any = None
+        self.out = b""
+        self.eof_at: float | None = None
+        self.closed_at: float | None = None
+        self.reset = False  # aborted (a TCP reset), not closed
+
+    @property
+    def ended(self) -> tuple[str, float] | None:
+        """("rst" or "fin", when), or None while open."""
+        if self.closed_at is None:
+            return None
+        return ("rst" if self.reset else "fin", self.closed_at)
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.protocol = protocol
+
+    def get_protocol(self) -> Any:
+        return self.protocol
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        assert self.eof_at is None and self.closed_at is None, "written after the end"
+        self.out += bytes(data)
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof_at = self.loop.time()
+
+    def close(self) -> None:
+        if self.closed_at is None:
+            self.closed_at = self.loop.time()
+            if self.protocol is not None:
+                self.protocol.connection_lost(None)
+
+    def abort(self) -> None:
+        self.reset = self.closed_at is None
+        self.close()
+
+    def is_closing(self) -> bool:
+        return self.closed_at is not None
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def take(self) -> bytes:
+        out, self.out = self.out, b""
+        return out
+
+
 class Connecting:
     """What ``ctx.connect`` returns: an upstream connection the script will make or fail."""
 

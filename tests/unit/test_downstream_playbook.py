@@ -7,7 +7,6 @@ sequence: 2T/3 to T - G), and a scripted rng value r puts this connection's mome
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from lameduck.drain import DrainEvent, ListenerDrain, Strategy
@@ -17,7 +16,7 @@ from lameduck.http2.downstream import H2Downstream
 from lameduck.proxy.downstream import LINGER
 from lameduck.stats import DrainStats, Http2Stats
 from tests.drainplay import ScriptedRng
-from tests.playbook import Context, Loop
+from tests.playbook import Context, Transport
 
 START, T, G = 10.0, 12.0, 1.0
 EV = DrainEvent(START, Strategy.GRADUAL, T, G)
@@ -35,49 +34,6 @@ GET_X = (b"\x82"  # :method GET (static index 2)
 def headers(sid: int, block: bytes = GET_X) -> bytes:
     """HEADERS with END_STREAM and END_HEADERS."""
     return len(block).to_bytes(3, "big") + b"\x01\x05" + sid.to_bytes(4, "big") + block
-
-
-class Transport(asyncio.Transport):
-    """A client socket: what the connection wrote, and how it ended."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.out = b""
-        self.eof_at: float | None = None
-        self.closed_at: float | None = None
-        self.loop: Loop | None = None
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        assert self.eof_at is None, "written after the FIN"
-        self.out += bytes(data)
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        assert self.loop is not None
-        self.eof_at = self.loop.now
-
-    def close(self) -> None:
-        assert self.loop is not None
-        if self.closed_at is None:
-            self.closed_at = self.loop.now
-
-    def is_closing(self) -> bool:
-        return self.closed_at is not None
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def take(self) -> bytes:
-        out, self.out = self.out, b""
-        return out
 
 
 class Listener(Context):
@@ -115,8 +71,7 @@ class Listener(Context):
 
 
 def accept(ls: Listener, conn: Any) -> Transport:
-    t = Transport()
-    t.loop = ls.loop
+    t = Transport(ls.loop)
     conn.connection_made(t)
     return t
 

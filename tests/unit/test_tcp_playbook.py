@@ -10,7 +10,6 @@ byte has passed for that long.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -21,63 +20,10 @@ from lameduck.listeners.tcp import TcpDownstream, TcpListener
 from lameduck.stats import DrainStats, TcpStats
 from lameduck.tunnel.relay import Pending
 from tests.drainplay import ScriptedRng
-from tests.playbook import Context
+from tests.playbook import Context, Transport
 
 START, T, G, QUIET = 10.0, 12.0, 1.0, 0.3
 EV = DrainEvent(START, Strategy.GRADUAL, T, G)
-
-
-class Sock(asyncio.Transport):
-    """One socket of the relay: what was written to it, and how it ended."""
-
-    def __init__(self, ctx: Context) -> None:
-        super().__init__()
-        self.ctx = ctx
-        self.protocol: Any = None
-        self.out = b""
-        self.ended: tuple[str, float] | None = None  # ("fin" | "rst", when)
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self.protocol = protocol
-
-    def get_protocol(self) -> Any:
-        return self.protocol
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        assert self.ended is None, "written after the end"
-        self.out += bytes(data)
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        pass
-
-    def _end(self, how: str) -> None:
-        if self.ended is None:
-            self.ended = (how, self.ctx.loop.now)
-            self.protocol.connection_lost(None)
-
-    def close(self) -> None:
-        self._end("fin")
-
-    def abort(self) -> None:
-        self._end("rst")
-
-    def is_closing(self) -> bool:
-        return self.ended is not None
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name == "peername" else default
 
 
 class Dial:
@@ -86,7 +32,7 @@ class Dial:
     def __init__(self) -> None:
         self.callbacks: list[Any] = []
         self.error: Exception | None = None
-        self.value: tuple[Sock, Pending] | None = None
+        self.value: tuple[Transport, Pending] | None = None
 
     def add_done_callback(self, cb: Any) -> None:
         self.callbacks.append(cb)
@@ -97,12 +43,12 @@ class Dial:
     def exception(self) -> Exception | None:
         return self.error
 
-    def result(self) -> tuple[Sock, Pending]:
+    def result(self) -> tuple[Transport, Pending]:
         assert self.value is not None
         return self.value
 
-    def succeed(self, ctx: Context) -> Sock:
-        up = Sock(ctx)
+    def succeed(self, ctx: Context) -> Transport:
+        up = Transport(ctx.loop)
         pending = Pending()
         up.set_protocol(pending)
         pending.connection_made(up)
@@ -135,14 +81,14 @@ class Play(Context):
         self.dials.append(d)
         return d
 
-    def accept(self) -> tuple[TcpDownstream, Sock]:
+    def accept(self) -> tuple[TcpDownstream, Transport]:
         conn = TcpDownstream(self.tcp)
-        client = Sock(self)
+        client = Transport(self.loop)
         client.set_protocol(conn)
         conn.connection_made(client)
         return conn, client
 
-    def relayed(self) -> tuple[TcpDownstream, Sock, Sock]:
+    def relayed(self) -> tuple[TcpDownstream, Transport, Transport]:
         """A connection whose relay runs."""
         conn, client = self.accept()
         up = self.dials[-1].succeed(self)
@@ -155,7 +101,7 @@ class Play(Context):
             conn.on_drain_event(EV)
 
 
-def send(sock: Sock, data: bytes) -> None:
+def send(sock: Transport, data: bytes) -> None:
     """Bytes arrive on ``sock`` (the relay passes them to the other side)."""
     sock.protocol.data_received(data)
 
