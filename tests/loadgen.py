@@ -156,10 +156,12 @@ async def _new_connections(port: int, until: float, limit: int, counts: Counts,
 
 
 async def run(port: int, seconds: float, keepalive: int = 8, fresh: int = 4,
-              limit: int = 200_000, stop: threading.Event | None = None) -> Counts:
+              limit: int = 200_000, stop: threading.Event | None = None,
+              counts: Counts | None = None) -> Counts:
     """Load ``127.0.0.1:port`` for ``seconds`` or until ``stop`` is set (each worker at most
-    ``limit`` requests)."""
-    counts = Counts()
+    ``limit`` requests). ``counts``: added into as it goes, so another thread can watch the
+    load progress (a test waiting for N more answers)."""
+    counts = Counts() if counts is None else counts
     until = time.monotonic() + seconds
     await asyncio.gather(
         *(_keepalive(port, until, limit, counts, stop) for _ in range(keepalive)),

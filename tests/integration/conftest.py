@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import signal
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
@@ -23,6 +27,8 @@ from tests.procs import (
     start_origin,
     stop,
 )
+
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 
 
 @pytest.fixture(scope="module")
@@ -208,3 +214,22 @@ def resume_app(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     yield make
     for a in started:
         a.stop()
+
+
+@pytest.fixture
+def subreaper() -> Iterator[list[int]]:
+    """This test process adopts its orphaned descendants (a process SIGHUP started outlives
+    the one that started it), so they can be stopped and reaped by pid: the list they are
+    put in is SIGKILLed and waited for at teardown."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    pids: list[int] = []
+    try:
+        yield pids
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)

@@ -5,12 +5,9 @@ log line says what happened, and no signal ends the process by its default actio
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
 import re
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,8 +15,6 @@ import pytest
 import yaml
 
 from tests.procs import Lameduck, RawConn, wait_until
-
-PR_SET_CHILD_SUBREAPER = 36
 
 
 def _in_flight(ld: Lameduck, ms: int = 1000) -> RawConn:
@@ -110,25 +105,6 @@ def test_sigusr1_reopens_the_log_file(origin_port: int, tmp_path: Path) -> None:
         assert ld.proc is not None and ld.proc.poll() is None
     finally:
         ld.kill()
-
-
-@pytest.fixture
-def subreaper() -> Iterator[list[int]]:
-    """This test process adopts its orphaned descendants (a process SIGHUP started outlives
-    the one that started it), so they can be stopped and reaped by pid: the list they are
-    put in is SIGKILLed and waited for at teardown."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    pids: list[int] = []
-    try:
-        yield pids
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 def test_sighup_hot_restarts_with_the_config_reread(lameduck, subreaper: list[int]) -> None:
