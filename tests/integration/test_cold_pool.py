@@ -1,0 +1,190 @@
+"""A hot-restarted process starts with empty upstream pools: under load, its first requests
+all need new connections at once. An origin with a short accept queue (Python's stdlib
+``socketserver`` listens with a backlog of 5) has its kernel drop the connects beyond it, and
+a proxy that opens them all at once answers 503. Two things keep every request whole: at most
+``max_connecting`` connects per endpoint under way (Envoy's ``max_connecting``-style pool
+cap; the others wait for the first free connection) and a never-sent request tried again on
+the same endpoint after a jittered back-off (HAProxy's ``retries``, Envoy's
+``retry_back_off``). Real processes: the stdlib origin (tests/backlogorigin.py), ``lameduck run
+-c FILE`` hot-restarted by SIGHUP five times, sixteen client threads counting every failure
+the way tests/loadgen.py does (RFC 9112 §9.3.1: only a request on a reused keep-alive
+connection that ended before any response byte is sent again)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests import loadgen
+from tests.procs import Lameduck, _env, _read_lines, base_config, stop, wait_until
+
+ORIGIN = Path(__file__).resolve().parents[1] / "backlogorigin.py"
+RESTARTS = 5
+KEEPALIVE, FRESH = 8, 8  # sixteen clients: keep-alive ones and one connection per request
+HARD_CAP = 25.0  # seconds of load at most, whatever happens
+STARTED = re.compile(r"SIGHUP: hot restart: started pid (\d+)")
+
+
+@pytest.fixture
+def backlog_origin() -> Iterator[int]:
+    """The stdlib origin (backlog 5, 3 ms a request) on a port of its own; its port."""
+    proc = subprocess.Popen([sys.executable, str(ORIGIN), "3"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=_env())
+    try:
+        line = _read_lines(proc, 1, 10)[0]
+        assert line.startswith("listening on 127.0.0.1:"), line
+        yield int(line.rsplit(":", 1)[1])
+    finally:
+        stop(proc)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+class Clients:
+    """Sixteen client threads, each one loadgen worker (its own event loop and counts): until
+    ``finish()``, at most HARD_CAP seconds and a bounded number of requests each."""
+
+    def __init__(self, port: int) -> None:
+        self.stop = threading.Event()
+        self.counts = [loadgen.Counts() for _ in range(KEEPALIVE + FRESH)]
+        self.threads = [
+            threading.Thread(target=self._run, args=(port, c, i < KEEPALIVE), daemon=True)
+            for i, c in enumerate(self.counts)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, port: int, counts: loadgen.Counts, keepalive: bool) -> None:
+        asyncio.run(loadgen.run(port, HARD_CAP, keepalive=int(keepalive),
+                                fresh=int(not keepalive), limit=50_000, stop=self.stop,
+                                counts=counts))
+
+    def total(self, name: str) -> int:
+        return sum(getattr(c, name) for c in self.counts)
+
+    def more(self, n: int, timeout: float = 5.0) -> bool:
+        """Wait for ``n`` more answered requests than now."""
+        goal = self.total("ok") + n
+        return wait_until(lambda: self.total("ok") >= goal, timeout, 0.01)
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(15)
+        assert not any(t.is_alive() for t in self.threads)
+
+    def report(self) -> str:
+        samples = [s for c in self.counts for s in c.samples][:10]
+        return (f"ok={self.total('ok')} failed={self.total('failed')} "
+                f"(refused={self.total('refused')} errors={self.total('errors')} "
+                f"bad_status={self.total('bad_status')}) "
+                f"stale_retries={self.total('stale_retries')} "
+                f"connections={self.total('connections')} {samples}")
+
+
+def _config(origin_port: int, tmp_path: Path, cluster: dict[str, Any]) -> dict[str, Any]:
+    cfg = base_config(origin_port, cluster=cluster)
+    cfg["drain"] = {"time": "600ms", "strategy": "gradual", "connection_grace": "200ms"}
+    cfg["shutdown"] = {"deadline": "3s", "min_drain": "0s", "stop_accepting": "at_drain_end"}
+    cfg["hot_restart"] = {"socket": str(tmp_path / "restart.sock"),
+                          "parent_shutdown_time": "3s"}
+    return cfg
+
+
+def _serving_pid(ld: Lameduck) -> int | None:
+    """The pid behind the admin port now (None while it changes hands)."""
+    try:
+        return int(ld.server_info()["pid"]) if ld.reread() else None
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def _reaped(pid: int, codes: dict[int, int]) -> bool:
+    """``pid`` (a child of this process, or adopted by it) has exited; its code in ``codes``."""
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return pid in codes
+    if got == 0:
+        return False
+    codes[pid] = os.waitstatus_to_exitcode(status)
+    return True
+
+
+def _sighup_restart(ld: Lameduck, pid: int, epoch: int, subreaper: list[int],
+                    codes: dict[int, int]) -> int:
+    """SIGHUP ``pid``; wait until the process it starts serves as ``epoch`` and ``pid`` has
+    exited; the new pid."""
+    os.kill(pid, signal.SIGHUP)
+    found: list[int] = []
+
+    def started() -> bool:
+        pids = [int(p) for p in STARTED.findall(ld.log())]
+        found[:] = pids[epoch - 1:epoch]
+        return bool(found)
+
+    assert wait_until(started, 5, 0.01), ld.log()
+    new = found[0]
+    subreaper.append(new)  # killed by pid at teardown if the test fails before that
+    assert wait_until(lambda: _serving_pid(ld) == new, 15, 0.01), ld.log()
+    assert ld.stat("server.hot_restart_epoch") == epoch
+    if pid == ld.pid:  # the first one is our child: Popen reaps it
+        assert ld.wait(10) == 0, ld.log()
+    else:  # later ones were adopted (subreaper) when the one that started them exited
+        assert wait_until(lambda: _reaped(pid, codes), 10, 0.01), ld.log()
+        assert codes[pid] == 0, (pid, codes[pid], ld.log())
+    return new
+
+
+@pytest.mark.parametrize("fixes", ["on", "off"])
+def test_sighup_hot_restarts_against_a_backlog_5_origin_fail_no_request(
+        backlog_origin: int, tmp_path: Path, subreaper: list[int], fixes: str) -> None:
+    """``off`` is the control: no cap on connects and no retry, as before the fixes; the
+    same load and restarts must then fail requests, or this test could not see the bug."""
+    cluster: dict[str, Any] = {} if fixes == "on" else {
+        "max_connecting": 0, "retry_policy": {"num_retries": 0}}
+    ld = Lameduck(_config(backlog_origin, tmp_path, cluster), tmp_path).start()
+    pid = ld.pid
+    codes: dict[int, int] = {}
+    t0 = time.monotonic()
+    clients = Clients(ld.port)
+    try:
+        assert clients.more(300), clients.report()  # warm: the first pool is full
+        for epoch in range(1, RESTARTS + 1):
+            pid = _sighup_restart(ld, pid, epoch, subreaper, codes)
+            assert clients.more(200), clients.report()  # the new process serves the load
+        assert clients.more(300), clients.report()  # a tail on the last one
+    finally:
+        clients.finish()
+    elapsed = time.monotonic() - t0
+    stats = ld.stats()  # the last process's, with every earlier one's carried over
+    books = {k: stats[f"cluster.app.{k}"] for k in (
+        "upstream_rq_retry", "upstream_rq_retry_success", "upstream_rq_retry_limit_exceeded",
+        "upstream_rq_pending_total", "upstream_cx_total", "upstream_cx_connect_fail",
+        "upstream_cx_connect_timeout")}
+    books["downstream_rq_5xx"] = stats["http.ingress.downstream_rq_5xx"]
+    report = f"fixes {fixes}: {clients.report()} in {elapsed:.1f} s; {books}"
+    print(report)
+    log = ld.log()
+    os.kill(pid, signal.SIGKILL)  # the last one; reaped by the subreaper fixture
+    assert "Traceback" not in log, log
+    assert len(STARTED.findall(log)) == RESTARTS
+    assert clients.total("connections") > 100, report  # new connections were made throughout
+    if fixes == "on":
+        assert clients.total("failed") == 0, report
+        assert books["downstream_rq_5xx"] == 0, report
+        assert books["upstream_rq_pending_total"] > 0, report  # the cap was reached
+    else:
+        assert clients.total("failed") > 0, report
+        assert books["upstream_rq_retry"] == books["upstream_rq_pending_total"] == 0, report
