@@ -2,11 +2,14 @@
 all need new connections at once. An origin with a short accept queue (Python's stdlib
 ``socketserver`` listens with a backlog of 5) has its kernel drop the connects beyond it, and
 a proxy that opens them all at once answers 503. Two things keep every request whole: at most
-``max_connecting`` connects per endpoint under way (Envoy's ``max_connecting``-style pool
-cap; the others wait for the first free connection) and a never-sent request tried again on
-the same endpoint after a jittered back-off (HAProxy's ``retries``, Envoy's
-``retry_back_off``). Real processes: the stdlib origin (tests/backlogorigin.py), ``lameduck run
--c FILE`` hot-restarted by SIGHUP five times, sixteen client threads counting every failure
+``max_connecting`` connects per endpoint under way (the others wait for the first free
+connection) and a never-sent request tried again on the same endpoint after a jittered
+back-off (HAProxy's ``retries``, Envoy's ``retry_back_off``). On loopback the handshake ends
+in the kernel at once, so the cap alone does not keep the accept queue short (the connects
+waiting there are no longer "under way"): the retry is what saves the dropped ones.
+
+Real processes: the stdlib origin (tests/backlogorigin.py), ``lameduck run -c FILE``
+hot-restarted by SIGHUP five times, sixteen client threads counting every failure
 the way tests/loadgen.py does (RFC 9112 §9.3.1: only a request on a reused keep-alive
 connection that ended before any response byte is sent again)."""
 
