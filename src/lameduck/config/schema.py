@@ -617,9 +617,9 @@ class ClusterConfig(BaseModel):
     endpoints: Annotated[tuple[Endpoint, ...], AfterValidator(_non_empty("endpoint"))]
     connect_timeout: PositiveDuration = 1.0
     max_idle_connections: int = Field(256, ge=0)  # per endpoint; 0 = no pooling
-    # New connections per endpoint being opened at once (0 = no cap); more requests wait for
-    # the first free connection. 4: below the smallest accept backlog seen in practice (the
-    # Python standard library's socketserver listens with 5), so a cold pool's burst fits.
+    # New connections per endpoint still in their handshake at once (0 = no cap); more requests
+    # wait for the first free connection. A connect dropped anyway (an accept queue filled by
+    # finished handshakes) is what the same-endpoint retry is for.
     max_connecting: int = Field(4, ge=0, le=1024)
     idle_timeout: Duration = 30.0  # pooled upstream connection idle timeout; 0 = none
     # "http1": a keep-alive pool, one request per connection at a time; "h2": HTTP/2 with

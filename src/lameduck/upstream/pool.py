@@ -8,9 +8,9 @@ instead of being churned.
 New connections still being opened to one endpoint are capped (``max_connecting``): a cold
 pool (after a hot restart) meets a burst of requests with a few connects at a time, and the
 rest wait in line for the first connection that is free — one that finished connecting
-frees a slot, one given back to the pool is taken — instead of opening a storm of connects
-that an origin with a short accept queue (the Python standard library's ``socketserver``
-listens with a backlog of 5) drops.
+frees a slot, one given back to the pool is taken — instead of opening a storm of connects at
+once. Only handshakes under way are counted: where they finish at once (loopback), a short
+accept queue can still overflow, and the dropped connect is the retry's to save.
 """
 
 from __future__ import annotations
