@@ -146,6 +146,7 @@ def test_run_embedded_default_serves_and_drains_on_sigterm(tmp_path: Path) -> No
         banner = errlog.read_text()
         assert "curl -X POST 'http://127.0.0.1:9901/drain_listeners?graceful&skip_exit'" in banner
         assert "http://127.0.0.1:10000/" in banner
+        assert f"kill -TERM {proc.pid} (drains, then exits)" in banner  # the real pid
 
         def stat(name: str) -> int:
             body = httpx.get("http://127.0.0.1:9901/stats?format=json", timeout=2).json()

@@ -201,7 +201,7 @@ def test_stop_accepting(lameduck, stop_accepting: str) -> None:
 @pytest.mark.parametrize("min_drain", [0.0, 0.8])
 def test_exit_as_soon_as_idle_after_min_drain(lameduck, min_drain: float) -> None:
     """No connection and no request: the process exits at once, or once min_drain has passed,
-    long before T (Envoy issue #3837)."""
+    long before T (as Envoy does: https://github.com/envoyproxy/envoy/issues/3837)."""
     ld = lameduck(drain={"time": "3s", "strategy": "gradual", "connection_grace": "200ms"},
                   shutdown={"deadline": "4s", "min_drain": f"{int(min_drain * 1000)}ms"})
     assert httpx.get(ld.url("/")).status_code == 200
