@@ -302,6 +302,52 @@ class TestEventsReachingAConnection:
         assert play.rng.exhausted
 
 
+# -- drained by a limit of its own ----------------------------------------------------------------
+
+
+class TestDrainedByALimit:
+    """Envoy's max_connection_duration and max_requests_per_connection: the connection drains
+    the way a response drains it, with no drain event anywhere."""
+
+    def test_max_duration_is_the_one_deadline_then_its_grace(self) -> None:
+        conn = ConnectionDrain(listener_with(grace=G), 2.0, ScriptedRng(), max_duration=30.0)
+        assert conn.next_deadline() == 32.0
+        assert conn.on_timer(31.99, idle=True) is ConnAction.NONE
+        assert conn.state is ConnState.OPEN
+        assert conn.on_timer(32.0, idle=False) is ConnAction.NONE  # busy: it drains, no close
+        assert (conn.state, conn.drained_by, conn.drained_at) == (
+            ConnState.DRAINING, DrainedBy.MAX_DURATION, 32.0)
+        assert conn.next_deadline() == 32.0 + G
+        assert conn.on_timer(32.0 + G, idle=True) is ConnAction.CLOSE
+
+    def test_no_max_duration_no_deadline(self) -> None:
+        conn = ConnectionDrain(listener_with(grace=G), 2.0, ScriptedRng())
+        assert conn.next_deadline() is None
+        assert conn.on_timer(1e9, idle=True) is ConnAction.NONE
+
+    def test_an_earlier_proactive_moment_wins_and_a_later_one_still_fires(self) -> None:
+        conn = ConnectionDrain(listener_with(EV), 0.0, ScriptedRng(0.5), max_duration=15.0)
+        assert conn.next_deadline() == 15.0  # before its moment (19.5)
+        conn.on_timer(15.0, idle=False)
+        assert conn.drained_by is DrainedBy.MAX_DURATION
+        assert conn.next_deadline() == 15.0 + G
+        conn.on_timer(15.0 + G, idle=False)
+        assert conn.next_deadline() == moment(0.5)  # its tunnels still end at their moment
+        assert conn.on_timer(moment(0.5), idle=False) is ConnAction.DRAIN
+        conn = ConnectionDrain(listener_with(EV), 0.0, ScriptedRng(0.5), max_duration=25.0)
+        assert conn.next_deadline() == moment(0.5)
+        conn.on_timer(moment(0.5), idle=False)
+        assert conn.drained_by is DrainedBy.PROACTIVE
+
+    def test_max_requests_drains_an_open_connection_once(self) -> None:
+        conn = ConnectionDrain(listener_with(grace=G), 0.0, ScriptedRng())
+        assert conn.drain_by_limit(4.0, DrainedBy.MAX_REQUESTS) is True
+        assert (conn.state, conn.drained_by) == (ConnState.DRAINING, DrainedBy.MAX_REQUESTS)
+        assert conn.on_response(4.5, ScriptedRng()) is True  # its response says so
+        assert conn.drain_by_limit(5.0, DrainedBy.MAX_REQUESTS) is False
+        assert conn.next_deadline() == 4.0 + G
+
+
 # -- the transitions table ------------------------------------------------------------------------
 
 

@@ -7,6 +7,10 @@ Rules kept here (docs/drain.md):
 - A draining connection is closed once G has elapsed and no request is in flight.
 - The proactive moment is drawn once per drain event, when the event reaches the connection
   (at the start of the drain, or at accept for later connections); the earliest moment wins.
+- A connection also drains, the same way, when it reaches a limit of its own: its maximum
+  duration (Envoy's ``max_connection_duration``, a moment kept here like the proactive one) or
+  its maximum number of requests (Envoy's ``max_requests_per_connection``, which the shell
+  counts and reports with ``drain_by_limit``).
 - A connection drained by a response keeps its tunnels (WebSocket, CONNECT) until its
   proactive moment comes as well (as in Envoy): that moment still fires, as ``ConnAction.DRAIN``,
   for the shell to end its tunnels; nothing else changes (it stays drained by the response).
@@ -17,6 +21,7 @@ The shell asks ``next_deadline()`` for the one timer it must keep, and reports t
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 
 from lameduck.drain.event import DrainEvent
@@ -41,6 +46,8 @@ class DrainedBy(Enum):
     RESPONSE = "response"
     PROACTIVE = "proactive"
     END = "end"
+    MAX_DURATION = "max_duration"  # max_connection_duration reached
+    MAX_REQUESTS = "max_requests"  # max_requests_per_connection reached
 
 
 class ConnAction(Enum):
@@ -64,11 +71,13 @@ class ConnectionDrain:
     """The drain side of one downstream connection; the shell owns the socket."""
 
     __slots__ = ("accepted_at", "drained_at", "drained_by", "grace_elapsed", "listener",
-                 "proactive_at", "proactive_fired", "state")
+                 "max_at", "proactive_at", "proactive_fired", "state")
 
-    def __init__(self, listener: ListenerDrain, accepted_at: float, rng: Rng) -> None:
+    def __init__(self, listener: ListenerDrain, accepted_at: float, rng: Rng,
+                 max_duration: float = math.inf) -> None:
         self.listener = listener
         self.accepted_at = accepted_at
+        self.max_at = accepted_at + max_duration  # math.inf: no max_connection_duration
         self.state = ConnState.OPEN
         self.proactive_at: float | None = None
         self.drained_at: float | None = None
@@ -111,10 +120,21 @@ class ConnectionDrain:
             self._drain(now, DrainedBy.RESPONSE)
         return True
 
+    def drain_by_limit(self, now: float, by: DrainedBy) -> bool:
+        """A limit of the connection's own was reached (``MAX_REQUESTS``): it drains as if by
+        a response. True if this call drained it."""
+        if self.state is ConnState.OPEN:
+            self._drain(now, by)
+            return True
+        return False
+
     def next_deadline(self) -> float | None:
         """The one moment the shell must call ``on_timer`` at, or None."""
         if self.state is ConnState.OPEN:
-            return self.proactive_at
+            p = self.proactive_at
+            if self.max_at != math.inf and (p is None or self.max_at < p):
+                return self.max_at
+            return p
         if self.state is not ConnState.DRAINING:
             return None
         at: float | None = None
@@ -130,7 +150,11 @@ class ConnectionDrain:
         """Advance time; ``idle`` means no request is in flight on the connection."""
         if self.state is ConnState.OPEN:
             if self.proactive_at is None or now < self.proactive_at:
-                return ConnAction.NONE
+                if now < self.max_at:
+                    return ConnAction.NONE
+                # its max duration: drained, its tunnels keep their proactive moment (if any)
+                self._drain(now, DrainedBy.MAX_DURATION)
+                return self._close_if_graced(now, idle) or ConnAction.NONE
             self.proactive_fired = True
             self._drain(now, DrainedBy.PROACTIVE)
             return self._close_if_graced(now, idle) or ConnAction.DRAIN
