@@ -200,6 +200,8 @@ def test_default_config_matches_the_documented_values() -> None:
     assert listener.health_check_path == "/health_check.html"
     assert listener.request_headers_timeout == 10.0
     assert listener.idle_timeout == 75.0
+    assert listener.max_connection_duration == 0.0  # none
+    assert listener.max_requests_per_connection == 0  # none
     assert listener.max_request_headers_kb == 60
     [route] = listener.routes
     assert (route.prefix, route.cluster, route.host, route.timeout) == ("/", "demo", None, 5.0)

@@ -7,6 +7,7 @@ sequence: 2T/3 to T - G), and a scripted rng value r puts this connection's mome
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from lameduck.drain import DrainEvent, ListenerDrain, Strategy
@@ -52,6 +53,8 @@ class Listener(Context):
         self.connections: set[Any] = set()
         self.request_headers_timeout = 60.0
         self.idle_timeout = 100.0
+        self.max_connection_duration = math.inf
+        self.max_requests_per_connection = 0
         self.max_request_headers = 60 * 1024
         self.scheme = b"http"
         self.connect_timeout = 1.0
@@ -222,3 +225,80 @@ def test_h2_stream_after_t_gets_the_final_goaway_before_its_refusal() -> None:
     assert int.from_bytes(got[2][2], "big") == REFUSED_STREAM
     assert ls.stats.downstream_rq_going_away == 1
     assert len(ls.connects) == 1  # the refused stream never went upstream
+
+
+# -- a connection's own limits (Envoy's common_http_protocol_options) ----------------------------
+
+
+def test_h1_max_connection_duration_drains_and_the_idle_connection_closes_g_later() -> None:
+    """max_connection_duration drains, it does not reset: the response in flight at expiry
+    carries ``Connection: close``; an idle one closes once the grace G is over."""
+    ls = Listener(ScriptedRng())
+    ls.max_connection_duration = 30.0
+    conn = H1Downstream(ls)
+    t = accept(ls, conn)
+    ls.loop.advance(29.0)
+    conn.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+    ls.loop.advance(30.0)
+    assert ls.stats.downstream_cx_max_duration_reached == 1
+    assert ls.stats.downstream_cx_drain_close == 1
+    assert ls.drain_stats.cx_drained_proactive == 0
+    answer(ls)
+    assert t.take() == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nconnection: close\r\n\r\nok"
+    assert t.eof_at == 30.0 and not t.reset
+    ls = Listener(ScriptedRng())
+    ls.max_connection_duration = 30.0
+    conn = H1Downstream(ls)
+    t = accept(ls, conn)
+    ls.loop.advance(30.0 + G - 0.01)
+    assert t.eof_at is None and ls.stats.downstream_cx_max_duration_reached == 1
+    ls.loop.advance(30.0 + G)
+    assert t.eof_at == 30.0 + G and t.out == b""
+
+
+def test_h1_max_requests_per_connection_the_nth_response_says_connection_close() -> None:
+    ls = Listener(ScriptedRng())
+    ls.max_requests_per_connection = 2
+    conn = H1Downstream(ls)
+    t = accept(ls, conn)
+    conn.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+    answer(ls)
+    assert b"connection: close" not in t.take()
+    assert ls.stats.downstream_cx_max_requests_reached == 0
+    # the second one, with a third pipelined behind it: the third is not read
+    conn.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\nGET /y HTTP/1.1\r\nHost: app\r\n\r\n")
+    assert ls.stats.downstream_cx_max_requests_reached == 1
+    answer(ls)
+    assert t.take() == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nconnection: close\r\n\r\nok"
+    assert t.eof_at == 0.0
+    assert len(ls.connects) == 2 and ls.stats.downstream_rq_total == 2
+
+
+def test_h2_max_connection_duration_sends_goaway_then_the_final_one_g_later() -> None:
+    ls = Listener(ScriptedRng())
+    ls.max_connection_duration = 30.0
+    _, t = h2_accept(ls)
+    ls.loop.advance(29.99)
+    assert goaways(t.out) == []
+    ls.loop.advance(30.0)
+    assert goaways(t.take()) == [2**31 - 1]
+    assert ls.stats.downstream_cx_max_duration_reached == 1
+    assert t.eof_at is None
+    ls.loop.advance(30.0 + G)
+    assert goaways(t.take()) == [0]
+    assert t.eof_at == 30.0 + G and not t.reset
+
+
+def test_h2_max_requests_per_connection_goaway_at_the_nth_stream() -> None:
+    ls = Listener(ScriptedRng())
+    ls.max_requests_per_connection = 2
+    conn, t = h2_accept(ls, headers(1))
+    answer(ls)
+    assert goaways(t.take()) == []
+    conn.data_received(headers(3))
+    assert goaways(t.take()) == [2**31 - 1]  # before its response: the client goes elsewhere
+    assert ls.stats.downstream_cx_max_requests_reached == 1
+    answer(ls)
+    ls.loop.advance(G)
+    assert goaways(t.take()) == [3]
+    assert t.eof_at == G

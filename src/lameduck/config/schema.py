@@ -430,6 +430,10 @@ class ListenerConfig(BaseModel):
     health_check_path: Annotated[str | None, AfterValidator(_check_path)] = None
     request_headers_timeout: Duration = 10.0  # 0 = none
     idle_timeout: Duration = 75.0  # downstream keep-alive idle timeout; 0 = none
+    # Envoy's common_http_protocol_options: from then (or at that request) a connection
+    # drains (HTTP/1.1 Connection: close, HTTP/2 GOAWAY), it is not reset; 0 = none.
+    max_connection_duration: Duration = 0.0
+    max_requests_per_connection: int = Field(0, ge=0)
     max_request_headers_kb: int = Field(60, ge=1, le=8192)
     tls: TlsConfig | None = None
     http2: Http2Config = Http2Config()

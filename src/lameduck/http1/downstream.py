@@ -35,7 +35,7 @@ from lameduck.http1.wire import (
     simple_response,
     status_line,
 )
-from lameduck.proxy.downstream import STOP, ConnectionContext, Downstream, no_delay
+from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import (
     HOP_BY_HOP,
@@ -74,7 +74,7 @@ QUERY: Final = 63  # "?", as a byte value: ``in`` looks for it with memchr
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
-class ListenerContext(ConnectionContext, Protocol):
+class ListenerContext(HttpConnectionContext, Protocol):
     """What an HTTP/1.1 connection needs from its listener (wired in ``listeners``)."""
 
     name: str
@@ -100,6 +100,9 @@ class H1Downstream(Downstream):
         self.stats: HttpStats = ctx.stats
         self.headers_timeout = ctx.request_headers_timeout
         self.max_headers = ctx.max_request_headers
+        n = ctx.max_requests_per_connection
+        if n > 0:
+            self.requests_left = n
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[Exchange] = deque()
         self.reading: Exchange | None = None  # the exchange whose request is being received
@@ -131,7 +134,7 @@ class H1Downstream(Downstream):
         no_delay(transport)
         now = self.loop.time()
         self.idle_since = now
-        self.drain = ConnectionDrain(ctx.drain, now, ctx.rng)
+        self.drain = ConnectionDrain(ctx.drain, now, ctx.rng, ctx.max_connection_duration)
         ctx.connections.add(self)
         st = ctx.stats
         st.downstream_cx_total += 1
@@ -360,6 +363,10 @@ class H1Downstream(Downstream):
         st.downstream_rq_total += 1
         st.downstream_rq_http1_total += 1
         st.downstream_rq_active += 1
+        self.requests_left -= 1
+        if self.requests_left == 0:
+            ex.close = True  # nothing behind it is read: its response closes the connection
+            self.last_request()
         if v10 or version == "1.1":
             self._prepare(ex, method)
         else:

@@ -39,7 +39,7 @@ from lameduck.http2.connection import (
     WindowOpened,
 )
 from lameduck.http2.tunnel import H2ConnectTunnel, StreamSide
-from lameduck.proxy.downstream import STOP, ConnectionContext, Downstream, no_delay
+from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import (
     HOP_BY_HOP,
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from lameduck.upstream.cluster import Cluster
 
 
-class H2ListenerContext(ConnectionContext, Protocol):
+class H2ListenerContext(HttpConnectionContext, Protocol):
     """What an HTTP/2 connection needs from its listener (wired in ``listeners``)."""
 
     h2stats: Http2Stats
@@ -110,6 +110,9 @@ class H2Downstream(Downstream):
         self.corked = 0
         self.goaways = 0  # GOAWAY frames sent for the drain: 0, 1 (2^31-1), 2 (final)
         self.req_fields: list[tuple[bytes, bytes]] = []  # the request being admitted
+        n = ctx.max_requests_per_connection
+        if n > 0:
+            self.requests_left = n
 
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -119,7 +122,9 @@ class H2Downstream(Downstream):
         st.downstream_cx_total += 1
         st.downstream_cx_active += 1
         no_delay(transport)
-        self.adopt(transport, ConnectionDrain(self.ctx.drain, now, self.ctx.rng), b"")
+        ctx = self.ctx
+        self.adopt(transport, ConnectionDrain(ctx.drain, now, ctx.rng, ctx.max_connection_duration),
+                   b"")
 
     def adopt(self, transport: asyncio.BaseTransport, drain: ConnectionDrain,
               data: bytes) -> None:
@@ -414,6 +419,9 @@ class H2Downstream(Downstream):
         s = Exchange(self, ev.method)
         s.sid = sid
         self.streams[sid] = s
+        self.requests_left -= 1
+        if self.requests_left == 0:
+            self.last_request()  # GOAWAY now; the streams the client opened meanwhile go on
         if ev.end_stream:
             s.has_body = False
             s.req_done = True

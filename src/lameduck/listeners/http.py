@@ -115,6 +115,8 @@ class HttpListener(Listener):
         self.health_check_path = hc.encode() if hc else None
         self.request_headers_timeout = _timeout(cfg.request_headers_timeout)
         self.idle_timeout = _timeout(cfg.idle_timeout)
+        self.max_connection_duration = _timeout(cfg.max_connection_duration)
+        self.max_requests_per_connection = cfg.max_requests_per_connection
         self.max_request_headers = cfg.max_request_headers_kb * 1024
         self.connect_allow = frozenset((a.host.lower(), a.port) for a in cfg.connect.allow)
         self.connect_timeout = cfg.connect.connect_timeout

@@ -12,6 +12,10 @@ same way for every codec, and asks the codec only for what differs:
 - ``drain_tunnels(by)``: its WebSocket and CONNECT tunnels, which end by their own rules;
 - ``busy()``, ``timeouts(now)``: whether an exchange is in flight, and the codec's own
   deadlines (request header timeout, idle timeout).
+
+A connection's own limits drain it the same way: ``max_connection_duration`` is a moment of
+the drain core; ``max_requests_per_connection`` is counted down by the codec, which calls
+``last_request()`` at the last one (docs/timeouts.md).
 - ``drained(by)``: what being drained means; by default it counts and sends
   ``drain_notice()``. A TCP connection has nobody to tell: it closes once quiet instead.
 
@@ -61,6 +65,13 @@ class ConnectionContext(ExchangeContext, Protocol):
     def on_connection_closed(self, conn: Any) -> None: ...
 
 
+class HttpConnectionContext(ConnectionContext, Protocol):
+    """An HTTP listener's per-connection limits (math.inf / 0: none), the same for both codecs."""
+
+    max_connection_duration: float
+    max_requests_per_connection: int
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # the TCP listener's, and the tests' codecs
 class Downstream(asyncio.Protocol):
     """The parts of a client connection that do not depend on its protocol."""
@@ -82,6 +93,9 @@ class Downstream(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
         self.drain: ConnectionDrain = None  # type: ignore[assignment]  # set once connected
+        # Requests this connection still takes before it drains (max_requests_per_connection);
+        # counted down by the codec, -1: no limit (it never reaches 0).
+        self.requests_left = -1
 
     def take(self, transport: asyncio.BaseTransport) -> None:
         """This connection's socket, and its peer (for X-Forwarded-For)."""
@@ -139,9 +153,20 @@ class Downstream(asyncio.Protocol):
         ds = self.ctx.drain_stats
         if by is DrainedBy.RESPONSE:
             ds.cx_drained_by_response += 1
+        elif by is DrainedBy.MAX_DURATION:
+            self.ctx.stats.downstream_cx_max_duration_reached += 1
+        elif by is DrainedBy.MAX_REQUESTS:
+            self.ctx.stats.downstream_cx_max_requests_reached += 1
         else:
             ds.cx_drained_proactive += 1
         self.drain_notice()
+
+    def last_request(self) -> None:
+        """The request that used up max_requests_per_connection (Envoy's): the connection drains
+        now, so its response says so (HTTP/1.1 ``Connection: close``; HTTP/2 GOAWAY)."""
+        if self.drain.drain_by_limit(self.loop.time(), DrainedBy.MAX_REQUESTS):
+            self.drained(DrainedBy.MAX_REQUESTS)
+            self.arm_drain()  # its grace G, as for a connection a response drained
 
     def on_drain_event(self, event: object) -> None:
         """A drain started on this connection's listener: draw the moment, arm the timer."""
@@ -180,8 +205,8 @@ class Downstream(asyncio.Protocol):
         if dl is not None and now >= dl:
             was_open = d.drained_by is None
             action = d.on_timer(now, idle=not self.busy())
-            if was_open and d.drained_by is DrainedBy.PROACTIVE:
-                self.drained(DrainedBy.PROACTIVE)
+            if was_open and d.drained_by is not None:
+                self.drained(d.drained_by)  # its proactive moment, or max_connection_duration
             if action is ConnAction.DRAIN:
                 # The proactive moment (also of a connection a response drained): its tunnels
                 # end from now, by their own rules (as in Envoy).
