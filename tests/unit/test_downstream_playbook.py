@@ -55,6 +55,7 @@ class Listener(Context):
         self.idle_timeout = 100.0
         self.max_connection_duration = math.inf
         self.max_requests_per_connection = 0
+        self.send_timeout = 20.0
         self.max_request_headers = 60 * 1024
         self.scheme = b"http"
         self.connect_timeout = 1.0
@@ -302,3 +303,42 @@ def test_h2_max_requests_per_connection_goaway_at_the_nth_stream() -> None:
     ls.loop.advance(G)
     assert goaways(t.take()) == [3]
     assert t.eof_at == G
+
+
+# -- a client that does not read (send_timeout) ----------------------------------------------------
+
+
+def test_h1_send_timeout_resets_a_client_that_takes_nothing_and_resume_starts_it_again() -> None:
+    ls = Listener(ScriptedRng())
+    conn = H1Downstream(ls)
+    t = accept(ls, conn)
+    conn.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+    up = ls.connects[-1].succeed()
+    up.sink.on_response_head(200, [(b"Content-Length", b"9")], 9, False)
+    up.sink.on_response_body(b"some")
+    ls.loop.advance(5.0)
+    conn.pause_writing()  # the socket buffer is full
+    ls.loop.advance(24.0)
+    conn.resume_writing()  # it took some: progress
+    conn.pause_writing()
+    ls.loop.advance(43.99)
+    assert t.ended is None and ls.stats.downstream_cx_send_timeout == 0
+    ls.loop.advance(44.0)
+    assert t.ended == ("rst", 44.0)
+    assert ls.stats.downstream_cx_send_timeout == 1
+    conn.connection_lost(None)  # asyncio's, after the abort
+    assert ls.process.ledger.active == 0
+
+
+def test_h2_send_timeout_resets_the_connection() -> None:
+    ls = Listener(ScriptedRng())
+    conn, t = h2_accept(ls, headers(1))
+    ls.loop.advance(3.0)
+    conn.pause_writing()
+    ls.loop.advance(22.99)
+    assert t.ended is None
+    ls.loop.advance(23.0)
+    assert t.ended == ("rst", 23.0)
+    assert ls.stats.downstream_cx_send_timeout == 1
+    conn.connection_lost(None)  # asyncio's, after the abort
+    assert ls.process.ledger.active == 0

@@ -103,6 +103,7 @@ class H1Downstream(Downstream):
         n = ctx.max_requests_per_connection
         if n > 0:
             self.requests_left = n
+        self.send_timeout = ctx.send_timeout
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[Exchange] = deque()
         self.reading: Exchange | None = None  # the exchange whose request is being received
@@ -258,7 +259,7 @@ class H1Downstream(Downstream):
                                                     or not queue[0].resp_started))
 
     def pause_writing(self) -> None:
-        self.write_paused = True
+        self.writing_paused()
         if self.queue:
             up = self.queue[0].up
             if up is not None:

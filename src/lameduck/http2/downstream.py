@@ -113,6 +113,7 @@ class H2Downstream(Downstream):
         n = ctx.max_requests_per_connection
         if n > 0:
             self.requests_left = n
+        self.send_timeout = ctx.send_timeout
 
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -228,7 +229,7 @@ class H2Downstream(Downstream):
         return bool(self.streams)
 
     def pause_writing(self) -> None:
-        self.write_paused = True
+        self.writing_paused()
         for s in self.streams.values():
             if s.side is not None:
                 s.side.pause_source()

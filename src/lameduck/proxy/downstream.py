@@ -70,6 +70,7 @@ class HttpConnectionContext(ConnectionContext, Protocol):
 
     max_connection_duration: float
     max_requests_per_connection: int
+    send_timeout: float
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the TCP listener's, and the tests' codecs
@@ -89,6 +90,8 @@ class Downstream(asyncio.Protocol):
         self.eof_sent = False
         self.final_sent = False  # the final notice went out: close once idle
         self.write_paused = False
+        self.paused_at = 0.0  # writing paused since (the send timeout counts from here)
+        self.send_timeout = math.inf  # an HTTP codec sets its listener's
         self.idle_since = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
@@ -124,6 +127,13 @@ class Downstream(asyncio.Protocol):
 
     def flush(self) -> None:
         raise NotImplementedError
+
+    def writing_paused(self) -> None:
+        """The client stopped taking bytes: from now it has ``send_timeout`` to take some
+        (nginx ``send_timeout``, HAProxy ``timeout client``); each resume starts it again."""
+        self.write_paused = True
+        self.paused_at = now = self.loop.time()
+        self.arm(now + self.send_timeout)
 
     def on_staged_close(self, t: asyncio.Transport) -> None:
         """A staged close begins: stop taking requests, keep reading (to drain the socket)."""
@@ -197,6 +207,15 @@ class Downstream(asyncio.Protocol):
                 self.transport.close()  # the staged close's linger is over
             return
         now = self.loop.time()
+        if self.write_paused:
+            sent_by = self.paused_at + self.send_timeout
+            if now >= sent_by:
+                # Nothing more can reach a client that does not read: a reset, not a FIN
+                # behind bytes it will never take.
+                self.ctx.stats.downstream_cx_send_timeout += 1
+                self.reset()
+                return
+            self.arm(sent_by)
         at = self.timeouts(now)
         if at == STOP:
             return

@@ -60,6 +60,7 @@ class HttpStats(ConnectionStats):
     downstream_cx_idle_timeout: int = 0
     downstream_cx_max_duration_reached: int = 0  # drained by max_connection_duration
     downstream_cx_max_requests_reached: int = 0  # drained by max_requests_per_connection
+    downstream_cx_send_timeout: int = 0  # reset: the client took nothing for send_timeout
     downstream_cx_protocol_error: int = 0
     downstream_cx_destroy_remote_active_rq: int = 0
     downstream_cx_destroy_local_active_rq: int = 0
