@@ -202,6 +202,7 @@ def test_default_config_matches_the_documented_values() -> None:
     assert listener.idle_timeout == 75.0
     assert listener.max_connection_duration == 0.0  # none
     assert listener.send_timeout == 60.0
+    assert listener.request_body_timeout == 30.0
     assert listener.max_requests_per_connection == 0  # none
     assert listener.max_request_headers_kb == 60
     [route] = listener.routes

@@ -56,6 +56,7 @@ class Listener(Context):
         self.max_connection_duration = math.inf
         self.max_requests_per_connection = 0
         self.send_timeout = 20.0
+        self.request_body_timeout = 15.0
         self.max_request_headers = 60 * 1024
         self.scheme = b"http"
         self.connect_timeout = 1.0
@@ -342,3 +343,56 @@ def test_h2_send_timeout_resets_the_connection() -> None:
     assert ls.stats.downstream_cx_send_timeout == 1
     conn.connection_lost(None)  # asyncio's, after the abort
     assert ls.process.ledger.active == 0
+
+
+# -- a client that stops sending its request body (request_body_timeout) -------------------------
+
+POST = b"POST /x HTTP/1.1\r\nHost: app\r\nContent-Length: 10\r\n\r\n"
+
+
+def test_h1_body_timeout_408_when_no_response_byte_was_sent() -> None:
+    ls = Listener(ScriptedRng())
+    conn = H1Downstream(ls)
+    t = accept(ls, conn)
+    conn.data_received(POST + b"abc")
+    ls.connects[-1].succeed()
+    ls.loop.advance(4.0)
+    conn.data_received(b"de")  # progress: the clock starts again
+    ls.loop.advance(18.99)
+    assert t.out == b"" and ls.stats.downstream_rq_body_timeout == 0
+    ls.loop.advance(19.0)
+    out = t.take()
+    assert out.startswith(b"HTTP/1.1 408 ") and b"connection: close" in out
+    assert ls.stats.downstream_rq_body_timeout == 1
+    assert t.eof_at == 19.0 and not t.reset
+    assert ls.process.ledger.active == 0
+
+
+def test_h1_body_timeout_resets_once_the_response_began() -> None:
+    ls = Listener(ScriptedRng())
+    conn = H1Downstream(ls)
+    t = accept(ls, conn)
+    conn.data_received(POST + b"abc")
+    up = ls.connects[-1].succeed()
+    up.sink.on_response_head(200, [(b"Content-Length", b"9")], 9, False)
+    ls.loop.advance(15.0)
+    assert t.ended == ("rst", 15.0)
+    assert ls.stats.downstream_rq_body_timeout == 1
+
+
+def test_h1_body_timeout_waits_while_lameduck_paused_the_reading() -> None:
+    """Reading paused for a slow upstream is not the client's silence."""
+    ls = Listener(ScriptedRng())
+    conn = H1Downstream(ls)
+    t = accept(ls, conn)
+    conn.data_received(POST + b"abc")
+    ls.connects[-1].succeed()
+    ex = conn.queue[0]
+    conn.hold_request(ex)  # what the exchange asks when the upstream takes no more
+    ls.loop.advance(40.0)
+    assert t.out == b"" and ls.stats.downstream_rq_body_timeout == 0
+    conn.resume_request(ex)  # the body flows again: 15 s from now
+    ls.loop.advance(54.99)
+    assert ls.stats.downstream_rq_body_timeout == 0
+    ls.loop.advance(55.0)
+    assert ls.stats.downstream_rq_body_timeout == 1

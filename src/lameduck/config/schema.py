@@ -433,6 +433,9 @@ class ListenerConfig(BaseModel):
     # Envoy's common_http_protocol_options: from then (or at that request) a connection
     # drains (HTTP/1.1 Connection: close, HTTP/2 GOAWAY), it is not reset; 0 = none.
     max_connection_duration: Duration = 0.0
+    # no byte of a request body for this long: 408 (or a reset once the response began);
+    # HTTP/1.1; 0 = none
+    request_body_timeout: Duration = 30.0
     # a client that takes no byte of what we send for this long is reset; 0 = none
     send_timeout: Duration = 60.0
     max_requests_per_connection: int = Field(0, ge=0)

@@ -104,6 +104,8 @@ class H1Downstream(Downstream):
         if n > 0:
             self.requests_left = n
         self.send_timeout = ctx.send_timeout
+        self.body_timeout = ctx.request_body_timeout
+        self.body_at = 0.0  # the last byte of the request body being read (or its head's start)
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[Exchange] = deque()
         self.reading: Exchange | None = None  # the exchange whose request is being received
@@ -284,6 +286,9 @@ class H1Downstream(Downstream):
         self.paused &= ~reason
         if not self.paused and self.transport is not None and not self.gone:
             self.transport.resume_reading()
+            if self.reading is not None:
+                self.body_at = now = self.loop.time()  # the body timeout counts from here again
+                self.arm(now + self.body_timeout)
 
     def write(self, data: bytes) -> None:
         if self.wbuf is not None:
@@ -359,6 +364,7 @@ class H1Downstream(Downstream):
         if v10:
             ex.v10 = True
         self.reading = ex
+        self.body_at = self.req_started  # a field store: no clock read on the fast path
         self.queue.append(ex)
         st = ctx.stats
         st.downstream_rq_total += 1
@@ -500,6 +506,8 @@ class H1Downstream(Downstream):
     def on_body(self, body: bytes) -> None:
         ex = self.reading
         if ex is not None:
+            self.body_at = now = self.loop.time()
+            self.arm(now + self.body_timeout)  # no-op unless earlier than the timer's
             ex.request_body(body, 0)
 
     def on_message_complete(self) -> None:
@@ -885,4 +893,21 @@ class H1Downstream(Downstream):
                 self.staged_close()
                 return STOP
             return at
+        ex = self.reading
+        if ex is not None and not self.paused:
+            # the client's part: paused by us (the upstream is slow), the wait is not its
+            at = self.body_at + self.body_timeout
+            if now >= at:
+                self._body_timeout(ex)
+                return STOP
+            return at
         return math.inf
+
+    def _body_timeout(self, ex: Exchange) -> None:
+        """No byte of the request body for request_body_timeout (nginx client_body_timeout):
+        408 if no response byte was sent yet, else a reset; nothing after it is read."""
+        self.stats.downstream_rq_body_timeout += 1
+        self.reading = None
+        self.last_read = True
+        self.pause(PAUSE_CLOSING)
+        self._broken_body(ex, 408, b"request body timeout\n")

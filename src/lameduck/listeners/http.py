@@ -117,6 +117,7 @@ class HttpListener(Listener):
         self.idle_timeout = _timeout(cfg.idle_timeout)
         self.max_connection_duration = _timeout(cfg.max_connection_duration)
         self.send_timeout = _timeout(cfg.send_timeout)
+        self.request_body_timeout = _timeout(cfg.request_body_timeout)
         self.max_requests_per_connection = cfg.max_requests_per_connection
         self.max_request_headers = cfg.max_request_headers_kb * 1024
         self.connect_allow = frozenset((a.host.lower(), a.port) for a in cfg.connect.allow)

@@ -71,6 +71,7 @@ class HttpConnectionContext(ConnectionContext, Protocol):
     max_connection_duration: float
     max_requests_per_connection: int
     send_timeout: float
+    request_body_timeout: float
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the TCP listener's, and the tests' codecs

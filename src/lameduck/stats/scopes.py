@@ -75,6 +75,7 @@ class HttpStats(ConnectionStats):
     downstream_rq_5xx: int = 0
     downstream_rq_completed: int = 0
     downstream_rq_header_timeout: int = 0
+    downstream_rq_body_timeout: int = 0  # request_body_timeout (nginx client_body_timeout)
     downstream_rq_rx_reset: int = 0
     downstream_rq_going_away: int = 0  # lameduck's: answered 503 "going away" while draining
 
