@@ -15,6 +15,7 @@ from typing import Any
 
 from lameduck.drain import ProcessDrain
 from lameduck.drain.endpoint import EndpointDrain
+from lameduck.http1.upstream import H1Upstream
 from lameduck.proxy.exchange import Exchange
 from lameduck.stats import HttpStats
 from lameduck.upstream.cluster import Cluster
@@ -166,6 +167,19 @@ class Connecting:
             cb(self)
         return self.conn
 
+    def succeed_h1(self, loop: Loop) -> tuple[H1Upstream, Transport]:
+        """The real HTTP/1.1 upstream connection (its timers on ``loop``), on a socket with no
+        socket: what it writes is in the transport, what the origin sends goes to
+        ``data_received``."""
+        conn = H1Upstream(self.endpoint, loop)
+        transport = Transport(loop)
+        transport.set_protocol(conn)
+        conn.connection_made(transport)
+        self.conn = conn  # type: ignore[assignment]
+        for cb in self.callbacks:
+            cb(self)
+        return conn, transport
+
     def fail(self) -> None:
         self.error = ConnectionRefusedError()
         for cb in self.callbacks:
@@ -186,23 +200,26 @@ class Upstream:
         self.sent = b""
         self.ended = False
         self.closed = False
-        self.timeout = 0.0  # the route timeout the exchange gave it
+        self.timeout = 0.0  # the route timeout the exchange gave it at the request's end
+        self.idle_timeout = 0.0
 
     @property
     def reusable(self) -> bool:
         return self.alive and not self.closed
 
-    def start(self, sink: Any, head: bytes, no_body: bool, timeout: float,
-              chunked: bool, fields: list[tuple[bytes, bytes]] | None = None) -> None:
+    def start(self, sink: Any, head: bytes, no_body: bool, chunked: bool,
+              fields: list[tuple[bytes, bytes]] | None = None) -> None:
         self.sink = sink
-        self.timeout = timeout
         self.sent += head
 
     def write(self, data: bytes) -> None:
         self.sent += data
 
-    def end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
+    def end(self, trailers: list[tuple[bytes, bytes]] | None, timeout: float,
+            idle_timeout: float) -> None:
         self.ended = True
+        self.timeout = timeout
+        self.idle_timeout = idle_timeout
 
     def pause_reading(self) -> None:
         self.read_paused = True
@@ -224,7 +241,7 @@ class Context:
     """The listener's side: a router to one cluster, the process ledger, stats, connects."""
 
     def __init__(self, endpoints: int = 2, num_retries: int = 2, route_timeout: float = 0.0,
-                 max_connecting: int = 0) -> None:
+                 max_connecting: int = 0, per_try_idle_timeout: float = 0.0) -> None:
         self.loop = Loop()
         self.stats = HttpStats()
         self.process = ProcessDrain()
@@ -237,7 +254,8 @@ class Context:
         self.cluster.num_retries = num_retries
         # The back-off's jitter: the next draws, in order (then 0.5 each).
         self.draws: list[float] = []
-        self.router = Router([Route("/", self.cluster, None, route_timeout)])
+        self.router = Router([Route("/", self.cluster, None, route_timeout,
+                                    per_try_idle_timeout)])
         self.health_check_path: bytes | None = b"/healthz"
         self.connects: list[Connecting] = []
         self.done = 0

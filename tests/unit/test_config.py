@@ -325,7 +325,7 @@ def test_valid_fixture_loads() -> None:
             "{prefix: /, cluster: app}",
             "{prefix: /, cluster: app, retries: 3}",
             "lameduck.yaml: listeners[0].routes[0].retries: unknown key (allowed: prefix, "
-            "cluster, host, timeout)",
+            "cluster, host, timeout, per_try_idle_timeout)",
         ),
         (  # bad address
             "address: 127.0.0.1:10000",

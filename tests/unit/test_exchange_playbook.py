@@ -349,3 +349,95 @@ def test_a_request_cut_in_line_passes_its_turn_on() -> None:
     up.sink.on_response_head(200, [], 0, False)
     up.sink.on_response_complete()
     assert down.log == [("head", 200), ("end", None), ("done",)]
+
+
+# -- the route timeout from the request's end, and the per-try idle timeout -----------------
+# The real HTTP/1.1 upstream connection carries both on its one timer (Envoy's route
+# ``timeout`` and ``per_try_idle_timeout``).
+
+OK_HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n"
+
+
+def test_an_upload_longer_than_the_route_timeout_is_not_cut() -> None:
+    """Envoy's route timeout starts once the whole request is in: a 20 s upload under a 15 s
+    route timeout is answered; the timeout runs 15 s from the body's end."""
+    ctx = Context(endpoints=1, route_timeout=15.0)
+    ex, down = request(ctx, b"POST", body=True)
+    conn, wire = ctx.connects[0].succeed_h1(ctx.loop)
+    for t in range(1, 21):
+        ctx.loop.advance(float(t))
+        ex.request_body(b"x" * 10, 10)
+    ex.request_complete()  # t = 20
+    assert wire.take().endswith(b"0\r\n\r\n")
+    ctx.loop.advance(34.999)
+    assert [e for e in down.log if e[0] != "release"] == [] and wire.ended is None
+    conn.data_received(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+    assert [e for e in down.log if e[0] != "release"] == [
+        ("head", 200), ("body", b"ok"), ("end", None), ("done",)]
+    assert ctx.cluster.stats.upstream_rq_timeout == 0
+
+
+def test_the_route_timeout_ends_timeout_after_the_uploads_end() -> None:
+    ctx = Context(endpoints=1, route_timeout=15.0)
+    ex, down = request(ctx, b"POST", body=True)
+    _conn, wire = ctx.connects[0].succeed_h1(ctx.loop)
+    ctx.loop.advance(20.0)
+    ex.request_body(b"x" * 10, 10)
+    ex.request_complete()
+    ctx.loop.advance(34.999)
+    assert wire.ended is None
+    ctx.loop.advance(35.0)
+    assert wire.ended == ("rst", 35.0)
+    assert [e for e in down.log if e[0] != "release"] == [("local", 504), ("done",)]
+    assert ctx.cluster.stats.upstream_rq_timeout == 1
+
+
+def test_the_route_timeout_spans_the_response_to_its_last_byte() -> None:
+    """Envoy's route timeout ends when the response is complete, not at its head: a body
+    still coming at the deadline is cut, and the client sees a reset (it must not look
+    whole)."""
+    ctx = Context(endpoints=1, route_timeout=5.0)
+    _ex, down = request(ctx)
+    conn, wire = ctx.connects[0].succeed_h1(ctx.loop)
+    ctx.loop.advance(1.0)
+    conn.data_received(OK_HEAD + b"a" * 10)
+    ctx.loop.advance(4.999)
+    conn.data_received(b"b" * 10)
+    assert wire.ended is None
+    ctx.loop.advance(5.0)
+    assert wire.ended == ("rst", 5.0)
+    assert down.log == [("head", 200), ("body", b"a" * 10), ("body", b"b" * 10), ("abort",)]
+    assert ctx.cluster.stats.upstream_rq_timeout == 1
+
+
+def test_a_response_stalled_mid_body_is_cut_at_the_per_try_idle_timeout() -> None:
+    """No route timeout: only the idle timeout ends it, counted from the last upstream
+    byte."""
+    ctx = Context(endpoints=1, per_try_idle_timeout=3.0)
+    _ex, down = request(ctx)
+    conn, wire = ctx.connects[0].succeed_h1(ctx.loop)
+    ctx.loop.advance(1.0)
+    conn.data_received(OK_HEAD + b"a" * 10)
+    ctx.loop.advance(2.5)
+    conn.data_received(b"b" * 10)  # progress: the idle timeout runs from here
+    ctx.loop.advance(5.499)
+    assert wire.ended is None
+    ctx.loop.advance(5.5)
+    assert wire.ended == ("rst", 5.5)
+    assert down.log == [("head", 200), ("body", b"a" * 10), ("body", b"b" * 10), ("abort",)]
+    stats = ctx.cluster.stats
+    assert (stats.upstream_rq_per_try_idle_timeout, stats.upstream_rq_timeout) == (1, 0)
+
+
+def test_no_response_byte_within_the_per_try_idle_timeout_is_answered_504() -> None:
+    ctx = Context(endpoints=1, route_timeout=15.0, per_try_idle_timeout=3.0)
+    _ex, down = request(ctx)
+    _conn, wire = ctx.connects[0].succeed_h1(ctx.loop)
+    ctx.loop.advance(2.999)
+    assert wire.ended is None
+    ctx.loop.advance(3.0)
+    assert wire.ended == ("rst", 3.0)
+    assert down.log == [("local", 504), ("done",)]
+    stats = ctx.cluster.stats
+    assert (stats.upstream_rq_per_try_idle_timeout, stats.upstream_rq_timeout) == (1, 0)
+    assert stats.upstream_rq_retry == 0  # it may still run there: never sent twice

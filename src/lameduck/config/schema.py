@@ -346,7 +346,9 @@ class RouteConfig(BaseModel):
     prefix: Annotated[str, AfterValidator(_check_path)] = "/"
     cluster: str
     host: Annotated[str | None, AfterValidator(_check_route_host)] = None
-    timeout: Duration = 5.0  # upstream response timeout; 0 = none
+    # From the end of the request to the end of the response (Envoy's route timeout); 0 = none
+    timeout: Duration = 5.0
+    per_try_idle_timeout: Duration = 0.0  # no upstream byte for this long: cut; 0 = none
 
 
 def _readable_file(value: str) -> str:

@@ -1,8 +1,9 @@
 """HTTP/1.1 upstream connection: one exchange at a time, kept alive in the endpoint's pool.
 
 The protocol parses responses with httptools and hands them to the exchange it carries; it
-owns the upstream response timeout with one lazily re-armed timer, so a steady keep-alive load
-does not allocate a timer per request.
+owns the route timeout (from the request's end to the response's, as Envoy's route
+``timeout``) and the ``per_try_idle_timeout`` (no upstream byte for that long) with one lazily
+re-armed timer, so a steady keep-alive load does not allocate a timer per request.
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ class H1Upstream(asyncio.Protocol):
         self.whole_head = b""
         self.whole_size = -1
         self.whole_end = 0
-        # timeout: a lazily re-armed timer
-        self.deadline = 0.0
+        # timeouts: one lazily re-armed timer for both
+        self.deadline = 0.0  # the route timeout ends (0: none, or the request not sent whole)
+        self.idle_timeout = 0.0  # per_try_idle_timeout (0: none)
+        self.last_byte = 0.0  # when the upstream last sent a byte (kept only with idle_timeout)
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
 
@@ -115,8 +118,8 @@ class H1Upstream(asyncio.Protocol):
                 self.transport.resume_reading()
 
     # -- sending ----------------------------------------------------------------------------
-    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float,
-              chunked: bool, fields: Fields | None = None) -> None:
+    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, chunked: bool,
+              fields: Fields | None = None) -> None:
         """Send a request head; ``chunked``: the body written after it is framed here."""
         self.sink = sink
         self.chunked_req = chunked
@@ -126,11 +129,8 @@ class H1Upstream(asyncio.Protocol):
         self.got_bytes = False
         self.no_body = no_body
         self.close_delimited = False
-        if timeout > 0:
-            self.deadline = self.loop.time() + timeout
-            self._arm(self.deadline)
-        else:
-            self.deadline = 0.0
+        self.deadline = 0.0  # no timer runs for it until ``end``
+        self.idle_timeout = 0.0
         assert self.transport is not None
         self.transport.write(head)
 
@@ -139,12 +139,26 @@ class H1Upstream(asyncio.Protocol):
         if self.transport is not None and self.alive and data:
             self.transport.write(chunk(data) if self.chunked_req else data)
 
-    def end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
+    def end(self, trailers: list[tuple[bytes, bytes]] | None, timeout: float,
+            idle_timeout: float) -> None:
         """The request body is complete; a chunked one carries ``trailers`` (a sized body has
-        nowhere to put them, RFC 9112 §7.1.2)."""
+        nowhere to put them, RFC 9112 §7.1.2). The timeouts run from here: an upload as long
+        as it takes is not cut by the route timeout (Envoy's starts at the request's end)."""
         if self.chunked_req and self.transport is not None and self.alive:
             self.chunked_req = False
             self.transport.write(trailer_block(trailers) if trailers else LAST_CHUNK)
+        if self.sink is None or (timeout <= 0 and idle_timeout <= 0):
+            return
+        now = self.loop.time()
+        at = 0.0
+        if timeout > 0:
+            self.deadline = at = now + timeout
+        if idle_timeout > 0:
+            self.idle_timeout = idle_timeout
+            self.last_byte = now
+            if not at or now + idle_timeout < at:
+                at = now + idle_timeout
+        self._arm(at)
 
     def _arm(self, at: float) -> None:
         if self.timer is not None:
@@ -156,14 +170,26 @@ class H1Upstream(asyncio.Protocol):
 
     def _on_timer(self) -> None:
         self.timer = None
-        if self.sink is None or self.deadline == 0.0 or self.head_seen:
-            return
-        if self.loop.time() < self.deadline:
-            self._arm(self.deadline)
-            return
         sink = self.sink
-        self.abort()
-        sink.on_upstream_error(UpstreamError.TIMEOUT, False)
+        if sink is None:
+            return
+        now = self.loop.time()
+        deadline = self.deadline
+        head_seen = self.head_seen
+        if deadline and now >= deadline:
+            self.abort()
+            sink.on_upstream_error(UpstreamError.TIMEOUT, head_seen)
+            return
+        idle = self.idle_timeout
+        if idle and now >= self.last_byte + idle:
+            self.abort()
+            sink.on_upstream_idle(head_seen)
+            return
+        at = deadline
+        if idle and (not at or self.last_byte + idle < at):
+            at = self.last_byte + idle
+        if at:
+            self._arm(at)
 
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -177,6 +203,8 @@ class H1Upstream(asyncio.Protocol):
             self.abort()
             return
         self.got_bytes = True
+        if self.idle_timeout:
+            self.last_byte = self.loop.time()
         if self.fresh:
             self.fresh = False
             if len(data) == self.whole_size and data.startswith(self.whole_head):

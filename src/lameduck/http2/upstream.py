@@ -103,7 +103,12 @@ class H2UpstreamStream:
         self.ended = False  # our END_STREAM went out (or the stream is gone)
         self.done = False  # finished on the wire (complete, reset, refused or lost)
         self.unacked = 0  # response bytes received, not yet acknowledged (paused)
+        # The route timeout and the per_try_idle_timeout, from the request's end: one timer,
+        # re-armed when it fires early (an upstream byte moved the idle deadline on).
         self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0
+        self.idle_timeout = 0.0
+        self.last_byte = 0.0
         # Waiting for a free stream slot: the request as it will be sent.
         self.fields: list[tuple[bytes, bytes]] = []
         self.body = False
@@ -114,8 +119,8 @@ class H2UpstreamStream:
         self.end_trailers: list[tuple[bytes, bytes]] | None = None  # the request's trailers
 
     # -- what an exchange calls ----------------------------------------------------------------
-    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float,
-              chunked: bool, fields: Fields | None = None) -> None:
+    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, chunked: bool,
+              fields: Fields | None = None) -> None:
         conn = self.conn
         conn.reserved -= 1
         self.started = True
@@ -131,8 +136,6 @@ class H2UpstreamStream:
             self.fields, self.body = request_fields(head)
         self.no_body = no_body
         self.ended = not self.body
-        if timeout > 0:
-            self.timer = conn.loop.call_later(timeout, self._timed_out)
         if conn.has_room:
             self.send_head()
         elif conn.allows_none:
@@ -178,8 +181,25 @@ class H2UpstreamStream:
         if conn.h2.outbound_buffered(self.sid) > OUTBOUND_HIGH and self.sink is not None:
             self.sink.pause_request_body()  # resumed on WindowOpened
 
-    def end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
-        if self.ended or self.done:
+    def end(self, trailers: list[tuple[bytes, bytes]] | None, timeout: float,
+            idle_timeout: float) -> None:
+        """The request was sent whole: the timeouts run from here (see ``UpstreamConn``)."""
+        if self.done:
+            return
+        if timeout > 0 or idle_timeout > 0:
+            now = self.conn.loop.time()
+            at = 0.0
+            if timeout > 0:
+                self.deadline = at = now + timeout
+            if idle_timeout > 0:
+                self.idle_timeout = idle_timeout
+                self.last_byte = now
+                if not at or now + idle_timeout < at:
+                    at = now + idle_timeout
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = self.conn.loop.call_at(at, self._timed_out)
+        if self.ended:
             return
         self.ended = True
         self.end_trailers = trailers
@@ -238,16 +258,32 @@ class H2UpstreamStream:
     def _timed_out(self) -> None:
         self.timer = None
         sink = self.sink
-        if sink is None or self.head_seen or self.done:
+        if sink is None or self.done:
             return
-        self.close()
-        sink.on_upstream_error(UpstreamError.TIMEOUT, False)
+        now = self.conn.loop.time()
+        deadline = self.deadline
+        idle = self.idle_timeout
+        head_seen = self.head_seen
+        if deadline and now >= deadline:
+            self.close()  # RST_STREAM (CANCEL) upstream
+            sink.on_upstream_error(UpstreamError.TIMEOUT, head_seen)
+            return
+        if idle and now >= self.last_byte + idle:
+            self.close()
+            sink.on_upstream_idle(head_seen)
+            return
+        at = deadline
+        if idle and (not at or self.last_byte + idle < at):
+            at = self.last_byte + idle
+        self.timer = self.conn.loop.call_at(at, self._timed_out)
 
     def on_response(self, ev: ResponseReceived) -> None:
         sink = self.sink
         self.got_bytes = True
         if sink is None:
             return
+        if self.idle_timeout:
+            self.last_byte = self.conn.loop.time()
         if ev.status < 200:
             sink.on_informational(ev.status, ev.headers)
             return
@@ -256,9 +292,6 @@ class H2UpstreamStream:
             if name == b"content-length":
                 length = int(value)
         self.head_seen = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         sink.on_response_head(ev.status, ev.headers, length, False)
         if ev.end_stream and self.sink is sink:
             self.complete()
@@ -272,6 +305,8 @@ class H2UpstreamStream:
         if sink is None:
             h2.acknowledge_stream_data(self.sid, ev.flow_len)
             return
+        if self.idle_timeout:
+            self.last_byte = self.conn.loop.time()
         if ev.data:
             sink.on_response_body(ev.data)
         if self.read_paused:

@@ -18,9 +18,13 @@ be sent again. Every retry needs the cluster's retry policy and budget
 endpoint.
 
 A new HTTP/1.1 connection waits in line when its endpoint has ``max_connecting`` connects under
-way (``Endpoint.may_connect``). From the first new connection on, the route timeout covers the
-whole request: the line, the connect, a back-off and every retry (Envoy's route timeout spans
-the retries too); a request still without an upstream then is answered 504.
+way (``Endpoint.may_connect``). The route timeout ends ``timeout`` after the later of the first
+new connection and the end of the request: it covers the line, the connect, a back-off and
+every retry (Envoy's route timeout spans the retries too), and the response to its last byte;
+never the upload itself (Envoy's starts once the whole request is in). A request still without
+an upstream then is answered 504; a response not complete by then is cut. The route's
+``per_try_idle_timeout`` (Envoy's) bounds each try from the request's end: no upstream byte
+for that long and the try is cut.
 """
 
 from __future__ import annotations
@@ -135,7 +139,10 @@ class Exchange:
     cluster: Cluster | None = None
     endpoint: Endpoint | None = None
     route_timeout = 0.0
-    deadline = 0.0  # loop time the route timeout ends, set at the first new connection
+    idle_timeout = 0.0  # the route's per_try_idle_timeout
+    # Loop time the route timeout ends: set at the first new connection, moved on at the
+    # request's end.
+    deadline = 0.0
     dialing = False  # counted in its endpoint's connects under way (``max_connecting``)
     queued = False  # in line for a connection to its endpoint
     reused = False  # on a pooled connection (it may have been closed by the upstream)
@@ -205,6 +212,8 @@ class Exchange:
         if cluster.persistence is not None:
             self.pkey = down.persistence_key(self, cluster)
         self.route_timeout = route.timeout
+        if route.per_try_idle_timeout:
+            self.idle_timeout = route.per_try_idle_timeout
         return True
 
     def admit_connect(self, ctx: ExchangeContext, authority: bytes | None) -> bool:
@@ -262,9 +271,15 @@ class Exchange:
             if self.resp_started and self.local is not None:
                 self.finish()  # the local answer went out before the request had ended
             return
+        timeout = self.route_timeout
+        if timeout > 0:
+            # The route timeout runs from here (Envoy); an upload may take as long as the
+            # listener's body idle timeout lets it.
+            self.deadline = self.down.ctx.loop.time() + timeout
         up = self.up
         if up is not None and up.sink is self:
-            up.end(self.req_trailers)  # else ``attach`` ends it, after what was held
+            up.end(self.req_trailers, timeout, self.idle_timeout)
+        # else ``attach`` ends it, after what was held
 
     def _keep(self, data: bytes) -> None:
         """Remember request bytes sent upstream, for a retry (bounded)."""
@@ -345,6 +360,9 @@ class Exchange:
     def _no_upstream_in_time(self) -> None:
         """The route timeout ended in line or while connecting: 504, as Envoy answers it."""
         self.timer = None
+        if self.down.ctx.loop.time() < self.deadline:  # the request ended meanwhile
+            self._arm_deadline()
+            return
         ep = self.endpoint
         cluster = self.cluster
         assert cluster is not None and ep is not None
@@ -519,10 +537,7 @@ class Exchange:
             return
         if down.write_paused:
             up.pause_reading()  # the client is behind: this response waits for it too
-        timeout = self.route_timeout
-        if self.deadline:  # what is left of it after the line, the connect, the retries
-            timeout = max(self.deadline - down.ctx.loop.time(), 0.001)
-        up.start(self, self.head, self.is_head, timeout, self.chunked_req, self.fields)
+        up.start(self, self.head, self.is_head, self.chunked_req, self.fields)
         if self.up is not up:
             return  # refused at once (an HTTP/2 connection that went away): retried or answered
         if self.buffered:
@@ -537,7 +552,10 @@ class Exchange:
             if not self.up_paused:  # the upstream may have paused it meanwhile
                 down.resume_request(self)
         if self.req_done and up.sink is self:
-            up.end(self.req_trailers)
+            timeout = self.route_timeout
+            if self.deadline:  # what is left of it after the line, the connect, the retries
+                timeout = max(self.deadline - down.ctx.loop.time(), 0.001)
+            up.end(self.req_trailers, timeout, self.idle_timeout)
         if self.unacked and not self.up_paused:
             n, self.unacked = self.unacked, 0
             down.release_request(self, n)
@@ -634,7 +652,7 @@ class Exchange:
         self._detach(reusable=True)
         self.finish()
 
-    def on_upstream_error(self, status: int, after_head: bool) -> None:
+    def on_upstream_error(self, status: int, after_head: bool, idle: bool = False) -> None:
         cluster = self.cluster
         ep = self.endpoint
         assert cluster is not None and ep is not None
@@ -642,7 +660,10 @@ class Exchange:
         up_was = self.up
         can_replay = self.can_replay
         self._detach(reusable=False)
-        if status == UpstreamError.TIMEOUT:
+        if idle:
+            cs.upstream_rq_per_try_idle_timeout += 1
+            ep.rq_timeout += 1
+        elif status == UpstreamError.TIMEOUT:
             cs.upstream_rq_timeout += 1
             ep.rq_timeout += 1
         else:
@@ -667,6 +688,11 @@ class Exchange:
         if action is Retry.ELSEWHERE and self._retry_elsewhere():
             return
         self.local_error(code, UPSTREAM_ERROR_BODY[code])
+
+    def on_upstream_idle(self, after_head: bool) -> None:
+        """The per_try_idle_timeout cut the try: 504 as a timeout (never retried: the request
+        may still run), or a reset if the response had started."""
+        self.on_upstream_error(UpstreamError.TIMEOUT, after_head, True)
 
     def on_upstream_refused(self) -> None:
         """HTTP/2 proved it unprocessed (RFC 9113 §8.7): sent again, to another endpoint if

@@ -91,7 +91,8 @@ def build(cfg: Config, loop: asyncio.AbstractEventLoop, rng: Callable[[], float]
             listeners.append(TcpListener(lc, loop, process, ld, clusters[lc.cluster], tstats,
                                          drain_stats, on_change, rng))
             continue
-        router = Router([Route(r.prefix, clusters[r.cluster], r.host, r.timeout)
+        router = Router([Route(r.prefix, clusters[r.cluster], r.host, r.timeout,
+                               r.per_try_idle_timeout)
                          for r in lc.routes])
         stats = registry.add(f"http.{lc.name}", HttpStats())
         h2stats = registry.add(f"http.{lc.name}.http2", Http2Stats())

@@ -136,7 +136,8 @@ class ClusterStats:
     upstream_rq_3xx: int = 0
     upstream_rq_4xx: int = 0
     upstream_rq_5xx: int = 0
-    upstream_rq_timeout: int = 0
+    upstream_rq_timeout: int = 0  # the route timeout ended before the response did
+    upstream_rq_per_try_idle_timeout: int = 0  # no upstream byte for per_try_idle_timeout
     upstream_rq_rx_reset: int = 0
     upstream_rq_tx_reset: int = 0
     upstream_rq_retry: int = 0

@@ -16,7 +16,7 @@ class UpstreamError:
 
     CONNECT: Final = 503  # connect refused or timed out
     RESET: Final = 502  # reset or bad response before the response completed
-    TIMEOUT: Final = 504  # no response within the route timeout
+    TIMEOUT: Final = 504  # the response not complete within the route timeout
 
 
 # A message's fields, protocol-neutral: (name, value) as received (HTTP/1.1 keeps the name's
@@ -37,6 +37,9 @@ class ExchangeSink(Protocol):
         ``proxy.fields.trailer_fields`` (None if it had none)."""
         ...
     def on_upstream_error(self, status: int, after_head: bool) -> None: ...
+    def on_upstream_idle(self, after_head: bool) -> None:
+        """No upstream byte for the route's ``per_try_idle_timeout``: the connection was cut."""
+        ...
     def on_upstream_refused(self) -> None:
         """HTTP/2 proved the request unprocessed (RFC 9113 §8.7): safe to send again."""
         ...
@@ -62,14 +65,17 @@ class UpstreamConn(Protocol):
     @property
     def reusable(self) -> bool: ...
 
-    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, timeout: float,
-              chunked: bool, fields: Fields | None = None) -> None:
+    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, chunked: bool,
+              fields: Fields | None = None) -> None:
         """Send the request: ``head`` as HTTP/1.1 text, or (to an HTTP/2 upstream, from an
         HTTP/2 client) ``fields`` with the pseudo-fields first, never formatted as text."""
         ...
     def write(self, data: bytes) -> None: ...
-    def end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
-        """The request body is complete, with its trailer section if it had one."""
+    def end(self, trailers: list[tuple[bytes, bytes]] | None, timeout: float,
+            idle_timeout: float) -> None:
+        """The request was sent whole, with its trailer section if it had one. The timers
+        start here, as Envoy's do: the route ``timeout`` until the response is complete, the
+        ``per_try_idle_timeout`` between upstream bytes (0 = none)."""
         ...
     def pause_reading(self) -> None: ...
     def resume_reading(self) -> None: ...

@@ -6,13 +6,17 @@ from lameduck.upstream.cluster import Cluster
 
 
 class Route:
-    __slots__ = ("cluster", "host", "prefix", "timeout")
+    __slots__ = ("cluster", "host", "per_try_idle_timeout", "prefix", "timeout")
 
-    def __init__(self, prefix: str, cluster: Cluster, host: str | None, timeout: float) -> None:
+    def __init__(self, prefix: str, cluster: Cluster, host: str | None, timeout: float,
+                 per_try_idle_timeout: float = 0.0) -> None:
         self.prefix = prefix.encode()
         self.cluster = cluster
         self.host = host.lower().encode() if host else None
-        self.timeout = timeout  # upstream response timeout; 0 = none
+        # From the request's end to the response's (Envoy's route timeout); 0 = none.
+        self.timeout = timeout
+        # No upstream byte for this long cuts the try (Envoy's per_try_idle_timeout); 0 = none.
+        self.per_try_idle_timeout = per_try_idle_timeout
 
 
 class Router:
