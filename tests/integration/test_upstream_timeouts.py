@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from tests.procs import Lameduck, raw_connect
+from tests.procs import H2Origin, Lameduck, base_config, raw_connect
 
 
 def _slow_body(pieces: int, size: int, every: float) -> Iterator[bytes]:
@@ -64,3 +64,20 @@ def test_a_response_stalled_mid_body_is_cut_at_the_per_try_idle_timeout(
     assert 0.9 <= took < 5.0, took
     assert ld.stat("cluster.app.upstream_rq_per_try_idle_timeout") == 1
     assert ld.stat("cluster.app.upstream_rq_timeout") == 0
+
+
+def test_an_h2_upstream_silent_past_the_per_try_idle_timeout_is_answered_504(
+        lameduck: Callable[..., Any], h2origin: Callable[..., H2Origin]) -> None:
+    """The same timer on an HTTP/2 stream: no head within 1 s of the request's end (the
+    origin would answer after 10 s), so the stream is cancelled and the client gets 504."""
+    o = h2origin()
+    cfg = base_config(o.port, route={"timeout": "30s", "per_try_idle_timeout": "1s"})
+    cfg["clusters"] = [{"name": "app", "endpoints": [o.addr], "protocol": "h2"}]
+    ld = lameduck(cfg)
+    started = time.monotonic()
+    r = httpx.get(ld.url("/slow/10000"), timeout=10)
+    took = time.monotonic() - started
+    assert r.status_code == 504
+    assert 0.9 <= took < 5.0, took
+    assert ld.stat("cluster.app.upstream_rq_per_try_idle_timeout") == 1
+    assert ld.stat("cluster.app.upstream_rq_tx_reset") == 1  # RST_STREAM CANCEL upstream
