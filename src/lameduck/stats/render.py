@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
+import re2  # type: ignore[import-untyped]
+
 from lameduck.stats.registry import Stat
 
 __all__ = [
@@ -33,21 +35,47 @@ _TAGGED: Final = (
 _CLUSTER_SUBSCOPES: Final = (".health_check", ".outlier_detection")
 _INVALID_METRIC_CHARS: Final = re.compile(r"[^a-zA-Z0-9_:]")
 _CODE_CLASS: Final = re.compile(r"_rq_(\d)xx$")  # Envoy's RESPONSE_CODE_CLASS extractor
+# A client's filter is matched with RE2, in time linear in the name, so no pattern can hold the
+# event loop that also serves traffic (Python's backtracking ``re`` can, for hours). RE2 also
+# bounds the compiled program's memory; the length cap bounds the compile itself.
+FILTER_MAX_LEN: Final = 1024
+_RE2_OPTIONS: Final = re2.Options()
+_RE2_OPTIONS.max_mem = 1 << 20
+_RE2_OPTIONS.log_errors = False  # an invalid filter is the client's error, answered 400
+# RE2 reads a repeat count too large to parse as the literal text "{99999999999}"; PCRE and
+# Python refuse it: refuse it too, rather than silently match something else.
+_REPEAT: Final = re.compile(r"(?<!\\)(?:\\\\)*\{(\d+)(?:,(\d*))?\}")
+_MAX_REPEAT: Final = 1000  # RE2's own limit for a count it parses
 
 
 def select(stats: Iterable[Stat], filter: str | None = None) -> list[Stat]:
-    """The stats whose name matches `filter` (a regex, `re.search`), sorted by name.
+    """The stats whose name matches `filter` (an RE2 regex, searched), sorted by name.
 
-    Raises ValueError for an invalid regex so the admin API can answer 400 with the reason.
+    Raises ValueError for an invalid or too costly regex so the admin API can answer 400.
     """
     ordered = sorted(stats, key=_by_name)
     if not filter:
         return ordered
-    try:
-        pattern = re.compile(filter)
-    except re.error as error:
-        raise ValueError(f"invalid filter regex {filter!r}: {error}") from None
+    pattern = compile_filter(filter)
     return [stat for stat in ordered if pattern.search(stat.name)]
+
+
+def compile_filter(filter: str) -> re2._Regexp:
+    """Compile a client's filter with RE2 (no backreferences or lookaround, linear time)."""
+    if len(filter) > FILTER_MAX_LEN:
+        raise ValueError(f"invalid filter regex: {len(filter)} characters, at most "
+                         f"{FILTER_MAX_LEN}")
+    for match in _REPEAT.finditer(filter):
+        if any(n and int(n) > _MAX_REPEAT for n in match.groups()):
+            raise ValueError(f"invalid filter regex {filter!r}: repeat count "
+                             f"{match.group(0)} above {_MAX_REPEAT}")
+    try:
+        return re2.compile(filter, _RE2_OPTIONS)
+    except re2.error as error:
+        reason = error.args[0] if error.args else error
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise ValueError(f"invalid filter regex {filter!r} (RE2 syntax): {reason}") from None
 
 
 def render_text(stats: Iterable[Stat], filter: str | None = None) -> str:
