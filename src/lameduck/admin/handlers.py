@@ -7,7 +7,9 @@ state is POST-only; a wrong method is 405 with ``Allow``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from lameduck.admin.control import AdminControl, NotFound
@@ -22,6 +24,35 @@ JSON = "application/json"
 
 def parse_query(raw: str) -> Query:
     return parse_qs(raw, keep_blank_values=True)
+
+
+def to_json(value: Any) -> bytes:
+    """JSON (RFC 8259) for an answer: a non-finite float, which JSON cannot carry
+    (``Infinity`` breaks strict parsers such as jq's or Go's), is written as null."""
+    return (json.dumps(_finite(value), indent=2, allow_nan=False) + "\n").encode()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def duration_param(q: Query, name: str, default: str) -> float:
+    """A duration parameter, finite: checked before anything changes, so a bad request leaves
+    no state behind (``1e400h`` parses to infinity, which no timer or JSON answer can hold)."""
+    text = q.get(name, [default])[0]
+    try:
+        seconds = parse_duration(text)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+    if not math.isfinite(seconds):
+        raise ValueError(f"{name}: invalid duration {text!r}: not a finite number of seconds")
+    return seconds
 
 
 class AdminHandlers:
@@ -87,7 +118,7 @@ class AdminHandlers:
         return (200 if state == "LIVE" else 503), TEXT, f"{state}\n".encode()
 
     def server_info(self, q: Query) -> Reply:
-        return 200, JSON, (json.dumps(self.c.server_info(), indent=2) + "\n").encode()
+        return 200, JSON, to_json(self.c.server_info())
 
     def stats(self, q: Query) -> Reply:
         flt = q.get("filter", [None])[0] or None
@@ -111,7 +142,7 @@ class AdminHandlers:
         lameduck adds each endpoint's admin_state, agent words and active connections."""
         view = self.c.clusters_view()
         if q.get("format", [""])[0] == "json":
-            return 200, JSON, (json.dumps({"cluster_statuses": view}, indent=2) + "\n").encode()
+            return 200, JSON, to_json({"cluster_statuses": view})
         lines = []
         for cluster in view:
             name = cluster["name"]
@@ -132,8 +163,7 @@ class AdminHandlers:
         if q.get("format", [""])[0] == "json":
             statuses = [{"name": name, "local_address": {"socket_address": {
                 "address": host, "port_value": port}}} for name, host, port in addrs]
-            body = json.dumps({"listener_statuses": statuses}, indent=2) + "\n"
-            return 200, JSON, body.encode()
+            return 200, JSON, to_json({"listener_statuses": statuses})
         lines = [f"{name}::{HostPort(host, port)}\n" for name, host, port in addrs]
         return 200, TEXT, "".join(lines).encode()
 
@@ -147,21 +177,16 @@ class AdminHandlers:
         if strategy not in ("hold-health", "deregister-first"):
             raise ValueError(f"unknown strategy {strategy!r}: use hold-health or "
                              "deregister-first")
-        times = {}
-        for name, default in (("drain_timeout", "20s"), ("lb_buffer", "10s")):
-            text = q.get(name, [default])[0]
-            try:
-                times[name] = parse_duration(text)
-            except ValueError as e:
-                raise ValueError(f"{name}: {e}") from None
-        view = self.c.start_prestop(strategy, times["drain_timeout"], times["lb_buffer"])
+        drain_timeout = duration_param(q, "drain_timeout", "20s")
+        lb_buffer = duration_param(q, "lb_buffer", "10s")
+        view = self.c.start_prestop(strategy, drain_timeout, lb_buffer)
         running = view.get("strategy", strategy)
         if running != strategy:
             return 409, TEXT, (
                 f"a preStop with strategy {running} is already running (state "
                 f"{view['state']}, started {view['elapsed']}s ago); one runs per process: "
                 f"POST /prestop?strategy={running} follows it\n").encode()
-        return 200, JSON, (json.dumps(view, indent=2) + "\n").encode()
+        return 200, JSON, to_json(view)
 
     def endpoint_state(self, path: str, q: Query) -> Reply:
         """POST /clusters/<cluster>/endpoints/<host:port>?state=ready|drain|maint"""
