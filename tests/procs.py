@@ -342,6 +342,11 @@ class Lameduck:
         self.log_path = self.path.with_suffix(".log")
         self.admin_path = self.path.with_suffix(".admin")
         self.admin_addr: str = cfg["admin"]["address"]
+        token_file = cfg["admin"].get("token_file")
+        # admin.token_file set: every admin request sends the token (docs/admin.md)
+        self.admin_headers: dict[str, str] = (
+            {"Authorization": f"Bearer {Path(token_file).read_text().strip()}"}
+            if token_file else {})
         self.addrs: dict[str, str] = {lc["name"]: lc["address"] for lc in cfg["listeners"]}
         self.proc: subprocess.Popen | None = None
 
@@ -366,7 +371,8 @@ class Lameduck:
             # the address file appears once it serves (after a hot restart's handover)
             if self.reread():
                 try:
-                    if httpx.get(self.admin_url("/ready"), timeout=1).status_code == 200:
+                    if httpx.get(self.admin_url("/ready"), headers=self.admin_headers,
+                                 timeout=1).status_code == 200:
                         return self
                 except httpx.HTTPError:
                     pass
@@ -380,7 +386,8 @@ class Lameduck:
         ``lameduck supervise`` restarted after it died binds new ports and rewrites it)."""
         try:
             admin = self.admin_path.read_text().strip()
-            r = httpx.get(f"http://{admin}/listeners?format=json", timeout=2)
+            r = httpx.get(f"http://{admin}/listeners?format=json", headers=self.admin_headers,
+                          timeout=2)
         except (OSError, httpx.HTTPError):
             return False
         if r.status_code != 200:
@@ -421,7 +428,7 @@ class Lameduck:
         return f"http://{self.admin_addr}{path}"
 
     def admin(self, method: str, path: str) -> httpx.Response:
-        return httpx.request(method, self.admin_url(path), timeout=5)
+        return httpx.request(method, self.admin_url(path), headers=self.admin_headers, timeout=5)
 
     def stats(self) -> dict[str, int]:
         body = self.admin("GET", "/stats?format=json").json()

@@ -66,3 +66,62 @@ def test_bad_prestop_changes_nothing(lameduck) -> None:
     assert view["drain_timeout"] == 2
     info = _strict_json(ld.admin("GET", "/server_info").text)
     assert info["prestop"]["strategy"] == "hold-health"
+
+
+def _raw(addr: str, request: bytes) -> bytes:
+    """One request over a fresh connection, exactly as given (httpx would set Host itself)."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data
+
+
+def test_browser_requests_are_refused(lameduck) -> None:
+    ld = lameduck()
+    a = ld.admin_addr
+    refused = [
+        b"POST /healthcheck/fail HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 0\r\n",
+        b"POST /healthcheck/fail HTTP/1.1\r\nHost: evil.example:%s\r\n"
+        % a.rsplit(":", 1)[1].encode(),
+        b"POST /healthcheck/fail HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n",
+        b"POST /healthcheck/fail HTTP/1.1\r\nHost: %s\r\nOrigin: http://evil.example\r\n"
+        % a.encode(),
+        b"POST /healthcheck/fail HTTP/1.1\r\nHost: %s\r\nOrigin: null\r\n" % a.encode(),
+        b"GET /server_info HTTP/1.1\r\nHost: %s\r\nSec-Fetch-Site: cross-site\r\n" % a.encode(),
+    ]
+    for req in refused:
+        answer = _raw(a, req + b"Connection: close\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 403 "), (req, answer)
+        assert b"forbidden" in answer
+    assert httpx.get(ld.admin_url("/ready"), timeout=5).status_code == 200  # still LIVE
+    port = a.rsplit(":", 1)[1].encode()
+    for host in (b"127.0.0.1", b"127.0.0.1:" + port, b"localhost:" + port, b"LOCALHOST.",
+                 b"127.1.2.3:" + port):
+        answer = _raw(a, b"GET /ready HTTP/1.1\r\nHost: %s\r\nSec-Fetch-Site: none\r\n"
+                         b"Connection: close\r\n\r\n" % host)
+        assert answer.startswith(b"HTTP/1.1 200 "), (host, answer)
+    # HTTP/1.0 without Host, as HAProxy's `option httpchk GET /ready` sends it
+    assert _raw(a, b"GET /ready HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+
+
+def test_bearer_token(lameduck, tmp_path) -> None:
+    token_file = tmp_path / "admin.token"
+    token_file.write_text("s3cret-token\n")
+    ld = lameduck(admin={"token_file": str(token_file)})  # start() polls /ready: see below
+    url = ld.admin_url("/server_info")
+    r = httpx.get(url, timeout=5)
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    for wrong in ("Bearer s3cret", "Bearer s3cret-token-and-more", "Basic s3cret-token"):
+        assert httpx.get(url, headers={"Authorization": wrong}, timeout=5).status_code == 401
+    r = httpx.get(url, headers={"Authorization": "Bearer s3cret-token"}, timeout=5)
+    assert r.status_code == 200 and _strict_json(r.text)["state"] == "LIVE"
+    r = httpx.post(ld.admin_url("/healthcheck/fail"), timeout=5,
+                   headers={"Authorization": "bearer s3cret-token"})
+    assert r.status_code == 200
+    # the token does not open the door to a web page
+    r = httpx.post(ld.admin_url("/healthcheck/ok"), timeout=5, headers={
+        "Authorization": "Bearer s3cret-token", "Origin": "http://evil.example"})
+    assert r.status_code == 403

@@ -9,18 +9,27 @@ import socket
 
 import httptools
 
+from lameduck.admin.guard import AdminGuard, read_token
 from lameduck.admin.handlers import AdminHandlers
 from lameduck.config import HostPort
 
 log = logging.getLogger("lameduck.admin")
 
 
+# the request fields the guard looks at; the rest are read and dropped
+GUARDED = frozenset((b"host", b"origin", b"sec-fetch-site", b"authorization"))
+MAX_HEAD = 65536
+
+
 class AdminProtocol(asyncio.Protocol):
-    def __init__(self, handlers: AdminHandlers) -> None:
+    def __init__(self, handlers: AdminHandlers, guard: AdminGuard) -> None:
         self.handlers = handlers
+        self.guard = guard
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.url = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.head_bytes = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -35,15 +44,34 @@ class AdminProtocol(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.url = b""
+        self.headers = {}
+        self.head_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self.url += url
         if len(self.url) > 8192:
             raise ValueError("url too long")
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_bytes += len(name) + len(value)
+        if self.head_bytes > MAX_HEAD:
+            raise ValueError("request head too large")
+        name = name.lower()
+        if name in GUARDED:
+            # a second Host or Authorization is not the one checked: refuse the request
+            self.headers[name] = value if name not in self.headers else b"\x00duplicate"
+
     def on_message_complete(self) -> None:
         method = self.parser.get_method().decode("latin-1")
         path, _, query = self.url.decode("latin-1").partition("?")
+        refused = self.guard.refuse(self.headers)
+        if refused is not None:
+            status, reason = refused
+            log.warning("admin: %s %s refused: %s", method, path,
+                        reason.decode("latin-1").strip())
+            self._reply(status, "text/plain; charset=utf-8", reason,
+                        "Bearer" if status == 401 else None, close=True)
+            return
         try:
             status, ctype, body, allow = self.handlers.handle(method, path, query)
         except Exception:  # the admin API must never take the process down
@@ -54,13 +82,15 @@ class AdminProtocol(asyncio.Protocol):
 
     def _reply(self, status: int, ctype: str, body: bytes, allow: str | None, close: bool,
                head: bool = False) -> None:
+        """``allow``: the Allow header of a 405, or the WWW-Authenticate scheme of a 401."""
         t = self.transport
         if t is None or t.is_closing():
             return
         lines = [f"HTTP/1.1 {status} {_phrase(status)}", f"content-type: {ctype}",
                  f"content-length: {len(body)}", "cache-control: no-cache, max-age=0"]
         if allow:
-            lines.append(f"allow: {allow}")
+            # RFC 6750 §3: a 401 names the scheme to use
+            lines.append(f"www-authenticate: {allow}" if status == 401 else f"allow: {allow}")
         if close:
             lines.append("connection: close")
         t.write(("\r\n".join(lines) + "\r\n\r\n").encode() + (b"" if head else body))
@@ -69,20 +99,23 @@ class AdminProtocol(asyncio.Protocol):
 
 
 def _phrase(status: int) -> str:
-    return {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+    return {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+            404: "Not Found", 405: "Method Not Allowed",
             409: "Conflict", 500: "Internal Server Error",
             503: "Service Unavailable"}.get(status, "Unknown")
 
 
 async def start_admin(
     loop: asyncio.AbstractEventLoop, handlers: AdminHandlers, host: str, port: int,
-    sock: socket.socket | None = None,
+    sock: socket.socket | None = None, token_file: str | None = None,
 ) -> asyncio.AbstractServer:
-    """``sock``: an already listening socket (handed over by a hot restart) instead of a bind."""
+    """``sock``: an already listening socket (handed over by a hot restart) instead of a bind.
+    ``token_file``: admin.token_file, read once here (OSError names it)."""
+    guard = AdminGuard(host, read_token(token_file) if token_file else None)
     if sock is not None:
-        return await loop.create_server(lambda: AdminProtocol(handlers), sock=sock)
+        return await loop.create_server(lambda: AdminProtocol(handlers, guard), sock=sock)
     try:
-        return await loop.create_server(lambda: AdminProtocol(handlers), host, port,
+        return await loop.create_server(lambda: AdminProtocol(handlers, guard), host, port,
                                         reuse_address=True)
     except OSError as e:
         # asyncio's text ("error while attempting to bind on address ...") names no owner

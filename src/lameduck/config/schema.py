@@ -263,6 +263,9 @@ class AdminConfig(BaseModel):
 
     address: ListenAddress = HostPort("127.0.0.1", 9901)
     allow_non_loopback: bool = False
+    # a file holding a bearer token every admin request must send (docs/admin.md); read at
+    # start, so the config (and `config dump`) holds the path, never the secret
+    token_file: str | None = None
 
     @model_validator(mode="after")
     def _loopback_only(self) -> Self:

@@ -138,7 +138,8 @@ class Server:
                 inh.admin = None
                 admin_sock.setblocking(False)
             self.admin = await start_admin(self.loop, AdminHandlers(self), a.host, a.port,
-                                           sock=admin_sock)
+                                           sock=admin_sock,
+                                           token_file=self.cfg.admin.token_file)
         except OSError:
             for sock in socks:
                 sock.close()
