@@ -191,6 +191,9 @@ class H1Downstream(Downstream):
             return
         self.rdata = b""  # not kept past its read
         if self.in_headers:
+            if self.url and self._http09(data):
+                self.protocol_error(400, b"bad request\n")
+                return
             # llhttp keeps a header that has not ended yet in its own buffer, out of sight of
             # on_header: bound the head by the bytes that went in too (whole reads spent inside
             # one head; the read it began in is not counted, so this errs by one read at most).
@@ -200,6 +203,16 @@ class H1Downstream(Downstream):
                 self.raw_head_bytes += len(data)
                 if self.raw_head_bytes > self.ctx.max_request_headers:
                     self.protocol_error(431, b"request header fields too large\n")
+
+    def _http09(self, data: bytes) -> bool:
+        """An HTTP/0.9 request line (``GET /`` and a newline, no version): llhttp takes it and
+        waits for fields that never come, so it would be held to the header timeout. HTTP/1.x
+        needs a version (RFC 9112 §3): answered 400 at once and closed. Only a request
+        line ended after its target and before any version does this (a version, once read,
+        is kept for the connection's later requests)."""
+        end = data.rfind(b"\n")
+        return (end > data.rfind(self.url[-1:])
+                and self.parser.get_http_version() == "0.0")
 
     def _sniff(self, data: bytes) -> bytes:
         """The first read(s): an HTTP/2 prior-knowledge preface goes to the listener. Returns
