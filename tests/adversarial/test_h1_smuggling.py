@@ -150,7 +150,18 @@ CASES = [
                  Accepted(up(b"POST /a HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n",
                              chunked(b"abc")), b"POST /a HTTP/1.1\n"),
                  id="chunk-ext-valid"),
+    pytest.param(post(TE, b"0\r\nContent-Length: 40\r\nTransfer-Encoding: chunked\r\n\r\n"),
+                 Refused(mid_body=True), id="framing-fields-in-trailer"),
+    # -- an h2c upgrade is not passed on (RFC 9113 §3.1 retired it; an origin that took it
+    # would speak HTTP/2 on a pooled HTTP/1.1 connection) --
+    pytest.param(b"GET /u HTTP/1.1\r\nHost: h\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__"
+                 b"\r\nConnection: Upgrade, HTTP2-Settings\r\n\r\n",
+                 Accepted(up(b"GET /u HTTP/1.1\r\nhost: h\r\n"), b"GET /u HTTP/1.1\n"),
+                 id="h2c-upgrade-not-forwarded"),
     # -- line endings, obs-fold, controls (RFC 9112 §2.2, §5.2; RFC 9110 §5.5) --
+    pytest.param(b"\r\nGET /l HTTP/1.1\r\nHost: h\r\n\r\n",
+                 Accepted(up(b"GET /l HTTP/1.1\r\nhost: h\r\n"), b"GET /l HTTP/1.1\n"),
+                 id="leading-empty-line-ignored"),
     pytest.param(b"GET / HTTP/1.1\nHost: h\r\n\r\n", Refused(), id="bare-lf-request-line"),
     pytest.param(b"GET / HTTP/1.1\r\nHost: h\nX: y\r\n\r\n", Refused(), id="bare-lf-field"),
     pytest.param(b"GET / HTTP/1.1\r\nHost: h\rX: y\r\n\r\n", Refused(), id="bare-cr-field"),
