@@ -29,6 +29,8 @@ SCRIPTS: dict[bytes, bytes] = {
     b"/status-version-lower": b"http/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",
     b"/status-garbage": b"SSH-2.0-OpenSSH\r\n\r\n",
     b"/status-no-space": b"HTTP/1.1200 OK\r\nContent-Length: 2\r\n\r\nhi",
+    # not HTTP/1.x on an HTTP/1.1 connection (RFC 9112 §2.3: the major version must be 1)
+    b"/status-version-2": b"HTTP/2.0 200 OK\r\nContent-Length: 2\r\n\r\nhi",
     b"/status-bare-lf": b"HTTP/1.1 200 OK\nContent-Length: 2\r\n\r\nhi",
     b"/reason-nul": b"HTTP/1.1 200 O\x00K\r\nContent-Length: 2\r\n\r\nhi",
     # framing (RFC 9112 §6.3)
@@ -57,6 +59,8 @@ SCRIPTS: dict[bytes, bytes] = {
                      b"Connection: Upgrade\r\n\r\nRAW BYTES",
     # a stall: no head at all (route timeout: 300 ms)
     b"/stall-head": b"",
+    # a stall mid-body: the route timeout spans the whole response (Envoy's)
+    b"/stall-body": OK + b"Content-Length: 10\r\n\r\nabc",
     # close-delimited (no framing) to a keep-alive client (RFC 9112 §6.3 item 8)
     b"/close-delimited": OK + b"\r\nuntil close",
 }
@@ -199,6 +203,18 @@ def test_stall_before_the_head_is_504(proxy: Lameduck) -> None:
     resp = conn.request("/stall-head")
     assert resp.status == 504
     after_case(proxy, conn, not resp.closes, "stall-head")
+
+
+def test_stall_mid_body_is_cut_at_the_route_timeout(proxy: Lameduck) -> None:
+    """The head and 3 of 10 bytes, then nothing: the client's body is cut (a reset or a close
+    short of its length, never a body that looks whole) once the route timeout ends."""
+    conn = RawConn(proxy.addr)
+    resp = conn.request("/stall-body")
+    assert resp.status == 200 and resp.body == b"abc" and not resp.complete
+    conn.close()
+    fresh = RawConn(proxy.addr)
+    assert named(fresh.request("/fresh-stall-body"), "/fresh-stall-body")
+    fresh.close()
 
 
 def test_close_delimited_to_a_keep_alive_client(proxy: Lameduck) -> None:

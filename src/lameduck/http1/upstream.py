@@ -301,6 +301,10 @@ class H1Upstream(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.in_trailers = True
+        if self.parser.get_http_version()[0] != "1":
+            # llhttp parses "HTTP/2.0 200" too; on an HTTP/1.1 connection it is no HTTP/1.1
+            # message (RFC 9112 §2.3): refused as any malformed head (502)
+            raise ValueError("not an HTTP/1.x response")
         status = self.parser.get_status_code()
         sink = self.sink
         if sink is None:
