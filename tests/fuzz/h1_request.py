@@ -1,0 +1,243 @@
+"""Fuzz target: bytes from a client into the real HTTP/1.1 downstream codec (``H1Downstream``)
+on the fake loop and transport of tests/playbook.py, split into reads as the input says.
+
+Invariants (any breach raises, which the fuzzer reports as a crash):
+
+- nothing escapes ``data_received``: a bad request is answered (4xx/5xx) and closed, never a
+  traceback;
+- what the codec wrote parses, with h11 (an independent reader), as a sequence of complete
+  HTTP/1.1 responses (RFC 9112 §6: each one framed so the client finds its end);
+- what was forwarded upstream re-parses (httptools) as exactly one request per forward, with
+  the framing the codec announced (RFC 9112 §6.3: Content-Length matches the body; chunked
+  when the body was chunked), and never more requests than llhttp finds in the client's bytes
+  (no request smuggled in);
+- the connection ends, and nothing is left on the books once it has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from typing import Any
+
+import h11
+import httptools
+
+from lameduck.drain import ListenerDrain
+from lameduck.http1.downstream import H1Downstream
+from lameduck.http2.connection import H2Limits
+from lameduck.stats import DrainStats, Http2Stats
+from tests.playbook import Connecting, Context, Transport, Upstream
+
+MAX_INPUT = 1 << 14  # larger inputs are cut: the interesting bugs are in the framing
+
+
+class Forward:
+    """One request as the exchange handed it to an upstream connection."""
+
+    def __init__(self, head: bytes, no_body: bool, chunked: bool) -> None:
+        self.head = head
+        self.no_body = no_body
+        self.chunked = chunked
+        self.body = bytearray()
+        self.ended = False
+        self.answered = False
+
+
+class RecordingUpstream(Upstream):
+    """The playbook's upstream, keeping each request apart (a reused connection sends several)."""
+
+    def __init__(self, endpoint: Any, multiplexed: bool = False) -> None:
+        super().__init__(endpoint, multiplexed)
+        self.forwards: list[Forward] = []
+
+    def start(self, sink: Any, head: bytes, no_body: bool, timeout: float,
+              chunked: bool, fields: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().start(sink, head, no_body, timeout, chunked, fields)
+        self.forwards.append(Forward(head, no_body, chunked))
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self.forwards[-1].body += data
+
+    def end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().end(trailers)
+        self.forwards[-1].ended = True
+
+
+class RecordingConnecting(Connecting):
+    def succeed(self, multiplexed: bool = False) -> Upstream:
+        self.conn = RecordingUpstream(self.endpoint, multiplexed)
+        for cb in self.callbacks:
+            cb(self)
+        return self.conn
+
+
+class Listener(Context):
+    """What a downstream connection's listener gives it (as tests/unit's playbook tests do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "ingress"
+        self.drain = ListenerDrain("ingress", grace=1.0)
+        self.drain_stats = DrainStats()
+        self.h2stats = Http2Stats()
+        self.h2_limits = H2Limits()
+        self.rng = lambda: 0.5  # type: ignore[method-assign,assignment]
+        self.connections: set[Any] = set()
+        self.request_headers_timeout = 60.0
+        self.idle_timeout = 100.0
+        self.max_request_headers = 8 * 1024
+        self.scheme = b"http"
+        self.connect_timeout = 1.0
+        self.closed: list[Any] = []
+        self.ups: list[RecordingUpstream] = []
+
+    def connect(self, cluster: Any, endpoint: Any) -> Connecting:
+        c = RecordingConnecting(endpoint)
+        self.connects.append(c)
+        return c
+
+    def on_connection_closed(self, conn: Any) -> None:
+        self.closed.append(conn)
+
+    def upgrade_h2(self, conn: Any, data: bytes) -> bool:
+        return False
+
+
+def split(data: bytes) -> tuple[list[bytes], bytes]:
+    """The first two bytes seed where the reads are cut; the rest are the client's bytes."""
+    rng = random.Random(data[:2])
+    body = data[2:MAX_INPUT]
+    reads: list[bytes] = []
+    pos = 0
+    while pos < len(body):
+        n = rng.choice((1, 2, 7, 64, 1 << 20))
+        reads.append(body[pos:pos + n])
+        pos += n
+    return reads, body
+
+
+def serve(ls: Listener) -> None:
+    """Play the upstream: connect at once, answer each request once it has all been sent."""
+    for c in ls.connects:
+        if not c.done():
+            ls.ups.append(c.succeed())  # type: ignore[arg-type]
+    for up in ls.ups:
+        for fw in up.forwards:
+            if not fw.answered and (fw.no_body or fw.ended) and up.sink is not None:
+                fw.answered = True
+                up.sink.on_response_head(200, [(b"Content-Length", b"2")], 2, False)
+                if not fw.head.startswith(b"HEAD "):  # RFC 9110 §9.3.2: no content
+                    up.sink.on_response_body(b"ok")
+                up.sink.on_response_complete()
+
+
+def client_requests(body: bytes) -> list[bytes]:
+    """The methods of the requests llhttp finds in the client's bytes (up to an error)."""
+    methods: list[bytes] = []
+
+    class Cb:
+        def on_headers_complete(self) -> None:
+            methods.append(parser.get_method())
+
+    parser = httptools.HttpRequestParser(Cb())
+    with contextlib.suppress(httptools.HttpParserError, httptools.HttpParserUpgrade):
+        parser.feed_data(body)
+    return methods
+
+
+def check_responses(out: bytes, methods: list[bytes]) -> int:
+    """Read ``out`` as the client would (h11), asking what llhttp parsed, in order; the number
+    of complete responses. Raises if a response is malformed or ends mid-way."""
+    client = h11.Connection(h11.CLIENT)
+    client.receive_data(out)
+    client.receive_data(b"")  # the connection has ended: a response must be complete
+    count = 0
+    while True:
+        if count:
+            if client.their_state is not h11.DONE or client.our_state is not h11.DONE:
+                # Connection: close (or HTTP/1.0): nothing may follow this response.
+                rest = client.trailing_data[0]
+                assert not rest, f"bytes after a closing response: {rest!r}"
+                return count
+            client.start_next_cycle()
+        if not client.trailing_data[0]:
+            return count
+        method = methods[count] if count < len(methods) else b"GET"
+        client.send(h11.Request(method="HEAD" if method == b"HEAD" else "GET", target="/",
+                                headers=[("host", "a")]))
+        client.send(h11.EndOfMessage())
+        while True:
+            ev = client.next_event()
+            if ev is h11.NEED_DATA or isinstance(ev, h11.ConnectionClosed):
+                raise AssertionError(f"response {count} cut short: {out!r}")
+            if isinstance(ev, h11.EndOfMessage):
+                break
+        count += 1
+
+
+class Reparse:
+    """httptools callbacks: the body of each request found."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def on_headers_complete(self) -> None:
+        self.bodies.append(b"")
+
+    def on_body(self, b: bytes) -> None:
+        self.bodies[-1] += b
+
+
+def check_forwards(ls: Listener, methods: list[bytes]) -> None:
+    forwards = [fw for up in ls.ups for fw in up.forwards]
+    assert len(forwards) <= len(methods), (
+        f"{len(forwards)} forwarded, llhttp sees {len(methods)} requests")
+    for fw in forwards:
+        cb = Reparse()
+        seen = cb.bodies
+        p = httptools.HttpRequestParser(cb)
+        wire = fw.head
+        if fw.chunked:
+            body = bytes(fw.body)
+            wire += (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+        else:
+            wire += bytes(fw.body)
+        try:
+            p.feed_data(wire)  # raises if the head we built does not parse
+        except httptools.HttpParserUpgrade:
+            # RFC 9110 §7.8: only the WebSocket upgrade the codec relays on purpose
+            assert b"\r\nupgrade: websocket\r\n" in fw.head, fw.head
+        assert len(seen) == 1, f"forwarded head parses as {len(seen)} requests: {fw.head!r}"
+        assert seen[0] == bytes(fw.body), fw.head
+
+
+def fuzz_one(data: bytes) -> None:
+    """The target: one connection's life from these bytes."""
+    reads, body = split(data)
+    ls = Listener()
+    conn = H1Downstream(ls)
+    t = Transport(ls.loop)
+    conn.connection_made(t)
+    for r in reads:
+        if t.closed_at is not None or t.eof_at is not None:
+            break
+        conn.data_received(r)
+        ls.loop.run_soon()
+        serve(ls)
+        ls.loop.run_soon()
+    if t.closed_at is None:
+        if not conn.eof_received():
+            t.close()
+            conn.connection_lost(None)
+        serve(ls)
+    ls.loop.advance(ls.loop.now + 1000.0)
+    if t.closed_at is None:
+        t.close()
+        conn.connection_lost(None)
+    ls.loop.advance(ls.loop.now + 1000.0)
+    methods = client_requests(body)
+    check_responses(t.out, methods)
+    check_forwards(ls, methods)
+    assert ls.process.ledger.active == 0, "a request left on the books"
