@@ -56,8 +56,11 @@ def source_first() -> None:
         sys.meta_path.insert(0, SourceFirst())
 
 
-def load(target: str) -> Callable[[bytes], None]:
-    source_first()
+def load(target: str, source: bool = True) -> Callable[[bytes], None]:
+    """The target's function; ``source=False`` in a process that must not change how it
+    imports lameduck (a test worker: mixing compiled and source classes would break it)."""
+    if source:
+        source_first()
     module = importlib.import_module(TARGETS[target])
     fn: Callable[[bytes], None] = module.fuzz_one
     return fn
