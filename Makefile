@@ -22,7 +22,7 @@ HOT   := lameduck/http1/wire.py lameduck/http1/upstream.py lameduck/http1/downst
 # Every compiled module (also those of an older HOT list).
 BUILT := src/*__mypyc*.so $$(find src/lameduck -name '*.so')
 
-.PHONY: run test lint bench clean fast pure install
+.PHONY: run test lint bench clean fast pure install fuzz
 
 $(STAMP): pyproject.toml
 	python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -90,6 +90,16 @@ test: $(FAST)
 	bash scripts/ensure-debs.sh curl haproxy redis-server
 	$(VENV)/bin/ruff check src tests bench examples
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile
+
+# Coverage-guided fuzzing (atheris) of the HTTP/1.1 codec, the HTTP/2 frame layer and the
+# WebSocket frame tracker, FUZZ_MINUTES each: exec/s and edge coverage per target; new inputs
+# land in tests/fuzz/corpus/<target>/, a crashing one in tests/fuzz/crashes/<target>/.
+FUZZ_MINUTES ?= 5
+
+fuzz: $(STAMP)
+	rc=0; for t in h1 h2 ws; do \
+	  $(PY) -m tests.fuzz.run $$t --seconds $$(( $(FUZZ_MINUTES) * 60 )) || rc=1; \
+	done; exit $$rc
 
 bench: $(FAST)
 	bash scripts/ensure-debs.sh wrk haproxy nginx-light nghttp2-client
