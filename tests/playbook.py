@@ -10,14 +10,16 @@ moves it.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from typing import Any
 
-from lameduck.drain import ProcessDrain
+from lameduck.drain import ListenerDrain, ProcessDrain
 from lameduck.drain.endpoint import EndpointDrain
 from lameduck.http1.upstream import H1Upstream
+from lameduck.http2.connection import H2Limits
 from lameduck.proxy.exchange import Exchange
-from lameduck.stats import HttpStats
+from lameduck.stats import DrainStats, Http2Stats, HttpStats
 from lameduck.upstream.cluster import Cluster
 from lameduck.upstream.pool import Endpoint
 from lameduck.upstream.router import Route, Router
@@ -273,6 +275,39 @@ class Context:
 
     def on_request_done(self) -> None:
         self.done += 1
+
+
+
+class Listener(Context):
+    """What a downstream connection's listener gives it (``ConnectionContext``), around the
+    Exchange's context: the real H1Downstream and H2Downstream run on it with no socket."""
+
+    def __init__(self, rng: Callable[[], float] | None = None, grace: float = 1.0) -> None:
+        super().__init__()
+        self.name = "ingress"
+        self.drain = ListenerDrain("ingress", grace=grace)
+        self.drain_stats = DrainStats()
+        self.h2stats = Http2Stats()
+        self.h2_limits = H2Limits()
+        if rng is not None:
+            self.rng = rng  # type: ignore[method-assign]
+        self.connections: set[Any] = set()
+        self.request_headers_timeout = 60.0
+        self.idle_timeout = 100.0
+        self.max_connection_duration = math.inf
+        self.max_requests_per_connection = 0
+        self.send_timeout = 20.0
+        self.request_body_timeout = 15.0
+        self.max_request_headers = 60 * 1024
+        self.scheme = b"http"
+        self.connect_timeout = 1.0
+        self.closed: list[Any] = []
+
+    def on_connection_closed(self, conn: Any) -> None:
+        self.closed.append(conn)
+
+    def upgrade_h2(self, conn: Any, data: bytes) -> bool:
+        return False
 
 
 class Downstream:

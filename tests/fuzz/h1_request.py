@@ -23,11 +23,9 @@ from typing import Any
 import h11
 import httptools
 
-from lameduck.drain import ListenerDrain
 from lameduck.http1.downstream import H1Downstream
-from lameduck.http2.connection import H2Limits
-from lameduck.stats import DrainStats, Http2Stats
-from tests.playbook import Connecting, Context, Transport, Upstream
+from tests import playbook
+from tests.playbook import Connecting, Transport, Upstream
 
 MAX_INPUT = 1 << 14  # larger inputs are cut: the interesting bugs are in the framing
 
@@ -51,17 +49,18 @@ class RecordingUpstream(Upstream):
         super().__init__(endpoint, multiplexed)
         self.forwards: list[Forward] = []
 
-    def start(self, sink: Any, head: bytes, no_body: bool, timeout: float,
-              chunked: bool, fields: list[tuple[bytes, bytes]] | None = None) -> None:
-        super().start(sink, head, no_body, timeout, chunked, fields)
+    def start(self, sink: Any, head: bytes, no_body: bool, chunked: bool,
+              fields: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().start(sink, head, no_body, chunked, fields)
         self.forwards.append(Forward(head, no_body, chunked))
 
     def write(self, data: bytes) -> None:
         super().write(data)
         self.forwards[-1].body += data
 
-    def end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
-        super().end(trailers)
+    def end(self, trailers: list[tuple[bytes, bytes]] | None, timeout: float,
+            idle_timeout: float) -> None:
+        super().end(trailers, timeout, idle_timeout)
         self.forwards[-1].ended = True
 
 
@@ -73,36 +72,18 @@ class RecordingConnecting(Connecting):
         return self.conn
 
 
-class Listener(Context):
-    """What a downstream connection's listener gives it (as tests/unit's playbook tests do)."""
+class Listener(playbook.Listener):
+    """The playbook's listener, its upstream connections recorded."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.name = "ingress"
-        self.drain = ListenerDrain("ingress", grace=1.0)
-        self.drain_stats = DrainStats()
-        self.h2stats = Http2Stats()
-        self.h2_limits = H2Limits()
-        self.rng = lambda: 0.5  # type: ignore[method-assign,assignment]
-        self.connections: set[Any] = set()
-        self.request_headers_timeout = 60.0
-        self.idle_timeout = 100.0
+        super().__init__(lambda: 0.5)
         self.max_request_headers = 8 * 1024
-        self.scheme = b"http"
-        self.connect_timeout = 1.0
-        self.closed: list[Any] = []
         self.ups: list[RecordingUpstream] = []
 
     def connect(self, cluster: Any, endpoint: Any) -> Connecting:
         c = RecordingConnecting(endpoint)
         self.connects.append(c)
         return c
-
-    def on_connection_closed(self, conn: Any) -> None:
-        self.closed.append(conn)
-
-    def upgrade_h2(self, conn: Any, data: bytes) -> bool:
-        return False
 
 
 def split(data: bytes) -> tuple[list[bytes], bytes]:
@@ -134,11 +115,16 @@ def serve(ls: Listener) -> None:
 
 
 def client_requests(body: bytes) -> list[bytes]:
-    """The methods of the requests llhttp finds in the client's bytes (up to an error)."""
+    """The methods of the requests llhttp finds in the client's bytes (up to an error). A
+    request line that is not HTTP/1.x (no version: HTTP/0.9; or 2.0) ends them: llhttp takes
+    it, the codec answers it 400/505 with a body whatever its method (RFC 9112 §2.3, §3)."""
     methods: list[bytes] = []
 
     class Cb:
         def on_headers_complete(self) -> None:
+            if parser.get_http_version()[0] != "1":
+                methods.append(b"GET")  # answered with a body, and the last one
+                raise EOFError
             methods.append(parser.get_method())
 
     parser = httptools.HttpRequestParser(Cb())

@@ -7,17 +7,15 @@ sequence: 2T/3 to T - G), and a scripted rng value r puts this connection's mome
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from lameduck.drain import DrainEvent, ListenerDrain, Strategy
+from lameduck.drain import DrainEvent, Strategy
 from lameduck.http1.downstream import H1Downstream
-from lameduck.http2.connection import H2Limits
 from lameduck.http2.downstream import H2Downstream
 from lameduck.proxy.downstream import LINGER
-from lameduck.stats import DrainStats, Http2Stats
+from tests import playbook
 from tests.drainplay import ScriptedRng
-from tests.playbook import Context, Transport
+from tests.playbook import Transport
 
 START, T, G = 10.0, 12.0, 1.0
 EV = DrainEvent(START, Strategy.GRADUAL, T, G)
@@ -37,36 +35,13 @@ def headers(sid: int, block: bytes = GET_X) -> bytes:
     return len(block).to_bytes(3, "big") + b"\x01\x05" + sid.to_bytes(4, "big") + block
 
 
-class Listener(Context):
-    """What a downstream connection's listener gives it, around the Exchange's context."""
+class Listener(playbook.Listener):
+    """The playbook's listener with a scripted rng and this file's G."""
 
     rng: ScriptedRng
 
     def __init__(self, rng: ScriptedRng) -> None:
-        super().__init__()
-        self.name = "ingress"
-        self.drain = ListenerDrain("ingress", grace=G)
-        self.drain_stats = DrainStats()
-        self.h2stats = Http2Stats()
-        self.h2_limits = H2Limits()
-        self.rng = rng
-        self.connections: set[Any] = set()
-        self.request_headers_timeout = 60.0
-        self.idle_timeout = 100.0
-        self.max_connection_duration = math.inf
-        self.max_requests_per_connection = 0
-        self.send_timeout = 20.0
-        self.request_body_timeout = 15.0
-        self.max_request_headers = 60 * 1024
-        self.scheme = b"http"
-        self.connect_timeout = 1.0
-        self.closed: list[Any] = []
-
-    def on_connection_closed(self, conn: Any) -> None:
-        self.closed.append(conn)
-
-    def upgrade_h2(self, conn: Any, data: bytes) -> bool:
-        return False
+        super().__init__(rng, G)
 
     def drain_starts(self, conns: list[Any]) -> None:
         self.loop.advance(START)

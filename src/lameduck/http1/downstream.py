@@ -390,8 +390,11 @@ class H1Downstream(Downstream):
         if v10 or version == "1.1":
             self._prepare(ex, method)
         else:
-            # llhttp takes HTTP/0.9 (no version) and 2.0 request lines; neither is HTTP/1.x.
+            # llhttp takes HTTP/0.9 (no version) and 2.0 request lines; neither is HTTP/1.x,
+            # so neither is a HEAD whose answer has no content: the 400/505 carries its body,
+            # as it does when the line is refused before its fields (``_http09``).
             ex.close = True
+            ex.is_head = False
             self._local(ex, 505 if version >= "2" else 400,
                         b"http version not supported\n" if version >= "2" else b"bad request\n")
         if len(self.queue) == 1:
