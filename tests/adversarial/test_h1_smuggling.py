@@ -180,6 +180,19 @@ CASES = [
     pytest.param(b"G(T / HTTP/1.1\r\nHost: h\r\n\r\n", Refused(), id="method-bad-char"),
     pytest.param(b"GET\x00 / HTTP/1.1\r\nHost: h\r\n\r\n", Refused(), id="method-nul"),
     pytest.param(b" / HTTP/1.1\r\nHost: h\r\n\r\n", Refused(), id="method-empty"),
+    # an extension method is any token (RFC 9110 §9.1): forwarded as it came, as by HAProxy
+    pytest.param(b"FOO /e HTTP/1.1\r\nHost: h\r\n\r\n",
+                 Accepted(up(b"FOO /e HTTP/1.1\r\nhost: h\r\n"), b"FOO /e HTTP/1.1\n"),
+                 id="method-extension"),
+    pytest.param(b"\r\nBREW-2 /e HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc",
+                 Accepted(up(b"BREW-2 /e HTTP/1.1\r\nhost: h\r\nContent-Length: 3\r\n", b"abc"),
+                          b"BREW-2 /e HTTP/1.1\n"),
+                 id="method-extension-with-body"),
+    pytest.param(b"get /e HTTP/1.1\r\nHost: h\r\n\r\n",  # methods are case-sensitive
+                 Accepted(up(b"get /e HTTP/1.1\r\nhost: h\r\n"), b"get /e HTTP/1.1\n"),
+                 id="method-lower-case-is-an-extension"),
+    pytest.param(b"FOO / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nTransfer-Encoding: "
+                 b"chunked\r\n\r\n0\r\n\r\n", Refused(), id="method-extension-cl-te"),
     # RFC 9112 §3 lets a recipient split the request-line on whitespace runs: normalised
     pytest.param(b"GET  /w HTTP/1.1\r\nHost: h\r\n\r\n",
                  Accepted(up(b"GET /w HTTP/1.1\r\nhost: h\r\n"), b"GET /w HTTP/1.1\n"),

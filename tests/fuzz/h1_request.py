@@ -23,7 +23,7 @@ from typing import Any
 import h11
 import httptools
 
-from lameduck.http1.downstream import H1Downstream
+from lameduck.http1.downstream import STAND_IN, H1Downstream, extension_method
 from tests import playbook
 from tests.playbook import Connecting, Transport, Upstream
 
@@ -117,8 +117,13 @@ def serve(ls: Listener) -> None:
 def client_requests(body: bytes) -> list[bytes]:
     """The methods of the requests llhttp finds in the client's bytes (up to an error). A
     request line that is not HTTP/1.x (no version: HTTP/0.9; or 2.0) ends them: llhttp takes
-    it, the codec answers it 400/505 with a body whatever its method (RFC 9112 §2.3, §3)."""
+    it, the codec answers it 400/505 with a body whatever its method (RFC 9112 §2.3, §3). A
+    request whose method llhttp refuses but is a token is an extension method (RFC 9110 §9.1):
+    the codec forwards it when it begins a read, else answers it 400 — either way the answer
+    is to that method, so it is read here as a request wherever it begins."""
     methods: list[bytes] = []
+    ends: list[int] = []  # where each message ended (only while feeding byte by byte)
+    fed = [0]
 
     class Cb:
         def on_headers_complete(self) -> None:
@@ -127,9 +132,42 @@ def client_requests(body: bytes) -> list[bytes]:
                 raise EOFError
             methods.append(parser.get_method())
 
+        def on_message_complete(self) -> None:
+            ends.append(fed[0])
+
     parser = httptools.HttpRequestParser(Cb())
-    with contextlib.suppress(httptools.HttpParserError, httptools.HttpParserUpgrade):
+    try:
         parser.feed_data(body)
+        return methods
+    except httptools.HttpParserInvalidMethodError:
+        pass
+    except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+        return methods
+    # Again, a byte at a time, so that where a refused method begins is known.
+    methods.clear()
+    parser = httptools.HttpRequestParser(Cb())
+    start = 0
+    i = 0
+    while i < len(body):
+        fed[0] = i + 1
+        try:
+            parser.feed_data(body[i:i + 1])
+        except httptools.HttpParserInvalidMethodError:
+            begin = ends[-1] if ends else start
+            ext = extension_method(body[begin:])
+            if ext is None:
+                return methods
+            method, rest = ext
+            extended = len(methods)
+            parser = httptools.HttpRequestParser(Cb())
+            with contextlib.suppress(httptools.HttpParserError, httptools.HttpParserUpgrade):
+                parser.feed_data(rest)
+            if len(methods) > extended and methods[extended] == STAND_IN:
+                methods[extended] = method
+            return methods
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            return methods
+        i += 1
     return methods
 
 
@@ -190,6 +228,9 @@ def check_forwards(ls: Listener, methods: list[bytes]) -> None:
             wire += (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
         else:
             wire += bytes(fw.body)
+        ext = extension_method(wire)
+        if ext is not None:  # a forwarded extension method: re-parsed as the codec parsed it
+            wire = ext[1]
         try:
             p.feed_data(wire)  # raises if the head we built does not parse
         except httptools.HttpParserUpgrade:

@@ -29,6 +29,7 @@ from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http1.wire import (
     LAST_CHUNK,
+    TOKEN,
     absolute_form,
     chunk,
     find_cookie,
@@ -92,8 +93,42 @@ class HeaderTooLarge(Exception):
     pass
 
 
+# llhttp knows only registered methods; an extension method (any token, RFC 9110 §9.1) is
+# parsed in the place of one that llhttp treats like any other (not CONNECT, not HEAD) and
+# forwarded as it came, as HAProxy and nginx do.
+STAND_IN: Final = b"POST"
+
+
+def extension_method(data: bytes) -> tuple[bytes, bytes] | None:
+    """``data`` begins (after the empty lines RFC 9112 §2.2 lets a server skip) with a
+    request line whose method is a token llhttp refused: (that method, ``data`` with the
+    stand-in in its place). None if it does not."""
+    rest = data.lstrip(b"\r\n")
+    sp = rest.find(b" ")
+    if sp <= 0:
+        return None
+    method = rest[:sp]
+    for c in method:
+        if not TOKEN[c]:
+            return None
+    probe = httptools.HttpRequestParser(_Quiet())
+    try:
+        probe.feed_data(method + b" / HTTP/1.1\r\n")
+    except httptools.HttpParserInvalidMethodError:
+        return method, STAND_IN + rest[sp:]
+    except httptools.HttpParserError:
+        pass
+    return None  # a method llhttp knows: what it refused lies further on
+
+
+class _Quiet:
+    """Callbacks for a parser that only checks a method."""
+
+
 class H1Downstream(Downstream):
     """One client connection."""
+
+    ext_method: bytes | None = None  # the extension method of the request being parsed
 
     def __init__(self, ctx: ListenerContext) -> None:
         super().__init__(ctx)
@@ -159,7 +194,7 @@ class H1Downstream(Downstream):
                 return
         # At a message boundary (nothing of a request pending), a request begun in this read
         # starts at its first byte (or after blank lines llhttp skips).
-        self.rfirst = self.reading is None and not self.in_headers
+        self.rfirst = rfirst = self.reading is None and not self.in_headers
         self.rdata = data
         try:
             self.parser.feed_data(data)
@@ -186,6 +221,17 @@ class H1Downstream(Downstream):
             else:
                 log.exception("error in request handling")
                 self.protocol_error(400, b"bad request\n")
+        except httptools.HttpParserInvalidMethodError:
+            # Only a request that began this read (its method is where the read begins) can be
+            # parsed again with a stand-in method; later in a read the error has no offset.
+            ext = extension_method(data) if rfirst else None
+            if ext is None:
+                self.protocol_error(400, b"bad request\n")
+                return
+            self.ext_method, data = ext
+            self.parser = httptools.HttpRequestParser(self)
+            self.data_received(data)
+            return
         except httptools.HttpParserError:
             self.protocol_error(400, b"bad request\n")
             return
@@ -370,6 +416,8 @@ class H1Downstream(Downstream):
         parser = self.parser
         method = parser.get_method()
         version = self._version(method)
+        if self.ext_method is not None:
+            method, self.ext_method = self.ext_method, None
         v10 = version == "1.0"
         ex = Exchange(self, method)
         if not parser.should_keep_alive():
