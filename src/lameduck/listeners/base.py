@@ -9,16 +9,55 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import resource
 import socket
 import struct
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from lameduck.config import ListenerConfig
 from lameduck.drain import DrainEvent, ListenerDrain, ProcessDrain
-from lameduck.stats import DrainStats
+from lameduck.stats import DrainStats, ListenerStats
 
 log = logging.getLogger("lameduck.listener")
+
+# Descriptors kept back from the downstream cap: listening sockets, the admin, log files,
+# the hot-restart socket, health checks.
+FD_RESERVE = 32
+# At most one "connection cap reached" line per listener this often (seconds).
+OVERFLOW_LOG_INTERVAL = 10.0
+
+
+def downstream_cap(nofile: int | None = None) -> int:
+    """How many downstream connections the process holds at once: half the descriptors
+    RLIMIT_NOFILE leaves after a reserve, since each proxied connection may need an upstream
+    one too (HAProxy derives its default maxconn from ``ulimit-n`` the same way). Past it a
+    connection is closed at once and counted, instead of accept(2) failing with EMFILE —
+    which libuv (uvloop) hides by accepting and closing queued connections uncounted, and
+    asyncio logs with a traceback — and upstream connects of the connections already held
+    failing for want of a descriptor."""
+    if nofile is None:
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if nofile == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(1, (nofile - FD_RESERVE) // 2)
+
+
+class Overflow(asyncio.Protocol):
+    """What a connection past the cap gets: closed at once (abort: nothing is read or
+    written), counted, and logged at most once per OVERFLOW_LOG_INTERVAL."""
+
+    __slots__ = ("listener",)
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.listener.overflowed()
+        transport.abort()  # type: ignore[attr-defined]
 
 
 def accept_queue(sock: Any) -> int:
@@ -48,6 +87,9 @@ class Listener:
     """A configured listener's socket lifecycle; subclasses say what serves a connection."""
 
     drain_stats: DrainStats
+    # Every listener of this process (the downstream cap counts their connections together).
+    running: weakref.WeakSet[Listener] = weakref.WeakSet()
+    cap: int = downstream_cap()
 
     def __init__(self, cfg: ListenerConfig, loop: asyncio.AbstractEventLoop,
                  process: ProcessDrain, drain: ListenerDrain,
@@ -65,6 +107,30 @@ class Listener:
         # Another holder keeps the listening socket open after we close ours (systemd's
         # socket activation): its queued connections are not reset.
         self.socket_shared = False
+        self.listener_stats = ListenerStats()
+        self._overflow_logged = -math.inf
+        self._overflow_unlogged = 0
+
+    # -- the downstream connection cap -----------------------------------------------------
+    def has_room(self) -> bool:
+        """True while the process holds fewer downstream connections than ``cap``."""
+        held = 0
+        for ln in Listener.running:
+            held += len(ln.connections)
+        return held < Listener.cap
+
+    def overflowed(self) -> None:
+        """A connection past the cap was closed: count it; log it, rate-limited."""
+        self.listener_stats.downstream_global_cx_overflow += 1
+        self._overflow_unlogged += 1
+        now = time.monotonic()
+        if now - self._overflow_logged >= OVERFLOW_LOG_INTERVAL:
+            log.warning("listener %s: %d connection(s) closed at once: the process holds its "
+                        "cap of %d downstream connections (RLIMIT_NOFILE %d); raise ulimit -n",
+                        self.name, self._overflow_unlogged, Listener.cap,
+                        resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            self._overflow_logged = now
+            self._overflow_unlogged = 0
 
     async def start(self, sock: socket.socket | None = None) -> None:
         raise NotImplementedError

@@ -20,7 +20,7 @@ from lameduck.http1.downstream import H1Downstream
 from lameduck.http1.upstream import H1Upstream
 from lameduck.http2.connection import H2Limits
 from lameduck.http2.downstream import H2Downstream
-from lameduck.listeners.base import Listener
+from lameduck.listeners.base import Listener, Overflow
 from lameduck.listeners.tls import AlpnSwitch, server_context
 from lameduck.stats import DrainStats, Http2Stats, HttpStats
 from lameduck.upstream.cluster import Cluster
@@ -184,8 +184,11 @@ class HttpListener(Listener):
         if sock is None:
             sock = self.bind()
         self.sockname = sock.getsockname()
+        Listener.running.add(self)
         if self.ssl is not None:
             self.server = await self.loop.create_server(
-                lambda: AlpnSwitch(self), sock=sock, ssl=self.ssl)
+                lambda: AlpnSwitch(self) if self.has_room() else Overflow(self),
+                sock=sock, ssl=self.ssl)
         else:
-            self.server = await self.loop.create_server(lambda: H1Downstream(self), sock=sock)
+            self.server = await self.loop.create_server(
+                lambda: H1Downstream(self) if self.has_room() else Overflow(self), sock=sock)

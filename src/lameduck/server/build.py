@@ -98,6 +98,8 @@ def build(cfg: Config, loop: asyncio.AbstractEventLoop, rng: Callable[[], float]
         h2stats = registry.add(f"http.{lc.name}.http2", Http2Stats())
         listeners.append(HttpListener(lc, loop, process, ld, router, stats, drain_stats,
                                       on_change, rng, h2stats))
+    for ln in listeners:
+        registry.add(f"listener.{ln.name}", ln.listener_stats)
     return Built(process, registry, server_stats, drain_stats, lm_stats, clusters, checkers,
                  listeners)
 

@@ -19,6 +19,7 @@ __all__ = [
     "Http2Stats",
     "HttpStats",
     "ListenerManagerStats",
+    "ListenerStats",
     "OutlierStats",
     "ServerStats",
     "TcpStats",
@@ -272,6 +273,19 @@ class ListenerManagerStats:
 name_gauges(ListenerManagerStats, {"total_listeners_active", "total_listeners_draining"})
 
 
+@dataclass(slots=True)
+class ListenerStats:
+    """One per listener, rendered under `listener.<name>.` (Envoy's listener scope)."""
+
+    # Accepted and closed at once: the process held its downstream connection cap, derived
+    # from RLIMIT_NOFILE so that upstream connects still find a descriptor (Envoy's
+    # downstream_global_cx_overflow; HAProxy derives its maxconn from ulimit-n alike).
+    downstream_global_cx_overflow: int = 0
+
+
+name_gauges(ListenerStats, set())
+
+
 SCOPE_CLASSES: tuple[type, ...] = (
     HttpStats,
     Http2Stats,
@@ -282,5 +296,6 @@ SCOPE_CLASSES: tuple[type, ...] = (
     ServerStats,
     DrainStats,
     ListenerManagerStats,
+    ListenerStats,
 )
 """Every scope class, so tests can check each one's GAUGES against its fields."""
