@@ -22,7 +22,7 @@ HOT   := lameduck/http1/wire.py lameduck/http1/upstream.py lameduck/http1/downst
 # Every compiled module (also those of an older HOT list).
 BUILT := src/*__mypyc*.so $$(find src/lameduck -name '*.so')
 
-.PHONY: run test lint bench clean fast pure install fuzz
+.PHONY: run test lint bench bench-resources clean fast pure install fuzz
 
 $(STAMP): pyproject.toml
 	python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -104,6 +104,13 @@ fuzz: $(STAMP)
 bench: $(FAST)
 	bash scripts/ensure-debs.sh wrk haproxy nginx-light nghttp2-client
 	$(PY) bench/run.py
+
+# RSS per idle keep-alive connection, a client that reads nothing of a 100 MB response, and
+# a soak (SOAK=minutes, 0 = none): lameduck, HAProxy and nginx in one run (bench/README.md).
+SOAK ?= 2
+bench-resources: $(FAST)
+	bash scripts/ensure-debs.sh wrk haproxy nginx-light
+	$(PY) bench/resources.py --soak $(SOAK)
 
 clean: pure
 	rm -rf $(VENV) build src/build src/*.egg-info
