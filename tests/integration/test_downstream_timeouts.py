@@ -1,7 +1,7 @@
 """The downstream timeouts and limits against a real lameduck and the real demo origin, one
 socket test each, with tolerant bounds (the exact times are in tests/unit/
-test_downstream_playbook.py): request_body_timeout, send_timeout, max_connection_duration,
-max_requests_per_connection (docs/timeouts.md)."""
+test_downstream_playbook.py): request_body_timeout (HTTP/1.1 and HTTP/2), send_timeout,
+max_connection_duration, max_requests_per_connection (docs/timeouts.md)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import socket
 import time
 from collections.abc import Callable
 
+from tests.h2raw import RawH2
 from tests.procs import Lameduck, raw_connect, read_wire_response, wait_closed, wait_until
 
 Start = Callable[..., Lameduck]
 GET = b"GET / HTTP/1.1\r\nHost: app\r\n\r\n"
+NO_ERROR = 0
 
 
 def test_a_body_the_client_stops_sending_gets_408_and_the_connection_closes(
@@ -28,6 +30,30 @@ def test_a_body_the_client_stops_sending_gets_408_and_the_connection_closes(
         assert 0.25 <= took < 3.0
         assert wait_closed(sock)
     assert ld.stat("http.ingress.downstream_rq_body_timeout") == 1
+
+
+def test_an_h2_stream_whose_body_stops_gets_408_and_the_connection_goes_on(
+        lameduck: Start) -> None:
+    """The 408 ends the stream, then RST_STREAM(NO_ERROR) stops the client's body (RFC 9113
+    §8.1); the connection and its other streams are not touched."""
+    ld = lameduck(listener={"request_body_timeout": "300ms"})
+    c = RawH2(ld.port)
+    try:
+        c.request(1, "/", method="POST", headers=[("content-length", "10")], end=False)
+        c.data(1, b"abc")
+        t0 = time.monotonic()
+        assert c.wait(lambda: c.streams[1].reset is not None)
+        took = time.monotonic() - t0
+        s = c.streams[1]
+        assert s.status == 408 and s.ended and s.reset == NO_ERROR
+        assert 0.25 <= took < 3.0
+        c.request(3, "/")
+        assert c.wait(lambda: c.done(3))
+        assert c.streams[3].status == 200 and not c.goaways
+    finally:
+        c.close()
+    assert ld.stat("http.ingress.downstream_rq_body_timeout") == 1
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 0)
 
 
 def test_a_client_that_stops_reading_is_reset_after_send_timeout(lameduck: Start) -> None:

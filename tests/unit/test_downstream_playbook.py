@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import hpack
+
 from lameduck.drain import DrainEvent, Strategy
 from lameduck.http1.downstream import H1Downstream
 from lameduck.http2.downstream import H2Downstream
@@ -371,3 +373,92 @@ def test_h1_body_timeout_waits_while_lameduck_paused_the_reading() -> None:
     assert ls.stats.downstream_rq_body_timeout == 0
     ls.loop.advance(55.0)
     assert ls.stats.downstream_rq_body_timeout == 1
+
+
+# HTTP/2: a stream whose client stops sending its body (RFC 9113 §8.1: the server may answer
+# before the request ends, then RST_STREAM(NO_ERROR) tells the client to stop sending)
+HEADERS, DATA = 1, 0
+NO_ERROR, CANCEL = 0, 8
+POST_X = b"\x83" + GET_X[1:]  # :method POST (static index 3), the rest as GET_X
+
+
+def post(sid: int) -> bytes:
+    """HEADERS for POST /x with END_HEADERS only: a body follows."""
+    return len(POST_X).to_bytes(3, "big") + b"\x01\x04" + sid.to_bytes(4, "big") + POST_X
+
+
+def data(sid: int, payload: bytes, end: bool = False) -> bytes:
+    return (len(payload).to_bytes(3, "big") + b"\x00" + (b"\x01" if end else b"\x00")
+            + sid.to_bytes(4, "big") + payload)
+
+
+def h2_status(block: bytes) -> int:
+    """The :status of a response HEADERS block lameduck wrote."""
+    return int(dict(hpack.Decoder().decode(block))[":status"])
+
+
+def test_h2_body_timeout_408_then_rst_no_error_and_other_streams_go_on() -> None:
+    ls = Listener(ScriptedRng())
+    conn, t = h2_accept(ls, post(1) + data(1, b"abc"))
+    up = ls.connects[-1].succeed()
+    assert up.sent.endswith(b"abc")
+    ls.loop.advance(4.0)
+    conn.data_received(data(1, b"de"))  # progress: the clock starts again
+    ls.loop.advance(10.0)
+    conn.data_received(headers(3))  # a GET in flight: no body to wait for
+    ls.loop.advance(18.99)
+    assert [f for f in frames(t.take()) if f[1] == 1 and f[0] != 8] == []
+    assert ls.stats.downstream_rq_body_timeout == 0
+    ls.loop.advance(19.0)
+    got = [(typ, sid, p) for typ, sid, p in frames(t.take()) if typ != 8]  # no WINDOW_UPDATE
+    assert [(typ, sid) for typ, sid, _ in got] == [(HEADERS, 1), (DATA, 1), (RST_STREAM, 1)]
+    assert h2_status(got[0][2]) == 408
+    assert got[1][2] == b"request body timeout\n"
+    assert int.from_bytes(got[2][2], "big") == NO_ERROR
+    assert ls.stats.downstream_rq_body_timeout == 1
+    assert up.closed  # the upstream side is aborted, as for a client reset
+    assert t.ended is None and t.eof_at is None  # the connection goes on
+    ls.loop.advance(60.0)  # stream 3 ended its request: never timed out
+    assert 3 in conn.streams and ls.stats.downstream_rq_body_timeout == 1
+    answer(ls)
+    assert (HEADERS, 3) in [(typ, sid) for typ, sid, _ in frames(t.take())]
+    assert ls.process.ledger.active == 0 and not conn.streams
+
+
+def test_h2_body_timeout_rst_cancel_once_the_response_began() -> None:
+    ls = Listener(ScriptedRng())
+    conn, t = h2_accept(ls, post(1) + data(1, b"abc"))
+    up = ls.connects[-1].succeed()
+    up.sink.on_response_head(200, [(b"Content-Length", b"9")], 9, False)
+    t.take()
+    ls.loop.advance(14.99)
+    assert ls.stats.downstream_rq_body_timeout == 0
+    ls.loop.advance(15.0)
+    got = [(typ, sid, p) for typ, sid, p in frames(t.take()) if typ != 8]
+    assert [(typ, sid) for typ, sid, _ in got] == [(RST_STREAM, 1)]
+    assert int.from_bytes(got[0][2], "big") == CANCEL
+    assert ls.stats.downstream_rq_body_timeout == 1
+    assert up.closed and not conn.streams and ls.process.ledger.active == 0
+    assert t.ended is None
+
+
+def test_h2_body_timeout_waits_while_lameduck_holds_the_credit() -> None:
+    """Credit not returned (no upstream yet, or one that takes no more) is lameduck holding
+    the client back, not the client's silence: the clock starts again once it is returned."""
+    ls = Listener(ScriptedRng())
+    conn, t = h2_accept(ls, post(1) + data(1, b"abc"))
+    ls.loop.advance(40.0)  # still connecting: "abc" held, its credit with it
+    assert ls.stats.downstream_rq_body_timeout == 0
+    up = ls.connects[-1].succeed()  # handed on, credit returned: 15 s from now
+    ls.loop.advance(50.0)
+    conn.data_received(data(1, b"de"))
+    up.sink.pause_request_body()  # the upstream takes no more
+    conn.data_received(data(1, b"fg"))  # read, its credit kept
+    ls.loop.advance(90.0)
+    assert ls.stats.downstream_rq_body_timeout == 0
+    up.sink.resume_request_body()  # the credit goes back: 15 s from now
+    ls.loop.advance(104.99)
+    assert ls.stats.downstream_rq_body_timeout == 0
+    ls.loop.advance(105.0)
+    assert ls.stats.downstream_rq_body_timeout == 1
+    assert RST_STREAM in [typ for typ, _, _ in frames(t.take())]
