@@ -114,6 +114,8 @@ class H2Downstream(Downstream):
         if n > 0:
             self.requests_left = n
         self.send_timeout = ctx.send_timeout
+        self.body_timeout = ctx.request_body_timeout
+        self.rx_at = 0.0  # loop time of the last read: the DATA it carried is that recent
 
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -155,7 +157,8 @@ class H2Downstream(Downstream):
         if self.gone:
             return
         h2 = self.h2
-        events = h2.receive(data, self.loop.time())
+        self.rx_at = now = self.loop.time()
+        events = h2.receive(data, now)
         self.corked += 1
         try:
             for ev in events:
@@ -268,6 +271,7 @@ class H2Downstream(Downstream):
 
     # -- DownstreamPort: an exchange's decisions, in HTTP/2 ------------------------------------
     def _request_data(self, s: Exchange, data: bytes, flow_len: int, end: bool) -> None:
+        s.body_at = self.rx_at  # a field store: the timer is re-armed lazily (``timeouts``)
         if s.side is not None:
             if end:
                 s.req_done = True
@@ -311,12 +315,20 @@ class H2Downstream(Downstream):
         pass  # not acknowledged until handed on: the stream's window holds the client
 
     def resume_request(self, ex: Exchange) -> None:
-        pass
+        self._body_clock(ex)
 
     def release_request(self, ex: Exchange, credit: int) -> None:
         if ex.sid in self.streams:
             self.h2.acknowledge_received_data(ex.sid, credit)
+            self._body_clock(ex)
             self.kick()
+
+    def _body_clock(self, ex: Exchange) -> None:
+        """Credit given back (or an upstream that takes more): while lameduck held it the
+        client could not send, so request_body_timeout starts again from now."""
+        if not ex.req_done:
+            ex.body_at = now = self.loop.time()
+            self.arm(now + self.body_timeout)  # no-op unless earlier than the timer's
 
     def send_informational(self, ex: Exchange, status: int, fields: Fields) -> None:
         if status != 100:  # 100 is hop-by-hop in effect (RFC 9110 §15.2.1)
@@ -426,6 +438,11 @@ class H2Downstream(Downstream):
         if ev.end_stream:
             s.has_body = False
             s.req_done = True
+        else:
+            # a body follows: request_body_timeout runs from the head (as nginx's from the
+            # body's first read); the connection's one timer, moved earlier if need be
+            s.body_at = now = self.rx_at
+            self.arm(now + self.body_timeout)
         method = ev.method
         if method == b"CONNECT":
             if ev.protocol != b"websocket":
@@ -700,7 +717,7 @@ class H2Downstream(Downstream):
     # -- timers -----------------------------------------------------------------------------------
     def timeouts(self, now: float) -> float:
         if self.streams:
-            return math.inf
+            return self._body_timeouts(now)
         at = self.idle_since + self.ctx.idle_timeout
         if now >= at:
             self.stats.downstream_cx_idle_timeout += 1
@@ -708,3 +725,46 @@ class H2Downstream(Downstream):
             self.staged_close()
             return STOP
         return at
+
+    def _body_timeouts(self, now: float) -> float:
+        """request_body_timeout per stream (nginx ``client_body_timeout``): the next expiry
+        among streams whose body is still coming, or ``STOP`` if the connection closed.
+        Streams lameduck holds back (credit not returned, an upstream that takes no more) and
+        tunnels (their DATA are no request body) are not the client's silence: skipped."""
+        timeout = self.body_timeout
+        if timeout == math.inf:
+            return math.inf
+        at = math.inf
+        expired: list[Exchange] | None = None
+        for s in self.streams.values():
+            if (s.req_done or not s.has_body or s.unacked or s.up_paused or s.held
+                    or s.tunnel is not None or s.side is not None):
+                continue
+            end = s.body_at + timeout
+            if now >= end:
+                if expired is None:
+                    expired = []
+                expired.append(s)
+            elif end < at:
+                at = end
+        if expired is not None:
+            for s in expired:
+                self._body_timeout(s)
+            self.kick()
+            if self.closing:
+                return STOP  # its last stream ended a drained connection: the close is staged
+        return at
+
+    def _body_timeout(self, s: Exchange) -> None:
+        """No DATA on ``s`` for request_body_timeout: 408 if no response byte was sent (then
+        RST_STREAM(NO_ERROR): a server may answer before the request ends and tell the client
+        to stop sending, RFC 9113 §8.1), else RST_STREAM(CANCEL). Its upstream is aborted as
+        for a client reset; the connection's other streams go on."""
+        self.stats.downstream_rq_body_timeout += 1
+        if s.resp_started:
+            self.reset_stream(s, ErrorCode.CANCEL)
+            return
+        self._detach(s)
+        s.local = b""
+        self.respond(s, 408, b"request body timeout\n")
+        s.finish()  # exchange_done: the RST_STREAM(NO_ERROR), the books

@@ -136,6 +136,9 @@ class Exchange:
     unacked = 0  # request bytes read and not yet handed on (flow-control credit)
     up_paused = False  # the upstream cannot take the request body faster
     held = False  # the client's request body is paused for this exchange
+    # HTTP/2: loop time of the stream's last request-body byte, or of its credit's return
+    # (request_body_timeout; HTTP/1.1 keeps one per connection)
+    body_at = 0.0
     cluster: Cluster | None = None
     endpoint: Endpoint | None = None
     route_timeout = 0.0
