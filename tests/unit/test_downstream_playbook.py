@@ -429,8 +429,10 @@ def test_h2_body_timeout_rst_cancel_once_the_response_began() -> None:
     ls = Listener(ScriptedRng())
     conn, t = h2_accept(ls, post(1) + data(1, b"abc"))
     up = ls.connects[-1].succeed()
+    up.sink.cork()  # as a real upstream reports a read: corked, one write at the end
     up.sink.on_response_head(200, [(b"Content-Length", b"9")], 9, False)
-    t.take()
+    up.sink.uncork()
+    assert (HEADERS, 1) in [(typ, sid) for typ, sid, _ in frames(t.take())]
     ls.loop.advance(14.99)
     assert ls.stats.downstream_rq_body_timeout == 0
     ls.loop.advance(15.0)
