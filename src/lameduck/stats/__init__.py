@@ -3,7 +3,16 @@
 A leaf package: it imports nothing else of lameduck, so every layer may depend on it.
 """
 
-from lameduck.stats.registry import COUNTER, GAUGE, Stat, StatKind, StatsRegistry, merge
+from lameduck.stats.registry import (
+    COUNTER,
+    GAUGE,
+    Stat,
+    StatKind,
+    StatsRegistry,
+    merge,
+    of_type,
+    used_only,
+)
 from lameduck.stats.render import (
     escape_label_value,
     prometheus_name,
@@ -48,10 +57,12 @@ __all__ = [
     "TcpStats",
     "escape_label_value",
     "merge",
+    "of_type",
     "prometheus_name",
     "render_json",
     "render_prometheus",
     "render_text",
     "select",
     "stat_fields",
+    "used_only",
 ]

@@ -12,7 +12,7 @@ from typing import Final, Literal, NamedTuple, TypeVar
 
 from lameduck.stats.scopes import stat_fields
 
-__all__ = ["COUNTER", "GAUGE", "Stat", "StatKind", "StatsRegistry", "merge"]
+__all__ = ["COUNTER", "GAUGE", "Stat", "StatKind", "StatsRegistry", "merge", "of_type", "used_only"]
 
 StatKind = Literal["counter", "gauge"]
 COUNTER: Final = "counter"
@@ -40,6 +40,11 @@ class StatsRegistry:
         # Counters of the processes before this one (hot restart): added when rendering, so
         # counters do not reset across a restart.
         self.carried: dict[str, int] = {}
+        # What /reset_counters took away, per counter: subtracted when rendering, so a counter
+        # kept elsewhere (the drain ledger's) or carried from a parent reads 0 after a reset.
+        self.zeroed: dict[str, int] = {}
+        # Names seen non-zero by any snapshot: Envoy's "used" flag, which a reset keeps.
+        self.used: set[str] = set()
 
     def add(self, prefix: str, scope: S) -> S:
         """Register a scope (e.g. an HttpStats under "http.ingress"); returns it for chaining."""
@@ -88,8 +93,18 @@ class StatsRegistry:
             for name, attr, kind in entries
         ]
         out.extend(Stat(name, int(fn()), GAUGE) for name, fn in self._gauge_fns.items())
+        if self.zeroed:
+            out = [_less(stat, self.zeroed) for stat in out]
         out.sort()
+        self.used.update(stat.name for stat in out if stat.value)
         return out
+
+    def reset_counters(self) -> None:
+        """Envoy's /reset_counters: every counter reads 0 from now on, gauges untouched. The
+        scopes are not written (the hot path and the drain ledger own them): the values at
+        reset are remembered and subtracted."""
+        self.zeroed = {}
+        self.zeroed = {s.name: s.value for s in self.snapshot() if s.kind == COUNTER}
 
     def counters(self) -> dict[str, int]:
         """Every counter's value (carried ones included): what a successor carries on."""
@@ -100,6 +115,24 @@ class StatsRegistry:
         if taken:
             raise ValueError(f"stat names already registered: {', '.join(sorted(taken))}")
         self._names.update(names)
+
+
+def _less(stat: Stat, zeroed: dict[str, int]) -> Stat:
+    if stat.kind != COUNTER or stat.name not in zeroed:
+        return stat
+    # never below 0: a parent's carried counters can be replaced by smaller ones
+    return Stat(stat.name, max(0, stat.value - zeroed[stat.name]), COUNTER)
+
+
+def used_only(stats: Iterable[Stat], used: set[str]) -> list[Stat]:
+    """Envoy's ``usedonly``: the stats non-zero now or seen non-zero by an earlier snapshot
+    (``StatsRegistry.used``), so a reset counter or a gauge back at 0 still shows."""
+    return [stat for stat in stats if stat.value or stat.name in used]
+
+
+def of_type(stats: Iterable[Stat], kind: StatKind | None) -> list[Stat]:
+    """Envoy's ``type=Counters|Gauges``: the stats of one kind (None: all)."""
+    return [stat for stat in stats if kind is None or stat.kind == kind]
 
 
 def merge(snapshots: Iterable[Iterable[Stat]]) -> list[Stat]:
