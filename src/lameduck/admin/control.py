@@ -18,6 +18,16 @@ class AdminControl(Protocol):
     def state_name(self) -> str: ...
     def server_info(self) -> dict[str, Any]: ...
     def stats_snapshot(self) -> list[Stat]: ...
+    def used_stats(self) -> set[str]:
+        """Names of the stats seen non-zero so far (Envoy's usedonly)."""
+    def reset_counters(self) -> None:
+        """Every counter to 0 from now on; gauges untouched."""
+    def config_dump(self) -> dict[str, Any]:
+        """The effective config (defaults filled in) under ``bootstrap``, as JSON values."""
+    def loggers(self) -> dict[str, str]:
+        """Every lameduck logger's name and effective level (``debug``, ``info``, ...)."""
+    def set_log_level(self, name: str | None, level: str) -> None:
+        """One logger's level, or every lameduck logger's with ``name`` None."""
     def quit(self) -> None: ...
     def clusters_view(self) -> list[dict[str, Any]]: ...
     def listener_addresses(self) -> list[tuple[str, str, int]]:

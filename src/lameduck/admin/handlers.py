@@ -6,7 +6,9 @@ state is POST-only; a wrong method is 405 with ``Allow``.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -14,12 +16,30 @@ from urllib.parse import parse_qs, unquote
 
 from lameduck.admin.control import AdminControl, NotFound
 from lameduck.config import HostPort, parse_duration
-from lameduck.stats import render_json, render_prometheus, render_text
+from lameduck.stats import (
+    COUNTER,
+    GAUGE,
+    StatKind,
+    of_type,
+    render_json,
+    render_prometheus,
+    render_text,
+    used_only,
+)
 
 Query = dict[str, list[str]]
 Reply = tuple[int, str, bytes]
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
+# Envoy's /stats?type= values; Histograms: lameduck keeps none (yet), so it selects nothing
+STAT_TYPES: dict[str, StatKind | None] = {"All": None, "Counters": COUNTER, "Gauges": GAUGE}
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# Envoy's other level names, mapped onto Python's
+LOG_ALIASES = {"trace": "debug", "warn": "warning", "critical": "critical", "off": "off"}
+# config keys whose value is a secret itself (not a path to one): shown as "[redacted]"
+SECRET_KEYS = ("token", "password", "secret", "private_key", "passphrase")
+
+log = logging.getLogger("lameduck.admin")
 
 
 def parse_query(raw: str) -> Query:
@@ -55,9 +75,30 @@ def duration_param(q: Query, name: str, default: str) -> float:
     return seconds
 
 
+def redact(value: Any) -> Any:
+    """The config with every secret value replaced: a key named like a secret (``token``,
+    ``*_password``, ...) unless it names a file (``token_file``, a TLS ``key`` path), which is
+    shown, as a path says where the secret is, not what."""
+    if isinstance(value, dict):
+        return {k: ("[redacted]" if _secret_key(k) and v is not None else redact(v))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+def _secret_key(key: str) -> bool:
+    key = key.lower()
+    return not key.endswith(("_file", "_path")) and any(
+        key == word or key.endswith("_" + word) for word in SECRET_KEYS)
+
+
 class AdminHandlers:
     def __init__(self, control: AdminControl) -> None:
         self.c = control
+        # the request's method, for a route that answers several (GET /logging lists the
+        # levels, POST /logging sets them)
+        self.method = "GET"
         # path -> (method, handler)
         self.routes: dict[str, tuple[str, Callable[[Query], Reply]]] = {
             "/": ("GET", self.home),
@@ -72,32 +113,58 @@ class AdminHandlers:
             "/clusters": ("GET", self.clusters),
             "/listeners": ("GET", self.listeners),
             "/prestop": ("POST", self.prestop),
+            "/help": ("GET", self.help),
+            "/reset_counters": ("POST", self.reset_counters),
+            "/config_dump": ("GET", self.config_dump),
+            "/logging": ("GET, POST", self.logging),
+        }
+        # routes under a prefix, the handler given the path; the key is the pattern /help shows
+        self.prefix_routes: dict[str, tuple[str, Callable[[str, Query], Reply]]] = {
+            "/clusters/<cluster>/endpoints/<host:port>": ("POST", self.endpoint_state),
         }
 
     def handle(self, method: str, path: str, query: str) -> tuple[int, str, bytes, str | None]:
         """Returns (status, content type, body, Allow header or None)."""
         route = self.routes.get(path)
-        if route is None and path.startswith("/clusters/"):
-            route = ("POST", lambda q: self.endpoint_state(path, q))
+        if route is None:
+            for pattern, (m, under) in self.prefix_routes.items():
+                if path.startswith(pattern.partition("<")[0]):
+                    route = (m, functools.partial(under, path))
+                    break
         if route is None:
             return 404, TEXT, b"not found\n", None
         want, fn = route
-        if method != want and not (want == "GET" and method == "HEAD"):
-            allow = "GET, HEAD" if want == "GET" else want
-            return 405, TEXT, f"method {method} not allowed; use {want}\n".encode(), allow
+        allowed = want.split(", ")
+        if "GET" in allowed:
+            allowed.insert(allowed.index("GET") + 1, "HEAD")
+        if method not in allowed:
+            return (405, TEXT, f"method {method} not allowed; use {want}\n".encode(),
+                    ", ".join(allowed))
+        self.method = "GET" if method == "HEAD" else method
         try:
             status, ctype, body = fn(parse_query(query))
         except ValueError as e:
-            return 400, TEXT, f"{e}\n".encode(), None
+            status, ctype, body = 400, TEXT, f"{e}\n".encode()
         except NotFound as e:
-            return 404, TEXT, f"{e}\n".encode(), None
+            status, ctype, body = 404, TEXT, f"{e}\n".encode()
+        log.debug("admin: %s %s: %d", method, path, status)
         return status, ctype, body, None
 
     def home(self, q: Query) -> Reply:
+        """Admin home page: every endpoint with its method."""
         lines = [f"{m:5} {p}" for p, (m, _) in sorted(self.routes.items())]
         return 200, TEXT, ("lameduck admin\n" + "\n".join(lines) + "\n").encode()
 
+    def help(self, q: Query) -> Reply:
+        """Print the admin commands, one per line with what it does (Envoy's /help)."""
+        table: list[tuple[str, str, Callable[..., Reply]]] = [
+            (p, m, fn) for p, (m, fn) in self.routes.items()]
+        table += [(p, m, fn) for p, (m, fn) in self.prefix_routes.items()]
+        lines = [f"  {p}: {_summary(fn)} ({m})\n" for p, m, fn in sorted(table)]
+        return 200, TEXT, ("admin commands are:\n" + "".join(lines)).encode()
+
     def drain_listeners(self, q: Query) -> Reply:
+        """Drain the listeners (graceful, skip_exit, inboundonly as in Envoy)."""
         skip_exit = "skip_exit" in q
         graceful = "graceful" in q
         if skip_exit and not graceful:
@@ -106,23 +173,40 @@ class AdminHandlers:
         return 200, TEXT, b"OK\n"
 
     def healthcheck_fail(self, q: Query) -> Reply:
+        """Fail health checks: not ready, every response drains its connection."""
         self.c.healthcheck_fail()
         return 200, TEXT, b"OK\n"
 
     def healthcheck_ok(self, q: Query) -> Reply:
+        """Undo /healthcheck/fail."""
         self.c.healthcheck_ok()
         return 200, TEXT, b"OK\n"
 
     def ready(self, q: Query) -> Reply:
+        """200 LIVE when live, else 503 and the state's name."""
         state = self.c.state_name()
         return (200 if state == "LIVE" else 503), TEXT, f"{state}\n".encode()
 
     def server_info(self, q: Query) -> Reply:
+        """Server state, uptime, drain and preStop as JSON."""
         return 200, JSON, to_json(self.c.server_info())
 
     def stats(self, q: Query) -> Reply:
+        """The stats, Envoy's name: value lines (filter, format=json, usedonly, type).
+
+        ``usedonly``: the stats non-zero now or seen non-zero by an earlier read (a reset
+        counter stays); ``type``: Envoy's All, Counters, Gauges or Histograms (none kept yet).
+        """
         flt = q.get("filter", [None])[0] or None
+        kind_name = q.get("type", ["All"])[0] or "All"
+        if kind_name not in STAT_TYPES and kind_name != "Histograms":
+            raise ValueError(f"type: unknown {kind_name!r}: use All, Counters, Gauges or "
+                             "Histograms")
         snap = self.c.stats_snapshot()
+        # lameduck keeps no histograms yet: type=Histograms selects none
+        snap = [] if kind_name == "Histograms" else of_type(snap, STAT_TYPES[kind_name])
+        if "usedonly" in q:
+            snap = used_only(snap, self.c.used_stats())
         if q.get("format", [""])[0] == "json":
             return 200, JSON, render_json(snap, flt).encode()
         if q.get("format", [""])[0] == "prometheus":
@@ -130,16 +214,19 @@ class AdminHandlers:
         return 200, TEXT, render_text(snap, flt).encode()
 
     def prometheus(self, q: Query) -> Reply:
+        """The stats in Prometheus text exposition, Envoy's names and labels."""
         body = render_prometheus(self.c.stats_snapshot())
         return 200, "text/plain; version=0.0.4; charset=utf-8", body.encode()
 
     def quit(self, q: Query) -> Reply:
+        """Exit at once, without a drain."""
         self.c.quit()
         return 200, TEXT, b"OK\n"
 
     def clusters(self, q: Query) -> Reply:
-        """Envoy's /clusters: `cluster::host::stat::value` lines, or JSON with format=json;
-        lameduck adds each endpoint's admin_state, agent words and active connections."""
+        """Per endpoint: Envoy's cluster::host::stat::value lines, or JSON with format=json.
+
+        Lameduck adds each endpoint's admin_state, agent words and active connections."""
         view = self.c.clusters_view()
         if q.get("format", [""])[0] == "json":
             return 200, JSON, to_json({"cluster_statuses": view})
@@ -156,9 +243,10 @@ class AdminHandlers:
         return 200, TEXT, ("\n".join(lines) + "\n").encode()
 
     def listeners(self, q: Query) -> Reply:
-        """Envoy's /listeners: ``name::address`` lines, or with format=json Envoy's
-        ``listener_statuses`` with each ``local_address``; the address is the bound one, so a
-        listener configured on port 0 shows the port the kernel gave it."""
+        """Each listener's name::address (format=json: Envoy's listener_statuses).
+
+        The address is the bound one, so a listener configured on port 0 shows the port the
+        kernel gave it."""
         addrs = self.c.listener_addresses()
         if q.get("format", [""])[0] == "json":
             statuses = [{"name": name, "local_address": {"socket_address": {
@@ -168,8 +256,10 @@ class AdminHandlers:
         return 200, TEXT, "".join(lines).encode()
 
     def prestop(self, q: Query) -> Reply:
-        """POST /prestop?strategy=hold-health|deregister-first&drain_timeout=20s&lb_buffer=10s:
-        start the preStop FSM here (``lameduck prestop`` calls it, then follows
+        """Start the preStop health-check FSM (strategy, drain_timeout, lb_buffer).
+
+        POST /prestop?strategy=hold-health|deregister-first&drain_timeout=20s&lb_buffer=10s
+        starts the preStop FSM here (``lameduck prestop`` calls it, then follows
         /server_info's ``prestop``). A process runs one: asked again with the same strategy,
         the answer is the running one's state (a retried hook follows it); with another,
         409 Conflict naming the one running, not its state passed off as the new one's."""
@@ -189,7 +279,7 @@ class AdminHandlers:
         return 200, JSON, to_json(view)
 
     def endpoint_state(self, path: str, q: Query) -> Reply:
-        """POST /clusters/<cluster>/endpoints/<host:port>?state=ready|drain|maint"""
+        """Set an endpoint's admin state: ?state=ready, drain or maint."""
         parts = path.split("/")
         if len(parts) != 5 or parts[3] != "endpoints" or not parts[2] or not parts[4]:
             raise NotFound("not found: use /clusters/<cluster>/endpoints/<host:port>")
@@ -198,3 +288,38 @@ class AdminHandlers:
             raise ValueError("missing state: use ?state=ready, drain or maint")
         self.c.set_endpoint_state(unquote(parts[2]), unquote(parts[4]), states[0])
         return 200, TEXT, b"OK\n"
+
+    def reset_counters(self, q: Query) -> Reply:
+        """Reset all counters to zero; gauges are untouched (Envoy's, for use with /stats)."""
+        self.c.reset_counters()
+        return 200, TEXT, b"OK\n"
+
+    def config_dump(self, q: Query) -> Reply:
+        """The effective config, defaults filled in, as JSON; secret values redacted."""
+        dump = {"@type": "lameduck.BootstrapConfigDump", **self.c.config_dump()}
+        return 200, JSON, to_json({"configs": [redact(dump)]})
+
+    def logging(self, q: Query) -> Reply:
+        """List the loggers' levels (GET); set them: POST ?level=L for all, ?<logger>=L one."""
+        if q and self.method != "POST":
+            raise ValueError("setting a level changes state: use POST /logging?level=...")
+        for name, values in q.items():
+            level = values[0].lower()
+            level = LOG_ALIASES.get(level, level)
+            if level not in (*LOG_LEVELS, *LOG_ALIASES.values()):
+                raise ValueError(f"{name}: unknown level {values[0]!r}: use "
+                                 f"{', '.join(LOG_LEVELS)} (or trace, warn, critical, off)")
+            known = self.c.loggers()
+            if name != "level" and name not in known:
+                raise ValueError(f"unknown logger {name!r}: one of {', '.join(sorted(known))}")
+        for name, values in q.items():
+            level = LOG_ALIASES.get(values[0].lower(), values[0].lower())
+            self.c.set_log_level(None if name == "level" else name, level)
+        lines = [f"  {name}: {level}\n" for name, level in sorted(self.c.loggers().items())]
+        return 200, TEXT, ("active loggers:\n" + "".join(lines)).encode()
+
+
+def _summary(fn: Callable[..., Any]) -> str:
+    """What /help says of a route: its handler's docstring's first line."""
+    doc = (fn.__doc__ or "").strip()
+    return doc.splitlines()[0].rstrip(".") if doc else "(undocumented)"

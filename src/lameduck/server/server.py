@@ -455,6 +455,35 @@ class Server:
         self._refresh_gauges()
         return self.registry.snapshot()
 
+    def used_stats(self) -> set[str]:
+        return self.registry.used
+
+    def reset_counters(self) -> None:
+        self._refresh_gauges()
+        self.registry.reset_counters()
+        log.info("admin: counters reset to 0")
+
+    def config_dump(self) -> dict[str, Any]:
+        """The loaded config, defaults filled in (what ``lameduck run`` serves with)."""
+        return {
+            "config_path": self.config_path or "",
+            "last_updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_wall)),
+            "bootstrap": self.cfg.model_dump(mode="json"),
+        }
+
+    def loggers(self) -> dict[str, str]:
+        names = ["lameduck", *(name for name, lg in logging.root.manager.loggerDict.items()
+                               if name.startswith("lameduck.")
+                               and isinstance(lg, logging.Logger))]
+        return {name: _level_name(logging.getLogger(name).getEffectiveLevel())
+                for name in names}
+
+    def set_log_level(self, name: str | None, level: str) -> None:
+        value = logging.CRITICAL + 1 if level == "off" else getattr(logging, level.upper())
+        for each in [name] if name is not None else list(self.loggers()):
+            logging.getLogger(each).setLevel(value)
+        log.info("admin: log level of %s set to %s", name or "every logger", level)
+
     def server_info(self) -> dict[str, Any]:
         now = self.loop.time()
         uptime = now - self.started_mono
@@ -675,3 +704,8 @@ class Server:
         self.lm_stats.total_listeners_active = sum(1 for ls in self.listeners if ls.accepting)
         self.lm_stats.total_listeners_draining = self.parent_draining + sum(
             1 for ls in self.listeners if ls.drain.draining)
+
+
+def _level_name(level: int) -> str:
+    """Envoy's level words for Python's levels (above critical: off)."""
+    return "off" if level > logging.CRITICAL else logging.getLevelName(level).lower()
