@@ -367,6 +367,46 @@ def cmd_prestop(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    """A live view of a running lameduck from its admin API; one plain-text snapshot when
+    stdout is not a terminal or with --once. Exit 0 (also on Ctrl-C), 2 admin unreachable."""
+    import shutil
+
+    from rich.console import Console
+
+    from lameduck.orchestrate import top
+
+    admin = args.admin
+    if args.admin_address_path:
+        try:
+            with open(args.admin_address_path, encoding="utf-8") as f:
+                admin = f.read().strip()
+            if not admin:
+                raise OSError("empty (the lameduck writing it has not served yet)")
+        except OSError as e:
+            print(f"lameduck top: --admin-address-path {args.admin_address_path}: {e}",
+                  file=sys.stderr)
+            return top.EXIT_UNREACHABLE
+    elif admin is None:
+        cfg = _load_or_report(args.config)
+        if cfg is None:
+            return EXIT_CONFIG
+        admin = str(cfg.admin.address)
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    if args.once or not sys.stdout.isatty():
+        # no colour, no cursor codes: a file, a pipe or a ticket gets plain text; never
+        # narrower than 120 columns, so endpoint addresses and stat names are not cut
+        width = max(120, shutil.get_terminal_size().columns)
+        plain = Console(force_terminal=False, color_system=None, no_color=True,
+                        highlight=False, emoji=False, width=width)
+        return top.snapshot(admin, plain, say)
+    # the 16 standard colours: what every terminal over SSH shows the same way
+    return top.live(admin, Console(color_system="standard", highlight=False, emoji=False), say)
+
+
 ADMIN_ADDRESS_PATH_HELP = ("write the admin API's host:port to PATH once it is bound and "
                            "serving (Envoy's --admin-address-path; with admin.address on "
                            "port 0, the port the kernel gave)")
@@ -453,6 +493,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the LB's detection time (interval x fall) plus a margin "
                          "(default 10s)")
     ps.set_defaults(func=cmd_prestop)
+    tp = sub.add_parser("top", help="a live view of a running lameduck from its admin API: "
+                                    "state, drain progress, in-flight requests, closes per "
+                                    "second, listeners and cluster endpoints")
+    at = tp.add_mutually_exclusive_group()
+    at.add_argument("--admin", help="the admin API's host:port (default: from -c, else "
+                                    "127.0.0.1:9901)")
+    at.add_argument("-c", "--config", help="lameduck YAML config (for admin.address)")
+    at.add_argument("--admin-address-path", metavar="PATH",
+                    help="read the admin API's host:port from PATH (the file `lameduck run "
+                         "--admin-address-path` writes)")
+    tp.add_argument("--once", action="store_true",
+                    help="print one plain-text snapshot and exit (also when stdout is not a "
+                         "terminal)")
+    tp.set_defaults(func=cmd_top)
     return p
 
 
