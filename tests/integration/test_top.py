@@ -1,6 +1,6 @@
 """``lameduck top`` against a real lameduck: the plain-text snapshot a pipe gets, the one-line
 error of an unreachable admin API, and the live view in a real terminal (tmux) following a
-SIGTERM drain, then Ctrl-C.
+SIGTERM drain to the process's exit, then Ctrl-C.
 """
 
 from __future__ import annotations
@@ -106,8 +106,10 @@ def test_live_view_follows_a_drain_and_quits_on_ctrl_c(lameduck: Callable[..., L
     # T 3 s; a 4 s request keeps the drain (and the process) going past T
     ld = lameduck(drain={"time": "3s", "strategy": "gradual", "connection_grace": "200ms"},
                   shutdown={"deadline": "6s"})
-    cmd = (f"env PYTHONPATH={shlex.quote(str(SRC))} {shlex.quote(sys.executable)} -m lameduck "
-           f"top --admin {ld.admin_addr}; echo EXITED $?; sleep 30")
+    # the pane's own size, not COLUMNS / LINES the test process may carry (rich prefers them)
+    cmd = (f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(str(SRC))} "
+           f"{shlex.quote(sys.executable)} -m lameduck top --admin {ld.admin_addr}; "
+           "echo EXITED $?; sleep 30")
     tmux.run("new-session", "-d", "-s", tmux.session, "-x", "160", "-y", "50", cmd)
     assert wait_until(lambda: re.search(r"^state\s+LIVE", tmux.capture(), re.M) is not None,
                       timeout=10, interval=0.05), tmux.capture()
@@ -129,7 +131,14 @@ def test_live_view_follows_a_drain_and_quits_on_ctrl_c(lameduck: Callable[..., L
     assert seen[1] > seen[0]
     screen = tmux.capture()
     assert "\x1b" not in screen
-    assert re.search(r"^ingress\s+\S+\s+DRAIN\s", screen, re.M), screen  # HAProxy's word
+    # HAProxy's word; the whole address: the view has the pane's 160 columns
+    assert re.search(rf"^ingress\s+{re.escape(ld.addr)}\s+DRAIN\s", screen, re.M), screen
+
+    # the drain ends (the request done, T passed): the process exits; the view stays, retrying
+    assert ld.wait(timeout=10) == 0
+    assert wait_until(lambda: "admin API unreachable (retrying)" in tmux.capture(), timeout=5,
+                      interval=0.05), tmux.capture()
+    assert re.search(r"^state\s+DRAINING", tmux.capture(), re.M)  # the last numbers stay
 
     tmux.run("send-keys", "-t", tmux.session, "C-c")
     assert wait_until(lambda: "EXITED" in tmux.capture(), timeout=5, interval=0.05), \
@@ -137,4 +146,3 @@ def test_live_view_follows_a_drain_and_quits_on_ctrl_c(lameduck: Callable[..., L
     assert "EXITED 0" in tmux.capture(), tmux.capture()
     # the alternate screen is gone: the shell's line is what the pane shows, not the view
     assert "drain counters" not in tmux.capture()
-    assert ld.wait(timeout=10) == 0

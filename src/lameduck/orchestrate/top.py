@@ -223,36 +223,28 @@ def _cluster_table(s: Sample) -> Table:
     return t
 
 
-def render(admin: str, s: Sample | None, h: History, error: str | None = None) -> Group:
+def render(admin: str, s: Sample, h: History, error: str | None = None) -> Group:
     """The whole view; ``error``: the last failed sample (the view then shows the last good one
     under it, so a lameduck that exited at the end of its drain leaves its final numbers)."""
-    parts: list[RenderableType] = []
-    if s is None:
-        parts.append(Text(f"lameduck top  {admin}"))
-    else:
-        i = s.info
-        state = str(i.get("state", "?"))
-        prestop = (i.get("prestop") or {}).get("state", "?")
-        head = Text(f"lameduck top  {admin}  pid {i.get('pid', '?')}  {i.get('version', '')}  "
-                    f"up {i.get('uptime_current_epoch', '?')}  epoch "
-                    f"{i.get('hot_restart_epoch', 0)}")
-        parts.append(head)
-        rq = sum(v for k, v in s.stats.items() if k.startswith("http.")
-                 and k.endswith(".downstream_rq_active"))
-        cx = sum(v for k, v in s.stats.items() if k.endswith(".downstream_cx_active")
-                 and k.startswith(("http.", "tcp.")))
-        line = Text("state     ")
-        line.append(state, style=STATE_STYLE.get(state, "bold red"))
-        line.append(f"  prestop {prestop}  in flight: requests {rq}, connections {cx}")
-        parts.append(line)
-        parts.extend(_drain_lines(i))
-        parts += [Text(""), _listener_table(s, h), Text(""), _drain_table(s, h), Text(""),
-                  _cluster_table(s)]
-    if error is not None:
-        parts.append(Text(""))
-        parts.append(Text(f"admin unreachable (retrying): {error}", style="bold red"))
-    if s is not None:
-        parts.append(Text(""))
+    i = s.info
+    state = str(i.get("state", "?"))
+    prestop = (i.get("prestop") or {}).get("state", "?")
+    parts: list[RenderableType] = [
+        Text(f"lameduck top  {admin}  pid {i.get('pid', '?')}  {i.get('version', '')}  "
+             f"up {i.get('uptime_current_epoch', '?')}  epoch {i.get('hot_restart_epoch', 0)}")]
+    if error is not None:  # on top: a short terminal crops the bottom of the view
+        parts.append(Text(f"admin API unreachable (retrying): {error}", style="bold red"))
+    rq = sum(v for k, v in s.stats.items() if k.startswith("http.")
+             and k.endswith(".downstream_rq_active"))
+    cx = sum(v for k, v in s.stats.items() if k.endswith(".downstream_cx_active")
+             and k.startswith(("http.", "tcp.")))
+    line = Text("state     ")
+    line.append(state, style=STATE_STYLE.get(state, "bold red"))
+    line.append(f"  prestop {prestop}  in flight: requests {rq}, connections {cx}")
+    parts.append(line)
+    parts.extend(_drain_lines(i))
+    parts += [Text(""), _listener_table(s, h), Text(""), _drain_table(s, h), Text(""),
+              _cluster_table(s), Text("")]
     parts.append(Text("Ctrl-C to quit", style="dim"))
     return Group(*parts)
 
@@ -281,13 +273,12 @@ def live(admin: str, out: Console, say: Callable[[str], None]) -> int:
     exits at the end of its drain looks."""
     h = History()
     try:
-        s: Sample | None = fetch(admin)
+        s = fetch(admin)
     except AdminUnreachable as e:
         say(f"lameduck top: admin API unreachable: {e}")
         return EXIT_UNREACHABLE
     except KeyboardInterrupt:
         return EXIT_OK
-    assert s is not None
     h.add(s)
     try:
         with Live(render(admin, s, h), console=out, screen=True, auto_refresh=False,
