@@ -313,7 +313,8 @@ def test_valid_fixture_loads() -> None:
         (  # unknown key, with the allowed ones
             "drain: {time: 20s}",
             "drain: {time: 20s, tyme: 3s}",
-            "lameduck.yaml: drain.tyme: unknown key (allowed: time, strategy, connection_grace)",
+            "lameduck.yaml: drain.tyme: unknown key (allowed: time, strategy, connection_grace, "
+            "report_dir)",
         ),
         (  # unknown top-level section
             "drain: {time: 20s}",
@@ -664,7 +665,7 @@ def test_config_error_keeps_structured_problems() -> None:
         load_config_text("drain: {tyme: 1s}", "f.yaml")
     assert info.value.source == "f.yaml"
     assert info.value.problems == (
-        ("drain.tyme", "unknown key (allowed: time, strategy, connection_grace)"),
+        ("drain.tyme", "unknown key (allowed: time, strategy, connection_grace, report_dir)"),
     )
 
 

@@ -34,5 +34,7 @@ class AdminControl(Protocol):
         """(name, host, port) of every listener, as bound (an ephemeral port resolved)."""
     def start_prestop(self, strategy: str, drain_timeout: float,
                       lb_buffer: float) -> dict[str, Any]: ...
+    def drain_reports(self, last: int | None) -> dict[str, Any]:
+        """The finished drains' reports, newest first (``last``: only that many)."""
     def set_endpoint_state(self, cluster: str, address: str, state: str) -> None:
         """NotFound: no such cluster or endpoint; ValueError: no such state."""

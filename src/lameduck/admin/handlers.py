@@ -117,6 +117,7 @@ class AdminHandlers:
             "/reset_counters": ("POST", self.reset_counters),
             "/config_dump": ("GET", self.config_dump),
             "/logging": ("GET, POST", self.logging),
+            "/drain_report": ("GET", self.drain_report),
         }
         # routes under a prefix, the handler given the path; the key is the pattern /help shows
         self.prefix_routes: dict[str, tuple[str, Callable[[str, Query], Reply]]] = {
@@ -277,6 +278,17 @@ class AdminHandlers:
                 f"{view['state']}, started {view['elapsed']}s ago); one runs per process: "
                 f"POST /prestop?strategy={running} follows it\n").encode()
         return 200, JSON, to_json(view)
+
+    def drain_report(self, q: Query) -> Reply:
+        """GET /drain_report[?last=N]: the last drains' reports (counts, settings, a 100 ms
+        timeline), newest first; ``lameduck report`` draws one."""
+        last: int | None = None
+        if "last" in q:
+            text = q["last"][0]
+            if not text.isdigit() or int(text) < 1:
+                raise ValueError(f"last: want a count >= 1, got {text!r}")
+            last = int(text)
+        return 200, JSON, to_json(self.c.drain_reports(last))
 
     def endpoint_state(self, path: str, q: Query) -> Reply:
         """Set an endpoint's admin state: ?state=ready, drain or maint."""

@@ -293,6 +293,9 @@ class DrainConfig(BaseModel):
     time: Duration = 20.0
     strategy: Strategy = Strategy.GRADUAL
     connection_grace: Duration = 5.0
+    # A directory each drain's report (its counts, settings and 100 ms timeline) is written to
+    # as JSON at the drain's end; None: kept in memory only (GET /drain_report).
+    report_dir: str | None = None
 
 
 def drain_warnings(drain: DrainConfig) -> list[tuple[str, str]]:

@@ -10,6 +10,8 @@ built from the config by ``server.build`` (no sockets there); the admin API reac
 from __future__ import annotations
 
 import asyncio
+import collections
+import json
 import logging
 import os
 import random
@@ -31,13 +33,20 @@ from lameduck.drain import (
 )
 from lameduck.drain.endpoint import AdminState
 from lameduck.drain.prestop import Prestop, PrestopAction, PrestopStrategy
+from lameduck.drain.timeline import KEEP_REPORTS, Reading, Timeline, build_report, file_name
 from lameduck.listeners import TcpListener
 from lameduck.restart import Notifier
 from lameduck.restart.hot import HasFileno, Inherited, Rendezvous, follow_parent, take_over
 from lameduck.server.build import build
 from lameduck.server.logfile import reopen_log_files
 from lameduck.server.successor import Successor
-from lameduck.server.views import clusters_view, fmt_addr, listener_addresses, prestop_view
+from lameduck.server.views import (
+    clusters_view,
+    drain_report_view,
+    fmt_addr,
+    listener_addresses,
+    prestop_view,
+)
 from lameduck.stats import (
     DrainStats,
     Stat,
@@ -108,6 +117,14 @@ class Server:
         self._drain_exit_timer: asyncio.TimerHandle | None = None
         self._finishing = False
         self._no_new_work_logged = False
+        # The drain being recorded (its event, wall-clock start), sampled every 100 ms while
+        # it runs; the last few finished reports, oldest first (GET /drain_report).
+        self.timeline: Timeline | None = None
+        self._recording: DrainEvent | None = None
+        self._recording_wall = 0.0
+        self._sample_timer: asyncio.TimerHandle | None = None
+        self.reports: collections.deque[dict[str, Any]] = collections.deque(
+            maxlen=KEEP_REPORTS)
 
     # -- start ------------------------------------------------------------------------------
     async def start(self, before_ready: Callable[[], None] | None = None) -> None:
@@ -341,6 +358,7 @@ class Server:
                                f"inboundonly={inbound_only} listeners={len(reached)}; "
                                + ("exits at the end of the drain" if exits else "stays up"))
         self._broadcast(event, reached)
+        self._record_start(event)
         if exits and self._drain_exit_timer is None:
             self._drain_exit_timer = self.loop.call_at(event.ends_at, self._drain_end, event)
 
@@ -551,6 +569,7 @@ class Server:
         if start is None:
             self._broadcast(event, reached)
         # else the connections have had this drain's notice since it started
+        self._record_start(event)
         for ls in self.listeners:
             ls.schedule_stop()
         self._schedule_shutdown_check(now)
@@ -667,6 +686,7 @@ class Server:
             ds.completed, ds.refused, ds.cut, ds.cut_before_response, ds.cut_reset,
             ds.cx_drained_by_response, ds.cx_drained_proactive, ds.cx_closed_at_end,
             ds.cx_reset_listener_close)
+        self._record_end()
         if self.admin is not None:
             self.admin.close()
         if self.rendezvous is not None:
@@ -689,6 +709,99 @@ class Server:
         ds, ledger = self.drain_stats, self.process.ledger
         ds.completed, ds.refused, ds.cut = ledger.completed, ledger.refused, ledger.cut
         return ds
+
+    # -- the drain report -------------------------------------------------------------------
+    def _reading(self) -> Reading:
+        """What the timeline samples: in flight now (summed over listeners) and the drain
+        counters so far."""
+        requests = connections = upgrades = 0
+        for ls in self.listeners:
+            st = ls.stats  # type: ignore[attr-defined]
+            connections += st.downstream_cx_active
+            if isinstance(ls, TcpListener):
+                upgrades += st.downstream_cx_active  # a relayed TCP connection is a tunnel
+            else:
+                requests += st.downstream_rq_active
+                upgrades += st.downstream_cx_upgrades_active
+        ds = self._sync_drain_counts()
+        return Reading(requests, connections, upgrades, ds.cx_drained_by_response,
+                       ds.cx_drained_proactive, ds.cx_closed_at_end, ds.refused, ds.cut)
+
+    def _record_start(self, event: DrainEvent) -> None:
+        """A drain event began: record it. A drain_listeners reaching its end becomes the
+        shutdown with the same start, one drain, one timeline; any other new event ends the
+        one recorded (it is kept) and starts its own."""
+        if self._recording is not None and self._recording.start == event.start:
+            self._recording = event
+            return
+        if self.timeline is not None:
+            self._record_end()
+        now = self.loop.time()
+        self.timeline = Timeline(event.start, self._reading())
+        self._recording = event
+        self._recording_wall = self.started_wall + (event.start - self.started_mono)
+        self._sample_timer = self.loop.call_at(self.timeline.next_at(now), self._sample_tick)
+
+    def _sample_tick(self) -> None:
+        """Every 100 ms while a drain runs. A drain that does not exit ends when it is no
+        longer active (T passed, nothing in flight); a shutdown ends at the exit."""
+        self._sample_timer = None
+        tl = self.timeline
+        if tl is None:
+            return
+        now = self.loop.time()
+        if (self.process.shutdown is None and self._drain_exit_timer is None
+                and not self.process.drain_active(now)):
+            self._record_end()
+            return
+        tl.sample(now, self._reading())
+        self._sample_timer = self.loop.call_at(tl.next_at(now), self._sample_tick)
+
+    def _record_end(self) -> None:
+        """The drain recorded ended: its report is kept, and written to drain.report_dir."""
+        tl, ev = self.timeline, self._recording
+        if tl is None or ev is None:
+            return
+        if self._sample_timer is not None:
+            self._sample_timer.cancel()
+            self._sample_timer = None
+        self.timeline = self._recording = None
+        tl.finish(self.loop.time(), self._reading())
+        ds = self.drain_stats
+        shutdown = self.process.shutdown is ev
+        report = build_report(
+            tl, started_wall=self._recording_wall, pid=os.getpid(), cause=ev.cause.value,
+            strategy=ev.strategy.value, time=ev.time, grace=ev.grace,
+            deadline=self.process.exit_after if shutdown else None,
+            min_drain=self.process.min_drain if shutdown else None, shutdown=shutdown,
+            counts={"completed": ds.completed, "refused": ds.refused, "cut": ds.cut,
+                    "cut_before_response": ds.cut_before_response, "cut_reset": ds.cut_reset,
+                    "cx_drained_by_response": ds.cx_drained_by_response,
+                    "cx_drained_proactive": ds.cx_drained_proactive,
+                    "cx_closed_at_end": ds.cx_closed_at_end,
+                    "cx_reset_listener_close": ds.cx_reset_listener_close})
+        self.reports.append(report)
+        where = self.cfg.drain.report_dir
+        if where:
+            self._write_report(where, report)
+
+    def _write_report(self, where: str, report: dict[str, Any]) -> None:
+        """Written whole then renamed, so a reader never sees half a report; a failure is
+        logged, never fatal: the drain itself went as it went."""
+        path = os.path.join(where, file_name(report["started_unix"], report["pid"]))
+        try:
+            os.makedirs(where, exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                json.dump(report, f, allow_nan=False)
+                f.write("\n")
+            os.replace(path + ".tmp", path)
+        except (OSError, ValueError) as e:
+            log.error("drain report: cannot write %s: %s", path, e)
+            return
+        log.info("drain report written to %s", path)
+
+    def drain_reports(self, last: int | None) -> dict[str, Any]:
+        return drain_report_view(self.reports, last)
 
     # -- stats ------------------------------------------------------------------------------
     def _refresh_gauges(self) -> None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from lameduck.config import HostPort
@@ -69,3 +69,10 @@ def listener_addresses(listeners: Iterable[Listener]) -> list[tuple[str, str, in
         else:
             out.append((ls.name, ls.cfg.address.host, ls.cfg.address.port))
     return out
+
+
+def drain_report_view(reports: Sequence[dict[str, Any]], last: int | None) -> dict[str, Any]:
+    """``/drain_report``: the finished drains' reports (kept oldest first), newest first, the
+    ``last`` newest of them if given."""
+    newest = list(reversed(reports))
+    return {"reports": newest if last is None else newest[:last]}
