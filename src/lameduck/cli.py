@@ -407,6 +407,29 @@ def cmd_top(args: argparse.Namespace) -> int:
     return top.live(admin, Console(color_system="standard", highlight=False, emoji=False), say)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Draw a drain report (a report_dir file, or GET /drain_report's answer) as a PNG.
+    Exit 0 drawn, 2 not a report, 1 matplotlib missing or the PNG cannot be written."""
+    from lameduck.orchestrate.report import ReportError, draw, load_report
+
+    try:
+        report = load_report(args.file)
+    except ReportError as e:
+        print(f"lameduck: report: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        out = draw(report, args.png)
+    except ImportError:
+        print("lameduck: report: needs matplotlib: pip install 'lameduck[report]'",
+              file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"lameduck: report: {args.png}: {e}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
 ADMIN_ADDRESS_PATH_HELP = ("write the admin API's host:port to PATH once it is bound and "
                            "serving (Envoy's --admin-address-path; with admin.address on "
                            "port 0, the port the kernel gave)")
@@ -507,6 +530,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print one plain-text snapshot and exit (also when stdout is not a "
                          "terminal)")
     tp.set_defaults(func=cmd_top)
+    rp = sub.add_parser("report", help="draw a drain report (a drain.report_dir file or GET "
+                                       "/drain_report's answer) as a PNG")
+    rp.add_argument("file", help="the report's JSON")
+    rp.add_argument("--png", required=True, metavar="OUT", help="the PNG to write")
+    rp.set_defaults(func=cmd_report)
     return p
 
 

@@ -8,6 +8,8 @@ import itertools
 import json
 import re
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import httpx
 import pytest
 
 from tests import loadgen
-from tests.procs import Lameduck, wait_until
+from tests.procs import ROOT, Lameduck, _env, wait_until
 
 REPORT_LINE = re.compile(
     r"drain report: requests completed=(\d+) refused=(\d+) cut=(\d+) \(503=(\d+) reset=(\d+)\); "
@@ -123,3 +125,35 @@ def test_drain_listeners_skip_exit_keeps_the_report(lameduck) -> None:
     newest = ld.admin("GET", "/drain_report?last=1").json()["reports"]
     assert len(newest) == 1 and newest[0]["started"] > report["started"]
 
+
+def test_report_draws_a_png(lameduck, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    ld: Lameduck = lameduck(drain={"time": "1s", "strategy": "gradual",
+                                   "connection_grace": "100ms"})
+    load = Load(ld.port)
+    try:
+        assert wait_until(lambda: load.counts.ok >= 20, timeout=10), load.counts
+        assert ld.admin("POST", "/drain_listeners?graceful&skip_exit").status_code == 200
+        assert wait_until(
+            lambda: ld.admin("GET", "/drain_report").json()["reports"], timeout=10)
+    finally:
+        load.end()
+    src = tmp_path / "report.json"
+    src.write_text(ld.admin("GET", "/drain_report?last=1").text)  # the admin answer is drawable
+    out = tmp_path / "drain.png"
+    r = subprocess.run([sys.executable, "-m", "lameduck", "report", str(src), "--png", str(out)],
+                       capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 10_000
+    pixels = matplotlib.image.imread(str(out))
+    assert pixels.var() > 0
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"reports": []}')
+    r = subprocess.run([sys.executable, "-m", "lameduck", "report", str(bad), "--png", str(out)],
+                       capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and "no drain report" in r.stderr
