@@ -259,6 +259,8 @@ class Context:
         self.router = Router([Route("/", self.cluster, None, route_timeout,
                                     per_try_idle_timeout)])
         self.health_check_path: bytes | None = b"/healthz"
+        self.access_log = None  # off, as by default
+        self.generate_request_id = False  # upstream heads stay as the cases write them
         self.connects: list[Connecting] = []
         self.done = 0
 

@@ -426,6 +426,17 @@ class ConnectConfig(BaseModel):
     connect_timeout: PositiveDuration = 5.0
 
 
+class AccessLogConfig(BaseModel):
+    """A listener's access log (docs/access-log.md): Envoy's format operators and flags."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str  # "stdout", or a file (appended; reopened on SIGUSR1)
+    # An Envoy format string (it says where the newline goes), "json" (JSON lines), or
+    # null: Envoy's default format.
+    format: str | None = None
+
+
 class ListenerConfig(BaseModel):
     """A downstream listening socket and its HTTP connection manager settings."""
 
@@ -459,6 +470,9 @@ class ListenerConfig(BaseModel):
     # protocol: tcp only. From its proactive drain moment a connection closes once it has
     # carried no byte either way for this long (it has no requests to tell idle by).
     quiet_period: PositiveDuration = 1.0
+    access_log: AccessLogConfig | None = None  # off
+    # x-request-id (128 random bits, hex) added when the request has none, passed upstream
+    generate_request_id: bool = True
 
     @model_validator(mode="after")
     def _protocol_fields(self) -> Self:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 from typing import TYPE_CHECKING, Final, Protocol
 
 import httptools
@@ -35,6 +36,7 @@ from lameduck.http1.wire import (
     simple_response,
     status_line,
 )
+from lameduck.proxy.accesslog import DPE, new_request_id
 from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import (
@@ -67,8 +69,9 @@ GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True, extra=RETRY_
                                   head_only=True)
 # Request fields the proxy looks at (the rest are forwarded as they come).
 REQUEST_SPECIAL = HOP_BY_HOP | REPLAY_SAFE_FIELDS | {
-    b"host", b"x-forwarded-for", b"x-forwarded-proto", b"expect",
+    b"host", b"x-forwarded-for", b"x-forwarded-proto", b"expect", b"x-request-id",
 }
+_bits = random.getrandbits  # the request id's randomness (an id, not a secret)
 QUERY: Final = 63  # "?", as a byte value: ``in`` looks for it with memchr
 # An HTTP/2 client with prior knowledge opens with this (RFC 9113 §3.4).
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -422,6 +425,9 @@ class H1Downstream(Downstream):
             method, self.ext_method = self.ext_method, None
         v10 = version == "1.0"
         ex = Exchange(self, method)
+        if ctx.access_log is not None:  # what the log line reads at settle
+            ex.t0 = self.req_started
+            ex.log_req = (self.url, None, self.special, self.lines)
         if not parser.should_keep_alive():
             ex.keep_alive = False
         if v10:
@@ -445,6 +451,7 @@ class H1Downstream(Downstream):
             # as it does when the line is refused before its fields (``_http09``).
             ex.close = True
             ex.is_head = False
+            ex.flags |= DPE
             self._local(ex, 505 if version >= "2" else 400,
                         b"http version not supported\n" if version >= "2" else b"bad request\n")
         if len(self.queue) == 1:
@@ -465,6 +472,8 @@ class H1Downstream(Downstream):
         """Answer ``ex`` from here instead of an upstream (sent when its turn comes)."""
         ex.local = simple_response(status, body, close=ex.close or not ex.keep_alive,
                                    head_only=ex.is_head)
+        ex.status = status
+        ex.bytes_tx = 0 if ex.is_head else len(body)
         self.count_status(status)
 
     def _prepare(self, ex: Exchange, method: bytes) -> None:
@@ -479,6 +488,7 @@ class H1Downstream(Downstream):
         upgrade: bytes | None = None
         retryable = method in IDEMPOTENT_METHODS
         expect = False
+        rid = b""
         out = self.lines
         for n, value in self.special:
             if n == b"host":
@@ -502,7 +512,14 @@ class H1Downstream(Downstream):
             elif n == b"expect":
                 expect = True
                 out.append(b"expect: %s\r\n" % value)
+            elif n == b"x-request-id":
+                rid = value
+                out.append(b"x-request-id: %s\r\n" % value)
             # x-forwarded-proto: replaced below
+        if not rid and ctx.generate_request_id:
+            rid = new_request_id(_bits)  # as Envoy's connection manager: passed upstream
+            out.append(b"x-request-id: %s\r\n" % rid)
+        ex.request_id = rid
         if conn_tokens:
             out = drop_nominated(out, conn_tokens)
             if (upgrade is not None and method == b"GET" and upgrade.strip().lower() == b"websocket"
@@ -535,6 +552,7 @@ class H1Downstream(Downstream):
         if hosts > 1 or (host is not None and not valid_authority(host)):
             # RFC 9112 §3.2: several Host fields, or one that is not a host[:port], is a 400
             ex.close = True
+            ex.flags |= DPE
             self._local(ex, 400, b"missing or repeated host\n" if hosts > 1
                         else b"bad host\n")
             return
@@ -542,6 +560,7 @@ class H1Downstream(Downstream):
             absolute = absolute_form(url)
             if absolute is None:
                 ex.close = True
+                ex.flags |= DPE
                 self._local(ex, 400, b"bad request target\n")
                 return
             # RFC 9112 §3.2.2: the target's authority replaces Host, for routing and upstream;
@@ -550,6 +569,7 @@ class H1Downstream(Downstream):
         elif host is None and not ex.v10:
             # RFC 9112 §3.2: an HTTP/1.1 request without Host is a 400
             ex.close = True
+            ex.flags |= DPE
             self._local(ex, 400, b"missing or repeated host\n")
             return
         # RFC 9112 §3.2: Host on every request; empty where the target names no authority
@@ -594,7 +614,7 @@ class H1Downstream(Downstream):
     def _begin(self, ex: Exchange) -> None:
         """``ex`` reached the head of the queue: answer it, open its tunnel, or send it."""
         if ex.local is not None:
-            if not ex.close and ex.keep_alive and self.response_drains():
+            if not ex.close and ex.keep_alive and self.response_drains(ex):
                 # a local answer drains its connection like any other response
                 ex.close = True
                 ex.local = ex.local.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n", 1)
@@ -647,6 +667,7 @@ class H1Downstream(Downstream):
 
     def going_away(self, ex: Exchange) -> None:
         ex.close = True
+        ex.status = 503
         ex.local = GOING_AWAY if not ex.is_head else GOING_AWAY_HEAD
         self.count_status(503)
 
@@ -671,7 +692,7 @@ class H1Downstream(Downstream):
     def send_head(self, ex: Exchange, status: int, fields: Fields,
                   length: int | None) -> None:
         bodyless = ex.is_head or status == 204 or status == 304
-        close = ex.close or not ex.keep_alive or self.response_drains()
+        close = ex.close or not ex.keep_alive or self.response_drains(ex)
         out = [status_line(status)]
         for name, value in fields:
             out.append(b"%s: %s\r\n" % (name, value))
@@ -695,7 +716,7 @@ class H1Downstream(Downstream):
         """The fast path: head and body as they came, in one write."""
         if ex.is_head or ex.v10 or ex.close or not ex.keep_alive:
             return False
-        if self.response_drains():
+        if self.response_drains(ex):
             ex.close = True
             self.write(data[:end] + b"\r\nconnection: close" + data[end:])
         else:
@@ -729,7 +750,7 @@ class H1Downstream(Downstream):
 
     def send_local(self, ex: Exchange, status: int, body: bytes,
                    extra: tuple[tuple[bytes, bytes], ...]) -> None:
-        close = ex.close or not ex.keep_alive or not ex.req_done or self.response_drains()
+        close = ex.close or not ex.keep_alive or not ex.req_done or self.response_drains(ex)
         ex.close = close
         self.count_status(status)
         self.write(simple_response(status, body, close=close, head_only=ex.is_head, extra=extra))
@@ -795,17 +816,27 @@ class H1Downstream(Downstream):
         self.last_read = True
         self.pause(PAUSE_CLOSING)
         if ex is not None:
+            ex.flags |= DPE
             self._broken_body(ex, status, body)
             return
         resp = simple_response(status, body, close=True)
         st.downstream_rq_total += 1
         self.count_status(status)
+        ex = Exchange(self, b"")
+        ex.flags = DPE
+        ex.status = status
+        ex.bytes_tx = len(body)
         if not self.queue:
             self.write(resp)
+            log = self.ctx.access_log
+            if log is not None:  # no exchange was on the books: its line is written here
+                ex.t0 = self.req_started or self.loop.time()
+                log.record(ex)
             self.staged_close()
             return
         # Behind requests still being answered: answer it when its turn comes.
-        ex = Exchange(self, b"")
+        if self.ctx.access_log is not None:
+            ex.t0 = self.req_started or self.loop.time()
         ex.keep_alive = False
         ex.local = resp
         ex.close = True
@@ -877,9 +908,7 @@ class H1Downstream(Downstream):
             up.tunnel_closed()  # the pool's and the cluster's bookkeeping
         ex.finished = ex.resp_done = True
         if cut and ex.admitted:
-            ex.admitted = False
-            self.ctx.process.ledger.cut_one()
-            self.ctx.drain_stats.cut_reset += 1
+            ex.cut_off()
         if self.queue and self.queue[0] is ex:
             self.queue.pop(0)
             ex.settle(not cut)
@@ -890,21 +919,15 @@ class H1Downstream(Downstream):
         if self.relay is not None:
             self.relay.drain_by(DrainedBy.END)  # reset both sides; counted when they are gone
             return
-        ds = self.ctx.drain_stats
         reset = False
         for ex in list(self.queue):
             if not ex.admitted:
                 continue
-            self.ctx.process.ledger.cut_one()
-            ex.admitted = False
             # a connect still pending finds it finished and sends nothing
             ex.finished = ex.resp_done = True
             ex.detach()
-            if ex.resp_started:
-                ds.cut_reset += 1
+            if ex.cut_off():
                 reset = True
-            else:
-                ds.cut_before_response += 1
         if reset or self.transport is None:
             self.reset()
             return
@@ -913,6 +936,7 @@ class H1Downstream(Downstream):
             pass
         elif self.queue:
             self.count_status(503)
+            self.queue[0].status = 503
             self.write(GOING_AWAY_HEAD if self.queue[0].is_head else GOING_AWAY)
         self.staged_close()
 

@@ -19,6 +19,7 @@ import base64
 import logging
 import math
 import os
+import random
 from typing import TYPE_CHECKING, Protocol, cast
 
 from lameduck.drain import ConnectionDrain, DrainedBy
@@ -39,6 +40,7 @@ from lameduck.http2.connection import (
     WindowOpened,
 )
 from lameduck.http2.tunnel import H2ConnectTunnel, StreamSide
+from lameduck.proxy.accesslog import new_request_id
 from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import (
@@ -73,6 +75,7 @@ class H2ListenerContext(HttpConnectionContext, Protocol):
 
 
 log = logging.getLogger("lameduck.http2")
+_bits = random.getrandbits  # the request id's randomness (an id, not a secret)
 
 # A stream's response bytes held back by the client's flow-control window before its upstream is
 # paused; and request bytes held for an upstream not attached yet (the window bounds them too).
@@ -336,7 +339,7 @@ class H2Downstream(Downstream):
 
     def send_head(self, ex: Exchange, status: int, fields: Fields,
                   length: int | None) -> None:
-        self.response_drains()
+        self.response_drains(ex)
         bodyless = ex.is_head or status == 204 or status == 304
         if ex.set_cookie is not None:
             fields = [*fields, (b"set-cookie", ex.set_cookie)]
@@ -359,7 +362,7 @@ class H2Downstream(Downstream):
         assert ex.cluster is not None
         ex.cluster.stats.count_status(101)
         self.stats.count_status(200)
-        self.response_drains()  # it may drain the connection; the tunnel itself stays
+        self.response_drains(ex)  # it may drain the connection; the tunnel itself stays
         fields = [(n.lower(), v) for n, v in fields
                   if n.lower() in (b"sec-websocket-protocol", b"sec-websocket-extensions")]
         deflate = any(n == b"sec-websocket-extensions" and b"permessage-deflate" in v.lower()
@@ -432,6 +435,9 @@ class H2Downstream(Downstream):
         s = Exchange(self, ev.method)
         s.sid = sid
         self.streams[sid] = s
+        if ctx.access_log is not None:  # what the log line reads at settle
+            s.t0 = self.rx_at
+            s.log_req = (ev.path or b"", ev.authority, ev.headers, None)
         self.requests_left -= 1
         if self.requests_left == 0:
             self.last_request()  # GOAWAY now; the streams the client opened meanwhile go on
@@ -476,7 +482,13 @@ class H2Downstream(Downstream):
                     retryable = True
                 elif name == b"content-type" and is_grpc(value):
                     s.grpc = True
+                elif name == b"x-request-id":
+                    s.request_id = value
                 fields.append((name, value))
+        if not s.request_id and ctx.generate_request_id:
+            # as Envoy's connection manager: generated when absent, passed upstream
+            s.request_id = rid = new_request_id(_bits)
+            fields.append((b"x-request-id", rid))
         if host is None:
             self._local(s, 400, b"missing authority\n")
             return
@@ -552,7 +564,7 @@ class H2Downstream(Downstream):
 
     def tunnel_open(self, s: Exchange) -> None:
         self.stats.count_status(200)
-        self.response_drains()  # it may drain the connection; the tunnel itself stays
+        self.response_drains(s)  # it may drain the connection; the tunnel itself stays
         s.resp_started = True
         self.h2.send_headers(s.sid, 200, [])
 
@@ -573,9 +585,7 @@ class H2Downstream(Downstream):
         self.tunnel_gone(s)
         if cut and s.admitted:
             # Ended by the drain (G after the proactive moment, as in Envoy): counted as cut.
-            s.admitted = False
-            self.ctx.process.ledger.cut_one()
-            self.ctx.drain_stats.cut_reset += 1
+            s.cut_off()
         if s.sid in self.streams:
             self.reset_stream(s, code)
 
@@ -589,9 +599,7 @@ class H2Downstream(Downstream):
         up.tunnel_closed()  # the pool's and the cluster's bookkeeping
         s.resp_done = True
         if cut and s.admitted:
-            s.admitted = False
-            self.ctx.process.ledger.cut_one()
-            self.ctx.drain_stats.cut_reset += 1
+            s.cut_off()
         s.req_done = True
         self._settle(s, completed=not cut)
         self.kick()
@@ -622,8 +630,10 @@ class H2Downstream(Downstream):
                 extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         """A local answer on stream ``s`` (it drains the connection like any response)."""
         self.stats.count_status(status)
-        self.response_drains()
+        self.response_drains(s)
         s.resp_started = True
+        s.status = status
+        s.bytes_tx = 0 if s.is_head else len(body)
         h2 = self.h2
         if s.grpc:
             # Trailers-only, HTTP 200: the gRPC status says why (counted as the HTTP status).
@@ -682,19 +692,14 @@ class H2Downstream(Downstream):
 
     def cut(self) -> None:
         """The shutdown deadline: a 503 on streams with no response byte sent, else a reset."""
-        ds = self.ctx.drain_stats
-        ledger = self.ctx.process.ledger
         for s in list(self.streams.values()):
             if s.relay is not None:
                 s.relay.drain_by(DrainedBy.END)  # reset; counted when both sides are gone
                 continue
             if not s.admitted:
                 continue
-            ledger.cut_one()
-            s.admitted = False
             self._detach(s)
-            if s.resp_started:
-                ds.cut_reset += 1
+            if s.cut_off():
                 if s.grpc and not s.resp_done:
                     # A call whose response started (a server stream) ends with a status
                     # the client can act on, not a reset.
@@ -705,7 +710,6 @@ class H2Downstream(Downstream):
                 else:
                     self.reset_stream(s, ErrorCode.CANCEL)
             else:
-                ds.cut_before_response += 1
                 s.local = b""
                 self.respond(s, 503, b"going away\n", RETRY_AFTER)
                 s.finish()

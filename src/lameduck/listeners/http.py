@@ -22,6 +22,7 @@ from lameduck.http2.connection import H2Limits
 from lameduck.http2.downstream import H2Downstream
 from lameduck.listeners.base import Listener, Overflow
 from lameduck.listeners.tls import AlpnSwitch, server_context
+from lameduck.proxy.accesslog import open_access_log
 from lameduck.stats import DrainStats, Http2Stats, HttpStats
 from lameduck.upstream.cluster import Cluster
 from lameduck.upstream.connector import UpstreamConn
@@ -118,6 +119,9 @@ class HttpListener(Listener):
         self.max_connection_duration = _timeout(cfg.max_connection_duration)
         self.send_timeout = _timeout(cfg.send_timeout)
         self.request_body_timeout = _timeout(cfg.request_body_timeout)
+        al = cfg.access_log
+        self.access_log = None if al is None else open_access_log(al.path, al.format, loop)
+        self.generate_request_id = cfg.generate_request_id
         self.max_requests_per_connection = cfg.max_requests_per_connection
         self.max_request_headers = cfg.max_request_headers_kb * 1024
         self.connect_allow = frozenset((a.host.lower(), a.port) for a in cfg.connect.allow)

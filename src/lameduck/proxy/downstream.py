@@ -36,6 +36,7 @@ from typing import Any, Final, Protocol
 from mypy_extensions import mypyc_attr
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain
+from lameduck.proxy.accesslog import PD, RD
 from lameduck.proxy.exchange import ExchangeContext
 from lameduck.stats import ConnectionStats, DrainStats
 from lameduck.tunnel.relay import abort_with_rst
@@ -100,6 +101,7 @@ class Downstream(asyncio.Protocol):
         # Requests this connection still takes before it drains (max_requests_per_connection);
         # counted down by the codec, -1: no limit (it never reaches 0).
         self.requests_left = -1
+        self.drain_flags = 0  # PD once drained proactively: every request settled after has it
 
     def take(self, transport: asyncio.BaseTransport) -> None:
         """This connection's socket, and its peer (for X-Forwarded-For)."""
@@ -144,8 +146,9 @@ class Downstream(asyncio.Protocol):
         raise NotImplementedError
 
     # -- the drain core's decisions --------------------------------------------------------------
-    def response_drains(self) -> bool:
-        """The drain core's per-response decision; the first one that drains sends the notice."""
+    def response_drains(self, ex: Any = None) -> bool:
+        """The drain core's per-response decision; the first one that drains sends the notice
+        (and is flagged RD in the access log: ``ex``, the exchange it answers)."""
         d = self.drain
         if d.drained_by is None and d.listener.quiet:
             return False  # the common case: no drain anywhere, no clock read needed
@@ -153,6 +156,8 @@ class Downstream(asyncio.Protocol):
         if not d.on_response(self.loop.time(), self.ctx.rng):
             return False
         if was_open:
+            if ex is not None:
+                ex.flags |= RD
             self.drained(DrainedBy.RESPONSE)
             self.arm_drain()  # its grace G is one of the drain's moments
         return True
@@ -170,6 +175,7 @@ class Downstream(asyncio.Protocol):
             self.ctx.stats.downstream_cx_max_requests_reached += 1
         else:
             ds.cx_drained_proactive += 1
+            self.drain_flags |= PD
         self.drain_notice()
 
     def last_request(self) -> None:

@@ -33,14 +33,16 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from lameduck.drain.endpoint import Layer
+from lameduck.drain.endpoint import ConnAction, Layer
 from lameduck.drain.retry import Failure, Retry, back_off, decide
+from lameduck.proxy.accesslog import CA, CB, DC, GA, LR, NR, SV, UC, UF, UH, UR, URX, UT
 from lameduck.proxy.local import RETRY_AFTER
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.upstream.connector import Fields, UpstreamConn, UpstreamError
 
 if TYPE_CHECKING:
     from lameduck.drain import ProcessDrain
+    from lameduck.proxy.accesslog import AccessLog
     from lameduck.stats import HttpStats
     from lameduck.upstream.cluster import Cluster
     from lameduck.upstream.pool import Endpoint
@@ -65,6 +67,8 @@ class ExchangeContext(Protocol):
     router: Router
     health_check_path: bytes | None
     rng: Callable[[], float]  # uniform in [0, 1): the retry back-off's jitter
+    access_log: AccessLog | None  # None: off (nothing is formatted)
+    generate_request_id: bool  # x-request-id when the client sent none (Envoy's default)
 
     def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
     def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]: ...
@@ -76,7 +80,9 @@ class DownstreamPort(Protocol):
 
     ctx: Any  # an ExchangeContext (Any: each codec's context protocol is wider)
     gone: bool
+    aborted: bool  # lameduck reset the connection (not the client)
     closing: bool
+    drain_flags: int  # the access log's drain facts of the connection (PD)
     write_paused: bool
 
     def answer(self, ex: Exchange, status: int, body: bytes) -> None:
@@ -169,6 +175,17 @@ class Exchange:
     grpc = False  # a gRPC call: local answers are gRPC statuses
     connect: tuple[str, int] | None = None  # a CONNECT's destination (on the allow-list)
     early = b""  # bytes the client sent after an Upgrade request, before the 101
+    # The access log's: Envoy's response flags (``accesslog``'s bits, set where each fact
+    # happens), the body bytes each way, the request id, and -- only when the log is on --
+    # the loop time of the head (``t0``: also what tells settle to log) and the request fields
+    # (path, authority, (name, value) pairs, HTTP/1.1 lines) as the codec kept them.
+    flags = 0
+    bytes_rx = 0
+    bytes_tx = 0
+    request_id = b""
+    t0 = 0.0
+    log_req: tuple[bytes, bytes | None, list[tuple[bytes, bytes]], list[bytes] | None] | None = None
+    resp_fields: Fields | None = None
 
     def __init__(self, down: DownstreamPort, method: bytes) -> None:
         self.down = down
@@ -201,6 +218,7 @@ class Exchange:
             return False
         route = ctx.router.match(host, path)
         if route is None:
+            self.flags |= NR
             down.answer(self, 404, b"no route\n")
             return False
         cluster = route.cluster
@@ -234,6 +252,7 @@ class Exchange:
         """Counted in flight, or (past the drain time) turned away "going away"."""
         if not ctx.process.ledger.begin():
             self.stats.downstream_rq_going_away += 1
+            self.flags |= GA
             self.down.going_away(self)
             return False
         self.admitted = True
@@ -250,6 +269,7 @@ class Exchange:
         up = self.up
         if up is not None and up.sink is self:
             if data:
+                self.bytes_rx += len(data)
                 if self.can_replay:
                     self._keep(data)
                 up.write(data)
@@ -264,6 +284,7 @@ class Exchange:
             self.buffered.append(data)
             self.buffered_size += len(data)
         self.unacked += credit  # given back once written upstream
+        self.bytes_rx += len(data)
         if self.buffered_size > BODY_BUFFER_LIMIT and not self.held:
             self.held = True
             self.down.hold_request(self)
@@ -306,6 +327,7 @@ class Exchange:
         if ep is None:
             # no READY, healthy endpoint: 503 and when to come back (Envoy: no healthy upstream)
             cluster.stats.upstream_cx_none_healthy += 1
+            self.flags |= UH
             self.local_error(503, b"no healthy upstream\n", RETRY_AFTER)
             return
         self.endpoint = ep
@@ -375,6 +397,7 @@ class Exchange:
             return
         cluster.stats.upstream_rq_timeout += 1
         ep.rq_timeout += 1
+        self.flags |= UT
         self.local_error(UpstreamError.TIMEOUT, UPSTREAM_ERROR_BODY[UpstreamError.TIMEOUT])
 
     def _woken(self) -> None:
@@ -470,6 +493,7 @@ class Exchange:
         if (action is Retry.ELSEWHERE or action is Retry.ELSEWHERE_OR_LATER) and \
                 self._retry_elsewhere(later=action is Retry.ELSEWHERE_OR_LATER):
             return
+        self.flags |= UF
         self.local_error(UpstreamError.CONNECT, UPSTREAM_ERROR_BODY[UpstreamError.CONNECT])
 
     def _retry_elsewhere(self, later: bool = False) -> bool:
@@ -482,6 +506,8 @@ class Exchange:
         if self.resp_started or down.gone or down.closing:
             return False
         if not cluster.retry_allowed(self.tries, self.retrying):
+            if self.tries:
+                self.flags |= URX  # retried, and the policy or the budget allows no more
             return False
         target = cluster.pick(ep)
         if target is None:
@@ -603,6 +629,7 @@ class Exchange:
     ) -> None:
         self.answered(status)
         self.resp_started = True
+        self.resp_fields = fields
         self.down.send_head(self, status, fields, length)
 
     def answered(self, status: int) -> None:
@@ -636,6 +663,7 @@ class Exchange:
             return False
         self.answered(status)
         self.resp_started = True
+        self.bytes_tx = len(data) - end - 4  # the body: after the head's blank line
         self._detach(reusable=True)
         self.finish()
         return True
@@ -648,6 +676,7 @@ class Exchange:
         return self.down.send_upgrade(self, fields, upgrade, rest)
 
     def on_response_body(self, data: bytes) -> None:
+        self.bytes_tx += len(data)
         self.down.send_body(self, data)
 
     def on_response_complete(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -671,6 +700,7 @@ class Exchange:
             ep.rq_timeout += 1
         else:
             cs.upstream_rq_rx_reset += 1
+        self.flags |= self._upstream_flags(status, up_was)
         down = self.down
         failure = (Failure.AFTER_HEAD if after_head else
                    Failure.TIMEOUT if status == UpstreamError.TIMEOUT else Failure.RESET)
@@ -680,6 +710,7 @@ class Exchange:
         if action is Retry.ABORT:
             # Bytes of this response already went out (its status was counted): the client
             # can only see a reset.
+            self.flags |= LR
             down.abort(self)
             return
         if action is Retry.FRESH and not down.gone:
@@ -691,6 +722,19 @@ class Exchange:
         if action is Retry.ELSEWHERE and self._retry_elsewhere():
             return
         self.local_error(code, UPSTREAM_ERROR_BODY[code])
+
+    def _upstream_flags(self, status: int, up: UpstreamConn | None) -> int:
+        """The response flags of an upstream failure: UT, or UR (an HTTP/2 stream reset) /
+        UC (its connection ended); SV when the endpoint's drain stop severed it."""
+        if status == UpstreamError.TIMEOUT:
+            return UT
+        flags = UR if up is not None and up.multiplexed else UC
+        cluster = self.cluster
+        ep = self.endpoint
+        if (cluster is not None and ep is not None
+                and ep.drain.connections(cluster.clock()) is ConnAction.DROP):
+            flags |= SV
+        return flags
 
     def on_upstream_idle(self, after_head: bool) -> None:
         """The per_try_idle_timeout cut the try: 504 as a timeout (never retried: the request
@@ -706,7 +750,9 @@ class Exchange:
         self._detach(reusable=False)
         action, _ = decide(Failure.REFUSED, started=self.resp_started, kept=can_replay,
                            idempotent=self.retryable, stale=False, retried=self.retried)
+        self.flags |= UR
         if action is Retry.ABORT:
+            self.flags |= LR
             self.down.abort(self)
             return
         if action is not Retry.FAIL and not self.down.gone:
@@ -747,6 +793,8 @@ class Exchange:
             return  # cut at the deadline meanwhile: its answer went out already
         self.local = b""
         self.resp_started = True
+        self.status = status
+        self.bytes_tx = len(body)
         down.send_local(self, status, body, extra)
         self.finish()
 
@@ -795,6 +843,35 @@ class Exchange:
                 ctx.on_request_done()
         if done:
             st.downstream_rq_completed += 1
+        if self.t0:  # the access log is on
+            self._log(completed)
+
+    def _log(self, completed: bool) -> None:
+        """The access log line, at settle: the connection's drain facts join this request's."""
+        down = self.down
+        flags = self.flags | down.drain_flags
+        if not completed and down.gone and not down.aborted and not flags & (CA | CB):
+            flags |= DC  # the client went away with this request in flight
+        self.flags = flags
+        log = down.ctx.access_log
+        if log is not None:
+            log.record(self)
+
+    def cut_off(self) -> bool:
+        """The shutdown deadline (or a drain's end for a tunnel) cut this request: off the
+        books as cut, flagged CB or CA. True when its response had started (the client sees a
+        reset); False: the codec answers it 503 going away."""
+        ctx = self.down.ctx
+        ctx.process.ledger.cut_one()
+        self.admitted = False
+        ds = ctx.drain_stats
+        if self.resp_started:
+            ds.cut_reset += 1
+            self.flags |= CA
+            return True
+        ds.cut_before_response += 1
+        self.flags |= CB
+        return False
 
     def finish(self) -> None:
         """The response went out whole (or the exchange was answered from here)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+from lameduck.proxy.accesslog import reopen_access_logs
+
 
 class ReopenableFile(logging.FileHandler):
     """A FileHandler whose file can be reopened at the same path, without losing a record."""
@@ -25,8 +27,9 @@ def open_log_file(path: str) -> ReopenableFile:
 
 
 def reopen_log_files() -> list[str]:
-    """Reopen every ``--log-file`` of the root logger; the paths reopened."""
-    done = []
+    """Reopen every ``--log-file`` of the root logger and every access log file (logrotate
+    renames both); the paths reopened."""
+    done = reopen_access_logs()
     for h in logging.getLogger().handlers:
         if isinstance(h, ReopenableFile):
             h.reopen()
