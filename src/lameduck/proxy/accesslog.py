@@ -88,14 +88,16 @@ def req_header(ex: Any, name: bytes) -> bytes | None:
         if authority is not None:
             return authority  # type: ignore[no-any-return]
         name = b"host"
-    for n, v in pairs:
-        if n == name:
-            return v  # type: ignore[no-any-return]
-    if lines:  # HTTP/1.1: "name: value\r\n" as received
-        for line in lines:
+    if lines:
+        # HTTP/1.1: the head's lines, "name: value\r\n" (one may hold several) as sent
+        # upstream: X-Forwarded-For with the client's address appended, as Envoy logs it.
+        for line in b"".join(lines).split(b"\r\n"):
             n, _, v = line.partition(b":")
             if n.lower() == name:
                 return v.strip()  # type: ignore[no-any-return]
+    for n, v in pairs:  # HTTP/2's fields; HTTP/1.1's routing ones (Host, ...) as received
+        if n == name:
+            return v  # type: ignore[no-any-return]
     return None
 
 
