@@ -87,7 +87,7 @@ lint: $(STAMP)
 TEST_JOBS ?= $(shell echo $$(( $$(nproc) + 2 )))
 
 test: $(FAST)
-	bash scripts/ensure-debs.sh curl haproxy redis-server tmux
+	bash scripts/ensure-debs.sh curl haproxy redis-server tmux prometheus
 	$(VENV)/bin/ruff check src tests bench examples
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile
 

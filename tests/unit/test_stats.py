@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import fields
 
@@ -13,12 +15,17 @@ from lameduck.stats import (
     SCOPE_CLASSES,
     ClusterStats,
     DrainStats,
+    HealthCheckStats,
+    Histogram,
     Http2Stats,
     HttpStats,
     ListenerManagerStats,
+    ListenerStats,
+    OutlierStats,
     ServerStats,
     Stat,
     StatsRegistry,
+    TcpStats,
     merge,
     prometheus_name,
     render_json,
@@ -45,8 +52,14 @@ def test_scope_fields_are_zero_ints_and_gauges_are_fields(cls: type) -> None:
     scope = cls()
     names = [f.name for f in fields(scope)]
     assert names, cls
-    assert all(getattr(scope, name) == 0 for name in names)
-    assert set(names) >= cls.GAUGES
+    histograms = getattr(cls, "HISTOGRAMS", frozenset())
+    assert all(getattr(scope, name) == 0 for name in names if name not in histograms)
+    assert all(type(getattr(scope, name)) is Histogram and getattr(scope, name).count == 0
+               for name in histograms)
+    assert set(names) >= cls.GAUGES | histograms
+    assert not cls.GAUGES & histograms
+    # each instance its own: a shared default would mix listeners' distributions
+    assert all(getattr(scope, name) is not getattr(cls(), name) for name in histograms)
     assert not hasattr(scope, "__dict__")  # slotted: no per-instance dict on the hot path
 
 
@@ -266,35 +279,53 @@ def test_render_json_envoy_shape() -> None:
 
 _METRIC = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\\\|\\"|\\n)*"'
-_SAMPLE_RE = re.compile(rf"({_METRIC})(\{{{_LABEL}(?:,{_LABEL})*\}})? (-?\d+)")
-_TYPE_RE = re.compile(rf"# TYPE ({_METRIC}) (counter|gauge|untyped)")
+_NUMBER = r"-?\d+(?:\.\d+)?(?:e[+-]?\d+)?"
+_SAMPLE_RE = re.compile(rf"({_METRIC})(\{{{_LABEL}(?:,{_LABEL})*\}})? ({_NUMBER})")
+_TYPE_RE = re.compile(rf"# TYPE ({_METRIC}) (counter|gauge|histogram|untyped)")
+_HELP_RE = re.compile(rf"# HELP ({_METRIC}) (\S.*)")
 _LABEL_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
-def parse_prometheus(text: str) -> dict[str, tuple[str, dict[tuple[tuple[str, str], ...], int]]]:
-    """A strict little 0.0.4 parser: family -> (type, {labels: value}); fails on anything odd."""
+def parse_prometheus(text: str) -> dict[str, tuple[str, dict[tuple[tuple[str, str], ...], float]]]:
+    """A strict little 0.0.4 parser: family -> (type, {labels: value}); fails on anything odd.
+
+    Every family has a HELP line right before its TYPE line; a histogram's samples are keyed by
+    their suffixed name as a pseudo-label ("__name__") so buckets, sum and count all show."""
     assert text.endswith("\n")
-    families: dict[str, tuple[str, dict[tuple[tuple[str, str], ...], int]]] = {}
+    families: dict[str, tuple[str, dict[tuple[tuple[str, str], ...], float]]] = {}
     current: str | None = None
+    helped: str | None = None
     for line in text.splitlines():
+        if line.startswith("# HELP "):
+            match = _HELP_RE.fullmatch(line)
+            assert match, line
+            helped = match.group(1)
+            continue
         if line.startswith("#"):
             match = _TYPE_RE.fullmatch(line)
             assert match, line
             family, kind = match.groups()
             assert family not in families, f"second TYPE line for {family}"
+            assert helped == family, f"no HELP line right before TYPE {family}"
             families[family] = (kind, {})
             current = family
             continue
         match = _SAMPLE_RE.fullmatch(line)
         assert match, line
         family, labels, value = match.groups()
-        assert family == current, f"{family} sample outside its TYPE group"
         pairs = tuple(
             (k, v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\"))
             for k, v in _LABEL_PAIR_RE.findall(labels or "")
         )
+        if current is not None and families[current][0] == "histogram" and family != current:
+            suffix = family[len(current):]
+            assert family.startswith(current) and suffix in _HISTOGRAM_SUFFIXES, line
+            pairs = (("__name__", family), *pairs)
+            family = current
+        assert family == current, f"{family} sample outside its TYPE group"
         assert pairs not in families[family][1], f"duplicate series {line}"
-        families[family][1][pairs] = int(value)
+        families[family][1][pairs] = float(value)
     return families
 
 
@@ -383,6 +414,7 @@ def test_prometheus_label_escaping() -> None:
     name = 'we\\ird"na\nme'
     text = render_prometheus([Stat(f"cluster.{name}.upstream_rq_total", 1, "counter")])
     assert text == (
+        "# HELP envoy_cluster_upstream_rq_total Requests sent upstream.\n"
         "# TYPE envoy_cluster_upstream_rq_total counter\n"
         'envoy_cluster_upstream_rq_total{envoy_cluster_name="we\\\\ird\\"na\\nme"} 1\n'
     )
@@ -409,4 +441,113 @@ def test_prometheus_never_emits_duplicate_series_or_mixed_types() -> None:
 def test_prometheus_filter_and_empty() -> None:
     assert render_prometheus([]) == ""
     text = render_prometheus(SAMPLE, "drain")
-    assert text == "# TYPE envoy_server_drain_cut counter\nenvoy_server_drain_cut 0\n"
+    assert text == ("# HELP envoy_server_drain_cut Requests still in flight at the drain "
+                    "deadline, cut.\n"
+                    "# TYPE envoy_server_drain_cut counter\nenvoy_server_drain_cut 0\n")
+
+
+# --- histograms -----------------------------------------------------------------------------
+
+
+def histogram_registry() -> tuple[StatsRegistry, HttpStats, ClusterStats]:
+    registry = StatsRegistry()
+    http = registry.add("http.ingress", HttpStats())
+    cluster = registry.add("cluster.app", ClusterStats())
+    registry.add("tcp.db", TcpStats())
+    for ms in (3.0, 120.0, 130.0, 200.0):
+        http.downstream_rq_time.record(ms)
+    cluster.upstream_cx_connect_ms.record(0.25)
+    return registry, http, cluster
+
+
+def test_histograms_are_a_third_kind_and_never_carried_over() -> None:
+    registry, _, _ = histogram_registry()
+    snap = {s.name: s for s in registry.snapshot()}
+    rq = snap["http.ingress.downstream_rq_time"]
+    assert (rq.kind, rq.value) == ("histogram", 4)
+    assert rq.hist is not None and rq.hist.sum == 453.0
+    assert snap["tcp.db.downstream_cx_drain_time"].kind == "histogram"
+    assert "http.ingress.downstream_rq_time" not in registry.counters()
+
+
+def test_merge_sums_histograms_bucket_by_bucket() -> None:
+    a, _, _ = histogram_registry()
+    b, _, _ = histogram_registry()
+    merged = {s.name: s for s in merge([a.snapshot(), b.snapshot()])}
+    rq = merged["http.ingress.downstream_rq_time"]
+    assert rq.value == 8 and rq.hist is not None and rq.hist.count == 8
+    assert rq.hist.sum == 906.0
+
+
+def test_render_text_histograms_as_envoy_quantiles() -> None:
+    registry, _, _ = histogram_registry()
+    lines = render_text(registry.snapshot()).splitlines()
+    first = next(i for i, line in enumerate(lines)
+                 if line.startswith("cluster.app.upstream_cx_connect_ms:"))
+    assert all(": P0(" in line or "No recorded values" in line for line in lines[first:])
+    assert all(line.split(": ")[1].lstrip("-").isdigit() for line in lines[:first])
+    rq = next(line for line in lines if line.startswith("http.ingress.downstream_rq_time: "))
+    quantiles = rq.split(": ")[1].split(" ")
+    assert [q.split("(")[0] for q in quantiles] == [
+        "P0", "P25", "P50", "P75", "P90", "P95", "P99", "P99.5", "P99.9", "P100"]
+    p50 = float(quantiles[2].split(",")[1].rstrip(")"))
+    assert 100 <= p50 <= 250
+    assert "cluster.app.upstream_rq_time: No recorded values" in lines
+
+
+def test_render_json_histograms_section() -> None:
+    registry, _, _ = histogram_registry()
+    stats = json.loads(render_json(registry.snapshot()))["stats"]
+    hist = stats[-1]["histograms"]
+    assert hist["supported_quantiles"] == [0, 25, 50, 75, 90, 95, 99, 99.5, 99.9, 100]
+    by_name = {h["name"]: h["values"] for h in hist["computed_quantiles"]}
+    # P0: the lower edge of the lowest bucket holding a value (3 ms is in 1-5)
+    assert by_name["http.ingress.downstream_rq_time"][0] == {"interval": None, "cumulative": 1.0}
+    assert by_name["cluster.app.upstream_rq_time"][2]["cumulative"] is None
+    assert all("value" in s for s in stats[:-1])
+
+
+def test_prometheus_histograms_buckets_sum_count() -> None:
+    registry, _, _ = histogram_registry()
+    families = parse_prometheus(render_prometheus(registry.snapshot()))
+    kind, samples = families["envoy_http_downstream_rq_time"]
+    assert kind == "histogram"
+    label = ("envoy_http_conn_manager_prefix", "ingress")
+    bucket = "envoy_http_downstream_rq_time_bucket"
+    assert samples[(("__name__", bucket), label, ("le", "100"))] == 1
+    assert samples[(("__name__", bucket), label, ("le", "250"))] == 4
+    assert samples[(("__name__", bucket), label, ("le", "+Inf"))] == 4
+    assert samples[(("__name__", "envoy_http_downstream_rq_time_count"), label)] == 4
+    assert samples[(("__name__", "envoy_http_downstream_rq_time_sum"), label)] == 453
+    les = [dict(k)["le"] for k in samples if dict(k)["__name__"] == bucket]
+    assert les == ["0.5", "1", "5", "10", "25", "50", "100", "250", "500", "1000", "2500",
+                   "5000", "10000", "30000", "60000", "300000", "600000", "1800000",
+                   "3600000", "+Inf"]
+
+
+# The lint findings promtool may report, all from Envoy's stat names (docs/admin.md says why
+# they stay): anything else (a parse error, a missing HELP, ...) fails the test.
+_ENVOY_NAME_LINTS = (
+    'counter metrics should have "_total" suffix',
+    'non-counter metrics should not have "_total" suffix',
+    "metric names should not contain abbreviated units",
+)
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None,
+                    reason="promtool not installed (Debian package prometheus)")
+def test_promtool_check_metrics_finds_no_errors() -> None:
+    registry, _, _, _ = make_registry()
+    registry.add("http.ingress.http2", Http2Stats())
+    registry.add("tcp.db", TcpStats())
+    registry.add("cluster.app.health_check", HealthCheckStats())
+    registry.add("cluster.app.outlier_detection", OutlierStats())
+    registry.add("listener.ingress", ListenerStats())
+    text = render_prometheus(registry.snapshot())
+    done = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
+                          capture_output=True, timeout=60, check=False)
+    out = (done.stdout + done.stderr).decode()
+    assert done.returncode in (0, 3), out  # 3: lint findings only; 1: an error
+    findings = [line for line in out.splitlines() if line.strip()]
+    assert all(line.endswith(_ENVOY_NAME_LINTS) for line in findings), out
+    assert "no help text" not in out

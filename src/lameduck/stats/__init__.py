@@ -3,9 +3,11 @@
 A leaf package: it imports nothing else of lameduck, so every layer may depend on it.
 """
 
+from lameduck.stats.histogram import BUCKETS, QUANTILES, Histogram, HistogramValue, quantile
 from lameduck.stats.registry import (
     COUNTER,
     GAUGE,
+    HISTOGRAM,
     Stat,
     StatKind,
     StatsRegistry,
@@ -38,13 +40,18 @@ from lameduck.stats.scopes import (
 )
 
 __all__ = [
+    "BUCKETS",
     "COUNTER",
     "GAUGE",
+    "HISTOGRAM",
+    "QUANTILES",
     "SCOPE_CLASSES",
     "ClusterStats",
     "ConnectionStats",
     "DrainStats",
     "HealthCheckStats",
+    "Histogram",
+    "HistogramValue",
     "Http2Stats",
     "HttpStats",
     "ListenerManagerStats",
@@ -59,6 +66,7 @@ __all__ = [
     "merge",
     "of_type",
     "prometheus_name",
+    "quantile",
     "render_json",
     "render_prometheus",
     "render_text",

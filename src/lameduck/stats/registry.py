@@ -1,7 +1,8 @@
 """The stats registry: knows where the scopes live and turns them into a snapshot on demand.
 
 Nothing here runs per request. A snapshot is a plain sorted list of `Stat` values, so the snapshots
-of several worker processes can be summed by name (`merge`) before rendering.
+of several worker processes can be summed by name (`merge`) before rendering. A histogram's
+`Stat` has its count as ``value`` and its buckets and sum in ``hist``.
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import is_dataclass
 from typing import Final, Literal, NamedTuple, TypeVar
 
+from lameduck.stats.histogram import Histogram, HistogramValue
 from lameduck.stats.scopes import stat_fields
 
-__all__ = ["COUNTER", "GAUGE", "Stat", "StatKind", "StatsRegistry", "merge", "of_type", "used_only"]
+__all__ = ["COUNTER", "GAUGE", "HISTOGRAM", "Stat", "StatKind", "StatsRegistry", "merge", "of_type",
+           "used_only"]
 
-StatKind = Literal["counter", "gauge"]
+StatKind = Literal["counter", "gauge", "histogram"]
 COUNTER: Final = "counter"
 GAUGE: Final = "gauge"
+HISTOGRAM: Final = "histogram"
 
 S = TypeVar("S")
 
@@ -25,8 +29,9 @@ class Stat(NamedTuple):
     """One stat's value at snapshot time; `name` is the full dotted Envoy-style name."""
 
     name: str
-    value: int
+    value: int  # a histogram's: how many values it holds
     kind: StatKind
+    hist: HistogramValue | None = None  # a histogram's buckets and sum
 
 
 class StatsRegistry:
@@ -56,12 +61,16 @@ class StatsRegistry:
             raise TypeError(f"a stats scope must be a dataclass instance, got {scope!r}")
         attrs = stat_fields(scope)
         gauges: frozenset[str] = getattr(scope, "GAUGES", frozenset())
-        if not gauges <= set(attrs):
-            raise ValueError(
-                f"{type(scope).__name__}.GAUGES names unknown fields: {gauges - set(attrs)}"
-            )
+        histograms: frozenset[str] = getattr(scope, "HISTOGRAMS", frozenset())
+        for what, names in (("GAUGES", gauges), ("HISTOGRAMS", histograms)):
+            if not names <= set(attrs):
+                raise ValueError(
+                    f"{type(scope).__name__}.{what} names unknown fields: {names - set(attrs)}"
+                )
         entries = tuple(
-            (f"{prefix}.{attr}", attr, GAUGE if attr in gauges else COUNTER) for attr in attrs
+            (f"{prefix}.{attr}", attr,
+             GAUGE if attr in gauges else HISTOGRAM if attr in histograms else COUNTER)
+            for attr in attrs
         )
         self._claim([name for name, _, _ in entries])
         self._scopes[prefix] = (scope, entries)
@@ -86,12 +95,16 @@ class StatsRegistry:
     def snapshot(self) -> list[Stat]:
         """Every stat's current value, sorted by name."""
         carried = self.carried
-        out = [
-            Stat(name, getattr(scope, attr) + (carried.get(name, 0) if kind == COUNTER else 0),
-                 kind)
-            for scope, entries in self._scopes.values()
-            for name, attr, kind in entries
-        ]
+        out: list[Stat] = []
+        for scope, entries in self._scopes.values():
+            for name, attr, kind in entries:
+                value = getattr(scope, attr)
+                if kind == HISTOGRAM:
+                    assert isinstance(value, Histogram)
+                    out.append(Stat(name, value.count, kind, value.value()))
+                else:
+                    out.append(Stat(name, value + (carried.get(name, 0) if kind == COUNTER
+                                                   else 0), kind))
         out.extend(Stat(name, int(fn()), GAUGE) for name, fn in self._gauge_fns.items())
         if self.zeroed:
             out = [_less(stat, self.zeroed) for stat in out]
@@ -107,7 +120,11 @@ class StatsRegistry:
         self.zeroed = {s.name: s.value for s in self.snapshot() if s.kind == COUNTER}
 
     def counters(self) -> dict[str, int]:
-        """Every counter's value (carried ones included): what a successor carries on."""
+        """Every counter's value (carried ones included): what a successor carries on.
+
+        Not the histograms: like Envoy's hot restart, which merges the parent's counters and
+        gauges into the child but not its histograms, a successor's distributions start
+        empty."""
         return {s.name: s.value for s in self.snapshot() if s.kind == COUNTER}
 
     def _claim(self, names: list[str]) -> None:
@@ -136,7 +153,8 @@ def of_type(stats: Iterable[Stat], kind: StatKind | None) -> list[Stat]:
 
 
 def merge(snapshots: Iterable[Iterable[Stat]]) -> list[Stat]:
-    """Sum several processes' snapshots by name (counters and gauges alike), sorted by name.
+    """Sum several processes' snapshots by name (counters and gauges alike, histograms bucket
+    by bucket), sorted by name.
 
     Summing suits per-worker data-plane stats; process-wide gauges such as server.state belong
     to the main process only and should not be reported by workers.
@@ -151,6 +169,9 @@ def merge(snapshots: Iterable[Iterable[Stat]]) -> list[Stat]:
                 raise ValueError(
                     f"stat {stat.name!r} is a {seen.kind} in one snapshot, a {stat.kind} in another"
                 )
+            elif seen.hist is not None and stat.hist is not None:
+                totals[stat.name] = Stat(stat.name, seen.value + stat.value, stat.kind,
+                                         seen.hist + stat.hist)
             else:
                 totals[stat.name] = Stat(stat.name, seen.value + stat.value, stat.kind)
     return sorted(totals.values())

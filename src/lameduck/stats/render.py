@@ -1,7 +1,9 @@
 """Renderers: pure functions from a snapshot to the text the admin API serves.
 
 Formats follow Envoy's admin so existing scripts and dashboards work unchanged: `/stats` text
-(`name: value`), `/stats?format=json`, and `/stats/prometheus` with Envoy's tag extraction.
+(`name: value`, then histograms as `name: P0(interval,cumulative) ... P100(...)`),
+`/stats?format=json` (histograms in a `histograms` element), and `/stats/prometheus` with Envoy's
+tag extraction and histograms as `_bucket{le=...}`/`_sum`/`_count`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from typing import Final
 
 import re2  # type: ignore[import-untyped]
 
-from lameduck.stats.registry import Stat
+from lameduck.stats.help import help_text
+from lameduck.stats.histogram import BUCKETS, QUANTILES, HistogramValue
+from lameduck.stats.registry import HISTOGRAM, Stat
 
 __all__ = [
     "escape_label_value",
@@ -79,15 +83,51 @@ def compile_filter(filter: str) -> re2._Regexp:
 
 
 def render_text(stats: Iterable[Stat], filter: str | None = None) -> str:
-    """Envoy's /stats text: one `name: value` line per stat, sorted by name."""
-    return "".join(f"{stat.name}: {stat.value}\n" for stat in select(stats, filter))
+    """Envoy's /stats text: one `name: value` line per counter and gauge, sorted by name, then
+    one line per histogram with its quantiles as `P<q>(interval,cumulative)`.
+
+    lameduck has no stats flush interval, so the interval half is always `nan` (what Envoy
+    prints for an interval without samples); a histogram with no value at all reads
+    `No recorded values`, as in Envoy."""
+    chosen = select(stats, filter)
+    lines = [f"{stat.name}: {stat.value}\n" for stat in chosen if stat.kind != HISTOGRAM]
+    for stat in chosen:
+        if stat.kind == HISTOGRAM and stat.hist is not None:
+            if stat.value == 0:
+                lines.append(f"{stat.name}: No recorded values\n")
+                continue
+            parts = " ".join(f"P{_num(q * 100)}(nan,{_num(v)})"
+                             for q, v in zip(QUANTILES, stat.hist.quantiles(), strict=True))
+            lines.append(f"{stat.name}: {parts}\n")
+    return "".join(lines)
 
 
 def render_json(stats: Iterable[Stat], filter: str | None = None) -> str:
-    """Envoy's /stats?format=json: {"stats": [{"name": ..., "value": ...}, ...]}."""
-    return json.dumps(
-        {"stats": [{"name": stat.name, "value": stat.value} for stat in select(stats, filter)]}
-    )
+    """Envoy's /stats?format=json: {"stats": [{"name": ..., "value": ...}, ..., {"histograms":
+    {"supported_quantiles": [...], "computed_quantiles": [{"name": ..., "values":
+    [{"interval": null, "cumulative": ...}, ...]}]}}]}: the histograms element only when there
+    are histograms, `null` for a quantile with no value (as Envoy)."""
+    chosen = select(stats, filter)
+    out: list[dict[str, object]] = [
+        {"name": stat.name, "value": stat.value} for stat in chosen if stat.kind != HISTOGRAM
+    ]
+    computed = [
+        {"name": stat.name,
+         "values": [{"interval": None, "cumulative": None if v != v else v}
+                    for v in stat.hist.quantiles()]}
+        for stat in chosen if stat.kind == HISTOGRAM and stat.hist is not None
+    ]
+    if computed:
+        out.append({"histograms": {"supported_quantiles": [q * 100 for q in QUANTILES],
+                                   "computed_quantiles": computed}})
+    return json.dumps({"stats": out})
+
+
+def _num(value: float) -> str:
+    """A number as Envoy prints one: integral values without a fraction, others shortest."""
+    if value != value:
+        return "nan"
+    return str(int(value)) if value == int(value) else repr(round(value, 6))
 
 
 def prometheus_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -132,28 +172,53 @@ def prometheus_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
 def render_prometheus(stats: Iterable[Stat], filter: str | None = None) -> str:
     """Prometheus text exposition 0.0.4, shaped like Envoy's /stats/prometheus.
 
-    One `# TYPE` line per family with all its samples under it. A family that mixes counters and
-    gauges is typed `untyped`; a sample that repeats a family and labels is dropped (the first
-    wins), since a duplicate series would make Prometheus reject the whole scrape.
+    One `# HELP` (Envoy writes none; lameduck does, from stats/help.py) and one `# TYPE` line per
+    family with all its samples under it. A histogram is `<family>_bucket{...,le="<bound>"}`
+    (cumulative, through `le="+Inf"`), `_sum` and `_count`, as Envoy writes it. A family that
+    mixes kinds is typed `untyped` (a histogram then keeps only its count); a sample that
+    repeats a family and labels is dropped (the first wins), since a duplicate series would make
+    Prometheus reject the whole scrape.
     """
-    families: dict[str, tuple[str, dict[str, int]]] = {}
+    families: dict[str, tuple[str, str, dict[str, Stat]]] = {}
     for stat in select(stats, filter):
         family, labels = prometheus_name(stat.name)
-        rendered = (
-            "{" + ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels) + "}"
-            if labels
-            else ""
-        )
-        kind, samples = families.setdefault(family, (stat.kind, {}))
+        rendered = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels)
+        kind, first, samples = families.setdefault(family, (stat.kind, stat.name, {}))
         if kind != stat.kind:
-            families[family] = ("untyped", samples)
-        samples.setdefault(rendered, stat.value)
+            families[family] = ("untyped", first, samples)
+        samples.setdefault(rendered, stat)
     lines: list[str] = []
     for family in sorted(families):
-        kind, samples = families[family]
+        kind, first, samples = families[family]
+        lines.append(f"# HELP {family} {_escape_help(help_text(family, first, kind))}\n")
         lines.append(f"# TYPE {family} {kind}\n")
-        lines.extend(f"{family}{labels} {samples[labels]}\n" for labels in sorted(samples))
+        for labels in sorted(samples):
+            stat = samples[labels]
+            if kind == HISTOGRAM and stat.hist is not None:
+                _histogram_lines(lines, family, labels, stat.hist)
+            else:
+                lines.append(f"{family}{{{labels}}} {stat.value}\n" if labels
+                             else f"{family} {stat.value}\n")
     return "".join(lines)
+
+
+_LE: Final = (*(_num(bound) for bound in BUCKETS), "+Inf")
+
+
+def _histogram_lines(lines: list[str], family: str, labels: str, hist: HistogramValue) -> None:
+    sep = "," if labels else ""
+    seen = 0
+    for le, n in zip(_LE, hist.counts, strict=True):
+        seen += n
+        lines.append(f'{family}_bucket{{{labels}{sep}le="{le}"}} {seen}\n')
+    braces = f"{{{labels}}}" if labels else ""
+    lines.append(f"{family}_sum{braces} {_num(hist.sum)}\n")
+    lines.append(f"{family}_count{braces} {seen}\n")
+
+
+def _escape_help(text: str) -> str:
+    """HELP text escapes only backslash and newline (exposition format 0.0.4)."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
 def escape_label_value(value: str) -> str:

@@ -2,13 +2,17 @@
 
 The hot path bumps them as `stats.downstream_rq_total += 1`: one attribute store, no dict, no
 lock, no allocation. Names and kinds are only looked at when someone asks for /stats.
-Every field not named in `GAUGES` is a counter (monotonic); gauges go up and down.
+Every field not named in `GAUGES` or `HISTOGRAMS` is a counter (monotonic); gauges go up and
+down; a histogram field holds a `Histogram` (milliseconds, Envoy's default buckets) whose
+``record`` is a bisect and two adds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from lameduck.stats.histogram import Histogram
 
 __all__ = [
     "SCOPE_CLASSES",
@@ -23,6 +27,7 @@ __all__ = [
     "OutlierStats",
     "ServerStats",
     "TcpStats",
+    "name_histograms",
     "stat_fields",
 ]
 
@@ -31,6 +36,12 @@ def name_gauges(cls: type, names: set[str]) -> None:
     """Set a scope class's ``GAUGES``. After the class, not in its body: compiled with mypyc,
     a ``ClassVar`` in a dataclass body would become a field (mypyc/mypyc#1122)."""
     setattr(cls, "GAUGES", frozenset(names))  # noqa: B010
+
+
+def name_histograms(cls: type, names: set[str]) -> None:
+    """Set a scope class's ``HISTOGRAMS`` (its `Histogram` fields), after the class like
+    ``GAUGES``."""
+    setattr(cls, "HISTOGRAMS", frozenset(names))  # noqa: B010
 
 
 def stat_fields(scope: Any) -> tuple[str, ...]:
@@ -46,6 +57,8 @@ class ConnectionStats:
     downstream_cx_total: int = 0
     downstream_cx_active: int = 0
     downstream_cx_drain_close: int = 0
+    # ms from the start of the listener's drain to each connection's close while it drains
+    downstream_cx_drain_time: Histogram = field(default_factory=Histogram)
 
 
 @dataclass(slots=True)
@@ -79,6 +92,7 @@ class HttpStats(ConnectionStats):
     downstream_rq_body_timeout: int = 0  # request_body_timeout (nginx client_body_timeout)
     downstream_rq_rx_reset: int = 0
     downstream_rq_going_away: int = 0  # lameduck's: answered 503 "going away" while draining
+    downstream_rq_time: Histogram = field(default_factory=Histogram)  # ms, head to response end
 
     def count_status(self, status: int) -> None:
         """Bump downstream_rq_<N>xx for a response status; statuses outside 100..599 are ignored."""
@@ -99,6 +113,7 @@ name_gauges(HttpStats, {
     "downstream_cx_active", "downstream_cx_http1_active", "downstream_cx_http2_active",
     "downstream_cx_upgrades_active", "downstream_rq_active",
 })
+name_histograms(HttpStats, {"downstream_cx_drain_time", "downstream_rq_time"})
 
 
 @dataclass(slots=True)
@@ -151,6 +166,8 @@ class ClusterStats:
     membership_healthy: int = 0  # passing health checks, agent and outlier detection
     membership_excluded: int = 0  # not given new sessions: DRAIN or MAINT
     lb_persistence_records: int = 0
+    upstream_rq_time: Histogram = field(default_factory=Histogram)  # ms, sent to response end
+    upstream_cx_connect_ms: Histogram = field(default_factory=Histogram)  # each new connection
 
     def count_status(self, status: int) -> None:
         """Bump upstream_rq_<N>xx for an upstream status; statuses outside 100..599 are ignored."""
@@ -171,6 +188,7 @@ name_gauges(ClusterStats, {"upstream_cx_active", "upstream_rq_active",
                            "upstream_rq_pending_active", "membership_total",
                            "membership_healthy", "membership_excluded",
                            "lb_persistence_records"})
+name_histograms(ClusterStats, {"upstream_rq_time", "upstream_cx_connect_ms"})
 
 
 @dataclass(slots=True)
@@ -185,6 +203,7 @@ class TcpStats(ConnectionStats):
 
 
 name_gauges(TcpStats, {"downstream_cx_active"})
+name_histograms(TcpStats, {"downstream_cx_drain_time"})
 
 
 @dataclass(slots=True)
