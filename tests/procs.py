@@ -432,7 +432,8 @@ class Lameduck:
 
     def stats(self) -> dict[str, int]:
         body = self.admin("GET", "/stats?format=json").json()
-        return {s["name"]: s["value"] for s in body["stats"]}
+        # (the last element may be Envoy's {"histograms": ...}, which has no name)
+        return {s["name"]: s["value"] for s in body["stats"] if "name" in s}
 
     def stat(self, name: str) -> int:
         return self.stats()[name]
@@ -757,7 +758,8 @@ class AdminPoller:
 
         path = "/stats?format=json" + (f"&filter={quote(filter, safe='')}" if filter else "")
         body = json.loads(self.conn.request(path).body)
-        return {s["name"]: s["value"] for s in body["stats"]}
+        # (the last element may be Envoy's {"histograms": ...}, which has no name)
+        return {s["name"]: s["value"] for s in body["stats"] if "name" in s}
 
     def stat(self, name: str) -> int:
         return self.stats("^" + name.replace(".", "\\.") + "$").get(name, -1)

@@ -19,6 +19,7 @@ from lameduck.config import HostPort, parse_duration
 from lameduck.stats import (
     COUNTER,
     GAUGE,
+    HISTOGRAM,
     StatKind,
     of_type,
     render_json,
@@ -31,8 +32,9 @@ Query = dict[str, list[str]]
 Reply = tuple[int, str, bytes]
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
-# Envoy's /stats?type= values; Histograms: lameduck keeps none (yet), so it selects nothing
-STAT_TYPES: dict[str, StatKind | None] = {"All": None, "Counters": COUNTER, "Gauges": GAUGE}
+# Envoy's /stats?type= values
+STAT_TYPES: dict[str, StatKind | None] = {"All": None, "Counters": COUNTER, "Gauges": GAUGE,
+                                          "Histograms": HISTOGRAM}
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # Envoy's other level names, mapped onto Python's
 LOG_ALIASES = {"trace": "debug", "warn": "warning", "critical": "critical", "off": "off"}
@@ -196,16 +198,15 @@ class AdminHandlers:
         """The stats, Envoy's name: value lines (filter, format=json, usedonly, type).
 
         ``usedonly``: the stats non-zero now or seen non-zero by an earlier read (a reset
-        counter stays); ``type``: Envoy's All, Counters, Gauges or Histograms (none kept yet).
+        counter stays); ``type``: Envoy's All, Counters, Gauges or Histograms.
         """
         flt = q.get("filter", [None])[0] or None
         kind_name = q.get("type", ["All"])[0] or "All"
-        if kind_name not in STAT_TYPES and kind_name != "Histograms":
+        if kind_name not in STAT_TYPES:
             raise ValueError(f"type: unknown {kind_name!r}: use All, Counters, Gauges or "
                              "Histograms")
         snap = self.c.stats_snapshot()
-        # lameduck keeps no histograms yet: type=Histograms selects none
-        snap = [] if kind_name == "Histograms" else of_type(snap, STAT_TYPES[kind_name])
+        snap = of_type(snap, STAT_TYPES[kind_name])
         if "usedonly" in q:
             snap = used_only(snap, self.c.used_stats())
         if q.get("format", [""])[0] == "json":

@@ -644,9 +644,11 @@ class H2Pool:
             conn.on_closed.append(ep.forget_shared)
             return conn
 
+        began = self.loop.time()
         try:
             _, conn = await asyncio.wait_for(
                 self.loop.create_connection(factory, ep.host, ep.port), cluster.connect_timeout)
+            stats.upstream_cx_connect_ms.record((self.loop.time() - began) * 1000.0)
         except TimeoutError:
             stats.upstream_cx_connect_timeout += 1
             ep.cx_connect_fail += 1

@@ -65,11 +65,13 @@ async def _connect(
         proto.on_closed.append(closed)
         return proto
 
+    began = loop.time()
     try:
         _, proto = await asyncio.wait_for(
             loop.create_connection(factory, endpoint.host, endpoint.port),
             cluster.connect_timeout,
         )
+        stats.upstream_cx_connect_ms.record((loop.time() - began) * 1000.0)
     except TimeoutError:
         stats.upstream_cx_connect_timeout += 1
         endpoint.cx_connect_fail += 1

@@ -316,6 +316,10 @@ class Downstream(asyncio.Protocol):
             self.timer.cancel()
             self.timer = None
         self.cx_stats.downstream_cx_active -= 1
+        events = self.drain.listener.events
+        if events:  # closed while its listener drains: ms since the (first) drain began
+            ms = (self.loop.time() - events[0].start) * 1000.0
+            self.cx_stats.downstream_cx_drain_time.record(ms)
         self.abandon_all()
         self.drain.closed()
         ctx = self.ctx

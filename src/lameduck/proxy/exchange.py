@@ -186,12 +186,14 @@ class Exchange:
     t0 = 0.0
     log_req: tuple[bytes, bytes | None, list[tuple[bytes, bytes]], list[bytes] | None] | None = None
     resp_fields: Fields | None = None
+    sent_at = 0.0  # loop time the request went upstream (upstream_rq_time)
 
     def __init__(self, down: DownstreamPort, method: bytes) -> None:
         self.down = down
         # Native references to what every request touches: a native field read instead of a
         # lookup by name on the (protocol-typed) downstream at each use.
         self.stats: HttpStats = down.ctx.stats
+        self.started = down.ctx.loop.time()  # downstream_rq_time runs from the request's head
         self.method = method
         self.is_head = method == b"HEAD"
         # Set here, not as class defaults: mypyc leaves a protocol-typed default undefined.
@@ -566,6 +568,7 @@ class Exchange:
             return
         if down.write_paused:
             up.pause_reading()  # the client is behind: this response waits for it too
+        self.sent_at = down.ctx.loop.time()
         up.start(self, self.head, self.is_head, self.chunked_req, self.fields)
         if self.up is not up:
             return  # refused at once (an HTTP/2 connection that went away): retried or answered
@@ -843,6 +846,10 @@ class Exchange:
                 ctx.on_request_done()
         if done:
             st.downstream_rq_completed += 1
+            now = self.down.ctx.loop.time()
+            st.downstream_rq_time.record((now - self.started) * 1000.0)
+            if self.status and self.sent_at and self.cluster is not None:  # answered upstream
+                self.cluster.stats.upstream_rq_time.record((now - self.sent_at) * 1000.0)
         if self.t0:  # the access log is on
             self._log(completed)
 
