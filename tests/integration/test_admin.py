@@ -161,8 +161,14 @@ def test_stats_text_filter_json_and_bad_regex(lameduck) -> None:
                                 "http.ingress.downstream_rq_active: 0"]
     text = ld.admin("GET", "/stats").text
     lines = text.splitlines()
-    assert lines == sorted(lines)
-    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+: -?\d+", ln) for ln in lines), lines
+    # counters and gauges as `name: int`, sorted; then the histograms (Envoy's quantiles)
+    first_hist = next(i for i, ln in enumerate(lines) if ln.endswith(("No recorded values", ")")))
+    plain, hists = lines[:first_hist], lines[first_hist:]
+    assert plain == sorted(plain)
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+: -?\d+", ln) for ln in plain), plain
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+: (No recorded values|P0\(.*\))", ln)
+               for ln in hists), hists
+    assert any(ln.startswith("http.ingress.downstream_rq_time: P0(") for ln in hists), hists
     assert "http.ingress.downstream_rq_2xx: 1" in lines
 
     r = httpx.get(f"{base}/stats", params={"filter": DRAIN_SH_FILTER, "format": "json"})
@@ -171,8 +177,11 @@ def test_stats_text_filter_json_and_bad_regex(lameduck) -> None:
                                   {"name": "http.ingress.downstream_rq_active", "value": 0}]}
     full = ld.admin("GET", "/stats?format=json").json()
     assert set(full) == {"stats"}
+    *plain_stats, hist = full["stats"]  # Envoy's: the histograms last, in one element
     assert all(set(s) == {"name", "value"} and isinstance(s["value"], int)
-               for s in full["stats"])
+               for s in plain_stats)
+    assert set(hist) == {"histograms"}
+    assert {"supported_quantiles", "computed_quantiles"} <= set(hist["histograms"])
 
     for fmt in ({}, {"format": "json"}):
         bad = httpx.get(f"{base}/stats", params={"filter": "(unclosed", **fmt})
@@ -192,18 +201,26 @@ def test_prometheus_exposition(lameduck) -> None:
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     typed: set[str] = set()
     samples: dict[str, str] = {}
+    helped: set[str] = set()
     for line in r.text.splitlines():
+        if line.startswith("# HELP "):
+            helped.add(line.split(" ", 3)[2])
+            continue
         if line.startswith("#"):
-            m = re.fullmatch(r"# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|untyped)", line)
+            m = re.fullmatch(r"# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) "
+                             r"(counter|gauge|untyped|histogram)", line)
             assert m, line
             assert m.group(1) not in typed, f"family typed twice: {line}"
+            assert m.group(1) in helped, f"no HELP before: {line}"
             typed.add(m.group(1))
             continue
-        assert PROM_SAMPLE.fullmatch(line), line
+        assert PROM_SAMPLE.fullmatch(line) or re.fullmatch(r".* [0-9.e+-]+", line), line
         series, value = line.rsplit(" ", 1)
         assert series not in samples, f"duplicate series {series}"
         samples[series] = value
-        assert series.split("{", 1)[0] in typed, f"sample before its TYPE line: {line}"
+        family = re.sub(r"_(bucket|sum|count)$", "", series.split("{", 1)[0])
+        assert series.split("{", 1)[0] in typed or family in typed, (
+            f"sample before its TYPE line: {line}")
     key = 'envoy_http_downstream_rq_active{envoy_http_conn_manager_prefix="ingress"}'
     assert samples[key] == "0"
     assert samples['envoy_cluster_upstream_rq_active{envoy_cluster_name="app"}'] == "0"

@@ -32,7 +32,7 @@ def test_count_sum_and_snapshot_is_a_copy() -> None:
         h.record(ms)
     v = h.value()
     h.record(4.0)
-    assert (v.count, v.sum) == (3, 6.0)
+    assert (v.total, v.sum) == (3, 6.0)
     assert (h.count, h.sum) == (4, 10.0)
     assert len(v.counts) == len(BUCKETS) + 1
 
@@ -70,5 +70,5 @@ def test_values_add_bucket_by_bucket() -> None:
     b.record(300.0)
     total = a.value() + b.value()
     assert isinstance(total, HistogramValue)
-    assert (total.count, total.sum) == (2, 303.0)
+    assert (total.total, total.sum) == (2, 303.0)
     assert a == a and a != b

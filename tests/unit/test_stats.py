@@ -475,7 +475,7 @@ def test_merge_sums_histograms_bucket_by_bucket() -> None:
     b, _, _ = histogram_registry()
     merged = {s.name: s for s in merge([a.snapshot(), b.snapshot()])}
     rq = merged["http.ingress.downstream_rq_time"]
-    assert rq.value == 8 and rq.hist is not None and rq.hist.count == 8
+    assert rq.value == 8 and rq.hist is not None and rq.hist.total == 8
     assert rq.hist.sum == 906.0
 
 

@@ -32,7 +32,8 @@ class HistogramValue(NamedTuple):
     sum: float
 
     @property
-    def count(self) -> int:
+    def total(self) -> int:
+        """How many values were recorded (not ``count``: a tuple's method of that name)."""
         return sum(self.counts)
 
     def quantiles(self) -> list[float]:
