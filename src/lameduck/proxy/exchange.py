@@ -400,6 +400,7 @@ class Exchange:
         cluster.stats.upstream_rq_timeout += 1
         ep.rq_timeout += 1
         self.flags |= UT
+        cluster.upstream_error(ep, "connect timeout" if self.dialing else "timeout in line")
         self.local_error(UpstreamError.TIMEOUT, UPSTREAM_ERROR_BODY[UpstreamError.TIMEOUT])
 
     def _woken(self) -> None:
@@ -710,6 +711,9 @@ class Exchange:
         stale = self.reused and up_was is not None and not up_was.got_bytes
         action, code = decide(failure, started=self.resp_started, kept=can_replay,
                               idempotent=self.retryable, stale=stale, retried=self.retried)
+        if action is not Retry.FRESH:  # a stale pooled connection is no fault of the origin
+            cluster.upstream_error(ep, "per-try idle timeout" if idle else "timeout"
+                                   if status == UpstreamError.TIMEOUT else "reset")
         if action is Retry.ABORT:
             # Bytes of this response already went out (its status was counted): the client
             # can only see a reset.

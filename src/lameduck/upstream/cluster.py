@@ -27,6 +27,7 @@ from lameduck.drain.health import AgentReport, OutlierDetector, agent_weight
 from lameduck.drain.retry import RetryBudget
 from lameduck.stats import ClusterStats, OutlierStats
 from lameduck.upstream.balancer import LeastRequest, RoundRobin
+from lameduck.upstream.errlog import ErrorLog
 from lameduck.upstream.pool import Endpoint
 
 Schedule = Callable[[float, Callable[[], None]], Any]
@@ -38,9 +39,9 @@ class Cluster:
 
     __slots__ = ("available", "back_off_base", "back_off_max", "balancer", "budget",
                  "by_cookie", "clock", "connect_timeout", "connector", "cookie_name",
-                 "endpoints", "idle_timeout", "lb_policy", "name", "num_retries", "on_change",
-                 "outlier", "outlier_stats", "persistence", "retries_active", "schedule",
-                 "stats", "uneject_timer")
+                 "endpoints", "errlog", "idle_timeout", "lb_policy", "name", "num_retries",
+                 "on_change", "outlier", "outlier_stats", "persistence", "retries_active",
+                 "schedule", "stats", "uneject_timer")
 
     def __init__(
         self,
@@ -83,6 +84,7 @@ class Cluster:
         self.budget = RetryBudget()
         self.retries_active = 0
         self.available: list[Endpoint] = []
+        self.errlog: ErrorLog | None = None  # made at the first error, with the loop's clock
         self.refresh()
 
     # -- which endpoints take new sessions ------------------------------------------------------
@@ -153,7 +155,16 @@ class Cluster:
         """A connection to ``ep`` failed before the request went (counted, and towards its
         outlier ejection)."""
         self.stats.upstream_cx_connect_fail += 1
+        self.upstream_error(ep, "connect failure")
         self.request_failed(ep, True)
+
+    def upstream_error(self, ep: Endpoint, cause: str) -> None:
+        """A connect failure, reset or timeout, in the log with the endpoint, rate-limited
+        per endpoint and cause (``errlog.py``): a dead origin cannot flood the log."""
+        el = self.errlog
+        if el is None:
+            el = self.errlog = ErrorLog(self.name, self.clock, self.schedule)
+        el.failed(ep.address, cause)
 
     def rebind(self, key: str, ep: Endpoint, now: float) -> None:
         """A retried request moved to ``ep``: its record follows it."""
