@@ -25,6 +25,10 @@ from lameduck.config import (
 )
 from lameduck.restart import Notifier, listen_fds, match_listeners
 from lameduck.restart.hot import connect_parent, default_path
+from lameduck.server.logfile import formatter as log_formatter
+from lameduck.server.logfile import open_log_file
+from lameduck.upstream.errlog import DEFAULT_INTERVAL as DEFAULT_ERRLOG_INTERVAL
+from lameduck.upstream.errlog import set_interval as set_errlog_interval
 
 EXIT_CONFIG = 2
 EXIT_LISTEN = 1  # an address could not be bound
@@ -110,13 +114,20 @@ class AddressFile:
 
 def _successor_argv(args: argparse.Namespace, config: str) -> list[str]:
     """The command line SIGHUP starts: this one's, with ``--hot-restart``."""
-    argv = [sys.executable, "-m", "lameduck", "--log-level", args.log_level, "run",
-            "-c", config, "--hot-restart"]
+    argv = [sys.executable, "-m", "lameduck", *_log_argv(args), "run", "-c", config,
+            "--hot-restart"]
     if args.admin_address_path:
         argv += ["--admin-address-path", os.path.abspath(args.admin_address_path)]
     if args.log_file:
         argv += ["--log-file", os.path.abspath(args.log_file)]
     return argv
+
+
+def _log_argv(args: argparse.Namespace) -> list[str]:
+    """The global log options as given, for a process this one starts (a hot-restart
+    successor, a supervised child): it logs the way this one does."""
+    return ["--log-level", args.log_level, "--log-format", args.log_format,
+            "--upstream-error-log-every", format_duration(args.upstream_error_log_every)]
 
 
 def _restart_path(cfg: Config) -> str | None:
@@ -257,7 +268,7 @@ def cmd_supervise(args: argparse.Namespace) -> int:
         return EXIT_LISTEN
     from lameduck.restart.supervisor import supervise
 
-    return _run_loop(lambda: supervise(args.config, args.log_level, args.admin_address_path,
+    return _run_loop(lambda: supervise(args.config, _log_argv(args), args.admin_address_path,
                                        passed))
 
 
@@ -435,17 +446,44 @@ ADMIN_ADDRESS_PATH_HELP = ("write the admin API's host:port to PATH once it is b
                            "port 0, the port the kernel gave)")
 
 
+def _log_options(p: argparse.ArgumentParser, defaults: bool) -> None:
+    """The global log options. They are on the main parser (with their defaults) and on every
+    subcommand (``argparse.SUPPRESS``: only what is given there, which then wins), so they may
+    come before or after the subcommand: ``lameduck --log-level debug run`` and ``lameduck
+    run --log-level debug`` are the same."""
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    p.add_argument("--log-level", default=default("info"),
+                   choices=["debug", "info", "warning", "error"],
+                   help="the least severe level logged (default info)")
+    p.add_argument("--log-format", default=default("text"), choices=["text", "json"],
+                   help="text: '<ISO 8601 time> LEVEL logger: message' lines; json: one JSON "
+                        "object per line with time, level, logger, message and pid "
+                        "(default text)")
+    p.add_argument("--upstream-error-log-every", metavar="DURATION", type=_duration_arg,
+                   default=default(DEFAULT_ERRLOG_INTERVAL),
+                   help="at most one line per upstream endpoint and cause (connect failure, "
+                        "reset, timeout) this often; the rest are counted in the next line "
+                        "(default 10s; 0 logs each one)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lameduck",
         description="A drain-aware HTTP proxy: take an instance out of a fleet without a "
                     "single failed request.")
     p.add_argument("--version", action="version", version=f"lameduck {__version__}")
-    p.add_argument("--log-level", default="info",
-                   choices=["debug", "info", "warning", "error"])
+    _log_options(p, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _log_options(common, defaults=False)
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the proxy (no -c: the embedded default with a demo "
-                                     "origin)")
+
+    def add(name: str, **kw: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kw)
+
+    run = add("run", help="run the proxy (no -c: the embedded default with a demo origin)")
     run.add_argument("-c", "--config", help="YAML config file")
     run.add_argument("--admin-address-path", metavar="PATH", help=ADMIN_ADDRESS_PATH_HELP)
     run.add_argument("--hot-restart", action="store_true",
@@ -458,17 +496,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="log to PATH (appended) instead of stderr; SIGUSR1 reopens it "
                           "(logrotate)")
     run.set_defaults(func=cmd_run)
-    sup = sub.add_parser("supervise", help="run `lameduck run` as a child: SIGHUP hot-restarts "
+    sup = add("supervise", help="run `lameduck run` as a child: SIGHUP hot-restarts "
                                            "it with the config, SIGTERM drains it, a dead child "
                                            "is restarted")
     sup.add_argument("-c", "--config", required=True, help="YAML config file")
     sup.add_argument("--admin-address-path", metavar="PATH",
                      help=ADMIN_ADDRESS_PATH_HELP + "; passed to every child, each writes it")
     sup.set_defaults(func=cmd_supervise)
-    val = sub.add_parser("validate", help="check a config file and exit")
+    val = add("validate", help="check a config file and exit")
     val.add_argument("-c", "--config", help="YAML config file (default: the embedded one)")
     val.set_defaults(func=cmd_validate)
-    bg = sub.add_parser("budget", help="check the timer chain of a pod, the config and the "
+    bg = add("budget", help="check the timer chain of a pod, the config and the "
                                        "load balancer (grace, keep-alive, deadline, LB "
                                        "detection); --solve proposes values that fit")
     bg.add_argument("--pod", required=True, help="Kubernetes Pod or Deployment YAML")
@@ -498,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print the smallest values that make every inequality hold")
     bg.add_argument("--json", action="store_true", help="machine-readable output")
     bg.set_defaults(func=cmd_budget)
-    ps = sub.add_parser("prestop", help="the preStop hook: drain a running lameduck through its "
+    ps = add("prestop", help="the preStop hook: drain a running lameduck through its "
                                         "admin API with the health-check FSM and "
                                         "wait until the load balancer has taken it out")
     where = ps.add_mutually_exclusive_group()
@@ -545,19 +583,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             args = build_parser().parse_args(argv)
-            where: dict[str, Any] = {"stream": sys.stderr}
+            handler: logging.Handler = logging.StreamHandler(sys.stderr)
             if getattr(args, "log_file", None):
-                from lameduck.server.logfile import open_log_file
-
                 try:
-                    where = {"handlers": [open_log_file(args.log_file)]}
+                    handler = open_log_file(args.log_file)
                 except OSError as e:
                     print(f"lameduck: --log-file {args.log_file}: {e}", file=sys.stderr)
                     return EXIT_LISTEN
-            logging.basicConfig(
-                level=getattr(logging, args.log_level.upper()),
-                format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
-                datefmt="%H:%M:%S", **where)
+            handler.setFormatter(log_formatter(args.log_format))
+            logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                                handlers=[handler])
+            set_errlog_interval(args.upstream_error_log_every)
             return int(args.func(args))
         finally:
             sys.stdout.flush()  # here, where a closed pipe can still be caught (also --help)

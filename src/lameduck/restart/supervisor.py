@@ -26,6 +26,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 from lameduck.config import ConfigError, load_config
 from lameduck.restart.held import Held, HeldSockets
@@ -99,10 +100,10 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, config: str, log_level: str = "info",
+    def __init__(self, config: str, log_args: Sequence[str] = (),
                  admin_address_path: str | None = None) -> None:
         self.config = config
-        self.log_level = log_level
+        self.log_args = list(log_args)  # the global log options, before `run`
         # each child writes its admin address there once it serves (a restarted child that
         # bound an ephemeral admin port anew rewrites it)
         self.admin_address_path = admin_address_path
@@ -143,8 +144,8 @@ class Supervisor:
         # Its own session: a terminal's Ctrl-C or hangup reaches only the supervisor, which
         # forwards one signal (a second SIGINT would make the child quit without draining).
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", CHILD_BOOT, *specs, "--", "--log-level", self.log_level,
-            "run", "-c", self.config, *extra, env=env, start_new_session=True,
+            sys.executable, "-c", CHILD_BOOT, *specs, "--", *self.log_args, "run",
+            "-c", self.config, *extra, env=env, start_new_session=True,
             pass_fds=[h.sock.fileno() for h in held.values()])
         child = Child(proc)
         self.children[proc.pid] = child
@@ -365,11 +366,11 @@ SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT, signal.SIGINT, signal.
            signal.SIGUSR2)
 
 
-async def supervise(config: str, log_level: str = "info",
+async def supervise(config: str, log_args: Sequence[str] = (),
                     admin_address_path: str | None = None,
                     passed: dict[str, socket.socket] | None = None) -> int:
     """``passed``: listener name → a socket systemd passed (socket activation)."""
-    sup = Supervisor(config, log_level, admin_address_path)
+    sup = Supervisor(config, log_args, admin_address_path)
     loop = sup.loop
     try:
         try:

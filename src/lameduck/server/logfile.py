@@ -1,9 +1,55 @@
-"""``--log-file``: the log in a file that SIGUSR1 reopens, for logrotate (its ``create`` mode
-renames the file, then signals; a process that kept writing would fill the renamed one)."""
+"""The process log: its line formats and ``--log-file``.
+
+Every line starts with an ISO 8601 / RFC 3339 timestamp with the date, milliseconds and the
+UTC offset (``2026-12-01T18:55:41.123+00:00``): a line from a log file kept for days, or from
+hosts in other zones, says when it was written without guessing. ``--log-format json`` writes
+one JSON object per line (``time``, ``level``, ``logger``, ``message``, ``pid``) for a log
+shipper. ``--log-file``: the log in a file that SIGUSR1 reopens, for logrotate (its ``create``
+mode renames the file, then signals; a process that kept writing would fill the renamed one).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+from datetime import datetime
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def iso_time(created: float) -> str:
+    """``record.created`` in local time with its offset, to the millisecond (RFC 3339)."""
+    return datetime.fromtimestamp(created).astimezone().isoformat(timespec="milliseconds")
+
+
+class IsoFormatter(logging.Formatter):
+    """The text lines: Python logging's ``formatTime`` gives only a ``time.strftime`` format,
+    which has no milliseconds in ``datefmt``, so the timestamp is made here."""
+
+    def formatTime(self, record: logging.LogRecord,
+                   datefmt: str | None = None) -> str:
+        return iso_time(record.created)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; a traceback, if any, in ``exc``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, object] = {"time": iso_time(record.created), "level": record.levelname,
+                                  "logger": record.name, "message": record.getMessage(),
+                                  "pid": record.process}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def formatter(kind: str) -> logging.Formatter:
+    """``--log-format``: ``text`` or ``json``."""
+    return JsonFormatter() if kind == "json" else IsoFormatter(TEXT_FORMAT)
 
 from lameduck.proxy.accesslog import reopen_access_logs
 
