@@ -374,6 +374,8 @@ def lameduck_counters(proc: Proc, h2up: bool = False, pool: bool = False) -> dic
     stats = json.loads(body)["stats"]
     out = {}
     for st in stats:
+        if "name" not in st:
+            continue  # the histograms' element (Envoy's shape)
         name = st["name"]
         if h2up or pool:
             if not name.startswith(_H2UP_SCOPES if h2up else _POOL_SCOPES):

@@ -62,7 +62,8 @@ class Admin:
         return self.hosts(cluster)[addr]
 
     def stats(self) -> dict[str, int]:
-        return {s["name"]: s["value"] for s in self.c.get("/stats?format=json").json()["stats"]}
+        return {s["name"]: s["value"]
+                for s in self.c.get("/stats?format=json").json()["stats"] if "name" in s}
 
     def stat(self, name: str) -> int:
         return self.stats()[name]

@@ -112,3 +112,14 @@ def test_report_is_json_with_settings_and_samples() -> None:
                                "proactive_window": [2.0, 2.8]}
     assert again["timeline"]["columns"] == list(COLUMNS)
     assert len(again["timeline"]["samples"]) == 2
+
+
+def test_an_end_in_the_same_millisecond_as_a_sample_is_one_row() -> None:
+    """The final sample falls on the last periodic one: merged, so times strictly increase and
+    the deltas still add up."""
+    tl = Timeline(1000.0, Reading())
+    tl.sample(1000.1, Reading(requests=2, proactive=1))
+    tl.finish(1000.1, Reading(requests=0, proactive=1, at_end=1))
+    assert tl.rows == [[0.1, 0, 0, 0, 0, 1, 1, 0, 0]]
+    assert tl.totals() == {"drained_by_response": 0, "proactive": 1, "at_end": 1,
+                           "refused": 0, "cut": 0}

@@ -28,9 +28,9 @@ ALLOWED: dict[str, set[str]] = {
     "client": {"resume", "drain"},
     "restart": {"config"},
     "orchestrate": {"config", "drain"},
-    "server": {"admin", "listeners", "http1", "http2", "upstream", "restart", "drain", "stats",
-               "config"},
-    "cli": {"server", "restart", "orchestrate", "config", "demo"},
+    "server": {"admin", "listeners", "http1", "http2", "proxy", "upstream", "restart", "drain",
+               "stats", "config"},
+    "cli": {"server", "restart", "orchestrate", "upstream", "config", "demo"},
 }
 
 

@@ -89,7 +89,17 @@ class Timeline:
         counters = reading.counters()
         deltas = [c - p for c, p in zip(counters, self._last, strict=True)]
         self._last = counters
-        self.rows.append([round(now - self.start, 3), *reading.gauges(), *deltas])
+        t = round(now - self.start, 3)
+        rows = self.rows
+        if rows and rows[-1][0] >= t:
+            # the end in the same millisecond as the last sample: one row, times stay strictly
+            # increasing (the gauges as read now, the deltas added)
+            last = rows[-1]
+            n = 1 + len(GAUGES)
+            rows[-1] = [last[0], *reading.gauges(),
+                        *(int(a) + b for a, b in zip(last[n:], deltas, strict=True))]
+            return
+        rows.append([t, *reading.gauges(), *deltas])
 
     def totals(self) -> dict[str, int]:
         """Each counter's sum over the samples: what the drain added."""

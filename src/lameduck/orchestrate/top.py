@@ -71,7 +71,9 @@ class Sample:
 def fetch(admin: str, timeout: float = 1.0) -> Sample:
     base = f"http://{admin}"
     info = _get(base, "/server_info", timeout)
-    stats = {s["name"]: s["value"] for s in _get(base, "/stats?format=json", timeout)["stats"]}
+    # the histograms come last in an element of their own (Envoy's): no "name"
+    stats = {s["name"]: s["value"]
+             for s in _get(base, "/stats?format=json", timeout)["stats"] if "name" in s}
     clusters = _get(base, "/clusters?format=json", timeout)["cluster_statuses"]
     listeners = {}
     for ls in _get(base, "/listeners?format=json", timeout)["listener_statuses"]:

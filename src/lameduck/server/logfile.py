@@ -14,6 +14,8 @@ import json
 import logging
 from datetime import datetime
 
+from lameduck.proxy.accesslog import reopen_access_logs
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -50,8 +52,6 @@ class JsonFormatter(logging.Formatter):
 def formatter(kind: str) -> logging.Formatter:
     """``--log-format``: ``text`` or ``json``."""
     return JsonFormatter() if kind == "json" else IsoFormatter(TEXT_FORMAT)
-
-from lameduck.proxy.accesslog import reopen_access_logs
 
 
 class ReopenableFile(logging.FileHandler):
