@@ -44,6 +44,18 @@ class CaptureOrigin:
         with self.lock:
             return b"".join(bytes(b) for b in self.received)
 
+    def mark(self) -> list[int]:
+        """How much each connection has received so far (for ``since``)."""
+        with self.lock:
+            return [len(b) for b in self.received]
+
+    def since(self, mark: list[int]) -> bytes:
+        """The bytes received after ``mark``, connection by connection: a pooled connection
+        that goes on receiving would shift a slice of ``all_bytes``."""
+        with self.lock:
+            return b"".join(bytes(b[mark[i]:] if i < len(mark) else b)
+                            for i, b in enumerate(self.received))
+
     def _accept(self) -> None:
         while True:
             try:
