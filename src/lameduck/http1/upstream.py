@@ -16,7 +16,7 @@ import httptools
 
 from lameduck.http1.wire import LAST_CHUNK, chunk, status_code, whole_response
 from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated_fields, trailer_block, trailer_fields
-from lameduck.upstream.connector import ExchangeSink, Fields, UpstreamError
+from lameduck.upstream.connector import ExchangeSink, Fields, ResponseTimeouts, UpstreamError
 
 if TYPE_CHECKING:
     from lameduck.upstream.pool import Endpoint
@@ -64,9 +64,7 @@ class H1Upstream(asyncio.Protocol):
         self.whole_size = -1
         self.whole_end = 0
         # timeouts: one lazily re-armed timer for both
-        self.deadline = 0.0  # the route timeout ends (0: none, or the request not sent whole)
-        self.idle_timeout = 0.0  # per_try_idle_timeout (0: none)
-        self.last_byte = 0.0  # when the upstream last sent a byte (kept only with idle_timeout)
+        self.timeouts = ResponseTimeouts()  # the route and per-try idle timeouts
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
 
@@ -129,8 +127,7 @@ class H1Upstream(asyncio.Protocol):
         self.got_bytes = False
         self.no_body = no_body
         self.close_delimited = False
-        self.deadline = 0.0  # no timer runs for it until ``end``
-        self.idle_timeout = 0.0
+        self.timeouts = ResponseTimeouts()  # no timer runs for it until ``end``
         assert self.transport is not None
         self.transport.write(head)
 
@@ -149,16 +146,7 @@ class H1Upstream(asyncio.Protocol):
             self.transport.write(trailer_block(trailers) if trailers else LAST_CHUNK)
         if self.sink is None or (timeout <= 0 and idle_timeout <= 0):
             return
-        now = self.loop.time()
-        at = 0.0
-        if timeout > 0:
-            self.deadline = at = now + timeout
-        if idle_timeout > 0:
-            self.idle_timeout = idle_timeout
-            self.last_byte = now
-            if not at or now + idle_timeout < at:
-                at = now + idle_timeout
-        self._arm(at)
+        self._arm(self.timeouts.start(self.loop.time(), timeout, idle_timeout))
 
     def _arm(self, at: float) -> None:
         if self.timer is not None:
@@ -173,22 +161,14 @@ class H1Upstream(asyncio.Protocol):
         sink = self.sink
         if sink is None:
             return
-        now = self.loop.time()
-        deadline = self.deadline
-        head_seen = self.head_seen
-        if deadline and now >= deadline:
+        expired, at = self.timeouts.check(self.loop.time())
+        if expired == ResponseTimeouts.ROUTE:
             self.abort()
-            sink.on_upstream_error(UpstreamError.TIMEOUT, head_seen)
-            return
-        idle = self.idle_timeout
-        if idle and now >= self.last_byte + idle:
+            sink.on_upstream_error(UpstreamError.TIMEOUT, self.head_seen)
+        elif expired == ResponseTimeouts.IDLE:
             self.abort()
-            sink.on_upstream_idle(head_seen)
-            return
-        at = deadline
-        if idle and (not at or self.last_byte + idle < at):
-            at = self.last_byte + idle
-        if at:
+            sink.on_upstream_idle(self.head_seen)
+        elif at:
             self._arm(at)
 
     # -- asyncio ----------------------------------------------------------------------------
@@ -203,8 +183,8 @@ class H1Upstream(asyncio.Protocol):
             self.abort()
             return
         self.got_bytes = True
-        if self.idle_timeout:
-            self.last_byte = self.loop.time()
+        if self.timeouts.idle:
+            self.timeouts.last_byte = self.loop.time()
         if self.fresh:
             self.fresh = False
             if len(data) == self.whole_size and data.startswith(self.whole_head):

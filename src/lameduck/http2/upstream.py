@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, cast
 
 from lameduck.proxy.fields import trailer_fields
-from lameduck.upstream.connector import ExchangeSink, Fields, UpstreamError
+from lameduck.upstream.connector import ExchangeSink, Fields, ResponseTimeouts, UpstreamError
 
 from .client import H2Client
 from .connection import H2Limits
@@ -106,9 +106,7 @@ class H2UpstreamStream:
         # The route timeout and the per_try_idle_timeout, from the request's end: one timer,
         # re-armed when it fires early (an upstream byte moved the idle deadline on).
         self.timer: asyncio.TimerHandle | None = None
-        self.deadline = 0.0
-        self.idle_timeout = 0.0
-        self.last_byte = 0.0
+        self.timeouts = ResponseTimeouts()
         # Waiting for a free stream slot: the request as it will be sent.
         self.fields: list[tuple[bytes, bytes]] = []
         self.body = False
@@ -187,15 +185,7 @@ class H2UpstreamStream:
         if self.done:
             return
         if timeout > 0 or idle_timeout > 0:
-            now = self.conn.loop.time()
-            at = 0.0
-            if timeout > 0:
-                self.deadline = at = now + timeout
-            if idle_timeout > 0:
-                self.idle_timeout = idle_timeout
-                self.last_byte = now
-                if not at or now + idle_timeout < at:
-                    at = now + idle_timeout
+            at = self.timeouts.start(self.conn.loop.time(), timeout, idle_timeout)
             if self.timer is not None:
                 self.timer.cancel()
             self.timer = self.conn.loop.call_at(at, self._timed_out)
@@ -260,30 +250,23 @@ class H2UpstreamStream:
         sink = self.sink
         if sink is None or self.done:
             return
-        now = self.conn.loop.time()
-        deadline = self.deadline
-        idle = self.idle_timeout
-        head_seen = self.head_seen
-        if deadline and now >= deadline:
+        expired, at = self.timeouts.check(self.conn.loop.time())
+        if expired == ResponseTimeouts.ROUTE:
             self.close()  # RST_STREAM (CANCEL) upstream
-            sink.on_upstream_error(UpstreamError.TIMEOUT, head_seen)
-            return
-        if idle and now >= self.last_byte + idle:
+            sink.on_upstream_error(UpstreamError.TIMEOUT, self.head_seen)
+        elif expired == ResponseTimeouts.IDLE:
             self.close()
-            sink.on_upstream_idle(head_seen)
-            return
-        at = deadline
-        if idle and (not at or self.last_byte + idle < at):
-            at = self.last_byte + idle
-        self.timer = self.conn.loop.call_at(at, self._timed_out)
+            sink.on_upstream_idle(self.head_seen)
+        else:
+            self.timer = self.conn.loop.call_at(at, self._timed_out)
 
     def on_response(self, ev: ResponseReceived) -> None:
         sink = self.sink
         self.got_bytes = True
         if sink is None:
             return
-        if self.idle_timeout:
-            self.last_byte = self.conn.loop.time()
+        if self.timeouts.idle:
+            self.timeouts.last_byte = self.conn.loop.time()
         if ev.status < 200:
             sink.on_informational(ev.status, ev.headers)
             return
@@ -305,8 +288,8 @@ class H2UpstreamStream:
         if sink is None:
             h2.acknowledge_stream_data(self.sid, ev.flow_len)
             return
-        if self.idle_timeout:
-            self.last_byte = self.conn.loop.time()
+        if self.timeouts.idle:
+            self.timeouts.last_byte = self.conn.loop.time()
         if ev.data:
             sink.on_response_body(ev.data)
         if self.read_paused:

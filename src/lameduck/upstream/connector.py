@@ -24,6 +24,49 @@ class UpstreamError:
 Fields = list[tuple[bytes, bytes]]
 
 
+class ResponseTimeouts:
+    """The two timeouts of one request upstream, both from the request's end: the route
+    timeout (the response whole by ``deadline``; Envoy's route ``timeout``) and the per-try idle
+    timeout (no upstream byte for ``idle``; Envoy's ``per_try_idle_timeout``). It decides; each
+    codec keeps one timer at the moment ``start``/``check`` give and acts on what expired."""
+
+    __slots__ = ("deadline", "idle", "last_byte")
+
+    NONE: Final = 0
+    ROUTE: Final = 1  # the route timeout ended
+    IDLE: Final = 2  # no byte for the idle timeout
+
+    def __init__(self) -> None:
+        self.deadline = 0.0  # 0: none (or the request is not sent whole yet)
+        self.idle = 0.0  # 0: none
+        self.last_byte = 0.0  # kept only with ``idle``
+
+    def start(self, now: float, timeout: float, idle: float) -> float:
+        """The request was sent whole: the first moment to check, 0 for none."""
+        at = 0.0
+        if timeout > 0:
+            self.deadline = at = now + timeout
+        if idle > 0:
+            self.idle = idle
+            self.last_byte = now
+            if not at or now + idle < at:
+                at = now + idle
+        return at
+
+    def check(self, now: float) -> tuple[int, float]:
+        """(what expired: ``ROUTE``, ``IDLE`` or ``NONE``; if none, the next moment to check)."""
+        deadline = self.deadline
+        if deadline and now >= deadline:
+            return self.ROUTE, 0.0
+        idle = self.idle
+        if idle and now >= self.last_byte + idle:
+            return self.IDLE, 0.0
+        at = deadline
+        if idle and (not at or self.last_byte + idle < at):
+            at = self.last_byte + idle
+        return self.NONE, at
+
+
 class ExchangeSink(Protocol):
     """What an upstream connection reports to (the downstream exchange)."""
 
