@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import csv
 import ctypes
+import functools
 import http.client
 import json
 import math
@@ -49,7 +50,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 OUT_DIR = REPO / "bench" / "out"
 HELLO = b"hello from the lameduck demo origin\n"
-PROXIES = ("lameduck", "haproxy", "nginx")
+# lameduck-log: lameduck with its access log on (to a file), for what the log costs per request
+PROXIES = ("lameduck", "lameduck-log", "haproxy", "nginx")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # The HTTP/1.1 target: CPU per keep-alive GET and req/s against HAProxy.
@@ -280,7 +282,8 @@ def lameduck_bin() -> str:
 
 def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int,
                    h2: bool = False, h2up_origin_port: int = 0,
-                   pool_origin_ports: tuple[int, ...] = ()) -> tuple[Proc, int]:
+                   pool_origin_ports: tuple[int, ...] = (),
+                   access_log: bool = False) -> tuple[Proc, int]:
     port, admin = free_port(), free_port()
     h2up_port = free_port() if h2up_origin_port else 0
     pool_port = free_port() if pool_origin_ports else 0
@@ -331,10 +334,13 @@ def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int,
             "lb_policy": "round_robin", "health_check": dict(POOL_HEALTH_CHECK),
             "outlier_detection": {},
         })
-    path = workdir / "lameduck.yaml"
+    if access_log:  # Envoy's default format, JSON off: the common case, written to a file
+        cfg["listeners"][0]["access_log"] = {"path": str(workdir / "access.log")}
+    path = workdir / ("lameduck-log.yaml" if access_log else "lameduck.yaml")
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     # Its log is its stderr (stdout too); both go to lameduck.log in the work dir.
-    proc = procs.start("lameduck", cpu, [lameduck_bin(), "run", "-c", str(path)])
+    proc = procs.start("lameduck-log" if access_log else "lameduck", cpu,
+                       [lameduck_bin(), "run", "-c", str(path)])
     wait_until(proc, "GET /ready == 200",
                lambda: http_get(f"http://127.0.0.1:{admin}/ready")[0] == 200)
     proc.admin_port = admin
@@ -721,7 +727,9 @@ def keepalive_check(port: int, requests: int = 3, timeout: float = 3.0,
     return None
 
 
-STARTERS = {"lameduck": start_lameduck, "haproxy": start_haproxy, "nginx": start_nginx}
+STARTERS = {"lameduck": start_lameduck,
+            "lameduck-log": functools.partial(start_lameduck, access_log=True),
+            "haproxy": start_haproxy, "nginx": start_nginx}
 
 
 # --------------------------------------------------------------------------------------------

@@ -71,34 +71,56 @@ def new_request_id(bits: Callable[[int], int]) -> bytes:
 
 
 # -- what a line is made of ---------------------------------------------------------------------
-def req_header(ex: Any, name: bytes) -> bytes | None:
-    """A request field of ``ex`` by lower-case name (``:method``, ``:path``, ``:authority``
-    too), from what the codec kept for the log (``ex.log_req``)."""
-    if name == b":method":
-        return ex.method or None
-    if name == b"x-request-id" and ex.request_id:
-        return ex.request_id  # also when lameduck generated it
+def _request_fields(ex: Any) -> dict[bytes, bytes]:
+    """What the codec kept of the request for the log (``ex.log_req``), by lower-case name
+    (``:path``, ``:authority`` too), parsed once per line."""
     kept = ex.log_req
+    out: dict[bytes, bytes] = {}
     if kept is None:
-        return None
+        return out
     path, authority, pairs, lines = kept
-    if name == b":path":
-        return path or None
-    if name == b":authority":
-        if authority is not None:
-            return authority  # type: ignore[no-any-return]
-        name = b"host"
     if lines:
         # HTTP/1.1: the head's lines, "name: value\r\n" (one may hold several) as sent
         # upstream: X-Forwarded-For with the client's address appended, as Envoy logs it.
         for line in b"".join(lines).split(b"\r\n"):
-            n, _, v = line.partition(b":")
-            if n.lower() == name:
-                return v.strip()  # type: ignore[no-any-return]
+            n, sep, v = line.partition(b":")
+            if sep:
+                out.setdefault(n.lower(), v.strip())
     for n, v in pairs:  # HTTP/2's fields; HTTP/1.1's routing ones (Host, ...) as received
-        if n == name:
-            return v  # type: ignore[no-any-return]
-    return None
+        out.setdefault(n, v)
+    if path:
+        out[b":path"] = path
+    host = authority if authority is not None else out.get(b"host")
+    if host:
+        out[b":authority"] = host
+    return out
+
+
+class Request:
+    """The request fields of one line, looked up by lower-case name; parsed on first use."""
+
+    __slots__ = ("ex", "fields")
+
+    def __init__(self, ex: Any) -> None:
+        self.ex = ex
+        self.fields: dict[bytes, bytes] | None = None
+
+    def get(self, name: bytes) -> bytes | None:
+        ex = self.ex
+        if name == b":method":
+            return ex.method or None  # type: ignore[no-any-return]
+        if name == b"x-request-id" and ex.request_id:
+            return ex.request_id  # type: ignore[no-any-return]  # also when lameduck made it
+        fields = self.fields
+        if fields is None:
+            fields = self.fields = _request_fields(ex)
+        return fields.get(name) or None
+
+
+def req_header(ex: Any, name: bytes) -> bytes | None:
+    """A request field of ``ex`` by lower-case name (``:method``, ``:path``, ``:authority``
+    too), from what the codec kept for the log."""
+    return Request(ex).get(name)
 
 
 def _resp_header(ex: Any, name: bytes) -> bytes | None:
@@ -115,11 +137,18 @@ def _text(v: bytes | None) -> str:
     return v.decode("latin-1") if v else "-"
 
 
+_second: list[Any] = [-1, ""]  # the last whole second formatted, and its text
+
+
 def start_time(ex: Any, now: float, wall: float) -> str:
-    """ISO 8601 UTC with milliseconds, as Envoy writes %START_TIME%."""
+    """ISO 8601 UTC with milliseconds, as Envoy writes %START_TIME%; the second's text is
+    formatted once per second."""
     t = wall - (now - ex.t0)
-    ms = int(t * 1000) % 1000
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{ms:03d}Z"
+    sec = int(t)
+    if _second[0] != sec:
+        _second[0] = sec
+        _second[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+    return f"{_second[1]}.{int(t * 1000) % 1000:03d}Z"
 
 
 def protocol(ex: Any) -> str:
@@ -149,16 +178,16 @@ def duration(ex: Any, now: float) -> int:
     return int((now - ex.t0) * 1000)
 
 
-Op = Callable[[Any, float, float], str]
+Op = Callable[[Any, float, float, Request], str]
 _OP = re.compile(r"%([A-Z_]+)(?:\(([^)]*)\))?%")
 
 
 def _req_op(arg: str) -> Op:
     # "X?Y": X, else Y (Envoy's alternative header)
     names = [a.strip().lower().encode() for a in arg.split("?")]
-    def op(ex: Any, now: float, wall: float) -> str:
+    def op(ex: Any, now: float, wall: float, req: Request) -> str:
         for n in names:
-            v = req_header(ex, n)
+            v = req.get(n)
             if v:
                 return _text(v)
         return "-"
@@ -171,19 +200,19 @@ def _operator(name: str, arg: str | None) -> Op:
         return _req_op(arg)
     if name == "RESP" and arg:
         key = arg.strip().lower().encode()
-        return lambda ex, now, wall: _text(_resp_header(ex, key))
+        return lambda ex, now, wall, req: _text(_resp_header(ex, key))
     simple: dict[str, Op] = {
-        "START_TIME": start_time,
-        "PROTOCOL": lambda ex, now, wall: protocol(ex),
-        "RESPONSE_CODE": lambda ex, now, wall: str(ex.status),
-        "RESPONSE_FLAGS": lambda ex, now, wall: flag_string(ex.flags),
-        "BYTES_RECEIVED": lambda ex, now, wall: str(ex.bytes_rx),
-        "BYTES_SENT": lambda ex, now, wall: str(ex.bytes_tx),
-        "DURATION": lambda ex, now, wall: str(duration(ex, now)),
-        "UPSTREAM_HOST": lambda ex, now, wall: upstream_host(ex) or "-",
-        "UPSTREAM_CLUSTER": lambda ex, now, wall: upstream_cluster(ex) or "-",
-        "DOWNSTREAM_REMOTE_ADDRESS": lambda ex, now, wall: remote_address(ex) or "-",
-        "REQUEST_ID": lambda ex, now, wall: _text(ex.request_id),
+        "START_TIME": lambda ex, now, wall, req: start_time(ex, now, wall),
+        "PROTOCOL": lambda ex, now, wall, req: protocol(ex),
+        "RESPONSE_CODE": lambda ex, now, wall, req: str(ex.status),
+        "RESPONSE_FLAGS": lambda ex, now, wall, req: flag_string(ex.flags),
+        "BYTES_RECEIVED": lambda ex, now, wall, req: str(ex.bytes_rx),
+        "BYTES_SENT": lambda ex, now, wall, req: str(ex.bytes_tx),
+        "DURATION": lambda ex, now, wall, req: str(duration(ex, now)),
+        "UPSTREAM_HOST": lambda ex, now, wall, req: upstream_host(ex) or "-",
+        "UPSTREAM_CLUSTER": lambda ex, now, wall, req: upstream_cluster(ex) or "-",
+        "DOWNSTREAM_REMOTE_ADDRESS": lambda ex, now, wall, req: remote_address(ex) or "-",
+        "REQUEST_ID": lambda ex, now, wall, req: _text(ex.request_id),
     }
     op = simple.get(name)
     if op is None:
@@ -205,14 +234,17 @@ def compile_text(fmt: str) -> Callable[[Any, float, float], str]:
         parts.append(fmt[pos:])
 
     def line(ex: Any, now: float, wall: float) -> str:
-        return "".join(p if isinstance(p, str) else p(ex, now, wall) for p in parts)
+        req = Request(ex)
+        return "".join(p if isinstance(p, str) else p(ex, now, wall, req) for p in parts)
     return line
 
 
 def json_line(ex: Any, now: float, wall: float) -> str:
     """``format: json``: one object per line, keys named after Envoy's operators."""
+    req = Request(ex)
+
     def h(name: bytes) -> str | None:
-        v = req_header(ex, name)
+        v = req.get(name)
         return v.decode("latin-1") if v else None
     rec = {
         "start_time": start_time(ex, now, wall),
