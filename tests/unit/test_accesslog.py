@@ -15,6 +15,7 @@ from lameduck.proxy.accesslog import (
     UH,
     URX,
     compile_text,
+    default_line,
     flag_string,
     json_line,
 )
@@ -24,7 +25,7 @@ def record(**over: object) -> SimpleNamespace:
     ex = SimpleNamespace(
         method=b"POST", request_id=b"r-1", t0=100.0, sid=0, v10=False, status=204,
         flags=0, bytes_rx=154, bytes_tx=0, resp_fields=None, cluster=SimpleNamespace(name="app"),
-        endpoint=SimpleNamespace(host="10.0.2.1", port=80),
+        endpoint=SimpleNamespace(host="10.0.2.1", port=80, address="10.0.2.1:80"),
         down=SimpleNamespace(transport=None),
         log_req=(b"/api/v1/locations", None, [(b"host", b"locations")],
                  [b"user-agent: nsq2http\r\n", b"x-forwarded-for: 10.0.35.28\r\n\r\n"]))
@@ -43,6 +44,11 @@ def test_default_format_is_envoy_layout() -> None:
     line = compile_text(DEFAULT_FORMAT)(record(), 100.25, 1460751420.5)
     assert line == ('[2016-04-15T20:17:00.250Z] "POST /api/v1/locations HTTP/1.1" 204 - 154 0 '
                     '250 - "10.0.35.28" "nsq2http" "r-1" "locations" "10.0.2.1:80"\n')
+    # the default's own formatter writes the same text
+    assert default_line(record(), 100.25, 1460751420.5) == line
+    bare = record(endpoint=None, log_req=None, request_id=b"", method=b"GET")
+    assert default_line(bare, 100.25, 1460751420.5) == compile_text(DEFAULT_FORMAT)(
+        bare, 100.25, 1460751420.5)
 
 
 def test_operators_alternatives_and_missing_values() -> None:

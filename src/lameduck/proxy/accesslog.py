@@ -71,39 +71,19 @@ def new_request_id(bits: Callable[[int], int]) -> bytes:
 
 
 # -- what a line is made of ---------------------------------------------------------------------
-def _request_fields(ex: Any) -> dict[bytes, bytes]:
-    """What the codec kept of the request for the log (``ex.log_req``), by lower-case name
-    (``:path``, ``:authority`` too), parsed once per line."""
-    kept = ex.log_req
-    out: dict[bytes, bytes] = {}
-    if kept is None:
-        return out
-    path, authority, pairs, lines = kept
-    if lines:
-        # HTTP/1.1: the head's lines, "name: value\r\n" (one may hold several) as sent
-        # upstream: X-Forwarded-For with the client's address appended, as Envoy logs it.
-        for line in b"".join(lines).split(b"\r\n"):
-            n, sep, v = line.partition(b":")
-            if sep:
-                out.setdefault(n.lower(), v.strip())
-    for n, v in pairs:  # HTTP/2's fields; HTTP/1.1's routing ones (Host, ...) as received
-        out.setdefault(n, v)
-    if path:
-        out[b":path"] = path
-    host = authority if authority is not None else out.get(b"host")
-    if host:
-        out[b":authority"] = host
-    return out
-
-
 class Request:
-    """The request fields of one line, looked up by lower-case name; parsed on first use."""
+    """The request fields of one line, looked up by lower-case name (``:method``, ``:path``,
+    ``:authority`` too) in what the codec kept for the log (``ex.log_req``): HTTP/1.1's head
+    lines as sent upstream (X-Forwarded-For with the client's address appended, as Envoy logs
+    it), searched once lower-cased; HTTP/2's fields, and HTTP/1.1's routing ones (Host, ...),
+    as received."""
 
-    __slots__ = ("ex", "fields")
+    __slots__ = ("blob", "ex", "raw")
 
     def __init__(self, ex: Any) -> None:
         self.ex = ex
-        self.fields: dict[bytes, bytes] | None = None
+        self.blob: bytes | None = None
+        self.raw: bytes | None = None
 
     def get(self, name: bytes) -> bytes | None:
         ex = self.ex
@@ -111,10 +91,45 @@ class Request:
             return ex.method or None  # type: ignore[no-any-return]
         if name == b"x-request-id" and ex.request_id:
             return ex.request_id  # type: ignore[no-any-return]  # also when lameduck made it
-        fields = self.fields
-        if fields is None:
-            fields = self.fields = _request_fields(ex)
-        return fields.get(name) or None
+        kept = ex.log_req
+        if kept is None:
+            return None
+        path, authority, pairs, lines = kept
+        if name == b":path":
+            return path or None  # type: ignore[no-any-return]
+        if name == b":authority":
+            if authority is not None:
+                return authority  # type: ignore[no-any-return]
+            name = b"host"
+        if lines:
+            v = self.find(b"\r\n" + name + b":")
+            if v is not None:
+                return v
+        for n, v in pairs:
+            if n == name:
+                return v or None  # type: ignore[no-any-return]
+        return None
+
+    def find(self, needle: bytes) -> bytes | None:
+        """HTTP/1.1: the value after ``needle`` (CRLF, a lower-case name, a colon) in the head's
+        lines, which keep their case; None if no line has that name."""
+        blob = self.blob
+        if blob is None:
+            kept = self.ex.log_req
+            if kept is None or not kept[3]:
+                return None
+            self.raw = b"".join(kept[3])
+            blob = self.blob = b"\r\n" + self.raw.lower()
+        at = blob.find(needle)
+        if at < 0:
+            return None
+        at += len(needle)
+        end = blob.find(b"\r\n", at)
+        if end < 0:
+            end = len(blob)
+        raw = self.raw
+        assert raw is not None
+        return raw[at - 2:end - 2].strip() or None
 
 
 def req_header(ex: Any, name: bytes) -> bytes | None:
@@ -137,18 +152,24 @@ def _text(v: bytes | None) -> str:
     return v.decode("latin-1") if v else "-"
 
 
-_second: list[Any] = [-1, ""]  # the last whole second formatted, and its text
+_second: list[Any] = [-1, "", -1, ""]  # the last second and millisecond formatted, and texts
 
 
 def start_time(ex: Any, now: float, wall: float) -> str:
-    """ISO 8601 UTC with milliseconds, as Envoy writes %START_TIME%; the second's text is
-    formatted once per second."""
-    t = wall - (now - ex.t0)
-    sec = int(t)
-    if _second[0] != sec:
-        _second[0] = sec
-        _second[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
-    return f"{_second[1]}.{int(t * 1000) % 1000:03d}Z"
+    """ISO 8601 UTC with milliseconds, as Envoy writes %START_TIME%; formatted once per
+    millisecond (tens of requests share one at full load)."""
+    ms = int((wall - (now - ex.t0)) * 1000)
+    cache = _second
+    if cache[2] == ms:
+        return cache[3]  # type: ignore[no-any-return]
+    sec = ms // 1000
+    if cache[0] != sec:
+        cache[0] = sec
+        cache[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+    text = f"{cache[1]}.{ms % 1000:03d}Z"
+    cache[2] = ms
+    cache[3] = text
+    return text
 
 
 def protocol(ex: Any) -> str:
@@ -157,7 +178,7 @@ def protocol(ex: Any) -> str:
 
 def upstream_host(ex: Any) -> str | None:
     ep = ex.endpoint
-    return None if ep is None else f"{ep.host}:{ep.port}"
+    return None if ep is None else ep.address  # type: ignore[no-any-return]  # host:port
 
 
 def upstream_cluster(ex: Any) -> str | None:
@@ -233,10 +254,41 @@ def compile_text(fmt: str) -> Callable[[Any, float, float], str]:
     if pos < len(fmt):
         parts.append(fmt[pos:])
 
+    ops: list[Op] = [_literal(p) if isinstance(p, str) else p for p in parts]
+
     def line(ex: Any, now: float, wall: float) -> str:
         req = Request(ex)
-        return "".join(p if isinstance(p, str) else p(ex, now, wall, req) for p in parts)
+        return "".join([op(ex, now, wall, req) for op in ops])
     return line
+
+
+def _literal(text: str) -> Op:
+    return lambda ex, now, wall, req: text
+
+
+_ORIGINAL_PATH: Final = b"\r\nx-envoy-original-path:"
+_XFF: Final = b"\r\nx-forwarded-for:"
+_AGENT: Final = b"\r\nuser-agent:"
+
+
+def default_line(ex: Any, now: float, wall: float) -> str:
+    """Envoy's default format (``DEFAULT_FORMAT``) written out as one f-string: the line most
+    logs use, made without a call per operator (``compile_text`` gives the same text)."""
+    req = Request(ex)
+    kept = ex.log_req
+    h1 = kept is not None and bool(kept[3])
+    path = (req.find(_ORIGINAL_PATH) if h1 else req.get(b"x-envoy-original-path")) or (
+        kept[0] if kept is not None else None)
+    xff = req.find(_XFF) if h1 else req.get(b"x-forwarded-for")
+    agent = req.find(_AGENT) if h1 else req.get(b"user-agent")
+    endpoint = ex.endpoint
+    return (f'[{start_time(ex, now, wall)}] "{_text(ex.method)} {_text(path)} {protocol(ex)}" '
+            f"{ex.status} {flag_string(ex.flags)} {ex.bytes_rx} {ex.bytes_tx} "
+            f"{int((now - ex.t0) * 1000)} "
+            f"{_text(_resp_header(ex, b'x-envoy-upstream-service-time'))} "
+            f'"{_text(xff)}" "{_text(agent)}" '
+            f'"{_text(req.get(b"x-request-id"))}" "{_text(req.get(b":authority"))}" '
+            f'"{"-" if endpoint is None else endpoint.address}"\n')
 
 
 def json_line(ex: Any, now: float, wall: float) -> str:
@@ -337,8 +389,8 @@ class AccessLog:
     def __init__(self, file: LogFile, fmt: str | None, loop: asyncio.AbstractEventLoop) -> None:
         self.file = file
         self.loop = loop
-        self.line = json_line if fmt == "json" else compile_text(
-            DEFAULT_FORMAT if fmt is None else fmt)
+        self.line = (json_line if fmt == "json" else default_line if fmt is None
+                     else compile_text(fmt))
 
     def record(self, ex: Any) -> None:
         """At settle: one line for ``ex``."""
