@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 Responder = Callable[[bytes], bytes]
@@ -34,6 +35,7 @@ class CaptureOrigin:
         self.lock = threading.Lock()
         self.received: list[bytearray] = []  # every connection's bytes, in accept order
         self.requests: list[bytes] = []  # each request as framed here: head + body
+        self.last_rx = 0.0  # time.monotonic() of the last bytes received
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -43,6 +45,19 @@ class CaptureOrigin:
     def all_bytes(self) -> bytes:
         with self.lock:
             return b"".join(bytes(b) for b in self.received)
+
+    def quiet(self, period: float = 0.03, timeout: float = 3.0) -> bool:
+        """Wait until no byte has arrived for ``period`` (bounded by ``timeout``): bytes a
+        dropped upstream connection still carried reach this thread late on a loaded
+        machine, and must not be counted for the case that follows."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                idle = time.monotonic() - self.last_rx
+            if idle >= period:
+                return True
+            time.sleep(period - idle)
+        return False
 
     def mark(self) -> list[int]:
         """How much each connection has received so far (for ``since``)."""
@@ -87,6 +102,7 @@ class CaptureOrigin:
         data = conn.recv(65536)
         with self.lock:
             record += data
+            self.last_rx = time.monotonic()
         return data
 
     def _read_request(self, conn: socket.socket, buf: bytes,
