@@ -469,6 +469,15 @@ def _log_options(p: argparse.ArgumentParser, defaults: bool) -> None:
                         "(default 10s; 0 logs each one)")
 
 
+def admin_options(parser: argparse.ArgumentParser) -> Any:
+    """How a command that talks to a running lameduck finds its admin API (one of them)."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--admin", help="the admin API's host:port (default: from -c, else "
+                                       "127.0.0.1:9901)")
+    where.add_argument("-c", "--config", help="lameduck YAML config (for admin.address)")
+    return where
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lameduck",
@@ -539,10 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps = add("prestop", help="the preStop hook: drain a running lameduck through its "
                                         "admin API with the health-check FSM and "
                                         "wait until the load balancer has taken it out")
-    where = ps.add_mutually_exclusive_group()
-    where.add_argument("--admin", help="the admin API's host:port (default: from -c, else "
-                                       "127.0.0.1:9901)")
-    where.add_argument("-c", "--config", help="lameduck YAML config (for admin.address)")
+    admin_options(ps)
     ps.add_argument("--strategy", choices=["hold-health", "deregister-first"],
                     default="hold-health",
                     help="hold-health: drain, health 200 while requests are in flight, then "
@@ -554,22 +560,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the LB's detection time (interval x fall) plus a margin "
                          "(default 10s)")
     ps.set_defaults(func=cmd_prestop)
-    tp = sub.add_parser("top", help="a live view of a running lameduck from its admin API: "
-                                    "state, drain progress, in-flight requests, closes per "
-                                    "second, listeners and cluster endpoints")
-    at = tp.add_mutually_exclusive_group()
-    at.add_argument("--admin", help="the admin API's host:port (default: from -c, else "
-                                    "127.0.0.1:9901)")
-    at.add_argument("-c", "--config", help="lameduck YAML config (for admin.address)")
-    at.add_argument("--admin-address-path", metavar="PATH",
-                    help="read the admin API's host:port from PATH (the file `lameduck run "
-                         "--admin-address-path` writes)")
+    tp = add("top", help="a live view of a running lameduck from its admin API: state, "
+                         "drain progress, in-flight requests, closes per second, listeners "
+                         "and cluster endpoints")
+    admin_options(tp).add_argument(
+        "--admin-address-path", metavar="PATH",
+        help="read the admin API's host:port from PATH (the file `lameduck run "
+             "--admin-address-path` writes)")
     tp.add_argument("--once", action="store_true",
                     help="print one plain-text snapshot and exit (also when stdout is not a "
                          "terminal)")
     tp.set_defaults(func=cmd_top)
-    rp = sub.add_parser("report", help="draw a drain report (a drain.report_dir file or GET "
-                                       "/drain_report's answer) as a PNG")
+    rp = add("report", help="draw a drain report (a drain.report_dir file or GET "
+                            "/drain_report's answer) as a PNG")
     rp.add_argument("file", help="the report's JSON")
     rp.add_argument("--png", required=True, metavar="OUT", help="the PNG to write")
     rp.set_defaults(func=cmd_report)

@@ -425,6 +425,7 @@ class H1Downstream(Downstream):
             method, self.ext_method = self.ext_method, None
         v10 = version == "1.0"
         ex = Exchange(self, method)
+        ex.started = self.req_started
         if ctx.access_log is not None:  # what the log line reads at settle
             ex.t0 = self.req_started
             ex.log_req = (self.url, None, self.special, self.lines)

@@ -433,6 +433,7 @@ class H2Downstream(Downstream):
         st.downstream_rq_active += 1
         sid = ev.stream_id
         s = Exchange(self, ev.method)
+        s.started = self.rx_at
         s.sid = sid
         self.streams[sid] = s
         if ctx.access_log is not None:  # what the log line reads at settle

@@ -184,6 +184,9 @@ class Exchange:
     bytes_tx = 0
     request_id = b""
     t0 = 0.0
+    # downstream_rq_time runs from here: the codec's time of the request's head (a field it
+    # already read, no clock read per request); 0 for a local answer to a malformed request
+    started = 0.0
     log_req: tuple[bytes, bytes | None, list[tuple[bytes, bytes]], list[bytes] | None] | None = None
     resp_fields: Fields | None = None
     sent_at = 0.0  # loop time the request went upstream (upstream_rq_time)
@@ -193,7 +196,6 @@ class Exchange:
         # Native references to what every request touches: a native field read instead of a
         # lookup by name on the (protocol-typed) downstream at each use.
         self.stats: HttpStats = down.ctx.stats
-        self.started = down.ctx.loop.time()  # downstream_rq_time runs from the request's head
         self.method = method
         self.is_head = method == b"HEAD"
         # Set here, not as class defaults: mypyc leaves a protocol-typed default undefined.
@@ -851,7 +853,8 @@ class Exchange:
         if done:
             st.downstream_rq_completed += 1
             now = self.down.ctx.loop.time()
-            st.downstream_rq_time.record((now - self.started) * 1000.0)
+            if self.started:
+                st.downstream_rq_time.record((now - self.started) * 1000.0)
             if self.status and self.sent_at and self.cluster is not None:  # answered upstream
                 self.cluster.stats.upstream_rq_time.record((now - self.sent_at) * 1000.0)
         if self.t0:  # the access log is on
