@@ -27,6 +27,7 @@ from lameduck.restart import Notifier, listen_fds, match_listeners
 from lameduck.restart.hot import connect_parent, default_path
 from lameduck.server.logfile import formatter as log_formatter
 from lameduck.server.logfile import open_log_file
+from lameduck.server.workers import worker_count
 from lameduck.upstream.errlog import DEFAULT_INTERVAL as DEFAULT_ERRLOG_INTERVAL
 from lameduck.upstream.errlog import set_interval as set_errlog_interval
 
@@ -210,9 +211,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                          inherited.parent_pid, inherited.epoch)
             else:
                 log.info("hot restart: no lameduck serves %s; starting afresh", restart_path)
-        server = Server(cfg, sockets=sockets, notifier=Notifier(), inherited=inherited,
-                        restart_path=restart_path, config_path=config_path,
-                        successor_argv=None if demo else _successor_argv(args, config_path))
+        kw: dict[str, Any] = dict(
+            sockets=sockets, notifier=Notifier(), inherited=inherited,
+            restart_path=restart_path, config_path=config_path,
+            successor_argv=None if demo else _successor_argv(args, config_path))
+        count = worker_count(cfg.workers)
+        if count > 1:
+            from lameduck.server.main_process import MainServer
+            worker_argv = _log_argv(args)
+            if args.log_file:
+                worker_argv += ["--log-file", os.path.abspath(args.log_file)]
+            server: Server = MainServer(cfg, count=count, worker_argv=worker_argv, **kw)
+        else:
+            server = Server(cfg, **kw)
         loop = asyncio.get_running_loop()
         for sig in SIGNALS:
             loop.add_signal_handler(sig, early.append, sig)

@@ -320,7 +320,19 @@ def test_valid_fixture_loads() -> None:
             "drain: {time: 20s}",
             "drain: {time: 20s}\ndrian: {}",
             "lameduck.yaml: drian: unknown key (allowed: admin, drain, shutdown, listeners, "
-            "clusters, hot_restart)",
+            "clusters, hot_restart, workers)",
+        ),
+        (  # workers: a count or auto
+            "drain: {time: 20s}",
+            "drain: {time: 20s}\nworkers: many",
+            "lameduck.yaml: workers: expected a number of worker processes from 1 to 256, or "
+            "auto (one per CPU), got 'many'",
+        ),
+        (
+            "drain: {time: 20s}",
+            "drain: {time: 20s}\nworkers: 0",
+            "lameduck.yaml: workers: expected a number of worker processes from 1 to 256, or "
+            "auto (one per CPU), got 0",
         ),
         (  # unknown key inside a list item
             "{prefix: /, cluster: app}",

@@ -17,6 +17,8 @@ log = logging.getLogger("lameduck.admin")
 
 
 # the request fields the guard looks at; the rest are read and dropped
+# the answers made of a main process's workers' numbers, which it gathers first
+REFRESHED = frozenset(("/stats", "/stats/prometheus", "/clusters", "/server_info"))
 GUARDED = frozenset((b"host", b"origin", b"sec-fetch-site", b"authorization"))
 MAX_HEAD = 65536
 
@@ -72,13 +74,29 @@ class AdminProtocol(asyncio.Protocol):
             self._reply(status, "text/plain; charset=utf-8", reason,
                         "Bearer" if status == 401 else None, close=True)
             return
+        refresh = getattr(self.handlers.c, "refresh", None)
+        if refresh is not None and path in REFRESHED:
+            # the numbers are the workers': ask them first, reading nothing more meanwhile
+            # (the answers keep the requests' order)
+            t = self.transport
+            if t is not None:
+                t.pause_reading()
+            keep = self.parser.should_keep_alive()
+            task = asyncio.get_running_loop().create_task(refresh())
+            task.add_done_callback(lambda _t: self._answer(method, path, query, keep))
+            return
+        self._answer(method, path, query, self.parser.should_keep_alive())
+
+    def _answer(self, method: str, path: str, query: str, keep_alive: bool) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.resume_reading()
         try:
             status, ctype, body, allow = self.handlers.handle(method, path, query)
         except Exception:  # the admin API must never take the process down
             log.exception("admin handler failed for %s %s", method, path)
             status, ctype, body, allow = 500, "text/plain", b"internal error\n", None
-        self._reply(status, ctype, body, allow, close=not self.parser.should_keep_alive(),
-                    head=method == "HEAD")
+        self._reply(status, ctype, body, allow, close=not keep_alive, head=method == "HEAD")
 
     def _reply(self, status: int, ctype: str, body: bytes, allow: str | None, close: bool,
                head: bool = False) -> None:

@@ -172,6 +172,25 @@ EndpointAddress = Annotated[
 """An address to connect to: port 0 is meaningless there."""
 
 
+MAX_WORKERS: Final = 256
+
+
+def _workers(value: object) -> int | str:
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
+        raise ValueError(f"expected a number of worker processes from 1 to {MAX_WORKERS}, or "
+                         f"auto (one per CPU), got {value!r}")
+    return value
+
+
+Workers = Annotated[int | str, PlainValidator(_workers),
+                    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1,
+                                               "maximum": MAX_WORKERS},
+                                              {"const": "auto"}]})]
+"""``workers``: how many data-plane processes (``auto``: one per CPU)."""
+
+
 # --- field helpers -----------------------------------------------------------------------------
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_.-]+")
@@ -748,6 +767,9 @@ class Config(BaseModel):
     listeners: tuple[ListenerConfig, ...] = ()
     clusters: tuple[ClusterConfig, ...] = ()
     hot_restart: HotRestartConfig = HotRestartConfig()
+    # Data-plane worker processes (nginx's worker_processes, Envoy's --concurrency): 1 serves
+    # in the one process; "auto" is the number of CPUs this process may run on.
+    workers: Workers = 1
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Self:

@@ -34,7 +34,7 @@ from lameduck.drain import (
 from lameduck.drain.endpoint import AdminState
 from lameduck.drain.prestop import Prestop, PrestopAction, PrestopStrategy
 from lameduck.drain.timeline import KEEP_REPORTS, Reading, Timeline, build_report, file_name
-from lameduck.listeners import TcpListener
+from lameduck.listeners import Listener, TcpListener
 from lameduck.restart import Notifier
 from lameduck.restart.hot import HasFileno, Inherited, Rendezvous, follow_parent, take_over
 from lameduck.server.build import build
@@ -163,7 +163,7 @@ class Server:
             raise
         before = inh.definitions if inh is not None else {}
         for listener, sock in zip(self.listeners, socks, strict=True):
-            await listener.start(sock)
+            await self._serve(listener, sock)
             log.info("listener %s on %s", listener.name, fmt_addr(listener.sockname))
             # Envoy's LDS words, against the process before this one (hot restart)
             old = before.get(listener.name)
@@ -171,6 +171,7 @@ class Server:
                 self.lm_stats.listener_added += 1
             elif old != listener.cfg.model_dump(mode="json"):
                 self.lm_stats.listener_modified += 1
+        await self._serving()
         names = {ls.name for ls in self.listeners}
         self.lm_stats.listener_removed += sum(1 for name in before if name not in names)
         self.lm_stats.total_listeners_active = len(self.listeners)
@@ -187,6 +188,13 @@ class Server:
         if before_ready is not None:
             before_ready()
         self.notifier.ready()
+
+    async def _serve(self, listener: Listener, sock: socket.socket) -> None:
+        """This process accepts on ``sock`` (a main process with workers holds it)."""
+        await listener.start(sock)
+
+    async def _serving(self) -> None:
+        """Every listener has its socket (a main process starts its workers here)."""
 
     def _inherited_socket(self, name: str, address: str) -> socket.socket | None:
         """The previous process's listening socket for this listener, if its address is the
@@ -678,14 +686,12 @@ class Server:
                     conn.transport.abort()
         for cluster in self.clusters.values():
             cluster.close_idle()
+        self._close_down()
+
+    def _close_down(self) -> None:
+        """The end: the drain report, then everything this process runs, then ``done``."""
         ds = self._sync_drain_counts()
-        log.info(
-            "drain report: requests completed=%d refused=%d cut=%d (503=%d reset=%d); "
-            "connections drained by response=%d proactively=%d at end=%d; "
-            "reset in the accept queue at listener close=%d",
-            ds.completed, ds.refused, ds.cut, ds.cut_before_response, ds.cut_reset,
-            ds.cx_drained_by_response, ds.cx_drained_proactive, ds.cx_closed_at_end,
-            ds.cx_reset_listener_close)
+        self.drain_report_line()
         self._record_end()
         if self.admin is not None:
             self.admin.close()
@@ -703,6 +709,16 @@ class Server:
             checker.stop()
         if not self.done.done():
             self.done.set_result(EXIT_CUT if ds.cut else EXIT_OK)
+
+    def drain_report_line(self) -> None:
+        ds = self._sync_drain_counts()
+        log.info(
+            "drain report: requests completed=%d refused=%d cut=%d (503=%d reset=%d); "
+            "connections drained by response=%d proactively=%d at end=%d; "
+            "reset in the accept queue at listener close=%d",
+            ds.completed, ds.refused, ds.cut, ds.cut_before_response, ds.cut_reset,
+            ds.cx_drained_by_response, ds.cx_drained_proactive, ds.cx_closed_at_end,
+            ds.cx_reset_listener_close)
 
     def _sync_drain_counts(self) -> DrainStats:
         """``server.drain.completed/refused/cut`` are the ledger's own counts, not kept twice."""

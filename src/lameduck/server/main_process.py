@@ -1,0 +1,387 @@
+"""The main process of ``workers: N`` (N > 1): control for a set of data-plane workers.
+
+It owns what belongs to the process as a whole — the listening sockets (bound once, a
+duplicate handed to each worker), the admin API, signals, hot restart, health and agent checks
+(one checker per cluster, not per worker), the preStop FSM, the drain decisions and the drain
+report — and no connection. Its ``ProcessDrain`` is the one the operator sees: a drain starts
+here and is sent to every worker with its start time, so each worker's connections draw their
+moments from the same event; the exit waits until the requests in flight, summed over the
+workers, are none (or the deadline), and its code and drain report cover every worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from typing import Any
+
+from lameduck.drain import Cause, ListenerDrain, Step
+from lameduck.drain.timeline import Reading
+from lameduck.listeners import Listener
+from lameduck.listeners.base import accept_queue
+from lameduck.restart.hot import HasFileno
+from lameduck.server.channel import Message
+from lameduck.server.server import EXIT_FLUSH, Server
+from lameduck.server.views import clusters_view
+from lameduck.server.worker import apply_endpoints, endpoint_facts
+from lameduck.server.workers import Worker, WorkerSet
+from lameduck.stats import (
+    COUNTER,
+    DrainStats,
+    Stat,
+)
+from lameduck.stats.histogram import HistogramValue
+from lameduck.stats.registry import merge
+from lameduck.upstream.cluster import Cluster
+
+log = logging.getLogger("lameduck")
+
+# Stats of the process as a whole: the main process's, not a sum over workers.
+MAIN_PREFIXES = ("server.", "listener_manager.")
+MAIN_DATA_PLANE = "server.drain."  # ... except the drain's counts, which the workers keep
+# Gauges every worker holds the same value of (endpoint facts are shared): not summed.
+SHARED_GAUGES = ("membership_total", "membership_healthy", "membership_excluded",
+                 "lb_persistence_records", "ejections_active")
+# How long a listener's socket stays open here after the workers stopped accepting on it,
+# at most, waiting for their word (then what is queued is reset, and counted).
+CLOSE_WAIT = 1.0
+
+
+class MainServer(Server):
+    """``Server`` with its data plane in ``count`` worker processes."""
+
+    def __init__(self, *args: Any, count: int, worker_argv: list[str], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.count = count
+        self.worker_argv = worker_argv
+        self.held: dict[str, socket.socket] = {}
+        self.workers: WorkerSet | None = None
+        self.lost_requests = 0  # in flight in a worker that died
+        self._close_timers: dict[str, asyncio.TimerHandle] = {}
+        self._closing: set[str] = set()
+        self.cx_reset_here = 0
+        for c in self.clusters.values():
+            c.on_change = self._cluster_changed(c)
+        self.registry.add_gauge_fn("server.workers", lambda: self.count)
+        self.registry.add_gauge_fn("server.workers_replaced", lambda: (
+            self.workers.replaced if self.workers is not None else 0))
+        self.registry.add_gauge_fn("server.worker_lost_requests", lambda: self.lost_requests)
+
+    # -- start ------------------------------------------------------------------------------
+    async def _serve(self, listener: Listener, sock: socket.socket) -> None:
+        self.held[listener.name] = sock
+        listener.sockname = sock.getsockname()
+
+    async def _serving(self) -> None:
+        self.workers = WorkerSet(self.loop, self.count, self.cfg.model_dump(mode="json"),
+                                 self.held, self.worker_argv, self._status, self._lost,
+                                 self._endpoints_found)
+        self.workers.greeting = lambda: [
+            {"op": "endpoints", "cluster": c.name, "hosts": endpoint_facts(c)}
+            for c in self.clusters.values()]
+        try:
+            await self.workers.start()
+        except OSError:
+            self.workers.finish("exit", "start failed")
+            await self.workers.wait_exited(1.0)
+            raise
+        log.info("%d workers serving (pids %s)", self.count,
+                 " ".join(str(w.pid) for w in self.workers.workers))
+
+    def _cluster_changed(self, cluster: Cluster) -> Any:
+        def changed() -> None:
+            if self.workers is not None:
+                self.workers.broadcast({"op": "endpoints", "cluster": cluster.name,
+                                        "hosts": endpoint_facts(cluster)})
+        return changed
+
+    def _endpoints_found(self, msg: Message) -> None:
+        """A worker's outlier detection ejected (or let back) an endpoint: every worker."""
+        cluster = self.clusters.get(msg["cluster"])
+        if cluster is not None:
+            apply_endpoints(cluster, msg["hosts"], self.loop.time())
+            self._cluster_changed(cluster)()
+
+    # -- the workers' numbers ---------------------------------------------------------------
+    def _statuses(self) -> list[dict[str, Any]]:
+        ws = self.workers
+        return [] if ws is None else [w.status for w in ws.workers if w.status]
+
+    def _sum(self, key: str) -> int:
+        return sum(int(s.get(key, 0)) for s in self._statuses())
+
+    def _status(self, w: Worker) -> None:
+        """A worker's status: the ledger here is the sum of theirs (the exit decision)."""
+        self.process.ledger.active = self._sum("active")
+        self._check_closing()
+        self._changed()
+
+    def _lost(self, w: Worker, in_flight: int) -> None:
+        self.lost_requests += in_flight
+        self._status(w)
+
+    def connections(self) -> int:
+        return self._sum("connections")
+
+    def _in_flight(self) -> int:
+        return self._sum("in_flight")
+
+    def _unsent(self) -> bool:
+        return any(s.get("unsent") for s in self._statuses())
+
+    def draining_listeners(self) -> int:
+        return len(self.listeners) if self.connections() else 0
+
+    def _drain_sum(self, key: str) -> int:
+        return sum(int(s.get("drain", {}).get(key, 0)) for s in self._statuses())
+
+    def _sync_drain_counts(self) -> DrainStats:
+        ds, ledger = self.drain_stats, self.process.ledger
+        for key in ("completed", "refused", "cut", "cut_before_response", "cut_reset",
+                    "cx_drained_by_response", "cx_drained_proactive", "cx_closed_at_end"):
+            setattr(ds, key, self._drain_sum(key))
+        ds.cx_reset_listener_close = self.cx_reset_here
+        ledger.completed, ledger.refused, ledger.cut = ds.completed, ds.refused, ds.cut
+        return ds
+
+    def _reading(self) -> Reading:
+        ds = self._sync_drain_counts()
+        return Reading(self._sum("requests"), self.connections(), self._sum("upgrades"),
+                       ds.cx_drained_by_response, ds.cx_drained_proactive,
+                       ds.cx_closed_at_end, ds.refused, ds.cut)
+
+    # -- drains: decided here, carried out in every worker ----------------------------------
+    def _broadcast(self, event: Any, reached: list[ListenerDrain]) -> None:
+        self._schedule_closes()
+
+    def drain_listeners(self, graceful: bool, skip_exit: bool, inbound_only: bool) -> None:
+        super().drain_listeners(graceful, skip_exit, inbound_only)
+        ev = self.process.last_event
+        assert ev is not None and self.workers is not None
+        self.workers.broadcast({"op": "drain_listeners", "start": ev.start,
+                                "graceful": graceful, "skip_exit": skip_exit,
+                                "inbound_only": inbound_only}, replay=True)
+        self._schedule_closes()
+
+    def begin_shutdown(self, why: str = "SIGTERM", cause: Cause = Cause.SHUTDOWN,
+                       deadline: float | None = None, start: float | None = None) -> None:
+        if self.process.shutdown is not None:
+            return
+        super().begin_shutdown(why, cause, deadline, start)
+        ev = self.process.shutdown
+        assert ev is not None and self.workers is not None
+        self.workers.broadcast({"op": "shutdown", "start": ev.start, "cause": ev.cause.value,
+                                "deadline": self.process.exit_after,
+                                "broadcast": start is None,
+                                "hand_over": cause is Cause.HOT_RESTART}, replay=True)
+        self._schedule_closes()
+
+    def healthcheck_fail(self) -> None:
+        super().healthcheck_fail()
+        if self.workers is not None:
+            self.workers.broadcast({"op": "healthcheck", "failed": True}, replay=True)
+
+    def healthcheck_ok(self) -> None:
+        super().healthcheck_ok()
+        if self.workers is not None:
+            self.workers.broadcast({"op": "healthcheck", "failed": False}, replay=True)
+
+    # -- the listening sockets held here ----------------------------------------------------
+    def _schedule_closes(self) -> None:
+        """A listener stops accepting at its drain's ``stop_at`` in every worker; this
+        process's copy closes once they have (only the last close resets the queue)."""
+        now = self.loop.time()
+        for ls in self.listeners:
+            at = ls.drain.stop_at
+            if at is None or ls.name not in self.held or ls.name in self._close_timers:
+                continue
+            self._close_timers[ls.name] = self.loop.call_at(max(at, now), self._close_due,
+                                                            ls.name)
+
+    def _close_due(self, name: str) -> None:
+        self._closing.add(name)
+        self._close_timers[name] = self.loop.call_later(CLOSE_WAIT, self._close_held, name)
+        self._check_closing()
+
+    def _check_closing(self) -> None:
+        for name in list(self._closing):
+            if not any(name in s.get("accepting", ()) for s in self._statuses()):
+                self._close_held(name)
+
+    def _close_held(self, name: str, handed_over: bool = False) -> None:
+        self._closing.discard(name)
+        timer = self._close_timers.pop(name, None)
+        if timer is not None:
+            timer.cancel()
+        sock = self.held.pop(name, None)
+        if sock is None:
+            return
+        ls = next(ls for ls in self.listeners if ls.name == name)
+        queued = 0 if handed_over or ls.socket_shared else accept_queue(sock)
+        sock.close()
+        if queued:
+            self.cx_reset_here += queued
+            log.warning("listener %s closed with %d connection(s) not yet accepted: reset",
+                        name, queued)
+        log.info("listener %s stopped accepting", name)
+        self._changed()
+
+    def handover_sockets(self) -> tuple[list[tuple[str, str, HasFileno]],
+                                        tuple[str, HasFileno] | None]:
+        listeners = [(ls.name, str(ls.cfg.address), self.held[ls.name])
+                     for ls in self.listeners if ls.name in self.held]
+        admin = (None if self.admin is None
+                 else (str(self.cfg.admin.address), self.admin.sockets[0]))
+        return listeners, admin  # type: ignore[return-value]
+
+    def hand_over(self) -> None:
+        for name in list(self.held):
+            self._close_held(name, handed_over=True)
+        super().hand_over()
+
+    # -- the end ----------------------------------------------------------------------------
+    def _finish(self, step: Step) -> None:
+        if self.done.done() or self._finishing:
+            return
+        self._finishing = True
+        if self._shutdown_timer is not None:
+            self._shutdown_timer.cancel()
+        if step is Step.CUT:
+            log.warning("%s: cutting %d requests still in flight in the workers",
+                        self._quit_why if self._quitting else "deadline",
+                        self.process.ledger.active)
+        elif self._quitting:
+            log.info("%s: no request in flight", self._quit_why)
+        else:
+            log.info("drain complete: no request in flight in any worker")
+        assert self.workers is not None
+        self.workers.finish(step.value, self._quit_why if self._quitting else None)
+        limit = self.loop.time() + EXIT_FLUSH
+        deadline = self.process.deadline
+        if step is Step.EXIT and deadline is not None and not self._quitting:
+            limit = max(limit, deadline)
+        self.loop.create_task(self._exit_when_workers_have(limit))
+
+    async def _exit_when_workers_have(self, limit: float) -> None:
+        assert self.workers is not None
+        await self.workers.wait_exited(limit - self.loop.time() + 2.0)
+        for name in list(self.held):
+            self._close_held(name)
+        self._close_down()
+
+    def _housekeep(self) -> None:
+        super()._housekeep()
+        if self.workers is not None:  # counters for a successor, gauges for the timeline
+            self.loop.create_task(self.workers.gather_stats())
+
+    def handle_signal(self, sig: signal.Signals) -> None:
+        super().handle_signal(sig)
+        if sig is signal.SIGUSR1 and self.workers is not None:
+            self.workers.broadcast({"op": "reopen"})
+
+    # -- views ------------------------------------------------------------------------------
+    async def refresh(self) -> None:
+        """Before an admin answer made of the workers' numbers: ask them."""
+        if self.workers is not None:
+            await self.workers.gather_stats()
+
+    def _worker_stats(self) -> list[list[Stat]]:
+        out = []
+        ws = self.workers
+        first = True
+        for w in ws.workers if ws is not None else ():
+            stats = []
+            for row in w.stats:
+                name = row[0]
+                if _main_stat(name) or (not first and row[2] != COUNTER
+                                        and name.endswith(SHARED_GAUGES)):
+                    continue  # the main process's, or the same in every worker
+                if len(row) > 3:
+                    stats.append(Stat(name, row[1], row[2],
+                                      HistogramValue(tuple(row[3]), float(row[4]))))
+                else:
+                    stats.append(Stat(name, row[1], row[2]))
+            # the spread over the workers (Envoy's per-worker listener stats, summed over
+            # the listeners): what each one took
+            cx = sum(row[1] for row in w.stats if row[0].endswith(".downstream_cx_total")
+                     and row[0].startswith(("http.", "tcp.")))
+            rq = sum(row[1] for row in w.stats if row[0].endswith(".downstream_rq_total")
+                     and row[0].startswith("http."))
+            stats.append(Stat(f"worker.{w.index}.downstream_cx_total", cx, COUNTER))
+            stats.append(Stat(f"worker.{w.index}.downstream_rq_total", rq, COUNTER))
+            out.append(stats)
+            first = first and not w.stats
+        return out
+
+    def stats_snapshot(self) -> list[Stat]:
+        own = [s for s in super().stats_snapshot() if _main_stat(s.name)]
+        merged = merge([own, *self._worker_stats()])
+        carried = self.registry.carried
+        if carried:  # a hot restart's counters, for the names the workers keep
+            names = {s.name for s in own}
+            merged = [Stat(s.name, s.value + carried.get(s.name, 0), s.kind)
+                      if s.kind == COUNTER and s.name not in names else s for s in merged]
+        self.registry.used.update(s.name for s in merged if s.value)
+        return merged
+
+    def counters(self) -> dict[str, int]:
+        return {s.name: s.value for s in self.stats_snapshot() if s.kind == COUNTER}
+
+    def clusters_view(self) -> list[dict[str, Any]]:
+        """Endpoint states and health from here; request and connection counts summed over
+        the workers."""
+        view = clusters_view(self.clusters.values())
+        ws = self.workers
+        for w in ws.workers if ws is not None else ():
+            for wc in w.clusters:
+                mine = next((c for c in view if c["name"] == wc["name"]), None)
+                if mine is None:
+                    continue
+                for wh in wc["host_statuses"]:
+                    h = next((h for h in mine["host_statuses"]
+                              if h["address"] == wh["address"]), None)
+                    if h is not None:
+                        for k, v in wh["stats"].items():
+                            h["stats"][k] += v
+        return view
+
+    def server_info(self) -> dict[str, Any]:
+        info = super().server_info()
+        statuses = self._statuses()
+        for entry in info["listeners"]:
+            entry["accepting"] = any(entry["name"] in s.get("accepting", ())
+                                     for s in statuses)
+            entry["connections"] = sum(int(s.get("listeners", {}).get(entry["name"], 0))
+                                       for s in statuses)
+        ws = self.workers
+        info["workers"] = [
+            {"index": w.index, "pid": w.pid, "ready": w.ready,
+             "connections": int(w.status.get("connections", 0)),
+             "requests_in_flight": int(w.status.get("active", 0)),
+             "rq_total": int(w.status.get("rq_total", 0))}
+            for w in (ws.workers if ws is not None else ())]
+        return info
+
+    def reset_counters(self) -> None:
+        super().reset_counters()
+        if self.workers is not None:
+            self.workers.broadcast({"op": "reset_counters"})
+
+    def set_log_level(self, name: str | None, level: str) -> None:
+        super().set_log_level(name, level)
+        if self.workers is not None:
+            self.workers.broadcast({"op": "log_level", "name": name, "level": level})
+
+    def _refresh_gauges(self) -> None:
+        super()._refresh_gauges()
+        self.lm_stats.total_listeners_active = len(self.held)
+
+
+def _main_stat(name: str) -> bool:
+    """The process's own stats (server state, listener manager, active health checks), not
+    the workers' — though the drain's counts are theirs (``server.drain.active`` is not)."""
+    if name.startswith(MAIN_DATA_PLANE):
+        return name == "server.drain.active"
+    return name.startswith(MAIN_PREFIXES) or ".health_check." in name

@@ -1,0 +1,361 @@
+"""A data-plane worker: listeners, codecs, pools and exchanges on sockets the main process
+holds, doing what the main process says (nginx's worker processes, Envoy's worker threads).
+
+The worker runs the same ``Server`` as a single process does, minus what belongs to the
+process as a whole: no admin API, no signals, no health or agent checkers, no hot-restart
+socket. A drain comes from the main process with its start time (the monotonic clock is
+system-wide), so every worker draws its connections' moments from the same event; the
+deadline cut is each worker's own timer at that same moment; the exit is the main process's
+decision, taken over every worker's requests in flight.
+
+Started as ``python -m lameduck.server.worker --control-fd N`` with the log options; its
+first message on the control channel is its config and its listening sockets' descriptors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from lameduck.config import Config, parse_duration
+from lameduck.drain import Cause, DrainEvent, Step
+from lameduck.drain.endpoint import AdminState
+from lameduck.drain.retry import RetryBudget
+from lameduck.listeners import TcpListener
+from lameduck.server.channel import Channel, Message, open_channel, read_one
+from lameduck.server.logfile import formatter, open_log_file, reopen_log_files
+from lameduck.server.server import Server
+from lameduck.server.views import clusters_view
+from lameduck.stats import Stat
+from lameduck.upstream.cluster import Cluster
+from lameduck.upstream.errlog import set_interval as set_errlog_interval
+
+log = logging.getLogger("lameduck")
+
+STATUS_INTERVAL = 0.1  # seconds between status messages (the main process's heartbeat too)
+
+
+class WorkerServer(Server):
+    """One worker's data plane, driven over ``channel``."""
+
+    def __init__(self, cfg: Config, loop: asyncio.AbstractEventLoop, index: int, count: int,
+                 sockets: dict[str, socket.socket]) -> None:
+        super().__init__(cfg, loop, sockets=sockets)
+        self.index = index
+        self.count = count
+        self.channel: Channel | None = None
+        self._status_timer: asyncio.TimerHandle | None = None
+        self._status_soon = False
+        self._applying = False  # endpoint facts from the main process are being applied
+        self.parent_gone = False
+        for c in self.clusters.values():
+            # The retry budget is the process's: each worker holds its share of the minimum
+            # (the percentage applies to its own requests, so the shares add up).
+            b = c.budget
+            c.budget = RetryBudget(b.budget_percent,
+                                   math.ceil(b.min_retry_concurrency / count))
+            c.on_change = self._cluster_changed(c)
+
+    # -- start ------------------------------------------------------------------------------
+    async def start_worker(self, control: socket.socket) -> None:
+        for listener in self.listeners:
+            sock = self.sockets.pop(listener.name)
+            sock.setblocking(False)
+            # The main process holds the socket too: closing ours resets nothing; the main
+            # process counts what its own close resets.
+            listener.socket_shared = True
+            await listener.start(sock)
+        self.process.initialized()
+        self._housekeeping = self.loop.call_later(1.0, self._housekeep)
+        self.channel = await open_channel(self.loop, control, self._on_message,
+                                          self._on_lost)
+        self.channel.send({"op": "ready", "pid": os.getpid()})
+        self._status_tick()
+
+    def install_signal_handlers(self) -> None:
+        """A terminal's Ctrl-C and systemd's SIGTERM to the whole control group reach the
+        workers too: they follow the main process, which has the same signals."""
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP,
+                    signal.SIGUSR2):
+            self.loop.add_signal_handler(sig, lambda: None)
+        self.loop.add_signal_handler(signal.SIGUSR1, reopen_log_files)
+
+    # -- status -----------------------------------------------------------------------------
+    def status(self) -> Message:
+        """What the main process decides with: requests and connections in flight (the
+        exit), the drain's counts (its report), which listeners accept (its own close)."""
+        r = self._reading()
+        ds = self.drain_stats
+        ledger = self.process.ledger
+        requests = 0
+        for ls in self.listeners:
+            st = ls.stats  # type: ignore[attr-defined]
+            requests += st.downstream_cx_total if isinstance(ls, TcpListener) \
+                else st.downstream_rq_total
+        return {
+            "op": "status", "active": ledger.active, "in_flight": self._in_flight(),
+            "connections": self.connections(), "requests": r.requests,
+            "upgrades": r.upgrades, "unsent": self._unsent(),
+            "accepting": [ls.name for ls in self.listeners if ls.accepting],
+            "listeners": {ls.name: len(ls.connections) for ls in self.listeners},
+            "rq_total": requests,
+            "cx_total": sum(ls.stats.downstream_cx_total  # type: ignore[attr-defined]
+                            for ls in self.listeners),
+            "drain": {"completed": ledger.completed, "refused": ledger.refused,
+                      "cut": ledger.cut, "cut_before_response": ds.cut_before_response,
+                      "cut_reset": ds.cut_reset,
+                      "cx_drained_by_response": ds.cx_drained_by_response,
+                      "cx_drained_proactive": ds.cx_drained_proactive,
+                      "cx_closed_at_end": ds.cx_closed_at_end},
+        }
+
+    def _status_tick(self) -> None:
+        self._status_timer = self.loop.call_later(STATUS_INTERVAL, self._status_tick)
+        self._send_status()
+
+    def _send_status(self) -> None:
+        self._status_soon = False
+        if self.channel is not None:
+            self.channel.send(self.status())
+
+    def _changed(self) -> None:
+        """During a drain a closed connection or an ended request may end it: the main
+        process hears at once (coalesced), not at the next tick."""
+        if self.process.shutdown is None or self._status_soon:
+            return
+        self._status_soon = True
+        self.loop.call_soon(self._send_status)
+
+    # -- the main process's words -----------------------------------------------------------
+    def _on_message(self, msg: Message) -> None:
+        op = msg.get("op")
+        try:
+            handler = getattr(self, f"_do_{op}")
+        except AttributeError:
+            log.error("control: unknown message %r", op)
+            return
+        handler(msg)
+
+    def _on_lost(self) -> None:
+        """The main process is gone (killed: a clean stop says so first). Drain as a hot
+        restart's old process does — stop accepting, finish what is in flight by the
+        deadline — since whoever restarts the main process accepts anew."""
+        self.parent_gone = True
+        self.channel = None
+        if self.done.done():
+            return
+        log.warning("worker %d: the main process is gone: draining, then exiting",
+                    self.index)
+        for ls in self.listeners:
+            ls.stop_accepting(handed_over=True)
+        self.begin_shutdown("main process gone", Cause.HOT_RESTART,
+                            self.cfg.hot_restart.parent_shutdown_time)
+
+    def _do_shutdown(self, msg: Message) -> None:
+        if self.process.shutdown is not None:
+            return
+        start = float(msg["start"])
+        event, reached = self.process.start_shutdown(
+            start, Cause(msg["cause"]), msg.get("deadline"))
+        if msg.get("hand_over"):
+            for ls in self.listeners:
+                ls.stop_accepting(handed_over=True)
+        if msg.get("broadcast", True):
+            self._broadcast(event, reached)
+        for ls in self.listeners:
+            ls.schedule_stop()
+        self._schedule_shutdown_check(self.loop.time())
+        self._changed()
+
+    def _do_drain_listeners(self, msg: Message) -> None:
+        event, reached = self.process.drain_listeners(
+            float(msg["start"]), bool(msg["graceful"]), bool(msg["skip_exit"]),
+            bool(msg["inbound_only"]))
+        self._broadcast(event, reached)
+
+    def _do_healthcheck(self, msg: Message) -> None:
+        if msg["failed"]:
+            self.process.healthcheck_fail()
+        else:
+            self.process.healthcheck_ok()
+
+    def _do_prestop_done(self, msg: Message) -> None:
+        self.process.prestop_done()
+
+    def _do_finish(self, msg: Message) -> None:
+        if msg.get("quit"):
+            self._quitting = True
+            self._quit_why = str(msg.get("why", "quit"))
+        self._finish(Step(msg["step"]))
+
+    def _do_endpoints(self, msg: Message) -> None:
+        cluster = self.clusters.get(msg["cluster"])
+        if cluster is None:
+            return
+        self._applying = True
+        try:
+            apply_endpoints(cluster, msg["hosts"], self.loop.time())
+        finally:
+            self._applying = False
+
+    def _do_stats(self, msg: Message) -> None:
+        if self.channel is None:
+            return
+        self.channel.send({"op": "stats", "id": msg["id"],
+                           "stats": [_stat_out(s) for s in self.stats_snapshot()],
+                           "clusters": clusters_view(self.clusters.values())})
+
+    def _do_reset_counters(self, msg: Message) -> None:
+        self.registry.reset_counters()
+
+    def _do_log_level(self, msg: Message) -> None:
+        self.set_log_level(msg.get("name"), msg["level"])
+
+    def _do_reopen(self, msg: Message) -> None:
+        reopen_log_files()
+
+    def _cluster_changed(self, cluster: Cluster) -> Any:
+        def changed() -> None:
+            # an ejection found here (outlier detection) reaches every worker through the
+            # main process; what the main process sent is not sent back
+            if not self._applying and self.channel is not None:
+                self.channel.send({"op": "endpoints", "cluster": cluster.name,
+                                   "hosts": endpoint_facts(cluster)})
+        return changed
+
+    # -- what the main process does instead -------------------------------------------------
+    def _shutdown_check(self) -> None:
+        """Only the deadline is this worker's to act on (its timer fires with every other
+        worker's); an idle worker says so and waits for the main process, which exits when
+        every worker is idle."""
+        self._check_pending = False
+        if self._quitting or self.done.done():
+            return
+        now = self.loop.time()
+        ev = self.process.shutdown
+        assert ev is not None
+        if now >= ev.ends_at and not self._no_new_work_logged:
+            self._no_new_work_logged = True
+            for ls in self.listeners:
+                ls.schedule_stop()
+                for conn in list(ls.connections):
+                    conn.no_new_work()
+        step = self.process.shutdown_step(now, self.connections())
+        if step is Step.CUT or (step is Step.EXIT and self.parent_gone):
+            self._finish(step)
+            return
+        self._send_status()
+        self._schedule_shutdown_check(now)
+
+    def _record_start(self, event: DrainEvent) -> None:
+        """The main process records the drain (over every worker)."""
+
+    def _log_event(self, event: DrainEvent, detail: str) -> None:
+        log.debug("worker %d: drain started (%s)", self.index, event.cause.value)
+
+    def drain_report_line(self) -> None:
+        """The main process logs the drain report, summed over the workers."""
+
+    def _exited(self, code: int) -> None:
+        if self._status_timer is not None:
+            self._status_timer.cancel()
+        if self.channel is not None:
+            self.channel.send(self.status() | {"op": "exiting", "code": code})
+
+
+def endpoint_facts(cluster: Cluster) -> list[dict[str, Any]]:
+    """What every process must agree on about each endpoint: admin state, health sources,
+    and what an agent set."""
+    return [{"address": ep.address, "state": ep.drain.state.value, "hc_ok": ep.hc_ok,
+             "agent_up": ep.agent_up, "ejected": ep.ejected, "weight": ep.weight,
+             "maxconn": ep.maxconn}
+            for ep in cluster.endpoints]
+
+
+def apply_endpoints(cluster: Cluster, hosts: list[dict[str, Any]], now: float) -> None:
+    """Endpoint facts from another process, applied as if found here."""
+    for h in hosts:
+        ep = cluster.find(h["address"])
+        if ep is None:
+            continue
+        state = AdminState(h["state"])
+        if state is not ep.drain.state:
+            cluster.set_state(ep, state, now)
+        changed = (ep.hc_ok, ep.agent_up, ep.ejected) != (h["hc_ok"], h["agent_up"],
+                                                          h["ejected"])
+        ep.hc_ok, ep.agent_up, ep.ejected = h["hc_ok"], h["agent_up"], h["ejected"]
+        if changed:
+            cluster.health_changed(ep)
+        if ep.weight != h["weight"] or ep.maxconn != h["maxconn"]:
+            ep.weight, ep.maxconn = h["weight"], h["maxconn"]
+            cluster.refresh()
+
+
+def _stat_out(s: Stat) -> list[Any]:
+    if s.hist is None:
+        return [s.name, s.value, s.kind]
+    return [s.name, s.value, s.kind, list(s.hist.counts), s.hist.sum]
+
+
+async def serve(control: socket.socket) -> int:
+    first = read_one(control)
+    cfg = Config.model_validate(first["config"])
+    index, count = int(first["index"]), int(first["count"])
+    fds: dict[str, int] = first["fds"]
+    sockets = {name: socket.socket(fileno=fd) for name, fd in fds.items()}
+    loop = asyncio.get_running_loop()
+    server = WorkerServer(cfg, loop, index, count, sockets)
+    server.install_signal_handlers()
+    await server.start_worker(control)
+    log.info("worker %d (pid %d) serving", index, os.getpid())
+    code = await server.done
+    server._exited(code)
+    await asyncio.sleep(0)  # the last status leaves with the transport's next write
+    return code
+
+
+class _Prefix(logging.Filter):
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.prefix = f"worker {index}: "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and not record.msg.startswith("worker "):
+            record.msg = self.prefix + record.msg
+        return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lameduck-worker")
+    p.add_argument("--control-fd", type=int, required=True)
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-format", default="text")
+    p.add_argument("--log-file")
+    p.add_argument("--upstream-error-log-every", type=parse_duration, default=None)
+    args = p.parse_args(argv)
+    if args.upstream_error_log_every is not None:
+        set_errlog_interval(args.upstream_error_log_every)
+    handler: logging.Handler = (open_log_file(args.log_file) if args.log_file
+                                else logging.StreamHandler(sys.stderr))
+    handler.setFormatter(formatter(args.log_format))
+    handler.addFilter(_Prefix(args.index))
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), handlers=[handler])
+    control = socket.socket(fileno=args.control_fd)
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(serve(control))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(serve(control))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

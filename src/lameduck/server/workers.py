@@ -1,0 +1,266 @@
+"""The main process's workers: started with the listening sockets, watched, replaced.
+
+Each worker gets a Unix socket pair for control and a duplicate of every listening socket
+(the main process keeps its own: a worker that dies leaves the socket open in the others and
+here, so no connection is refused, and its replacement gets the same socket). A worker sends
+its status every 100 ms; one silent for ``HEARTBEAT_TIMEOUT`` is killed and replaced, as is
+one that exits while the process serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from lameduck.server.channel import Channel, Message, encode, open_channel
+
+log = logging.getLogger("lameduck")
+
+HEARTBEAT_TIMEOUT = 3.0  # seconds without a status before a worker is killed
+READY_TIMEOUT = 30.0  # seconds a new worker may take to serve
+STATS_TIMEOUT = 1.0  # seconds /stats waits for a worker's numbers (else: its last ones)
+
+
+def worker_count(setting: int | str) -> int:
+    """``workers``: a number, or ``auto`` (the CPUs this process may run on, as nginx's
+    ``worker_processes auto``)."""
+    if setting == "auto":
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            return max(1, os.cpu_count() or 1)
+    return int(setting)
+
+
+class Worker:
+    """One worker process as the main process sees it."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pidfd = -1
+        self.channel: Channel | None = None
+        self.status: dict[str, Any] = {}
+        self.ready = False
+        self.last_seen = 0.0
+        self.exiting = False  # told to finish: its exit is expected
+        self.stats: list[Any] = []  # its last stats reply
+        self.clusters: list[dict[str, Any]] = []
+        self.waiting: asyncio.Future[None] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc is not None else 0
+
+
+class WorkerSet:
+    """``count`` workers over the held ``sockets``; ``on_status(worker)`` after each status,
+    ``on_lost(worker, in_flight)`` when one died while serving (it is replaced),
+    ``on_endpoints(msg)`` for endpoint facts a worker found (outlier detection)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: int, config: dict[str, Any],
+                 sockets: dict[str, socket.socket], argv: list[str],
+                 on_status: Callable[[Worker], None],
+                 on_lost: Callable[[Worker, int], None],
+                 on_endpoints: Callable[[Message], None]) -> None:
+        self.loop = loop
+        self.config = config
+        self.sockets = sockets
+        self.argv = argv
+        self.on_status = on_status
+        self.on_lost = on_lost
+        self.on_endpoints = on_endpoints
+        self.workers = [Worker(i) for i in range(count)]
+        self.stopping = False
+        self.replaced = 0
+        self._heartbeat: asyncio.TimerHandle | None = None
+        self._stats_id = 0
+        self._all_exited: asyncio.Future[None] = loop.create_future()
+        # what the main process has broadcast that a replacement must replay, and the state
+        # it must start with (endpoint facts)
+        self.replay: list[Message] = []
+        self.greeting: Callable[[], list[Message]] = list
+
+    # -- start, replace ---------------------------------------------------------------------
+    async def start(self) -> None:
+        """Every worker serving (or OSError naming the one that did not)."""
+        await asyncio.gather(*(self._spawn(w) for w in self.workers))
+        self._heartbeat = self.loop.call_later(0.5, self._check_heartbeats)
+
+    async def _spawn(self, w: Worker) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fds = {name: s.fileno() for name, s in self.sockets.items()}
+        argv = [sys.executable, "-m", "lameduck.server.worker", "--control-fd",
+                str(theirs.fileno()), "--index", str(w.index), *self.argv]
+        try:
+            w.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno(), *fds.values()],
+                                      stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        w.ready = w.exiting = False
+        w.status = {}
+        w.last_seen = self.loop.time()
+        with contextlib.suppress(OSError):
+            w.pidfd = os.pidfd_open(w.proc.pid)
+            self.loop.add_reader(w.pidfd, self._exited, w)
+        ours.sendall(encode({"config": self.config, "index": w.index,
+                             "count": len(self.workers), "fds": fds}))
+        w.waiting = self.loop.create_future()
+        holder: list[Channel] = []
+
+        def lost() -> None:  # read to the end: a worker's last status comes before its EOF
+            if holder and w.channel is holder[0]:
+                w.channel = None
+                self._maybe_all_exited()
+        w.channel = await open_channel(self.loop, ours, lambda m: self._message(w, m), lost)
+        holder.append(w.channel)
+        try:
+            await asyncio.wait_for(asyncio.shield(w.waiting), READY_TIMEOUT)
+        except TimeoutError:
+            self._kill(w)
+            raise OSError(f"worker {w.index} (pid {w.pid}) did not start serving within "
+                          f"{READY_TIMEOUT:.0f}s") from None
+        if w.proc is None or w.proc.poll() is not None:
+            raise OSError(f"worker {w.index} exited while starting")
+        for msg in [*self.greeting(), *self.replay]:
+            w.channel.send(msg)
+
+    def _message(self, w: Worker, msg: Message) -> None:
+        op = msg.get("op")
+        w.last_seen = self.loop.time()
+        if op == "status" or op == "exiting":
+            w.status = msg
+            self.on_status(w)
+        elif op == "ready":
+            w.ready = True
+            if w.waiting is not None and not w.waiting.done():
+                w.waiting.set_result(None)
+        elif op == "stats":
+            w.stats = msg["stats"]
+            w.clusters = msg["clusters"]
+            if w.waiting is not None and not w.waiting.done():
+                w.waiting.set_result(None)
+        elif op == "endpoints":
+            self.on_endpoints(msg)
+
+    def _exited(self, w: Worker) -> None:
+        if w.pidfd >= 0:
+            self.loop.remove_reader(w.pidfd)
+            with contextlib.suppress(OSError):
+                os.close(w.pidfd)
+            w.pidfd = -1
+        proc = w.proc
+        code = proc.wait() if proc is not None else 0
+        if w.waiting is not None and not w.waiting.done():
+            w.waiting.set_result(None)
+        if self.stopping or w.exiting:
+            log.debug("worker %d (pid %d) exited with %s", w.index, w.pid, code)
+            w.proc = None
+            self._maybe_all_exited()
+            return
+        lost = int(w.status.get("active", 0))
+        how = f"signal {-code}" if code < 0 else f"code {code}"
+        log.error("worker %d (pid %d) exited with %s while serving; %d request(s) in flight "
+                  "lost; starting a new one", w.index, w.pid, how, lost)
+        w.proc = None
+        w.status = {}
+        self.replaced += 1
+        self.on_lost(w, lost)
+        self.loop.create_task(self._respawn(w))
+
+    async def _respawn(self, w: Worker) -> None:
+        try:
+            await self._spawn(w)
+        except OSError as e:
+            log.error("worker %d: %s", w.index, e)
+            return
+        log.info("worker %d replaced by pid %d", w.index, w.pid)
+        self.on_status(w)
+
+    def _check_heartbeats(self) -> None:
+        now = self.loop.time()
+        for w in self.workers:
+            if (w.proc is not None and w.ready and not w.exiting
+                    and now - w.last_seen > HEARTBEAT_TIMEOUT):
+                log.error("worker %d (pid %d) has not answered for %.1fs: killing it",
+                          w.index, w.pid, now - w.last_seen)
+                self._kill(w)
+        self._heartbeat = self.loop.call_later(0.5, self._check_heartbeats)
+
+    def _kill(self, w: Worker) -> None:
+        if w.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.send_signal(signal.SIGKILL)
+
+    # -- talking to them --------------------------------------------------------------------
+    def broadcast(self, msg: Message, replay: bool = False) -> None:
+        """To every worker; ``replay``: also to every worker started later."""
+        if replay:
+            self.replay.append(msg)
+        for w in self.workers:
+            if w.channel is not None and w.ready:
+                w.channel.send(msg)
+
+    async def gather_stats(self) -> None:
+        """Each worker's stats and cluster view, fresh (or its last, past STATS_TIMEOUT)."""
+        self._stats_id += 1
+        asked = []
+        for w in self.workers:
+            if w.channel is not None and w.ready and not (w.waiting and not w.waiting.done()):
+                w.waiting = self.loop.create_future()
+                w.channel.send({"op": "stats", "id": self._stats_id})
+                asked.append(w.waiting)
+        if asked:
+            await asyncio.wait(asked, timeout=STATS_TIMEOUT)
+
+    def finish(self, step: str, quit_why: str | None) -> None:
+        """Every worker ends: ``exit`` (nothing in flight) or ``cut`` (the deadline)."""
+        msg: Message = {"op": "finish", "step": step}
+        if quit_why is not None:
+            msg.update(quit=True, why=quit_why)
+        self.stopping = True
+        for w in self.workers:
+            w.exiting = True
+            if w.channel is not None:
+                w.channel.send(msg)
+        self._maybe_all_exited()
+
+    def _maybe_all_exited(self) -> None:
+        if (self.stopping and not self._all_exited.done()
+                and all(w.proc is None and w.channel is None for w in self.workers)):
+            self._all_exited.set_result(None)
+
+    async def wait_exited(self, timeout: float) -> None:
+        """Until every worker has exited; those still running after ``timeout`` are
+        killed."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._all_exited), max(0.0, timeout))
+        for w in self.workers:
+            if w.proc is not None:
+                log.warning("worker %d (pid %d) still running at exit: killed", w.index,
+                            w.pid)
+                self._kill(w)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    w.proc.wait(1.0)
+        self.close()
+
+    def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+        for w in self.workers:
+            if w.pidfd >= 0:
+                self.loop.remove_reader(w.pidfd)
+                with contextlib.suppress(OSError):
+                    os.close(w.pidfd)
+                w.pidfd = -1
+            if w.channel is not None:
+                w.channel.close()
