@@ -492,6 +492,10 @@ class ListenerConfig(BaseModel):
     access_log: AccessLogConfig | None = None  # off
     # x-request-id (128 random bits, hex) added when the request has none, passed upstream
     generate_request_id: bool = True
+    # With workers > 1: a listening socket per worker in one SO_REUSEPORT group, over which
+    # the kernel spreads new connections (Envoy's enable_reuse_port); false: one socket every
+    # worker accepts on, which a burst of connections can leave on one worker.
+    reuse_port: bool = True
 
     @model_validator(mode="after")
     def _protocol_fields(self) -> Self:

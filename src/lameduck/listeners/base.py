@@ -136,15 +136,19 @@ class Listener:
         raise NotImplementedError
 
     # -- lifecycle --------------------------------------------------------------------------
-    def bind(self) -> socket.socket:
+    def bind(self, reuse_port: bool = False, port: int | None = None) -> socket.socket:
         """A listening socket at the configured address; ListenError names this listener,
-        the address and the cause (an operator reads which port to free, not an errno)."""
+        the address and the cause (an operator reads which port to free, not an errno).
+        ``reuse_port``: in an SO_REUSEPORT group (one socket per worker); ``port``: this
+        one, not the configured (another socket of the group, bound on port 0)."""
         addr = self.cfg.address
         family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((addr.host, addr.port))
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((addr.host, addr.port if port is None else port))
             sock.listen(1024)
         except OSError as e:
             sock.close()

@@ -41,7 +41,9 @@ log = logging.getLogger("lameduck")
 # Stats of the process as a whole: the main process's, not a sum over workers.
 MAIN_PREFIXES = ("server.", "listener_manager.")
 MAIN_DATA_PLANE = "server.drain."  # ... except the drain's counts, which the workers keep
-# Gauges every worker holds the same value of (endpoint facts are shared): not summed.
+# Gauges every worker holds the same value of (endpoint facts and persistence records are
+# shared): not summed but the least of them — what every worker has (a record made in one
+# worker counts once every other one has it too).
 SHARED_GAUGES = ("membership_total", "membership_healthy", "membership_excluded",
                  "lb_persistence_records", "ejections_active")
 # How long a listener's socket stays open here after the workers stopped accepting on it,
@@ -56,9 +58,13 @@ class MainServer(Server):
         super().__init__(*args, **kw)
         self.count = count
         self.worker_argv = worker_argv
-        self.held: dict[str, socket.socket] = {}
+        # listener name → its listening sockets: one every worker accepts on, or one per
+        # worker in an SO_REUSEPORT group (worker i takes the i-th)
+        self.held: dict[str, list[socket.socket]] = {}
         self.workers: WorkerSet | None = None
         self.lost_requests = 0  # in flight in a worker that died
+        # the counters of workers that died, as last reported: counters do not go back
+        self.gone_counters: dict[str, int] = {}
         self._close_timers: dict[str, asyncio.TimerHandle] = {}
         self._closing: set[str] = set()
         self.cx_reset_here = 0
@@ -70,9 +76,36 @@ class MainServer(Server):
         self.registry.add_gauge_fn("server.worker_lost_requests", lambda: self.lost_requests)
 
     # -- start ------------------------------------------------------------------------------
+    def _bind(self, listener: Listener) -> socket.socket:
+        return listener.bind(reuse_port=listener.cfg.reuse_port)
+
     async def _serve(self, listener: Listener, sock: socket.socket) -> None:
-        self.held[listener.name] = sock
+        """Held here; with ``reuse_port``, the rest of the group too (taken over from the
+        previous process, else bound now, beside the first socket)."""
+        socks = [sock]
         listener.sockname = sock.getsockname()
+        self.held[listener.name] = socks
+        if not listener.cfg.reuse_port:
+            return
+        if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT):
+            log.info("listener %s: its socket (passed in, or from a process that had one "
+                     "socket) is not in an SO_REUSEPORT group: every worker accepts on it",
+                     listener.name)
+            return
+        inh = self.inherited
+        for i in range(1, self.count):
+            got = inh.listeners.pop(f"{listener.name}@{i}", None) if inh is not None else None
+            if got is not None:
+                extra = got[1]
+                extra.setblocking(False)
+            else:
+                try:
+                    extra = listener.bind(reuse_port=True, port=listener.sockname[1])
+                except OSError:
+                    for s in socks:
+                        s.close()
+                    raise
+            socks.append(extra)
 
     async def _serving(self) -> None:
         self.workers = WorkerSet(self.loop, self.count, self.cfg.model_dump(mode="json"),
@@ -120,6 +153,11 @@ class MainServer(Server):
 
     def _lost(self, w: Worker, in_flight: int) -> None:
         self.lost_requests += in_flight
+        gone = self.gone_counters
+        for stat in self._stats_of(w):
+            if stat.kind == COUNTER:
+                gone[stat.name] = gone.get(stat.name, 0) + stat.value
+        w.stats = []
         self._status(w)
 
     def connections(self) -> int:
@@ -215,12 +253,13 @@ class MainServer(Server):
         timer = self._close_timers.pop(name, None)
         if timer is not None:
             timer.cancel()
-        sock = self.held.pop(name, None)
-        if sock is None:
+        socks = self.held.pop(name, None)
+        if socks is None:
             return
         ls = next(ls for ls in self.listeners if ls.name == name)
-        queued = 0 if handed_over or ls.socket_shared else accept_queue(sock)
-        sock.close()
+        queued = 0 if handed_over or ls.socket_shared else sum(accept_queue(s) for s in socks)
+        for sock in socks:
+            sock.close()
         if queued:
             self.cx_reset_here += queued
             log.warning("listener %s closed with %d connection(s) not yet accepted: reset",
@@ -230,8 +269,9 @@ class MainServer(Server):
 
     def handover_sockets(self) -> tuple[list[tuple[str, str, HasFileno]],
                                         tuple[str, HasFileno] | None]:
-        listeners = [(ls.name, str(ls.cfg.address), self.held[ls.name])
-                     for ls in self.listeners if ls.name in self.held]
+        listeners = [(ls.name if i == 0 else f"{ls.name}@{i}", str(ls.cfg.address), sock)
+                     for ls in self.listeners if ls.name in self.held
+                     for i, sock in enumerate(self.held[ls.name])]
         admin = (None if self.admin is None
                  else (str(self.cfg.admin.address), self.admin.sockets[0]))
         return listeners, admin  # type: ignore[return-value]
@@ -290,19 +330,16 @@ class MainServer(Server):
     def _worker_stats(self) -> list[list[Stat]]:
         out = []
         ws = self.workers
-        first = True
+        shared: dict[str, int] = {}
         for w in ws.workers if ws is not None else ():
-            stats = []
             for row in w.stats:
-                name = row[0]
-                if _main_stat(name) or (not first and row[2] != COUNTER
-                                        and name.endswith(SHARED_GAUGES)):
-                    continue  # the main process's, or the same in every worker
-                if len(row) > 3:
-                    stats.append(Stat(name, row[1], row[2],
-                                      HistogramValue(tuple(row[3]), float(row[4]))))
-                else:
-                    stats.append(Stat(name, row[1], row[2]))
+                if row[2] != COUNTER and row[0].endswith(SHARED_GAUGES):
+                    shared[row[0]] = min(shared.get(row[0], row[1]), row[1])
+        if shared:
+            out.append([Stat(name, value, "gauge") for name, value in shared.items()])
+        for w in ws.workers if ws is not None else ():
+            stats = [s for s in self._stats_of(w) if not s.name.endswith(SHARED_GAUGES)
+                     or s.kind == COUNTER]  # the same in every worker (above)
             # the spread over the workers (Envoy's per-worker listener stats, summed over
             # the listeners): what each one took
             cx = sum(row[1] for row in w.stats if row[0].endswith(".downstream_cx_total")
@@ -312,16 +349,32 @@ class MainServer(Server):
             stats.append(Stat(f"worker.{w.index}.downstream_cx_total", cx, COUNTER))
             stats.append(Stat(f"worker.{w.index}.downstream_rq_total", rq, COUNTER))
             out.append(stats)
-            first = first and not w.stats
         return out
+
+    @staticmethod
+    def _stats_of(w: Worker) -> list[Stat]:
+        """A worker's data-plane stats as it last sent them (not the main process's)."""
+        stats = []
+        for row in w.stats:
+            name = row[0]
+            if _main_stat(name):
+                continue
+            if len(row) > 3:
+                stats.append(Stat(name, row[1], row[2],
+                                  HistogramValue(tuple(row[3]), float(row[4]))))
+            else:
+                stats.append(Stat(name, row[1], row[2]))
+        return stats
 
     def stats_snapshot(self) -> list[Stat]:
         own = [s for s in super().stats_snapshot() if _main_stat(s.name)]
         merged = merge([own, *self._worker_stats()])
         carried = self.registry.carried
-        if carried:  # a hot restart's counters, for the names the workers keep
+        gone = self.gone_counters
+        if carried or gone:  # a hot restart's counters and dead workers', for the workers'
             names = {s.name for s in own}
-            merged = [Stat(s.name, s.value + carried.get(s.name, 0), s.kind)
+            merged = [Stat(s.name, s.value + carried.get(s.name, 0) + gone.get(s.name, 0),
+                           s.kind)
                       if s.kind == COUNTER and s.name not in names else s for s in merged]
         self.registry.used.update(s.name for s in merged if s.value)
         return merged

@@ -145,7 +145,7 @@ class Server:
                         log.info("listener %s takes the socket passed by systemd",
                                  listener.name)
                 if sock is None:
-                    sock = listener.bind()
+                    sock = self._bind(listener)
                 sock.setblocking(False)
                 socks.append(sock)
             a = self.cfg.admin.address
@@ -188,6 +188,9 @@ class Server:
         if before_ready is not None:
             before_ready()
         self.notifier.ready()
+
+    def _bind(self, listener: Listener) -> socket.socket:
+        return listener.bind()
 
     async def _serve(self, listener: Listener, sock: socket.socket) -> None:
         """This process accepts on ``sock`` (a main process with workers holds it)."""

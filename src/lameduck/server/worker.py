@@ -62,6 +62,8 @@ class WorkerServer(Server):
             c.budget = RetryBudget(b.budget_percent,
                                    math.ceil(b.min_retry_concurrency / count))
             c.on_change = self._cluster_changed(c)
+            c.on_record = self._record_made(c)
+        self._records: dict[str, list[list[str]]] = {}  # made here, not yet sent
 
     # -- start ------------------------------------------------------------------------------
     async def start_worker(self, control: socket.socket) -> None:
@@ -230,6 +232,33 @@ class WorkerServer(Server):
                                    "hosts": endpoint_facts(cluster)})
         return changed
 
+    def _record_made(self, cluster: Cluster) -> Any:
+        def made(key: str, ep: Any) -> None:
+            if not self._records:
+                self.loop.call_soon(self._send_records)
+            self._records.setdefault(cluster.name, []).append([key, ep.address])
+        return made
+
+    def _send_records(self) -> None:
+        """The persistence records made in one turn of the loop, in one message: the main
+        process passes them to every other worker."""
+        records, self._records = self._records, {}
+        if self.channel is not None:
+            for name, rows in records.items():
+                self.channel.send({"op": "persist", "cluster": name, "records": rows})
+
+    def _do_persist(self, msg: Message) -> None:
+        cluster = self.clusters.get(msg["cluster"])
+        table = cluster.persistence if cluster is not None else None
+        if cluster is None or table is None:
+            return
+        now = self.loop.time()
+        for key, address in msg["records"]:
+            ep = cluster.find(address)
+            if ep is not None:
+                table.record(key, ep, now)
+        cluster.stats.lb_persistence_records = len(table)
+
     # -- what the main process does instead -------------------------------------------------
     def _shutdown_check(self) -> None:
         """Only the deadline is this worker's to act on (its timer fires with every other
@@ -266,8 +295,10 @@ class WorkerServer(Server):
     def _exited(self, code: int) -> None:
         if self._status_timer is not None:
             self._status_timer.cancel()
-        if self.channel is not None:
-            self.channel.send(self.status() | {"op": "exiting", "code": code})
+        if self.channel is not None:  # the last numbers: the main process keeps them
+            self.channel.send(self.status() | {
+                "op": "exiting", "code": code,
+                "stats": [_stat_out(s) for s in self.stats_snapshot()]})
 
 
 def endpoint_facts(cluster: Cluster) -> list[dict[str, Any]]:

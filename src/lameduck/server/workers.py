@@ -67,7 +67,7 @@ class WorkerSet:
     ``on_endpoints(msg)`` for endpoint facts a worker found (outlier detection)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, count: int, config: dict[str, Any],
-                 sockets: dict[str, socket.socket], argv: list[str],
+                 sockets: dict[str, list[socket.socket]], argv: list[str],
                  on_status: Callable[[Worker], None],
                  on_lost: Callable[[Worker, int], None],
                  on_endpoints: Callable[[Message], None]) -> None:
@@ -97,7 +97,9 @@ class WorkerSet:
 
     async def _spawn(self, w: Worker) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        fds = {name: s.fileno() for name, s in self.sockets.items()}
+        # worker i: the i-th socket of an SO_REUSEPORT group, else the one socket
+        fds = {name: socks[w.index % len(socks)].fileno()
+               for name, socks in self.sockets.items()}
         argv = [sys.executable, "-m", "lameduck.server.worker", "--control-fd",
                 str(theirs.fileno()), "--index", str(w.index), *self.argv]
         try:
@@ -138,6 +140,8 @@ class WorkerSet:
         w.last_seen = self.loop.time()
         if op == "status" or op == "exiting":
             w.status = msg
+            if "stats" in msg:
+                w.stats = msg.pop("stats")
             self.on_status(w)
         elif op == "ready":
             w.ready = True
@@ -150,6 +154,10 @@ class WorkerSet:
                 w.waiting.set_result(None)
         elif op == "endpoints":
             self.on_endpoints(msg)
+        elif op == "persist":  # to every other worker (the main process keeps no table)
+            for other in self.workers:
+                if other is not w and other.channel is not None and other.ready:
+                    other.channel.send(msg)
 
     def _exited(self, w: Worker) -> None:
         if w.pidfd >= 0:

@@ -40,8 +40,8 @@ class Cluster:
     __slots__ = ("available", "back_off_base", "back_off_max", "balancer", "budget",
                  "by_cookie", "clock", "connect_timeout", "connector", "cookie_name",
                  "endpoints", "errlog", "idle_timeout", "lb_policy", "name", "num_retries",
-                 "on_change", "outlier", "outlier_stats", "persistence", "retries_active",
-                 "schedule", "stats", "uneject_timer")
+                 "on_change", "on_record", "outlier", "outlier_stats", "persistence",
+                 "retries_active", "schedule", "stats", "uneject_timer")
 
     def __init__(
         self,
@@ -71,6 +71,9 @@ class Cluster:
         self.uneject_timer: Any = None  # what ``schedule`` returned (a TimerHandle)
         self.clock: Callable[[], float] = time.monotonic  # the wiring gives loop.time
         self.on_change: Callable[[], None] | None = None
+        # A persistence record made or moved here (a worker tells the others: a client's
+        # next connection may land in any of them)
+        self.on_record: Callable[[str, Endpoint], None] | None = None
         self.persistence: PersistenceTable[str, Endpoint] | None = None
         self.by_cookie = False
         self.cookie_name = b""
@@ -134,6 +137,8 @@ class Cluster:
             key = os.urandom(12).hex()  # a new record: the cookie is (re)written
         table.record(key, ep, now)
         self.stats.lb_persistence_records = len(table)
+        if self.on_record is not None:
+            self.on_record(key, ep)
         return ep, key
 
     def retry_started(self, retrying: bool) -> bool:
@@ -170,6 +175,8 @@ class Cluster:
         """A retried request moved to ``ep``: its record follows it."""
         if self.persistence is not None:
             self.persistence.record(key, ep, now)
+            if self.on_record is not None:
+                self.on_record(key, ep)
 
     def retry_allowed(self, tries: int, retrying: bool) -> bool:
         """May a request that has made ``tries`` retries make one more (``num_retries``, the

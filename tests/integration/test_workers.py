@@ -1,0 +1,261 @@
+"""``workers: 2`` over real processes: a main process and two data-plane workers on one
+listening socket, draining as one.
+
+- steady load over both workers, SIGTERM: nothing fails, one drain report with the sum, exit
+  0, and the idle connections of both workers close at their proactive moments;
+- SIGKILL of a worker under load: no connection refused, only its requests in flight fail,
+  a replacement serves;
+- an endpoint set to DRAIN on the admin API is obeyed by both workers; cookie and source-IP
+  persistence keep a client on its endpoint whichever worker takes its next connection;
+- the stats are the process's: summed counters, worker.<i>. spread, merged histograms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from tests import loadgen
+from tests.procs import Lameduck, RawConn, wait_until
+
+T, G = 3.0, 0.5  # the proactive window is [2T/3, T - G) = [2.0, 2.5)
+REPORT = re.compile(r"drain report: requests completed=(\d+) refused=(\d+) cut=(\d+) .*"
+                    r"proactively=(\d+)")
+
+
+class Load:
+    """tests/loadgen.py in a thread until stopped: keep-alive and fresh connections."""
+
+    def __init__(self, port: int, keepalive: int = 16, fresh: int = 4) -> None:
+        self.counts = loadgen.Counts()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(
+            target=lambda: asyncio.run(loadgen.run(port, 30, keepalive=keepalive, fresh=fresh,
+                                                   stop=self.stop, counts=self.counts)),
+            daemon=True)
+        self.thread.start()
+
+    def end(self) -> loadgen.Counts:
+        self.stop.set()
+        self.thread.join(15)
+        assert not self.thread.is_alive()
+        return self.counts
+
+
+def worker_pids(ld: Lameduck) -> list[int]:
+    return [w["pid"] for w in ld.server_info()["workers"]]
+
+
+def owner(pids: list[int], server_port: int, client_port: int) -> int | None:
+    """Which process holds the server side of the connection from ``client_port``:
+    /proc/net/tcp gives the socket's inode, each process's fd table its sockets."""
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        local, remote = f[1].split(":"), f[2].split(":")
+        if int(local[1], 16) == server_port and int(remote[1], 16) == client_port:
+            inode = f[9]
+            break
+    if inode is None:
+        return None
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
+def test_sigterm_under_load_both_workers_drain_as_one(lameduck, tmp_path: Path) -> None:
+    where = tmp_path / "reports"
+    ld: Lameduck = lameduck(workers=2, drain={"time": f"{T}s", "strategy": "gradual",
+                                              "connection_grace": f"{G}s",
+                                              "report_dir": str(where)},
+                            shutdown={"deadline": "6s", "min_drain": "0s"})
+    pids = worker_pids(ld)
+    assert len(pids) == 2 and ld.pid not in pids
+    load = Load(ld.port)
+    try:
+        assert wait_until(lambda: load.counts.ok >= 600, timeout=15), load.counts
+        share = [ld.stat(f"worker.{i}.downstream_rq_total") for i in (0, 1)]
+        print(f"\nrequests per worker before the drain: {share}")
+        assert min(share) > 0.3 * sum(share), share  # both workers busy
+        # Idle keep-alive connections, until one of each worker holds some: they are
+        # closed at their proactive moments.
+        idle: list[tuple[RawConn, int]] = []
+        for _ in range(40):
+            c = RawConn(ld.addr, timeout=15)
+            c.request("/")
+            who = owner([ld.pid, *pids], ld.port, c.sock.getsockname()[1])
+            assert who in pids, (who, pids)
+            idle.append((c, who))
+            if len(idle) >= 12 and len({w for _, w in idle}) == 2:
+                break
+        assert {w for _, w in idle} == set(pids), "no idle connection in one of the workers"
+        t0 = time.monotonic()
+        ld.signal(signal.SIGTERM)
+        # The clients stop before T, as a load balancer that took the instance out would:
+        # a single instance refuses what comes after T by design.
+        while time.monotonic() < t0 + T - 0.5:
+            time.sleep(0.05)
+    finally:
+        counts = load.end()
+    closed: dict[int, list[float]] = {pid: [] for pid in pids}
+    for c, who in idle:
+        c.sock.settimeout(10)
+        assert c.sock.recv(1) == b""  # EOF, not a reset, not a response
+        closed[who].append(time.monotonic() - t0)
+        c.close()
+    code = ld.wait(15)
+    print(f"load: {counts}; idle connections closed after SIGTERM (s): {closed}")
+    assert code == 0, ld.log()
+    assert counts.failed == 0, counts.samples
+    for pid, times in closed.items():
+        # read after the fact: a late read adds time, never removes it
+        assert times and all(t >= 2 * T / 3 - 0.05 for t in times), (pid, times)
+        assert min(times) < T - G + 0.5, (pid, times)
+    reports = REPORT.findall(ld.log())
+    assert len(reports) == 1, ld.log()  # one report, the main process's
+    completed, refused, cut, proactive = map(int, reports[0])
+    assert (refused, cut) == (0, 0) and completed > 0
+    assert proactive >= len(idle)
+    files = list(where.glob("drain-*.json"))
+    assert len(files) == 1, files
+    report = json.loads(files[0].read_text())
+    assert report["pid"] == ld.pid
+    assert report["counts"]["completed"] == completed
+    assert report["counts"]["cx_drained_proactive"] == proactive
+    # the workers exited with the main process
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in _state(pid)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return "zombie"
+
+
+def test_sigkill_of_a_worker_refuses_nothing_and_it_is_replaced(lameduck) -> None:
+    ld: Lameduck = lameduck(workers=2)
+    pids = worker_pids(ld)
+    load = Load(ld.port)
+    try:
+        assert wait_until(lambda: load.counts.ok >= 300, timeout=15), load.counts
+        before = load.counts.failed + load.counts.stale_retries
+        served_before = ld.stat("http.ingress.downstream_rq_total")
+        t0 = time.monotonic()
+        os.kill(pids[0], signal.SIGKILL)
+
+        def replaced() -> bool:
+            ws = ld.server_info()["workers"]
+            return ws[0]["pid"] not in (0, pids[0]) and ws[0]["ready"]
+        assert wait_until(replaced, timeout=10), ld.server_info()["workers"]
+        took = time.monotonic() - t0
+        done = load.counts.ok
+        assert wait_until(lambda: load.counts.ok >= done + 300, timeout=15), load.counts
+    finally:
+        counts = load.end()
+    print(f"\nreplacement serving after {took:.2f}s; {counts}")
+    assert counts.refused == 0, counts.samples
+    assert counts.bad_status == 0, counts.samples
+    # What the client saw end with the dead worker is at most what it held; the main process
+    # counts the requests it had in flight (the client also sees idle keep-alive connections
+    # that died as a request went out: it counts those, the worker did not have them).
+    lost_client = counts.errors + counts.stale_retries - before
+    lost_main = ld.stat("server.worker_lost_requests")
+    assert lost_main <= lost_client <= 6 + 4, (lost_main, lost_client, counts.samples)
+    assert ld.stat("server.workers_replaced") == 1
+    new = ld.server_info()["workers"][0]["pid"]
+    assert new != pids[0]
+    assert ld.stat("worker.0.downstream_rq_total") > 0
+    assert "exited with signal 9 while serving" in ld.log()
+    # counters do not go back: the dead worker's requests are still counted (as of its last
+    # report, which /stats asked for before the kill)
+    assert ld.stat("http.ingress.downstream_rq_total") >= served_before + 300
+
+
+def _served_by(resp: httpx.Response) -> str:
+    assert resp.status_code == 200, resp.text
+    return resp.headers["x-origin"]
+
+
+def test_endpoint_drain_and_persistence_hold_in_both_workers(lameduck, origins) -> None:
+    o1, o2 = origins(2)
+    ld: Lameduck = lameduck(workers=2, cluster={
+        "endpoints": [f"127.0.0.1:{o1.port}", f"127.0.0.1:{o2.port}"],
+        "persistence": {"type": "source_ip", "timeout": "60s"}})
+    # source-IP persistence: the first request makes the record; once every worker has it
+    # (the gauge is the least over the workers) every new connection, whichever worker
+    # takes it, goes to the same endpoint
+    first = _served_by(httpx.get(ld.url("/")))
+    assert wait_until(lambda: ld.stat("cluster.app.lb_persistence_records") == 1, 5)
+    seen = set()
+    before = [ld.stat(f"worker.{i}.downstream_rq_total") for i in (0, 1)]
+    for _ in range(40):
+        seen.add(_served_by(httpx.get(ld.url("/"))))  # a new connection each
+    after = [ld.stat(f"worker.{i}.downstream_rq_total") for i in (0, 1)]
+    assert seen == {first}, seen
+    assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+
+
+def test_endpoint_set_to_drain_is_obeyed_by_both_workers(lameduck, origins) -> None:
+    o1, o2 = origins(2)
+    ld: Lameduck = lameduck(workers=2, cluster={
+        "endpoints": [f"127.0.0.1:{o1.port}", f"127.0.0.1:{o2.port}"]})
+    seen = {_served_by(httpx.get(ld.url("/"))) for _ in range(10)}
+    assert len(seen) == 2, seen
+    r = ld.admin("POST", f"/clusters/app/endpoints/127.0.0.1:{o1.port}?state=drain")
+    assert r.status_code == 200, r.text
+    before = [ld.stat(f"worker.{i}.downstream_rq_total") for i in (0, 1)]
+    seen = {_served_by(httpx.get(ld.url("/"))) for _ in range(40)}
+    after = [ld.stat(f"worker.{i}.downstream_rq_total") for i in (0, 1)]
+    assert len(seen) == 1 and o1.name not in seen, seen
+    assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+
+
+def test_cookie_persistence_holds_in_both_workers(lameduck, origins) -> None:
+    o1, o2 = origins(2)
+    ld: Lameduck = lameduck(workers=2, cluster={
+        "endpoints": [f"127.0.0.1:{o1.port}", f"127.0.0.1:{o2.port}"],
+        "persistence": {"type": "cookie", "timeout": "60s"}})
+    r = httpx.get(ld.url("/"))
+    first = _served_by(r)
+    cookies = dict(r.cookies)
+    assert cookies, r.headers
+    assert wait_until(lambda: ld.stat("cluster.app.lb_persistence_records") == 1, 5)
+    seen = {_served_by(httpx.get(ld.url("/"), cookies=cookies)) for _ in range(40)}
+    assert seen == {first}, seen
+    assert all(ld.stat(f"worker.{i}.downstream_rq_total") > 0 for i in (0, 1))
+
+
+def test_stats_are_the_process_s(lameduck) -> None:
+    ld: Lameduck = lameduck(workers=2)
+    n = 60
+    for _ in range(n):
+        assert httpx.get(ld.url("/")).status_code == 200  # a new connection each
+    stats = ld.stats()
+    spread = [stats[f"worker.{i}.downstream_rq_total"] for i in (0, 1)]
+    assert sum(spread) == stats["http.ingress.downstream_rq_total"] == n, stats
+    assert stats["server.workers"] == 2
+    assert stats["cluster.app.membership_total"] == 1  # the same in each: not summed
+    assert stats["server.live"] == 1
+    text = ld.admin("GET", "/stats").text
+    m = re.search(r"http\.ingress\.downstream_rq_time: P0\(.*", text)
+    assert m is not None, text
+    prom = ld.admin("GET", "/stats/prometheus").text
+    count = re.search(r'envoy_http_downstream_rq_time_count\{envoy_http_conn_manager_prefix='
+                      r'"ingress"\} (\d+)', prom)
+    assert count is not None and int(count.group(1)) == n, prom[:2000]
+
