@@ -319,6 +319,11 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
+# ``workers`` for a config that does not say: the integration conftest's ``workers`` fixture
+# runs the drain, hot-restart, prestop and balancing tests with 1 and with 2.
+DEFAULT_WORKERS = 1
+
+
 class Lameduck:
     """A lameduck process started with a config, stopped by pid. Started, it has written its
     admin address to ``admin_path`` (``--admin-address-path``) and its listeners' addresses
@@ -335,6 +340,8 @@ class Lameduck:
         n = unique()
         # Its own rendezvous under the test's tmp dir, unless the test shares one on purpose
         # (hot restart): not the default in $TMPDIR, which a SIGKILLed process leaves behind.
+        if DEFAULT_WORKERS != 1:
+            cfg.setdefault("workers", DEFAULT_WORKERS)
         hot = cfg.setdefault("hot_restart", {})
         hot.setdefault("socket", str(workdir / f"restart-{n}.sock"))
         self.path = workdir / f"lameduck-{n}.yaml"

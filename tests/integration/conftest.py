@@ -31,6 +31,20 @@ from tests.procs import (
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 
 
+@pytest.fixture(scope="module", params=[1, 2], ids=["workers1", "workers2"])
+def workers(request: pytest.FixtureRequest) -> Iterator[int]:
+    """A module marked ``pytest.mark.usefixtures("workers")`` runs twice: its lameducks with
+    one process, then with a main process and two workers (a config that names ``workers``
+    keeps its own)."""
+    from tests import procs
+
+    procs.DEFAULT_WORKERS = request.param
+    try:
+        yield request.param
+    finally:
+        procs.DEFAULT_WORKERS = 1
+
+
 @pytest.fixture(scope="module")
 def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, int]]:
     errlog = tmp_path_factory.mktemp("origin") / "stderr.log"

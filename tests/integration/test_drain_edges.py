@@ -15,6 +15,9 @@ from tests.procs import base_config, wait_until
 
 CLOSER = """
 import socket, sys
+import pytest
+
+pytestmark = pytest.mark.usefixtures("workers")
 ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 ls.bind(("127.0.0.1", 0)); ls.listen(128)
 print("listening on 127.0.0.1:%d" % ls.getsockname()[1], flush=True)

@@ -14,8 +14,11 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.procs import AdminPoller, RawConn, base_config, refused, wait_until
+
+pytestmark = pytest.mark.usefixtures("workers")
 
 
 def curl(*args: str) -> subprocess.CompletedProcess[str]:

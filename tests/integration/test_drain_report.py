@@ -20,6 +20,8 @@ import pytest
 from tests import loadgen
 from tests.procs import ROOT, Lameduck, _env, wait_until
 
+pytestmark = pytest.mark.usefixtures("workers")
+
 REPORT_LINE = re.compile(
     r"drain report: requests completed=(\d+) refused=(\d+) cut=(\d+) \(503=(\d+) reset=(\d+)\); "
     r"connections drained by response=(\d+) proactively=(\d+) at end=(\d+); "

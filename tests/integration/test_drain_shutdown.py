@@ -18,6 +18,8 @@ import pytest
 
 from tests.procs import AdminPoller, Lameduck, RawConn, refused, wait_until
 
+pytestmark = pytest.mark.usefixtures("workers")
+
 
 class ExitWatch:
     """Records the moment the process exits (proc.wait in a thread), for exit-time bounds."""

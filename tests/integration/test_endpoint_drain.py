@@ -37,6 +37,8 @@ from tests.procs import (
     wait_until,
 )
 
+pytestmark = pytest.mark.usefixtures("workers")
+
 STREAM = "/stream?chunks=50&size=100&interval_ms=100"  # 5000 bytes over ~4.9 s
 STREAM_BYTES = 5000
 

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 from hyperframe.frame import RstStreamFrame
 
 from tests.h2raw import RawH2
@@ -32,6 +33,8 @@ from tests.procs import (
     until_moved_off,
     wait_until,
 )
+
+pytestmark = pytest.mark.usefixtures("workers")
 
 INTERNAL_ERROR, CANCEL = 2, 8
 

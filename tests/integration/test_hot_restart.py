@@ -19,8 +19,10 @@ import httpx
 import pytest
 import yaml
 
-from tests import loadgen
+from tests import loadgen, procs
 from tests.procs import Lameduck, base_config, wait_until
+
+pytestmark = pytest.mark.usefixtures("workers")
 
 
 def _config(origin_port: int, tmp_path: Path, **over: Any) -> dict[str, Any]:
@@ -202,7 +204,8 @@ def test_a_successor_that_vanishes_mid_handshake(origin_port: int, tmp_path: Pat
     while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
         data += s.recv(65536)
     assert b'"op":"sockets"' in data
-    assert len(fds) == 2  # the listener's and the admin's
+    # the listener's (one per worker with workers: N, an SO_REUSEPORT group) and the admin's
+    assert len(fds) == procs.DEFAULT_WORKERS + 1
     got = socket.socket(fileno=fds[0])
     assert got.getsockname()[1] == ld.port
     s.close()

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from tests import loadgen
 from tests.procs import (
@@ -36,6 +37,8 @@ from tests.procs import (
     refusing_port,
     wait_until,
 )
+
+pytestmark = pytest.mark.usefixtures("workers")
 
 HEALTH = "/health_check.html"
 UPSTREAM_ACTIVE = "cluster.app.upstream_rq_active"  # proxied requests only (not health checks)

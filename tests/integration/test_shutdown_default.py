@@ -15,7 +15,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from tests.procs import Lameduck, base_config
+
+pytestmark = pytest.mark.usefixtures("workers")
 
 T = 3.0
 

@@ -16,6 +16,8 @@ import yaml
 
 from tests.procs import Lameduck, RawConn, wait_until
 
+pytestmark = pytest.mark.usefixtures("workers")
+
 
 def _in_flight(ld: Lameduck, ms: int = 1000) -> RawConn:
     """A request the origin answers after ``ms``, once lameduck counts it active."""

@@ -27,6 +27,9 @@ log = logging.getLogger("lameduck.listener")
 # Descriptors kept back from the downstream cap: listening sockets, the admin, log files,
 # the hot-restart socket, health checks.
 FD_RESERVE = 32
+# The accept queue (listen(2) backlog), also when the loop's create_server listens again
+# (its default is 100: a burst of connections beyond it waits for SYN retransmits).
+BACKLOG = 1024
 # At most one "connection cap reached" line per listener this often (seconds).
 OVERFLOW_LOG_INTERVAL = 10.0
 
@@ -107,6 +110,7 @@ class Listener:
         # Another holder keeps the listening socket open after we close ours (systemd's
         # socket activation): its queued connections are not reset.
         self.socket_shared = False
+        self.socket_shared_by_workers = False
         self.listener_stats = ListenerStats()
         self._overflow_logged = -math.inf
         self._overflow_unlogged = 0
@@ -149,7 +153,7 @@ class Listener:
             if reuse_port:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((addr.host, addr.port if port is None else port))
-            sock.listen(1024)
+            sock.listen(BACKLOG)
         except OSError as e:
             sock.close()
             raise ListenError(self.name, str(addr), e) from e
@@ -181,7 +185,9 @@ class Listener:
                 log.warning("listener %s closed with %d connection(s) not yet accepted: reset",
                             self.name, queued)
             self.server = None
-            log.info("listener %s stopped accepting", self.name)
+            # a worker's listener: its main process says it, once for every worker
+            log.log(logging.DEBUG if self.socket_shared_by_workers else logging.INFO,
+                    "listener %s stopped accepting", self.name)
             self._on_change()
 
     def schedule_stop(self) -> None:

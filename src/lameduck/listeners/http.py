@@ -20,7 +20,7 @@ from lameduck.http1.downstream import H1Downstream
 from lameduck.http1.upstream import H1Upstream
 from lameduck.http2.connection import H2Limits
 from lameduck.http2.downstream import H2Downstream
-from lameduck.listeners.base import Listener, Overflow
+from lameduck.listeners.base import BACKLOG, Listener, Overflow
 from lameduck.listeners.tls import AlpnSwitch, server_context
 from lameduck.proxy.accesslog import open_access_log
 from lameduck.stats import DrainStats, Http2Stats, HttpStats
@@ -194,7 +194,8 @@ class HttpListener(Listener):
         if self.ssl is not None:
             self.server = await self.loop.create_server(
                 lambda: AlpnSwitch(self) if self.has_room() else Overflow(self),
-                sock=sock, ssl=self.ssl)
+                sock=sock, ssl=self.ssl, backlog=BACKLOG)
         else:
             self.server = await self.loop.create_server(
-                lambda: H1Downstream(self) if self.has_room() else Overflow(self), sock=sock)
+                lambda: H1Downstream(self) if self.has_room() else Overflow(self), sock=sock,
+                backlog=BACKLOG)

@@ -22,7 +22,7 @@ from lameduck.config import ListenerConfig
 from lameduck.drain import ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
 from lameduck.drain.endpoint import Layer
 from lameduck.drain.tunnel import Flow, TunnelKind
-from lameduck.listeners.base import Listener, Overflow
+from lameduck.listeners.base import BACKLOG, Listener, Overflow
 from lameduck.proxy.downstream import STOP, Downstream, no_delay
 from lameduck.stats import DrainStats, TcpStats
 from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
@@ -280,4 +280,5 @@ class TcpListener(Listener):
         self.sockname = sock.getsockname()
         Listener.running.add(self)  # under the process's downstream connection cap
         self.server = await self.loop.create_server(
-            lambda: TcpDownstream(self) if self.has_room() else Overflow(self), sock=sock)
+            lambda: TcpDownstream(self) if self.has_room() else Overflow(self), sock=sock,
+            backlog=BACKLOG)

@@ -68,6 +68,7 @@ class MainServer(Server):
         self._close_timers: dict[str, asyncio.TimerHandle] = {}
         self._closing: set[str] = set()
         self.cx_reset_here = 0
+        self.seq = 0  # drain messages sent; a worker's status acknowledges the last it saw
         for c in self.clusters.values():
             c.on_change = self._cluster_changed(c)
         self.registry.add_gauge_fn("server.workers", lambda: self.count)
@@ -95,10 +96,13 @@ class MainServer(Server):
         inh = self.inherited
         for i in range(1, self.count):
             got = inh.listeners.pop(f"{listener.name}@{i}", None) if inh is not None else None
-            if got is not None:
+            if got is not None and got[1].getsockname() == listener.sockname:
                 extra = got[1]
                 extra.setblocking(False)
             else:
+                if got is not None:  # the listener moved: the old group drains in the old
+                    got[1].close()   # process
+
                 try:
                     extra = listener.bind(reuse_port=True, port=listener.sockname[1])
                 except OSError:
@@ -198,9 +202,9 @@ class MainServer(Server):
         super().drain_listeners(graceful, skip_exit, inbound_only)
         ev = self.process.last_event
         assert ev is not None and self.workers is not None
-        self.workers.broadcast({"op": "drain_listeners", "start": ev.start,
-                                "graceful": graceful, "skip_exit": skip_exit,
-                                "inbound_only": inbound_only}, replay=True)
+        self._drain_message({"op": "drain_listeners", "start": ev.start,
+                             "graceful": graceful, "skip_exit": skip_exit,
+                             "inbound_only": inbound_only})
         self._schedule_closes()
 
     def begin_shutdown(self, why: str = "SIGTERM", cause: Cause = Cause.SHUTDOWN,
@@ -210,11 +214,33 @@ class MainServer(Server):
         super().begin_shutdown(why, cause, deadline, start)
         ev = self.process.shutdown
         assert ev is not None and self.workers is not None
-        self.workers.broadcast({"op": "shutdown", "start": ev.start, "cause": ev.cause.value,
-                                "deadline": self.process.exit_after,
-                                "broadcast": start is None,
-                                "hand_over": cause is Cause.HOT_RESTART}, replay=True)
+        self._drain_message({"op": "shutdown", "start": ev.start, "cause": ev.cause.value,
+                             "deadline": self.process.exit_after,
+                             "broadcast": start is None,
+                             "hand_over": cause is Cause.HOT_RESTART})
         self._schedule_closes()
+
+    def _drain_message(self, msg: Message) -> None:
+        """To every worker, now and when started later; numbered, so that the exit is
+        decided on statuses sent after it."""
+        assert self.workers is not None
+        self.seq += 1
+        self.workers.broadcast(msg | {"seq": self.seq}, replay=True)
+
+    def _acked(self) -> bool:
+        ws = self.workers
+        return ws is None or all(int(w.status.get("ack", 0)) >= self.seq
+                                 for w in ws.workers if w.ready and not w.exiting)
+
+    def _shutdown_check(self) -> None:
+        """As one process decides, on statuses the workers sent after the drain began (a
+        request a worker took just before is in them); the deadline waits for nothing."""
+        deadline = self.process.deadline
+        if not self._acked() and (deadline is None or self.loop.time() < deadline):
+            self._check_pending = False
+            self.loop.call_later(0.05, self._changed)  # or at the next status
+            return
+        super()._shutdown_check()
 
     def healthcheck_fail(self) -> None:
         super().healthcheck_fail()

@@ -29,6 +29,7 @@ from lameduck.drain import Cause, DrainEvent, Step
 from lameduck.drain.endpoint import AdminState
 from lameduck.drain.retry import RetryBudget
 from lameduck.listeners import TcpListener
+from lameduck.proxy.accesslog import flush_access_logs
 from lameduck.server.channel import Channel, Message, open_channel, read_one
 from lameduck.server.logfile import formatter, open_log_file, reopen_log_files
 from lameduck.server.server import Server
@@ -55,6 +56,12 @@ class WorkerServer(Server):
         self._status_soon = False
         self._applying = False  # endpoint facts from the main process are being applied
         self.parent_gone = False
+        # the last drain message of the main process this worker has acted on (its status
+        # says so: the main process decides on nothing older)
+        self.ack = 0
+        # told to exit while requests were in flight (its status was older than them): no
+        # new work, and exit once they are done
+        self._exit_when_idle = False
         for c in self.clusters.values():
             # The retry budget is the process's: each worker holds its share of the minimum
             # (the percentage applies to its own requests, so the shares add up).
@@ -63,7 +70,8 @@ class WorkerServer(Server):
                                    math.ceil(b.min_retry_concurrency / count))
             c.on_change = self._cluster_changed(c)
             c.on_record = self._record_made(c)
-        self._records: dict[str, list[list[str]]] = {}  # made here, not yet sent
+        # made or refreshed here, not yet sent: cluster → key → endpoint address
+        self._records: dict[str, dict[str, str]] = {}
 
     # -- start ------------------------------------------------------------------------------
     async def start_worker(self, control: socket.socket) -> None:
@@ -72,7 +80,7 @@ class WorkerServer(Server):
             sock.setblocking(False)
             # The main process holds the socket too: closing ours resets nothing; the main
             # process counts what its own close resets.
-            listener.socket_shared = True
+            listener.socket_shared = listener.socket_shared_by_workers = True
             await listener.start(sock)
         self.process.initialized()
         self._housekeeping = self.loop.call_later(1.0, self._housekeep)
@@ -102,7 +110,8 @@ class WorkerServer(Server):
             requests += st.downstream_cx_total if isinstance(ls, TcpListener) \
                 else st.downstream_rq_total
         return {
-            "op": "status", "active": ledger.active, "in_flight": self._in_flight(),
+            "op": "status", "ack": self.ack, "active": ledger.active,
+            "in_flight": self._in_flight(),
             "connections": self.connections(), "requests": r.requests,
             "upgrades": r.upgrades, "unsent": self._unsent(),
             "accepting": [ls.name for ls in self.listeners if ls.accepting],
@@ -134,6 +143,12 @@ class WorkerServer(Server):
             return
         self._status_soon = True
         self.loop.call_soon(self._send_status)
+        if self._exit_when_idle:
+            self.loop.call_soon(self._exit_if_idle)
+
+    def _exit_if_idle(self) -> None:
+        if self.process.ledger.idle:
+            self._finish(Step.EXIT)
 
     # -- the main process's words -----------------------------------------------------------
     def _on_message(self, msg: Message) -> None:
@@ -144,6 +159,9 @@ class WorkerServer(Server):
             log.error("control: unknown message %r", op)
             return
         handler(msg)
+        if "seq" in msg:
+            self.ack = int(msg["seq"])
+            self._send_status()
 
     def _on_lost(self) -> None:
         """The main process is gone (killed: a clean stop says so first). Drain as a hot
@@ -195,7 +213,18 @@ class WorkerServer(Server):
         if msg.get("quit"):
             self._quitting = True
             self._quit_why = str(msg.get("why", "quit"))
-        self._finish(Step(msg["step"]))
+        step = Step(msg["step"])
+        if step is Step.EXIT and not self._quitting and not self.process.ledger.idle:
+            # what the main process saw is older than a request that came since: it is
+            # served to its end (the deadline still cuts), nothing new is taken
+            self._exit_when_idle = True
+            self.process.ledger.accepting = False
+            for ls in self.listeners:
+                ls.stop_accepting()
+                for conn in list(ls.connections):
+                    conn.no_new_work()
+            return
+        self._finish(step)
 
     def _do_endpoints(self, msg: Message) -> None:
         cluster = self.clusters.get(msg["cluster"])
@@ -212,7 +241,8 @@ class WorkerServer(Server):
             return
         self.channel.send({"op": "stats", "id": msg["id"],
                            "stats": [_stat_out(s) for s in self.stats_snapshot()],
-                           "clusters": clusters_view(self.clusters.values())})
+                           "clusters": clusters_view(self.clusters.values()),
+                           "status": self.status()})
 
     def _do_reset_counters(self, msg: Message) -> None:
         self.registry.reset_counters()
@@ -236,7 +266,7 @@ class WorkerServer(Server):
         def made(key: str, ep: Any) -> None:
             if not self._records:
                 self.loop.call_soon(self._send_records)
-            self._records.setdefault(cluster.name, []).append([key, ep.address])
+            self._records.setdefault(cluster.name, {})[key] = ep.address
         return made
 
     def _send_records(self) -> None:
@@ -245,7 +275,8 @@ class WorkerServer(Server):
         records, self._records = self._records, {}
         if self.channel is not None:
             for name, rows in records.items():
-                self.channel.send({"op": "persist", "cluster": name, "records": rows})
+                self.channel.send({"op": "persist", "cluster": name,
+                                   "records": list(rows.items())})
 
     def _do_persist(self, msg: Message) -> None:
         cluster = self.clusters.get(msg["cluster"])
@@ -388,5 +419,16 @@ def main(argv: list[str] | None = None) -> int:
         return runner.run(serve(control))
 
 
+def exit_now(code: int) -> None:
+    """What is buffered is written, then the process ends without the interpreter's
+    teardown (hundreds of milliseconds for the modules a worker loads): the main process
+    waits for its workers before it exits itself."""
+    flush_access_logs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

@@ -150,6 +150,8 @@ class WorkerSet:
         elif op == "stats":
             w.stats = msg["stats"]
             w.clusters = msg["clusters"]
+            w.status = msg["status"]  # as fresh as the numbers
+            self.on_status(w)
             if w.waiting is not None and not w.waiting.done():
                 w.waiting.set_result(None)
         elif op == "endpoints":

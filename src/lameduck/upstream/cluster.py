@@ -127,6 +127,8 @@ class Cluster:
         d = decide(True, found.drain if found is not None else None, layer, now)
         if d.route is Route.STICK and found is not None:
             table.record(key, found, now)  # type: ignore[arg-type]
+            if self.on_record is not None:  # refreshed: in every worker
+                self.on_record(key, found)  # type: ignore[arg-type]
             return found, key
         if d.discard and key is not None:
             table.discard(key)
