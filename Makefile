@@ -101,9 +101,11 @@ fuzz: $(STAMP)
 	  $(PY) -m tests.fuzz.run $$t --seconds $$(( $(FUZZ_MINUTES) * 60 )) || rc=1; \
 	done; exit $$rc
 
+# BENCH_ARGS: passed to bench/run.py, e.g. make bench BENCH_ARGS='--workers 2' (bench/README.md).
+BENCH_ARGS ?=
 bench: $(FAST)
 	bash scripts/ensure-debs.sh wrk haproxy nginx-light nghttp2-client
-	$(PY) bench/run.py
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 # RSS per idle keep-alive connection, a client that reads nothing of a 100 MB response, and
 # a soak (SOAK=minutes, 0 = none): lameduck, HAProxy and nginx in one run (bench/README.md).

@@ -31,6 +31,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -138,7 +139,8 @@ class Procs:
         self.workdir = workdir
         self.procs: list[Proc] = []
 
-    def start(self, name: str, cpu: int, argv: list[str]) -> Proc:
+    def start(self, name: str, cpu: int | str, argv: list[str]) -> Proc:
+        """``cpu``: one CPU, or a taskset list ("0,1") for the rows spread over all cores."""
         log = self.workdir / f"{name}.log"
         with log.open("wb") as fh:
             popen = subprocess.Popen(
@@ -280,10 +282,13 @@ def lameduck_bin() -> str:
     return found
 
 
-def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int,
+def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int,
                    h2: bool = False, h2up_origin_port: int = 0,
                    pool_origin_ports: tuple[int, ...] = (),
-                   access_log: bool = False) -> tuple[Proc, int]:
+                   access_log: bool = False, workers: int = 1,
+                   name: str | None = None) -> tuple[Proc, int]:
+    """``workers`` > 1: lameduck's multi-process mode (a main process and that many worker
+    processes, its children: pinned with it); ``name`` names its config, log and process."""
     port, admin = free_port(), free_port()
     h2up_port = free_port() if h2up_origin_port else 0
     pool_port = free_port() if pool_origin_ports else 0
@@ -336,11 +341,13 @@ def start_lameduck(procs: Procs, cpu: int, workdir: Path, origin_port: int,
         })
     if access_log:  # Envoy's default format, JSON off: the common case, written to a file
         cfg["listeners"][0]["access_log"] = {"path": str(workdir / "access.log")}
-    path = workdir / ("lameduck-log.yaml" if access_log else "lameduck.yaml")
+    if workers != 1:
+        cfg["workers"] = workers
+    name = name or ("lameduck-log" if access_log else "lameduck")
+    path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    # Its log is its stderr (stdout too); both go to lameduck.log in the work dir.
-    proc = procs.start("lameduck-log" if access_log else "lameduck", cpu,
-                       [lameduck_bin(), "run", "-c", str(path)])
+    # Its log is its stderr (stdout too); both go to <name>.log in the work dir.
+    proc = procs.start(name, cpu, [lameduck_bin(), "run", "-c", str(path)])
     wait_until(proc, "GET /ready == 200",
                lambda: http_get(f"http://127.0.0.1:{admin}/ready")[0] == 200)
     proc.admin_port = admin
@@ -783,7 +790,7 @@ def parse_wrk(out: str) -> dict[str, float]:
     }
 
 
-def run_wrk(procs: Procs, cpu: int, port: int, seconds: float, conns: int,
+def run_wrk(procs: Procs, cpu: int | str, port: int, seconds: float, conns: int,
             threads: int) -> str:
     argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds:g}s", "--latency",
             f"http://127.0.0.1:{port}/"]
@@ -1338,37 +1345,44 @@ def pool_markdown(pool, args) -> list[str]:
 
 
 def write_markdown(path: Path, rows, verdict, samples, args, command: str,
-                   notes: list[str], h2=None, h2up=None, pool=None) -> None:
+                   notes: list[str], h2=None, h2up=None, pool=None, workers=None) -> None:
     v = _versions()
     lines = [
         "# lameduck benchmark results",
         "",
-        f"Measured {time.strftime('%Y-%m-%d %H:%M:%S %Z')} with `{command}`: "
-        f"{args.rounds} interleaved rounds x {args.duration:g} s per proxy, wrk -t{args.threads} "
-        f"-c{args.connections} keep-alive GET / (after a {args.warmup:g} s warm-up each); "
-        f"proxies pinned to CPU {args.proxy_cpu}, demo origin and wrk to CPU {args.load_cpu}.",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M:%S %Z')} with `{command}`"
+        + (": only the workers rows." if not args.names else
+           f": {args.rounds} interleaved rounds x {args.duration:g} s per proxy, wrk "
+           f"-t{args.threads} -c{args.connections} keep-alive GET / (after a "
+           f"{args.warmup:g} s warm-up each); proxies pinned to CPU {args.proxy_cpu}, demo "
+           f"origin and wrk to CPU {args.load_cpu}."),
         "",
-        md_table(rows),
-        "",
-        TARGET_LINE + ":",
-        "",
-        *[f"- {x}" for x in verdict],
-        "",
-        "Medians over the rounds. *CPU µs/req* is the proxy's utime+stime over the round "
-        "divided by the requests wrk completed; *proxy CPU* is that CPU time over the round's "
-        "wall time (100% = the proxy saturates its core). *saturated* names the core(s) at "
-        f">= 95% busy: `proxy` (CPU {args.proxy_cpu}) means the proxy itself was the limit; "
-        f"`cpu{args.load_cpu}` means the origin + wrk core was, so that proxy's req/s is a "
-        "lower bound of what it could do and CPU µs/req is the fairer comparison.",
-        "",
+    ]
+    if args.names:
+        lines += [
+            md_table(rows),
+            "",
+            TARGET_LINE + ":",
+            "",
+            *[f"- {x}" for x in verdict],
+            "",
+            "Medians over the rounds. *CPU µs/req* is the proxy's utime+stime over the round "
+            "divided by the requests wrk completed; *proxy CPU* is that CPU time over the "
+            "round's wall time (100% = the proxy saturates its core). *saturated* names the "
+            f"core(s) at >= 95% busy: `proxy` (CPU {args.proxy_cpu}) means the proxy itself "
+            f"was the limit; `cpu{args.load_cpu}` means the origin + wrk core was, so that "
+            "proxy's req/s is a lower bound of what it could do and CPU µs/req is the fairer "
+            "comparison.",
+            "",
+        ]
+    lines += [
         *[f"Note: {n}.\n" for n in notes],
-        "## Rounds",
-        "",
-        md_table(round_rows(samples, args), round_headers(args)),
-        "",
+        *(["## Rounds", "", md_table(round_rows(samples, args), round_headers(args)), ""]
+          if args.names else []),
         *(h2_markdown(h2, args) if h2 else []),
         *(h2up_markdown(h2up, args) if h2up else []),
         *(pool_markdown(pool, args) if pool else []),
+        *(workers_markdown(workers, args) if workers else []),
         "## Environment",
         "",
         *[f"- {k}: {val}" for k, val in v.items()],
@@ -1424,12 +1438,53 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pool-warmup", type=float, default=None,
                    help="wrk warm-up seconds per proxy before those rounds (default: "
                    "--warmup, at most 1; 0 = none)")
+    p.add_argument("--workers", default=None, metavar="N[,N...]",
+                   help="also measure lameduck with `workers: N` (a main process and N worker "
+                   "processes) against `workers: 1`: CPU per request with both pinned to "
+                   "--proxy-cpu (what the split costs), then req/s with lameduck, an nginx "
+                   "origin and wrk spread over every allowed CPU (scaling), and the share of "
+                   "requests each worker served. A list (1,2,4,8) gives the scaling curve; "
+                   "auto = one per allowed CPU")
+    p.add_argument("--workers-only", action="store_true",
+                   help="only the --workers rows: no HAProxy, nginx or other part")
+    p.add_argument("--workers-duration", type=float, default=None,
+                   help="seconds per workers count and round (default: --duration)")
+    p.add_argument("--workers-warmup", type=float, default=None,
+                   help="wrk warm-up seconds per workers count and part (default: --warmup)")
+    p.add_argument("--workers-threads", type=int, default=None,
+                   help="wrk threads of the spread-out rows (default: --threads, or a "
+                   "quarter of the allowed CPUs if more)")
     args = p.parse_args(argv)
+    args.worker_counts = []
+    if args.workers is not None:
+        counts = {1}
+        for item in args.workers.split(","):
+            item = item.strip()
+            if item == "auto":
+                counts.add(len(os.sched_getaffinity(0)))
+            elif item.isdigit() and 1 <= int(item) <= 256:
+                counts.add(int(item))
+            else:
+                p.error(f"--workers: {item!r} is not a count from 1 to 256 or auto")
+        if counts == {1}:
+            p.error("--workers: give a count above 1 (workers: 1 is measured beside it)")
+        args.worker_counts = sorted(counts)
+    elif args.workers_only:
+        p.error("--workers-only needs --workers")
+    args.workers_duration = (args.duration if args.workers_duration is None
+                             else args.workers_duration)
+    args.workers_warmup = args.warmup if args.workers_warmup is None else args.workers_warmup
+    if args.workers_duration <= 0 or args.workers_warmup < 0 or (
+            args.workers_threads is not None and args.workers_threads < 1):
+        p.error("--workers-duration and --workers-threads must be positive and "
+                "--workers-warmup not negative")
+    if args.workers_only:  # the other parts and proxies off
+        args.proxies, args.h2, args.h2_upstream, args.pool = "lameduck", False, False, False
     names = [n.strip() for n in args.proxies.split(",") if n.strip()]
     bad = [n for n in names if n not in PROXIES]
     if bad or not names:
         p.error(f"--proxies: unknown {bad}; choose from {', '.join(PROXIES)}")
-    args.names = names
+    args.names = [] if args.workers_only else names
     if args.rounds < 1 or args.duration <= 0 or args.connections < 1 or args.threads < 1:
         p.error("--rounds, --duration, --connections and --threads must be positive")
     if args.h2_duration is None:
@@ -1661,6 +1716,487 @@ def pool_checks(proxies: dict[str, tuple[Proc, int]], args: argparse.Namespace,
     return notes, ok
 
 
+# --------------------------------------------------------------------------------------------
+# --workers: lameduck's `workers: N` (a main process and N data-plane worker processes, its
+# children) against `workers: 1`. Two parts: "split", both pinned to the proxy CPU (what the
+# split costs per request: the same core does the same work, plus the main process and the
+# switching between processes), then "scale", lameduck, an nginx origin and wrk all spread over
+# every allowed CPU (how far N processes take req/s on this machine, and what limited it).
+# --------------------------------------------------------------------------------------------
+
+SPLIT, SCALE = "split", "scale"
+TARGET_SPLIT = 0.10  # workers: N on one core: at most 10 % more CPU per request
+TARGET_SPLIT_LINE = (f"target (workers): lameduck's CPU per request with workers: N pinned to "
+                     f"one core within {TARGET_SPLIT:.0%} of workers: 1 on that core (same run)")
+SATURATED = 95.0  # % of a core at which a core, or a single-threaded process, is the limit
+
+WORKERS_ORIGIN_CFG = """\
+# Generated by bench/run.py: the HTTP/1.1 origin of the --workers scale rows, nginx with one
+# process per CPU (the demo origin, one Python process sharing the cores, would be the limit).
+worker_processes {processes};
+daemon off;
+master_process on;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+
+events {{
+    worker_connections 4096;
+}}
+
+http {{
+    access_log off;
+    {temp_paths}
+    default_type text/plain;
+    keepalive_timeout 60s;
+    keepalive_requests 100000000;   # default 1000 would reconnect mid-round
+
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            return 200 "{body}";
+        }}
+    }}
+}}
+"""
+
+
+def start_workers_origin(procs: Procs, cpus: str, workdir: Path,
+                         processes: int) -> tuple[Proc, int]:
+    """nginx answering ``GET /`` with the demo origin's body, ``processes`` workers (master
+    on: nginx only forks workers then), spread over ``cpus``."""
+    port = free_port()
+    tmp = workdir / "workers-origin"
+    tmp.mkdir(exist_ok=True)
+    cfg = tmp / "nginx.conf"
+    cfg.write_text(WORKERS_ORIGIN_CFG.format(
+        processes=processes, port=port, tmp=tmp, temp_paths=_nginx_temp_paths(tmp),
+        body=HELLO.decode().replace("\n", "\\n")))
+    argv = ["nginx", "-p", str(tmp), "-e", str(tmp / "nginx-error.log"), "-c", str(cfg)]
+    check = subprocess.run([*argv, "-t", "-q"], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise BenchError(f"nginx rejected {cfg}:\n{check.stdout}{check.stderr}")
+    proc = procs.start("workers-origin", cpus, argv)
+    proc.log = tmp / "nginx-error.log"  # its stderr is empty: errors go to the error_log
+    wait_until(proc, "listening socket", lambda: _proxied_ok(port))
+    return proc, port
+
+
+def _pid_start(pid: int) -> str:
+    return _stat_fields(pid)[19]  # field 22, starttime: tells a reused pid apart
+
+
+def _running(pid: int, start: str) -> bool:
+    try:
+        f = _stat_fields(pid)
+    except (OSError, IndexError):
+        return False
+    return f[19] == start and f[0] != "Z"
+
+
+def stop_tree(procs: Procs, proc: Proc, grace: float = 5.0) -> list[int]:
+    """Stop ``proc`` by its pid (lameduck's main process and nginx's master stop their own
+    workers), then any descendant still running after ``grace``, by its pid too (checked
+    against its start time, so no reused pid is hit). The pids that had to be killed."""
+    kids = []
+    for pid in _tree(proc.pid)[1:]:
+        with contextlib.suppress(OSError, IndexError):
+            kids.append((pid, _pid_start(pid)))
+    procs.stop(proc)
+    end = time.monotonic() + grace
+    while any(_running(*k) for k in kids) and time.monotonic() < end:
+        time.sleep(0.05)
+    killed = []
+    for pid, start in kids:
+        if _running(pid, start):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    return killed
+
+
+def proc_ticks(pid: int) -> int:
+    """utime + stime (clock ticks) of one process, all its threads, not its children."""
+    f = _stat_fields(pid)
+    return int(f[11]) + int(f[12])
+
+
+def lameduck_admin(proc: Proc, path: str) -> dict:
+    status, body = http_get(f"http://127.0.0.1:{proc.admin_port}{path}", timeout=5)
+    if status != 200:
+        raise BenchError(f"{proc.name} GET {path}: {status} {body[:200]!r}")
+    return json.loads(body)
+
+
+def lameduck_workers(proc: Proc) -> list[dict]:
+    """``/server_info``'s ``workers``: index, pid, ready, ... of each worker process."""
+    return lameduck_admin(proc, "/server_info").get("workers", [])
+
+
+def worker_counters(proc: Proc) -> dict[str, int]:
+    """``worker.<i>.downstream_rq_total`` (what each worker served) and
+    ``server.workers_replaced`` from ``/stats?format=json``."""
+    out = {}
+    for st in lameduck_admin(proc, "/stats?format=json")["stats"]:
+        name = st.get("name", "")
+        if name.startswith("worker.") or name == "server.workers_replaced":
+            out[name] = st["value"]
+    return out
+
+
+@dataclass
+class WorkerSample:
+    part: str  # SPLIT or SCALE
+    workers: int
+    round: int
+    requests: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    cpu_us_per_req: float  # the main process and its workers together
+    main_us_per_req: float  # the main process alone (0 with workers: 1: there is none)
+    proxy_cpu_pct: float  # lameduck's CPU over the round's wall time: 100 = one core
+    main_cpu_pct: float
+    worker_cpu_pct: list[float]  # each worker process's, by index
+    origin_cpu_pct: float
+    wrk_cpu_pct: float
+    cpu_pct: dict[int, float]  # how busy each allowed CPU was
+    served: list[int]  # requests each worker took in the round (its downstream_rq_total)
+
+
+def _rusage_children() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def measure_workers(procs: Procs, part: str, n: int, proxy: Proc, port: int, origin: Proc,
+                    args: argparse.Namespace, rnd: int, load: int | str,
+                    threads: int) -> WorkerSample:
+    """One wrk round against lameduck with ``workers: n``: the CPU of its main process and of
+    each worker (by pid, from /server_info), of the origin (its process tree) and of wrk (this
+    script's reaped children: wrk is the only one reaped meanwhile), how busy each CPU was,
+    and how many requests each worker took (/stats before and after, outside the window)."""
+    pids = {w["index"]: w["pid"] for w in lameduck_workers(proxy)} if n > 1 else {}
+    if n > 1 and sorted(pids) != list(range(n)):
+        raise BenchError(f"workers: {n}: /server_info lists workers {sorted(pids)}")
+    c0 = worker_counters(proxy) if n > 1 else {}
+    busy0, tree0, main0 = cpu_busy(), cpu_ticks(proxy.pid), proc_ticks(proxy.pid)
+    w0 = {i: proc_ticks(p) for i, p in pids.items()}
+    o0, ru0, t0 = cpu_ticks(origin.pid), _rusage_children(), time.monotonic()
+    out = run_wrk(procs, load, port, args.workers_duration, args.connections, threads)
+    busy1, tree1, main1 = cpu_busy(), cpu_ticks(proxy.pid), proc_ticks(proxy.pid)
+    try:
+        w1 = {i: proc_ticks(p) for i, p in pids.items()}
+    except (OSError, IndexError) as e:
+        raise BenchError(f"workers: {n}: a worker process is gone after round {rnd} ({e}); "
+                         f"log tail ({proxy.log}):\n{proxy.tail()}") from None
+    o1, ru1, wall = cpu_ticks(origin.pid), _rusage_children(), time.monotonic() - t0
+    if not proxy.alive():
+        raise BenchError(f"workers: {n} died during round {rnd}; log tail ({proxy.log}):\n"
+                         f"{proxy.tail()}")
+    c1 = worker_counters(proxy) if n > 1 else {}
+    if c1.get("server.workers_replaced", 0) > c0.get("server.workers_replaced", 0):
+        raise BenchError(f"workers: {n}: a worker was replaced during round {rnd}; log tail "
+                         f"({proxy.log}):\n{proxy.tail()}")
+    w = parse_wrk(out)
+    reqs = max(1, int(w["requests"]))
+
+    def pct(ticks: int) -> float:
+        return 100.0 * ticks / CLK_TCK / wall
+
+    return WorkerSample(
+        part=part, workers=n, round=rnd, requests=int(w["requests"]), rps=w["rps"],
+        p50_ms=w["p50_ms"], p99_ms=w["p99_ms"], errors=int(w["errors"]),
+        cpu_us_per_req=(tree1 - tree0) / CLK_TCK * 1e6 / reqs,
+        main_us_per_req=(main1 - main0) / CLK_TCK * 1e6 / reqs if n > 1 else 0.0,
+        proxy_cpu_pct=pct(tree1 - tree0), main_cpu_pct=pct(main1 - main0) if n > 1 else 0.0,
+        worker_cpu_pct=[pct(w1[i] - w0[i]) for i in range(n)] if n > 1 else [],
+        origin_cpu_pct=pct(o1 - o0), wrk_cpu_pct=100.0 * (ru1 - ru0) / wall,
+        cpu_pct={c: 100.0 * (busy1[c][0] - busy0[c][0]) / max(1, busy1[c][1] - busy0[c][1])
+                 for c in sorted(busy1) if c in busy0},
+        served=[c1.get(f"worker.{i}.downstream_rq_total", 0)
+                - c0.get(f"worker.{i}.downstream_rq_total", 0) for i in range(n)]
+        if n > 1 else [],
+    )
+
+
+def _shares(served: list[int]) -> str:
+    total = sum(served)
+    if not served or not total:
+        return "-"
+    return " ".join(f"{100.0 * x / total:.0f}%" for x in served)
+
+
+def _round_line(s: WorkerSample, args: argparse.Namespace) -> str:
+    split = " ".join(f"w{i} {p:.0f}%" for i, p in enumerate(s.worker_cpu_pct))
+    return (f"round {s.round} workers {s.part} {s.workers:>2} {s.rps:>10,.0f} req/s  "
+            f"p50 {s.p50_ms:6.2f} ms  p99 {s.p99_ms:6.2f} ms  {s.cpu_us_per_req:6.1f} µs/req  "
+            f"lameduck {s.proxy_cpu_pct:3.0f}%"
+            + (f" (main {s.main_cpu_pct:.1f}%, {split})" if s.workers > 1 else "")
+            + f"  origin {s.origin_cpu_pct:3.0f}%  wrk {s.wrk_cpu_pct:3.0f}%  "
+            + " ".join(f"cpu{c} {p:3.0f}%" for c, p in s.cpu_pct.items())
+            + (f"  requests per worker {_shares(s.served)}" if s.served else "")
+            + f"  errors {s.errors}")
+
+
+def run_workers_part(procs: Procs, part: str, args: argparse.Namespace, workdir: Path,
+                     origin: Proc, origin_port: int, cpus: str, load: int | str,
+                     threads: int, samples: list[WorkerSample], notes: list[str]) -> None:
+    """lameduck with each of ``args.worker_counts`` on ``cpus`` in front of ``origin``: a
+    keep-alive pre-check, a wrk warm-up each, then ``--rounds`` interleaved rounds (order
+    rotating), wrk on ``load``. Every lameduck is stopped before it returns, its workers too;
+    BenchError when anything failed."""
+    instances: dict[int, tuple[Proc, int]] = {}
+    try:
+        for n in args.worker_counts:
+            proc, port = start_lameduck(procs, cpus, workdir, origin_port, workers=n,
+                                        name=f"lameduck-w{n}-{part}")
+            instances[n] = (proc, port)
+            if n > 1:
+                wait_until(proc, f"{n} workers ready in /server_info", lambda p=proc, k=n: (
+                    len(ws := lameduck_workers(p)) == k and all(w["ready"] for w in ws)))
+            problem = keepalive_check(port)
+            if problem:
+                raise BenchError(f"workers: {n} ({part}) failed the keep-alive pre-check "
+                                 f"({problem}); log tail ({proc.log}):\n{proc.tail()}")
+            pids = " ".join(str(w["pid"]) for w in lameduck_workers(proc)) if n > 1 else ""
+            print(f"lameduck workers: {n} ({part}): pid {proc.pid} on 127.0.0.1:{port} "
+                  f"(CPUs {cpus})" + (f", worker pids {pids}" if pids else ""), flush=True)
+        if args.workers_warmup > 0:
+            for n, (_, port) in instances.items():
+                print(f"warm-up workers {part} {n} {args.workers_warmup:g}s", flush=True)
+                run_wrk(procs, load, port, args.workers_warmup, args.connections, threads)
+        counts = list(instances)
+        for rnd in range(1, args.rounds + 1):
+            k = (rnd - 1) % len(counts)
+            for n in counts[k:] + counts[:k]:
+                proc, port = instances[n]
+                s = measure_workers(procs, part, n, proc, port, origin, args, rnd, load,
+                                    threads)
+                samples.append(s)
+                print(_round_line(s, args), flush=True)
+                if not origin.alive():
+                    raise BenchError(f"the origin exited (code {origin.popen.returncode}) in "
+                                     f"round {rnd}; its log tail ({origin.log}):\n"
+                                     f"{origin.tail(15)}")
+        for n in counts:
+            ss = [s for s in samples if s.part == part and s.workers == n]
+            if n > 1 and ss:
+                served, done = sum(sum(s.served) for s in ss), sum(s.requests for s in ss)
+                # wrk counts responses, lameduck requests received: they differ by what was
+                # in flight at each round's end (at most --connections per round)
+                if abs(served - done) > args.connections * len(ss):
+                    notes.append(f"CHECK FAILED ({part}, workers: {n}): the workers' "
+                                 f"downstream_rq_total rose by {served:,} over the rounds, "
+                                 f"wrk counted {done:,} responses")
+    finally:
+        for n, (proc, _) in instances.items():
+            killed = stop_tree(procs, proc)
+            if killed:
+                notes.append(f"workers: {n} ({part}): worker pid(s) {killed} still ran "
+                             f"{5:g} s after the main process was stopped: killed")
+
+
+@dataclass
+class WorkersResult:
+    samples: list[WorkerSample] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    cpus: str = ""
+    threads: int = 1
+
+
+def run_workers(procs: Procs, args: argparse.Namespace, workdir: Path, origin: Proc,
+                origin_port: int) -> WorkersResult:
+    """Both parts; a part that fails is a line in ``failures``, not an exception."""
+    res = WorkersResult()
+    allowed = sorted(os.sched_getaffinity(0))
+    res.cpus = ",".join(map(str, allowed))
+    res.threads = args.workers_threads or max(args.threads, len(allowed) // 4)
+    try:
+        run_workers_part(procs, SPLIT, args, workdir, origin, origin_port,
+                         str(args.proxy_cpu), args.load_cpu, args.threads, res.samples,
+                         res.notes)
+    except BenchError as e:
+        res.failures.append(f"{SPLIT}: {e}")
+        print(f"bench: warning: workers {SPLIT}: {e}", file=sys.stderr)
+    try:
+        nginx, port = start_workers_origin(procs, res.cpus, workdir, len(allowed))
+        print(f"workers origin (nginx, {len(allowed)} processes): pid {nginx.pid} on "
+              f"127.0.0.1:{port} (CPUs {res.cpus})", flush=True)
+        try:
+            run_workers_part(procs, SCALE, args, workdir, nginx, port, res.cpus, res.cpus,
+                             res.threads, res.samples, res.notes)
+        finally:
+            stop_tree(procs, nginx)
+    except BenchError as e:
+        res.failures.append(f"{SCALE}: {e}")
+        print(f"bench: warning: workers {SCALE}: {e}", file=sys.stderr)
+    return res
+
+
+def _med(ss: list[WorkerSample], key: str) -> float:
+    return statistics.median(getattr(s, key) for s in ss)
+
+
+def scale_limit(ss: list[WorkerSample], threads: int) -> str:
+    """What limited a scale row (medians over its rounds): a single-threaded process at a
+    full core (lameduck's one process, every worker, wrk's threads), all cores busy, or none
+    of these (then latency: a fixed number of connections, each one request at a time)."""
+    n = ss[0].workers
+    why = []
+    if n == 1 and _med(ss, "proxy_cpu_pct") >= SATURATED:
+        why.append("lameduck's one process at a full core")
+    if n > 1:
+        full = sum(statistics.median(s.worker_cpu_pct[i] for s in ss) >= SATURATED
+                   for i in range(n))
+        if full:
+            why.append(f"{full} of {n} workers at a full core")
+    if _med(ss, "wrk_cpu_pct") >= SATURATED * threads:
+        why.append(f"wrk (-t{threads}) at {threads} full core{'s' if threads > 1 else ''}")
+    cores = ss[0].cpu_pct.keys()
+    busy = [c for c in cores if statistics.median(s.cpu_pct[c] for s in ss) >= SATURATED]
+    if busy and len(busy) == len(cores):
+        why.append(f"all {len(cores)} cores busy")
+    elif busy:
+        why.append(" ".join(f"cpu{c}" for c in busy) + " busy")
+    return " + ".join(why) or "no core saturated"
+
+
+WORKERS_SPLIT_HEADERS = ["workers", "req/s (median)", "p50", "p99", "CPU µs/req",
+                         "vs workers: 1", "main µs/req", "main CPU", "per worker CPU",
+                         "requests per worker", "errors", "saturated"]
+WORKERS_SCALE_HEADERS = ["workers", "req/s (median)", "p50", "p99", "CPU µs/req",
+                         "vs workers: 1 req/s", "lameduck CPU", "origin CPU", "wrk CPU",
+                         "other", "cores busy", "requests per worker", "errors", "limited by"]
+
+
+def summarize_workers(res: WorkersResult, args: argparse.Namespace,
+                      ) -> tuple[list[list[str]], list[list[str]], list[str], list[str]]:
+    """The split rows, the scale rows, the split verdict lines and the scale lines."""
+    split_rows, scale_rows, verdict, info = [], [], [], []
+    for part in (SPLIT, SCALE):
+        by_n = {n: [s for s in res.samples if s.part == part and s.workers == n]
+                for n in args.worker_counts}
+        base = by_n.get(1)
+        for n, ss in by_n.items():
+            if not ss:
+                continue
+            cpu, rps = _med(ss, "cpu_us_per_req"), _med(ss, "rps")
+            served = [sum(s.served[i] for s in ss) for i in range(n)] if n > 1 else []
+            per_worker = " ".join(f"{statistics.median(s.worker_cpu_pct[i] for s in ss):.0f}%"
+                                  for i in range(n)) if n > 1 else "-"
+            head = [str(n), f"{rps:,.0f}", f"{_med(ss, 'p50_ms'):.2f} ms",
+                    f"{_med(ss, 'p99_ms'):.2f} ms", f"{cpu:.1f}"]
+            errors = str(sum(s.errors for s in ss))
+            if part == SPLIT:
+                ratio = cpu / _med(base, "cpu_us_per_req") if base else None
+                split_rows.append([
+                    *head, f"{ratio:.2f}x" if ratio else "n/a",
+                    f"{_med(ss, 'main_us_per_req'):.2f}" if n > 1 else "-",
+                    f"{_med(ss, 'main_cpu_pct'):.1f}%" if n > 1 else "-", per_worker,
+                    _shares(served), errors,
+                    bound_by(_med(ss, "proxy_cpu_pct"),
+                             statistics.median(s.cpu_pct[args.load_cpu] for s in ss),
+                             args.load_cpu)])
+                if n > 1 and ratio:
+                    verdict.append(
+                        f"workers: {n} on CPU {args.proxy_cpu}: {cpu:.1f} µs CPU/request vs "
+                        f"{_med(base, 'cpu_us_per_req'):.1f} with workers: 1 "
+                        f"({ratio - 1:+.1%}; {'met' if ratio <= 1 + TARGET_SPLIT else 'NOT met'}"
+                        f": within {TARGET_SPLIT:.0%}); its main process alone "
+                        f"{_med(ss, 'main_us_per_req'):.2f} µs/request "
+                        f"({_med(ss, 'main_cpu_pct'):.1f}% of a core)")
+            else:
+                lam, org, wrk = (_med(ss, k) for k in ("proxy_cpu_pct", "origin_cpu_pct",
+                                                       "wrk_cpu_pct"))
+                total = statistics.median(sum(s.cpu_pct.values()) for s in ss)
+                limit = scale_limit(ss, res.threads)
+                scale_rows.append([
+                    *head, f"{rps / _med(base, 'rps'):.2f}x" if base else "n/a",
+                    f"{lam:.0f}%" + (f" (main {_med(ss, 'main_cpu_pct'):.1f}%)" if n > 1
+                                     else ""),
+                    f"{org:.0f}%", f"{wrk:.0f}%", f"{max(0.0, total - lam - org - wrk):.0f}%",
+                    " ".join(f"cpu{c} {statistics.median(s.cpu_pct[c] for s in ss):.0f}%"
+                             for c in ss[0].cpu_pct),
+                    _shares(served), errors, limit])
+                info.append(f"workers: {n} over CPUs {res.cpus}: {rps:,.0f} req/s"
+                            + (f", {rps / _med(base, 'rps'):.2f}x workers: 1" if base and n > 1
+                               else "") + f"; limited by: {limit}")
+    return split_rows, scale_rows, verdict, info
+
+
+def workers_round_rows(res: WorkersResult) -> list[list[str]]:
+    return [[s.part, str(s.round), str(s.workers), f"{s.rps:,.0f}", f"{s.p50_ms:.2f}",
+             f"{s.p99_ms:.2f}", f"{s.cpu_us_per_req:.1f}",
+             f"{s.main_us_per_req:.2f}" if s.workers > 1 else "-",
+             f"{s.proxy_cpu_pct:.0f}%", " ".join(f"{p:.0f}%" for p in s.worker_cpu_pct) or "-",
+             f"{s.origin_cpu_pct:.0f}%", f"{s.wrk_cpu_pct:.0f}%",
+             " ".join(f"cpu{c} {p:.0f}%" for c, p in s.cpu_pct.items()),
+             _shares(s.served), str(s.errors)] for s in res.samples]
+
+
+WORKERS_ROUND_HEADERS = ["part", "round", "workers", "req/s", "p50 ms", "p99 ms", "CPU µs/req",
+                         "main µs/req", "lameduck CPU", "per worker CPU", "origin CPU",
+                         "wrk CPU", "cores busy", "requests per worker", "errors"]
+
+
+def workers_titles(res: WorkersResult, args: argparse.Namespace) -> tuple[str, str]:
+    return (
+        f"lameduck workers: N vs workers: 1, all pinned to CPU {args.proxy_cpu} (main process "
+        f"and workers); demo origin and wrk -t{args.threads} -c{args.connections} on CPU "
+        f"{args.load_cpu}; {args.workers_duration:g} s rounds",
+        f"lameduck workers: N vs workers: 1 spread over CPUs {res.cpus}, with an nginx origin "
+        f"(one process per CPU) and wrk -t{res.threads} -c{args.connections} on the same "
+        f"CPUs; {args.workers_duration:g} s rounds")
+
+
+def print_workers(res: WorkersResult, args: argparse.Namespace) -> None:
+    split_rows, scale_rows, verdict, info = summarize_workers(res, args)
+    split_title, scale_title = workers_titles(res, args)
+    if split_rows:
+        print()
+        print(split_title)
+        print(text_table(split_rows, WORKERS_SPLIT_HEADERS))
+        print()
+        print(TARGET_SPLIT_LINE)
+        for v in verdict:
+            print("  " + v)
+    if scale_rows:
+        print()
+        print(scale_title)
+        print(text_table(scale_rows, WORKERS_SCALE_HEADERS))
+        print()
+        print("scaling (informational; lameduck, origin and wrk CPU in % of one core, "
+              "other = the rest of the cores' busy time, other jobs included):")
+        for x in info:
+            print("  " + x)
+    for f in res.failures:
+        print("  failed: workers " + f)
+    for n in res.notes:
+        print("note: " + n)
+
+
+def workers_markdown(res: WorkersResult, args: argparse.Namespace) -> list[str]:
+    split_rows, scale_rows, verdict, info = summarize_workers(res, args)
+    split_title, scale_title = workers_titles(res, args)
+    out = ["## lameduck workers", ""]
+    if split_rows:
+        out += [split_title + ":", "", md_table(split_rows, WORKERS_SPLIT_HEADERS), "",
+                TARGET_SPLIT_LINE + ":", "", *[f"- {v}" for v in verdict], ""]
+    if scale_rows:
+        out += [scale_title + ":", "", md_table(scale_rows, WORKERS_SCALE_HEADERS), "",
+                *[f"- {x}" for x in info], ""]
+    out += [*[f"Failed: workers {f}\n" for f in res.failures],
+            *[f"Note: {n}.\n" for n in res.notes],
+            "*CPU µs/req*: lameduck's main process and workers together (utime+stime of the "
+            "process tree) over the requests wrk completed; *main*: the main process alone. "
+            "*requests per worker*: each worker's share of `worker.<i>.downstream_rq_total` "
+            "(`/stats`) over the rounds. CPU figures in % of one core.", "",
+            "### Rounds", "", md_table(workers_round_rows(res), WORKERS_ROUND_HEADERS), ""]
+    return out
+
+
 def _on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -1668,7 +2204,8 @@ def _on_sigterm(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     for tool in ("taskset", "wrk", *(["haproxy"] if "haproxy" in args.names else []),
-                 *(["nginx"] if "nginx" in args.names or args.h2up_names else []),
+                 *(["nginx"] if "nginx" in args.names or args.h2up_names
+                   or args.worker_counts else []),
                  *(["h2load"] if args.h2_names else []),
                  *(["curl"] if args.h2up_names else [])):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
@@ -1698,6 +2235,7 @@ def main(argv: list[str] | None = None) -> int:
     pool_samples: list[Sample] = []
     pool_skipped: dict[str, str] = {}  # proxy -> why its pool row is FAILED
     pool_notes: list[str] = []
+    workers: WorkersResult | None = None
     idle = background_load((args.proxy_cpu, args.load_cpu))
     notes = []
     if max(idle.values()) > 10:
@@ -1767,7 +2305,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"warm-up {name} {args.warmup:g}s", flush=True)
                 run_wrk(procs, args.load_cpu, port, args.warmup, args.connections, args.threads)
         for rnd in range(1, args.rounds + 1):
-            k = (rnd - 1) % len(args.names)
+            k = (rnd - 1) % max(1, len(args.names))
             order = args.names[k:] + args.names[:k]  # rotate so no proxy always goes first
             for name in order:
                 proc, port = proxies[name]
@@ -1816,6 +2354,10 @@ def main(argv: list[str] | None = None) -> int:
                 if lameduck and "lameduck" in args.pool_names:
                     print(f"bench: note: the pool checks failed; tail of {lameduck[0].log}:\n"
                           f"{lameduck[0].tail(40)}", file=sys.stderr)
+        if args.worker_counts:
+            workers = run_workers(procs, args, workdir, origin, origin_port)
+            if workers.failures or any(n.startswith("CHECK FAILED") for n in workers.notes):
+                keep = True
     except BenchError as e:
         print(f"bench: {e}", file=sys.stderr)
         keep = True
@@ -1831,13 +2373,15 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
     rows, verdict = summarize(samples, args.names, args.load_cpu)
-    print()
-    print(text_table(rows))
-    print()
-    print(TARGET_LINE)
-    for v in verdict:
-        print("  " + v)
-    best = max(statistics.median(x.rps for x in samples if x.proxy == n) for n in args.names)
+    if args.names:
+        print()
+        print(text_table(rows))
+        print()
+        print(TARGET_LINE)
+        for v in verdict:
+            print("  " + v)
+    best = max((statistics.median(x.rps for x in samples if x.proxy == n) for n in args.names),
+               default=0.0)
     for n in args.names:
         rps = statistics.median(x.rps for x in samples if x.proxy == n)
         if rps < 0.1 * best:
@@ -1903,7 +2447,10 @@ def main(argv: list[str] | None = None) -> int:
             print("  failed: " + f)
         for n in pool_notes:
             print("note: " + n)
-    write_markdown(args.out, rows, verdict, samples, args, command, notes, h2, h2up, pool)
+    if workers is not None:
+        print_workers(workers, args)
+    write_markdown(args.out, rows, verdict, samples, args, command, notes, h2, h2up, pool,
+                   workers)
     print(f"\nwritten {args.out}")
     return 0
 
