@@ -1833,8 +1833,8 @@ def lameduck_workers(proc: Proc) -> list[dict]:
 
 
 def worker_counters(proc: Proc) -> dict[str, int]:
-    """``worker.<i>.downstream_rq_total`` (what each worker served) and
-    ``server.workers_replaced`` from ``/stats?format=json``."""
+    """``worker.<i>.downstream_rq_total`` and ``_cx_total`` (what each worker served and
+    accepted) and ``server.workers_replaced`` from ``/stats?format=json``."""
     out = {}
     for st in lameduck_admin(proc, "/stats?format=json")["stats"]:
         name = st.get("name", "")
@@ -1862,6 +1862,7 @@ class WorkerSample:
     wrk_cpu_pct: float
     cpu_pct: dict[int, float]  # how busy each allowed CPU was
     served: list[int]  # requests each worker took in the round (its downstream_rq_total)
+    accepted: list[int]  # connections each worker accepted in the round (downstream_cx_total)
 
 
 def _rusage_children() -> float:
@@ -1875,7 +1876,8 @@ def measure_workers(procs: Procs, part: str, n: int, proxy: Proc, port: int, ori
     """One wrk round against lameduck with ``workers: n``: the CPU of its main process and of
     each worker (by pid, from /server_info), of the origin (its process tree) and of wrk (this
     script's reaped children: wrk is the only one reaped meanwhile), how busy each CPU was,
-    and how many requests each worker took (/stats before and after, outside the window)."""
+    and how many requests and connections each worker took (/stats before and after, outside
+    the window)."""
     pids = {w["index"]: w["pid"] for w in lameduck_workers(proxy)} if n > 1 else {}
     if n > 1 and sorted(pids) != list(range(n)):
         raise BenchError(f"workers: {n}: /server_info lists workers {sorted(pids)}")
@@ -1904,6 +1906,10 @@ def measure_workers(procs: Procs, part: str, n: int, proxy: Proc, port: int, ori
     def pct(ticks: int) -> float:
         return 100.0 * ticks / CLK_TCK / wall
 
+    def delta(what: str) -> list[int]:
+        return [c1.get(f"worker.{i}.downstream_{what}_total", 0)
+                - c0.get(f"worker.{i}.downstream_{what}_total", 0) for i in range(n)]
+
     return WorkerSample(
         part=part, workers=n, round=rnd, requests=int(w["requests"]), rps=w["rps"],
         p50_ms=w["p50_ms"], p99_ms=w["p99_ms"], errors=int(w["errors"]),
@@ -1914,9 +1920,7 @@ def measure_workers(procs: Procs, part: str, n: int, proxy: Proc, port: int, ori
         origin_cpu_pct=pct(o1 - o0), wrk_cpu_pct=100.0 * (ru1 - ru0) / wall,
         cpu_pct={c: 100.0 * (busy1[c][0] - busy0[c][0]) / max(1, busy1[c][1] - busy0[c][1])
                  for c in sorted(busy1) if c in busy0},
-        served=[c1.get(f"worker.{i}.downstream_rq_total", 0)
-                - c0.get(f"worker.{i}.downstream_rq_total", 0) for i in range(n)]
-        if n > 1 else [],
+        served=delta("rq") if n > 1 else [], accepted=delta("cx") if n > 1 else [],
     )
 
 
@@ -1935,7 +1939,8 @@ def _round_line(s: WorkerSample, args: argparse.Namespace) -> str:
             + (f" (main {s.main_cpu_pct:.1f}%, {split})" if s.workers > 1 else "")
             + f"  origin {s.origin_cpu_pct:3.0f}%  wrk {s.wrk_cpu_pct:3.0f}%  "
             + " ".join(f"cpu{c} {p:3.0f}%" for c, p in s.cpu_pct.items())
-            + (f"  requests per worker {_shares(s.served)}" if s.served else "")
+            + (f"  requests per worker {_shares(s.served)} (connections "
+               f"{'/'.join(map(str, s.accepted))})" if s.served else "")
             + f"  errors {s.errors}")
 
 
@@ -2039,6 +2044,14 @@ def _med(ss: list[WorkerSample], key: str) -> float:
     return statistics.median(getattr(s, key) for s in ss)
 
 
+def _main_cost(ss: list[WorkerSample]) -> tuple[float, float]:
+    """The main process's µs per request and % of a core over all the rounds together (a
+    round holds only a few of its clock ticks)."""
+    reqs = sum(s.requests for s in ss)
+    us = sum(s.main_us_per_req * s.requests for s in ss) / max(1, reqs)
+    return us, statistics.mean(s.main_cpu_pct for s in ss)
+
+
 def scale_limit(ss: list[WorkerSample], threads: int) -> str:
     """What limited a scale row (medians over its rounds): a single-threaded process at a
     full core (lameduck's one process, every worker, wrk's threads), all cores busy, or none
@@ -2065,10 +2078,12 @@ def scale_limit(ss: list[WorkerSample], threads: int) -> str:
 
 WORKERS_SPLIT_HEADERS = ["workers", "req/s (median)", "p50", "p99", "CPU µs/req",
                          "vs workers: 1", "main µs/req", "main CPU", "per worker CPU",
-                         "requests per worker", "errors", "saturated"]
+                         "requests per worker", "connections per worker", "errors",
+                         "saturated"]
 WORKERS_SCALE_HEADERS = ["workers", "req/s (median)", "p50", "p99", "CPU µs/req",
                          "vs workers: 1 req/s", "lameduck CPU", "origin CPU", "wrk CPU",
-                         "other", "cores busy", "requests per worker", "errors", "limited by"]
+                         "other", "cores busy", "requests per worker",
+                         "connections per worker", "errors", "limited by"]
 
 
 def summarize_workers(res: WorkersResult, args: argparse.Namespace,
@@ -2084,18 +2099,21 @@ def summarize_workers(res: WorkersResult, args: argparse.Namespace,
                 continue
             cpu, rps = _med(ss, "cpu_us_per_req"), _med(ss, "rps")
             served = [sum(s.served[i] for s in ss) for i in range(n)] if n > 1 else []
+            accepted = "/".join(str(sum(s.accepted[i] for s in ss))
+                                for i in range(n)) if n > 1 else "-"
             per_worker = " ".join(f"{statistics.median(s.worker_cpu_pct[i] for s in ss):.0f}%"
                                   for i in range(n)) if n > 1 else "-"
             head = [str(n), f"{rps:,.0f}", f"{_med(ss, 'p50_ms'):.2f} ms",
                     f"{_med(ss, 'p99_ms'):.2f} ms", f"{cpu:.1f}"]
             errors = str(sum(s.errors for s in ss))
+            main_us, main_pct = _main_cost(ss)
             if part == SPLIT:
                 ratio = cpu / _med(base, "cpu_us_per_req") if base else None
                 split_rows.append([
                     *head, f"{ratio:.2f}x" if ratio else "n/a",
-                    f"{_med(ss, 'main_us_per_req'):.2f}" if n > 1 else "-",
-                    f"{_med(ss, 'main_cpu_pct'):.1f}%" if n > 1 else "-", per_worker,
-                    _shares(served), errors,
+                    f"{main_us:.2f}" if n > 1 else "-",
+                    f"{main_pct:.1f}%" if n > 1 else "-", per_worker,
+                    _shares(served), accepted, errors,
                     bound_by(_med(ss, "proxy_cpu_pct"),
                              statistics.median(s.cpu_pct[args.load_cpu] for s in ss),
                              args.load_cpu)])
@@ -2105,8 +2123,7 @@ def summarize_workers(res: WorkersResult, args: argparse.Namespace,
                         f"{_med(base, 'cpu_us_per_req'):.1f} with workers: 1 "
                         f"({ratio - 1:+.1%}; {'met' if ratio <= 1 + TARGET_SPLIT else 'NOT met'}"
                         f": within {TARGET_SPLIT:.0%}); its main process alone "
-                        f"{_med(ss, 'main_us_per_req'):.2f} µs/request "
-                        f"({_med(ss, 'main_cpu_pct'):.1f}% of a core)")
+                        f"{main_us:.2f} µs/request ({main_pct:.1f}% of a core; all rounds)")
             else:
                 lam, org, wrk = (_med(ss, k) for k in ("proxy_cpu_pct", "origin_cpu_pct",
                                                        "wrk_cpu_pct"))
@@ -2114,12 +2131,11 @@ def summarize_workers(res: WorkersResult, args: argparse.Namespace,
                 limit = scale_limit(ss, res.threads)
                 scale_rows.append([
                     *head, f"{rps / _med(base, 'rps'):.2f}x" if base else "n/a",
-                    f"{lam:.0f}%" + (f" (main {_med(ss, 'main_cpu_pct'):.1f}%)" if n > 1
-                                     else ""),
+                    f"{lam:.0f}%" + (f" (main {main_pct:.1f}%)" if n > 1 else ""),
                     f"{org:.0f}%", f"{wrk:.0f}%", f"{max(0.0, total - lam - org - wrk):.0f}%",
                     " ".join(f"cpu{c} {statistics.median(s.cpu_pct[c] for s in ss):.0f}%"
                              for c in ss[0].cpu_pct),
-                    _shares(served), errors, limit])
+                    _shares(served), accepted, errors, limit])
                 info.append(f"workers: {n} over CPUs {res.cpus}: {rps:,.0f} req/s"
                             + (f", {rps / _med(base, 'rps'):.2f}x workers: 1" if base and n > 1
                                else "") + f"; limited by: {limit}")
@@ -2133,12 +2149,14 @@ def workers_round_rows(res: WorkersResult) -> list[list[str]]:
              f"{s.proxy_cpu_pct:.0f}%", " ".join(f"{p:.0f}%" for p in s.worker_cpu_pct) or "-",
              f"{s.origin_cpu_pct:.0f}%", f"{s.wrk_cpu_pct:.0f}%",
              " ".join(f"cpu{c} {p:.0f}%" for c, p in s.cpu_pct.items()),
-             _shares(s.served), str(s.errors)] for s in res.samples]
+             _shares(s.served), "/".join(map(str, s.accepted)) or "-", str(s.errors)]
+            for s in res.samples]
 
 
 WORKERS_ROUND_HEADERS = ["part", "round", "workers", "req/s", "p50 ms", "p99 ms", "CPU µs/req",
                          "main µs/req", "lameduck CPU", "per worker CPU", "origin CPU",
-                         "wrk CPU", "cores busy", "requests per worker", "errors"]
+                         "wrk CPU", "cores busy", "requests per worker",
+                         "connections per worker", "errors"]
 
 
 def workers_titles(res: WorkersResult, args: argparse.Namespace) -> tuple[str, str]:
@@ -2190,9 +2208,14 @@ def workers_markdown(res: WorkersResult, args: argparse.Namespace) -> list[str]:
     out += [*[f"Failed: workers {f}\n" for f in res.failures],
             *[f"Note: {n}.\n" for n in res.notes],
             "*CPU µs/req*: lameduck's main process and workers together (utime+stime of the "
-            "process tree) over the requests wrk completed; *main*: the main process alone. "
+            "process tree) over the requests wrk completed, median of the rounds; *main*: the "
+            "main process alone, over all the rounds together (a 5 s round holds only a few "
+            "of its 10 ms clock ticks). "
             "*requests per worker*: each worker's share of `worker.<i>.downstream_rq_total` "
-            "(`/stats`) over the rounds. CPU figures in % of one core.", "",
+            "(`/stats`) over the rounds; *connections per worker*: `worker.<i>."
+            "downstream_cx_total` summed over the rounds (wrk opens its connections anew each "
+            "round; the kernel hands each to whichever worker accepts first). CPU figures in % "
+            "of one core.", "",
             "### Rounds", "", md_table(workers_round_rows(res), WORKERS_ROUND_HEADERS), ""]
     return out
 
