@@ -2118,12 +2118,15 @@ def summarize_workers(res: WorkersResult, args: argparse.Namespace,
                              statistics.median(s.cpu_pct[args.load_cpu] for s in ss),
                              args.load_cpu)])
                 if n > 1 and ratio:
+                    paired = [s.cpu_us_per_req / b.cpu_us_per_req - 1 for s in ss for b in base
+                              if b.round == s.round and b.cpu_us_per_req]
                     verdict.append(
                         f"workers: {n} on CPU {args.proxy_cpu}: {cpu:.1f} µs CPU/request vs "
                         f"{_med(base, 'cpu_us_per_req'):.1f} with workers: 1 "
                         f"({ratio - 1:+.1%}; {'met' if ratio <= 1 + TARGET_SPLIT else 'NOT met'}"
                         f": within {TARGET_SPLIT:.0%}); its main process alone "
-                        f"{main_us:.2f} µs/request ({main_pct:.1f}% of a core; all rounds)")
+                        f"{main_us:.2f} µs/request ({main_pct:.1f}% of a core; all rounds); "
+                        f"round by round: " + ", ".join(f"{x:+.0%}" for x in paired))
             else:
                 lam, org, wrk = (_med(ss, k) for k in ("proxy_cpu_pct", "origin_cpu_pct",
                                                        "wrk_cpu_pct"))
