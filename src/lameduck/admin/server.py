@@ -128,11 +128,14 @@ async def start_admin(
     loop: asyncio.AbstractEventLoop, handlers: AdminHandlers, host: str, port: int,
     sock: socket.socket | None = None, token_file: str | None = None,
 ) -> asyncio.AbstractServer:
-    """``sock``: an already listening socket (handed over by a hot restart) instead of a bind.
+    """``sock``: an already listening socket (handed over by a hot restart) instead of a bind;
+    it is not served until ``start_serving()``: the previous process answers on it until it
+    hands over, and one API must not answer for two processes.
     ``token_file``: admin.token_file, read once here (OSError names it)."""
     guard = AdminGuard(host, read_token(token_file) if token_file else None)
     if sock is not None:
-        return await loop.create_server(lambda: AdminProtocol(handlers, guard), sock=sock)
+        return await loop.create_server(lambda: AdminProtocol(handlers, guard), sock=sock,
+                                        start_serving=False)
     try:
         return await loop.create_server(lambda: AdminProtocol(handlers, guard), host, port,
                                         reuse_address=True)

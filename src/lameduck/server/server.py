@@ -67,6 +67,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGQUIT, signal.SIGINT, signal.SIGHUP, signal.
 class Server:
     """One lameduck process: data plane and control in one event loop (one worker)."""
 
+    # how the end of the drain is logged (a worker's main process says it for all of them)
+    finish_level = logging.INFO
+
     def __init__(self, cfg: Config, loop: asyncio.AbstractEventLoop | None = None,
                  sockets: dict[str, socket.socket] | None = None,
                  notifier: Notifier | None = None, inherited: Inherited | None = None,
@@ -182,6 +185,8 @@ class Server:
             checker.start()
         if inh is not None:
             await self._take_over(inh)
+        if not self.admin.is_serving():  # the handed-over admin socket: ours from now on
+            await self.admin.start_serving()
         if self.restart_path is not None:
             self.rendezvous = Rendezvous(self.restart_path, self.loop, self)
             self.rendezvous.start()
@@ -654,9 +659,9 @@ class Server:
                 for conn in list(ls.connections):
                     conn.cut()
         elif self._quitting:
-            log.info("%s: no request in flight", self._quit_why)
+            log.log(self.finish_level, "%s: no request in flight", self._quit_why)
         else:
-            log.info("drain complete: no request in flight")
+            log.log(self.finish_level, "drain complete: no request in flight")
         for ls in self.listeners:
             for conn in list(ls.connections):
                 conn.close_at_end()

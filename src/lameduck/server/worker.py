@@ -46,6 +46,8 @@ STATUS_INTERVAL = 0.1  # seconds between status messages (the main process's hea
 class WorkerServer(Server):
     """One worker's data plane, driven over ``channel``."""
 
+    finish_level = logging.DEBUG
+
     def __init__(self, cfg: Config, loop: asyncio.AbstractEventLoop, index: int, count: int,
                  sockets: dict[str, socket.socket]) -> None:
         super().__init__(cfg, loop, sockets=sockets)
