@@ -155,6 +155,7 @@ def test_sigkill_of_a_worker_refuses_nothing_and_it_is_replaced(lameduck) -> Non
         assert wait_until(lambda: load.counts.ok >= 300, timeout=15), load.counts
         before = load.counts.failed + load.counts.stale_retries
         served_before = ld.stat("http.ingress.downstream_rq_total")
+        held = ld.server_info()["workers"][0]["connections"]
         t0 = time.monotonic()
         os.kill(pids[0], signal.SIGKILL)
 
@@ -175,7 +176,9 @@ def test_sigkill_of_a_worker_refuses_nothing_and_it_is_replaced(lameduck) -> Non
     # that died as a request went out: it counts those, the worker did not have them).
     lost_client = counts.errors + counts.stale_retries - before
     lost_main = ld.stat("server.worker_lost_requests")
-    assert lost_main <= lost_client <= 6 + 4, (lost_main, lost_client, counts.samples)
+    # (held: its keep-alive connections a moment before; each of the 4 fresh-connection
+    # clients may have had one more there)
+    assert lost_main <= lost_client <= held + 4, (lost_main, lost_client, held, counts.samples)
     assert ld.stat("server.workers_replaced") == 1
     new = ld.server_info()["workers"][0]["pid"]
     assert new != pids[0]

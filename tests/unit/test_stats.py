@@ -543,7 +543,13 @@ def test_promtool_check_metrics_finds_no_errors() -> None:
     registry.add("cluster.app.health_check", HealthCheckStats())
     registry.add("cluster.app.outlier_detection", OutlierStats())
     registry.add("listener.ingress", ListenerStats())
-    text = render_prometheus(registry.snapshot())
+    # what a main process with workers adds (docs/workers.md)
+    for name in ("server.workers", "server.workers_replaced", "server.worker_lost_requests"):
+        registry.add_gauge_fn(name, lambda: 1)
+    extra = [Stat(f"worker.{i}.downstream_{x}_total", 3, "counter") for i in (0, 1)
+             for x in ("cx", "rq")]
+    text = render_prometheus(sorted([*registry.snapshot(), *extra]))
+    assert 'envoy_worker_downstream_rq_total{envoy_worker_id="1"} 3' in text
     done = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
                           capture_output=True, timeout=60, check=False)
     out = (done.stdout + done.stderr).decode()

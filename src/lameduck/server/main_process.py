@@ -49,6 +49,8 @@ SHARED_GAUGES = ("membership_total", "membership_healthy", "membership_excluded"
 # How long a listener's socket stays open here after the workers stopped accepting on it,
 # at most, waiting for their word (then what is queued is reset, and counted).
 CLOSE_WAIT = 1.0
+# An admin answer reuses the workers' numbers gathered this recently (seconds).
+REFRESH_REUSE = 0.02
 
 
 class MainServer(Server):
@@ -69,6 +71,7 @@ class MainServer(Server):
         self._closing: set[str] = set()
         self.cx_reset_here = 0
         self.seq = 0  # drain messages sent; a worker's status acknowledges the last it saw
+        self._refreshed = -REFRESH_REUSE
         for c in self.clusters.values():
             c.on_change = self._cluster_changed(c)
         self.registry.add_gauge_fn("server.workers", lambda: self.count)
@@ -349,9 +352,12 @@ class MainServer(Server):
 
     # -- views ------------------------------------------------------------------------------
     async def refresh(self) -> None:
-        """Before an admin answer made of the workers' numbers: ask them."""
-        if self.workers is not None:
+        """Before an admin answer made of the workers' numbers: ask them (not again within
+        REFRESH_REUSE: a tool polling /stats in a loop costs the workers little)."""
+        now = self.loop.time()
+        if self.workers is not None and now - self._refreshed >= REFRESH_REUSE:
             await self.workers.gather_stats()
+            self._refreshed = self.loop.time()
 
     def _worker_stats(self) -> list[list[Stat]]:
         out = []

@@ -33,6 +33,9 @@ _TAGGED: Final = (
     ("http.", "envoy_http_", "envoy_http_conn_manager_prefix"),
     ("cluster.", "envoy_cluster_", "envoy_cluster_name"),
     ("tcp.", "envoy_tcp_", "envoy_tcp_prefix"),
+    # workers: N: what each worker took (Envoy's per-worker listener stats are tagged
+    # envoy_worker_id)
+    ("worker.", "envoy_worker_", "envoy_worker_id"),
 )
 # A cluster's sub-scopes, whose names are part of the family in Envoy
 # (envoy_cluster_health_check_attempt{envoy_cluster_name="app"}).
@@ -137,7 +140,8 @@ def prometheus_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     envoy_http2_X with the same label); `cluster.<C>.X` ->
     envoy_cluster_X{envoy_cluster_name="<C>"} (`cluster.<C>.health_check.X` ->
     envoy_cluster_health_check_X, likewise outlier_detection); `tcp.<L>.X` ->
-    envoy_tcp_X{envoy_tcp_prefix="<L>"}; `*_rq_<N>xx` -> `*_rq_xx` with
+    envoy_tcp_X{envoy_tcp_prefix="<L>"}; `worker.<i>.X` -> envoy_worker_X{envoy_worker_id="<i>"};
+    `*_rq_<N>xx` -> `*_rq_xx` with
     envoy_response_code_class="<N>" (so Envoy dashboards' `envoy_cluster_upstream_rq_xx` work);
     anything else -> envoy_<name, dots as _>. Stat fields never contain dots, so <L>/<C> is all up
     to the last dot: a listener named "api.v2" keeps its whole name (Envoy would split it).
