@@ -28,9 +28,12 @@ ALLOWED: dict[str, set[str]] = {
     "client": {"resume", "drain"},
     "restart": {"config"},
     "orchestrate": {"config", "drain"},
+    # the simulator drives the drain core; it reads configs and budget's pod timers, never the
+    # I/O shell
+    "sim": {"drain", "config", "orchestrate"},
     "server": {"admin", "listeners", "http1", "http2", "proxy", "upstream", "restart", "drain",
                "stats", "config"},
-    "cli": {"server", "restart", "orchestrate", "upstream", "config", "demo"},
+    "cli": {"server", "restart", "orchestrate", "sim", "upstream", "config", "demo"},
 }
 
 
