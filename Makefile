@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV) || \
 	  { rm -rf $(VENV); bash scripts/ensure-debs.sh python3-venv && python3 -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,fast,resume,client,report]'
+	$(PY) -m pip install -q -e '.[test,fast,resume,client,report,sim]'
 	touch $(STAMP)
 
 $(FAST): $(STAMP) Makefile $(addprefix src/,$(HOT))

@@ -452,6 +452,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Simulate a fleet's rollout or drain on the drain core in virtual time (docs/simulate.md).
+    Exit 0 ran, 1 --solve found nothing (or an output could not be written), 2 bad input."""
+    try:
+        from lameduck.sim.command import main as simulate_main
+    except ImportError as e:
+        print(f"lameduck: simulate: needs numpy and matplotlib ({e.name}): "
+              "pip install 'lameduck[sim]'", file=sys.stderr)
+        return 1
+    return simulate_main(args)
+
+
 ADMIN_ADDRESS_PATH_HELP = ("write the admin API's host:port to PATH once it is bound and "
                            "serving (Envoy's --admin-address-path; with admin.address on "
                            "port 0, the port the kernel gave)")
@@ -587,6 +599,29 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("file", help="the report's JSON")
     rp.add_argument("--png", required=True, metavar="OUT", help="the PNG to write")
     rp.set_defaults(func=cmd_report)
+    sm = add("simulate", help="simulate a rolling update or a drain of a whole fleet on the "
+                              "drain core in virtual time: failures by cause, reconnects per "
+                              "100 ms, per-instance load (docs/simulate.md)")
+    sm.add_argument("scenario", nargs="+", help="scenario YAML (pod, config, lb, fleet, "
+                                                "clients, rollout or drain)")
+    sm.add_argument("--compare", action="store_true",
+                    help="run every scenario given on the same random generator, side by side")
+    sm.add_argument("--seed", type=int, help="the random generator's start (default: the "
+                                             "scenario's seed key, else 1)")
+    sm.add_argument("--json", metavar="OUT", help="the figures as JSON ('-': stdout)")
+    sm.add_argument("--csv", metavar="OUT", help="the timelines per 100 ms as CSV")
+    sm.add_argument("--instances-csv", metavar="OUT",
+                    help="every instance's load at every sample as CSV (first scenario)")
+    sm.add_argument("--png", metavar="OUT", help="reconnects, load and failures drawn")
+    sm.add_argument("--solve", action="store_true",
+                    help="the smallest drain.time and min_drain (and the grace period they "
+                         "need) with no failed request and reconnects under --max-reconnects")
+    sm.add_argument("--max-reconnects", type=_count_arg, default=1000, metavar="N",
+                    help="for --solve: reconnects per 100 ms the fleet may reach "
+                         "(default 1000)")
+    sm.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="a progress bar on stderr (default: when stderr is a terminal)")
+    sm.set_defaults(func=cmd_simulate)
     return p
 
 

@@ -88,11 +88,18 @@ class Result:
     fleet_load: Floats = field(default_factory=lambda: np.zeros(0))  # offered / serving cap
     drains: list[dict[str, Any]] = field(default_factory=list)
     rollout_end: float | None = None
+    # with ``record``: every close (time, How code, pod) and every connect (time, pod; -1
+    # refused or unrouted), for tests and the cross-check
+    close_log: tuple[Floats, Ints, Ints] | None = None
+    connect_log: tuple[Floats, Ints] | None = None
 
 
 class Simulation:
-    def __init__(self, sc: Scenario, seed: int | None = None) -> None:
+    def __init__(self, sc: Scenario, seed: int | None = None, record: bool = False) -> None:
         self.sc = sc
+        self.record = record
+        self._close_parts: list[tuple[Floats, Ints, Ints]] = []
+        self._connect_parts: list[tuple[Floats, Ints]] = []
         self.rng = np.random.default_rng(sc.seed if seed is None else seed)
         self.eng = Engine()
         self.leaves = Batches()
@@ -156,6 +163,13 @@ class Simulation:
                     else np.zeros((0, len(self.pods)), dtype=np.float32))[:, :len(self.pods)]
         res.serving = np.asarray(self._serving, dtype=np.int64)
         res.fleet_load = np.asarray(self._fleet)
+        if self.record:
+            cs, cn = self._close_parts, self._connect_parts
+            res.close_log = (np.concatenate([c[0] for c in cs]) if cs else np.zeros(0),
+                             np.concatenate([c[1] for c in cs]) if cs else np.zeros(0, int),
+                             np.concatenate([c[2] for c in cs]) if cs else np.zeros(0, int))
+            res.connect_log = (np.concatenate([c[0] for c in cn]) if cn else np.zeros(0),
+                               np.concatenate([c[1] for c in cn]) if cn else np.zeros(0, int))
         for pod in self.pods:
             if pod.deleted_at is not None:
                 res.drains.append({
@@ -453,6 +467,8 @@ class Simulation:
         np.subtract.at(self.offered, k, cl.load[ids])
         np.subtract.at(self.rps, k, cl.rps[ids])
         np.add.at(self.res.closes, (h, self._bin(times)), 1)
+        if self.record:
+            self._close_parts.append((times, h.copy(), k.copy()))
         cl.inst[ids] = -1
         cl.moment[ids] = np.inf
         delay = np.zeros(ids.size)
@@ -506,6 +522,8 @@ class Simulation:
             target[bad] = self._choose(nodes[bad])
         none = target < 0
         good = ~none & self._takes(target, now)
+        if self.record:
+            self._connect_parts.append((times, np.where(good, target, -1)))
         failed = ~good
         if failed.any():
             cause = np.where(none, 0, np.where(self.alive[np.maximum(target, 0)], 1, 2))
@@ -596,5 +614,5 @@ class Simulation:
 
 
 def simulate(sc: Scenario, seed: int | None = None,
-             progress: Callable[[float], None] | None = None) -> Result:
-    return Simulation(sc, seed).run(progress)
+             progress: Callable[[float], None] | None = None, record: bool = False) -> Result:
+    return Simulation(sc, seed, record).run(progress)
