@@ -282,7 +282,7 @@ def _prestop_model(pod: PodTimers, doc: object) -> PrestopModel:
         return PrestopModel(seconds)
     values = dict(PRESTOP_DEFAULTS)
     for flag in values:
-        m = re.search(re.escape(flag) + r" (\S+)", pod.prestop.source)
+        m = re.search(re.escape(flag) + r" ([^\s,]+)", pod.prestop.source)
         if m:
             values[flag] = parse_duration(m.group(1))
     text = yaml.safe_dump(doc)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from lameduck.config import format_duration
@@ -71,7 +71,7 @@ def solve(sc: Scenario, max_peak: int, seed: int | None = None, limit: float = 6
     hi = start
     while not run(hi, None):  # up until one holds
         if hi >= limit:
-            return {"found": False, "limit": limit, "trials": [t.__dict__ for t in trials],
+            return {"found": False, "limit": limit, "trials": [asdict(t) for t in trials],
                     "budget": _budget_dict(from_budget)}
         hi = min(limit, hi * 2)
     lo = 0.0  # the largest known to fail (0: none tried)
@@ -105,7 +105,7 @@ def solve(sc: Scenario, max_peak: int, seed: int | None = None, limit: float = 6
                                   "min_drain": format_duration(min_drain)}},
         "min_drain_over_T": round(min_drain / time, 3) if time else None,
         "budget": _budget_dict(from_budget),
-        "trials": [t.__dict__ for t in trials],
+        "trials": [asdict(t) for t in trials],
     }
 
 
