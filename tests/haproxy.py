@@ -27,13 +27,11 @@ global
     stats socket {sock} mode 600 level admin
 
 defaults
-    mode http
-    option http-keep-alive
+    mode {mode}
+{mode_options}    retries {retries}
     timeout connect 5s
     timeout client 30s
     timeout server 30s
-    timeout http-request 10s
-    timeout http-keep-alive 30s
 
 frontend fe
     bind fd@{fd}
@@ -46,6 +44,13 @@ backend be
     default-server inter {inter} fall {fall} rise {rise}
 {servers}"""
 
+HTTP_OPTIONS = """\
+    option http-keep-alive
+    timeout http-request 10s
+    timeout http-keep-alive 30s
+"""
+
+
 def ensure_haproxy() -> None:
     ensure_command("haproxy", "haproxy")
 
@@ -57,11 +62,15 @@ def _ms(seconds: float) -> str:
 class Haproxy:
     """``haproxy -f <workdir>/haproxy.cfg -db`` in front of ``backend_ports`` (servers ``s1``,
     ``s2``, ... in that order), health-checking ``GET path`` every ``interval`` seconds;
-    ``fall`` failed checks mark a server DOWN, ``rise`` good ones UP again."""
+    ``fall`` failed checks mark a server DOWN, ``rise`` good ones UP again. ``mode="tcp"``
+    forwards each client connection to one server as it is (layer 4, as a Kubernetes Service
+    does: a server's close reaches the client); ``retries``: HAProxy's connect retries to the
+    same server (3, its default)."""
 
     def __init__(self, backend_ports: list[int], workdir: Path,
                  path: str = "/health_check.html", interval: float = 0.2,
-                 fall: int = 2, rise: int = 2, start: bool = True) -> None:
+                 fall: int = 2, rise: int = 2, start: bool = True, mode: str = "http",
+                 retries: int = 3) -> None:
         if not backend_ports:
             raise ValueError("haproxy needs at least one backend port")
         self.workdir = workdir
@@ -77,7 +86,8 @@ class Haproxy:
         self.log_path = workdir / "haproxy.log"
         self.cfg.write_text(CONFIG.format(
             sock=self.sock, fd=self.listen.fileno(), path=path, inter=_ms(interval), fall=fall,
-            rise=rise,
+            rise=rise, mode=mode, mode_options=HTTP_OPTIONS if mode == "http" else "",
+            retries=retries,
             servers="".join(f"    server {name} 127.0.0.1:{p} check\n"
                             for name, p in zip(self.servers, backend_ports, strict=True))))
         self.proc: subprocess.Popen | None = None
