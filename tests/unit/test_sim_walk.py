@@ -52,7 +52,7 @@ def reference(conn: ConnectionDrain, settings: DrainSettings, start: float, src:
         resp = arr + src.du[i, rnd]
         while (at := conn.next_deadline()) is not None and at <= (resp if proto is Proto.H2
                                                                  else arr):
-            action = conn.on_timer(at, idle=at < arr)
+            action = conn.on_timer(at, idle=bool(at < arr))
             if action is ConnAction.CLOSE or (proto is Proto.H2 and action is ConnAction.DRAIN):
                 return at, How.PROACTIVE
         pd.tick(arr)
