@@ -49,8 +49,6 @@ SHARED_GAUGES = ("membership_total", "membership_healthy", "membership_excluded"
 # How long a listener's socket stays open here after the workers stopped accepting on it,
 # at most, waiting for their word (then what is queued is reset, and counted).
 CLOSE_WAIT = 1.0
-# An admin answer reuses the workers' numbers gathered this recently (seconds).
-REFRESH_REUSE = 0.02
 
 
 class MainServer(Server):
@@ -71,7 +69,6 @@ class MainServer(Server):
         self._closing: set[str] = set()
         self.cx_reset_here = 0
         self.seq = 0  # drain messages sent; a worker's status acknowledges the last it saw
-        self._refreshed = -REFRESH_REUSE
         for c in self.clusters.values():
             c.on_change = self._cluster_changed(c)
         self.registry.add_gauge_fn("server.workers", lambda: self.count)
@@ -312,11 +309,8 @@ class MainServer(Server):
 
     # -- the end ----------------------------------------------------------------------------
     def _finish(self, step: Step) -> None:
-        if self.done.done() or self._finishing:
+        if not self._finishing_now():
             return
-        self._finishing = True
-        if self._shutdown_timer is not None:
-            self._shutdown_timer.cancel()
         if step is Step.CUT:
             log.warning("%s: cutting %d requests still in flight in the workers",
                         self._quit_why if self._quitting else "deadline",
@@ -352,12 +346,10 @@ class MainServer(Server):
 
     # -- views ------------------------------------------------------------------------------
     async def refresh(self) -> None:
-        """Before an admin answer made of the workers' numbers: ask them (not again within
-        REFRESH_REUSE: a tool polling /stats in a loop costs the workers little)."""
-        now = self.loop.time()
-        if self.workers is not None and now - self._refreshed >= REFRESH_REUSE:
+        """Before an admin answer made of the workers' numbers: ask them (a poll sees a
+        request that began a millisecond ago, as with one process)."""
+        if self.workers is not None:
             await self.workers.gather_stats()
-            self._refreshed = self.loop.time()
 
     def _worker_stats(self) -> list[list[Stat]]:
         out = []

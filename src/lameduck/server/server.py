@@ -624,28 +624,43 @@ class Server:
         if self._quitting or self.done.done():
             return
         now = self.loop.time()
-        ev = self.process.shutdown
-        assert ev is not None
-        if now >= ev.ends_at and not self._no_new_work_logged:
-            self._no_new_work_logged = True
-            log.info("drain time reached: no new work; %d requests in flight, %d connections",
-                     self.process.ledger.active, self.connections())
-            for ls in self.listeners:
-                ls.schedule_stop()  # a listener closing at T closes first: nobody new
-                for conn in list(ls.connections):
-                    conn.no_new_work()
-        step = self.process.shutdown_step(now, self.connections())
+        self._drain_time_reached(now)
+        self._step(self.process.shutdown_step(now, self.connections()), now)
+
+    def _step(self, step: Step, now: float) -> None:
+        """What the shutdown decision says to do now."""
         if step is Step.WAIT:
             self._schedule_shutdown_check(now)
             return
         self._finish(step)
 
-    def _finish(self, step: Step) -> None:
-        if self.done.done() or self._finishing:
+    def _drain_time_reached(self, now: float) -> None:
+        """From T of a shutdown, once: no new work on any connection."""
+        ev = self.process.shutdown
+        assert ev is not None
+        if now < ev.ends_at or self._no_new_work_logged:
             return
+        self._no_new_work_logged = True
+        log.log(self.finish_level,
+                "drain time reached: no new work; %d requests in flight, %d connections",
+                self.process.ledger.active, self.connections())
+        for ls in self.listeners:
+            ls.schedule_stop()  # a listener closing at T closes first: nobody new
+            for conn in list(ls.connections):
+                conn.no_new_work()
+
+    def _finishing_now(self) -> bool:
+        """True the first time the end begins (then never again)."""
+        if self.done.done() or self._finishing:
+            return False
         self._finishing = True
         if self._shutdown_timer is not None:
             self._shutdown_timer.cancel()
+        return True
+
+    def _finish(self, step: Step) -> None:
+        if not self._finishing_now():
+            return
         for ls in self.listeners:
             ls.stop_accepting()
         if step is Step.CUT:

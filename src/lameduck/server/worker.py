@@ -293,23 +293,10 @@ class WorkerServer(Server):
         cluster.stats.lb_persistence_records = len(table)
 
     # -- what the main process does instead -------------------------------------------------
-    def _shutdown_check(self) -> None:
+    def _step(self, step: Step, now: float) -> None:
         """Only the deadline is this worker's to act on (its timer fires with every other
         worker's); an idle worker says so and waits for the main process, which exits when
-        every worker is idle."""
-        self._check_pending = False
-        if self._quitting or self.done.done():
-            return
-        now = self.loop.time()
-        ev = self.process.shutdown
-        assert ev is not None
-        if now >= ev.ends_at and not self._no_new_work_logged:
-            self._no_new_work_logged = True
-            for ls in self.listeners:
-                ls.schedule_stop()
-                for conn in list(ls.connections):
-                    conn.no_new_work()
-        step = self.process.shutdown_step(now, self.connections())
+        every worker is idle (unless the main process is gone)."""
         if step is Step.CUT or (step is Step.EXIT and self.parent_gone):
             self._finish(step)
             return
@@ -381,7 +368,11 @@ async def serve(control: socket.socket) -> int:
     log.info("worker %d (pid %d) serving", index, os.getpid())
     code = await server.done
     server._exited(code)
-    await asyncio.sleep(0)  # the last status leaves with the transport's next write
+    # the last status must leave before the process ends (os._exit drops what is buffered)
+    t = server.channel.transport if server.channel is not None else None
+    end = loop.time() + 1.0
+    while t is not None and t.get_write_buffer_size() and loop.time() < end:
+        await asyncio.sleep(0.005)
     return code
 
 
