@@ -1,4 +1,5 @@
-"""The access-log formatter: Envoy's operators and flag rendering, on a plain record."""
+"""The access-log formatter: Envoy's operators and flag rendering, on a plain record; Envoy's
+default format on a real exchange, as the codecs leave it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from types import SimpleNamespace
 from lameduck.proxy.accesslog import (
     CB,
     DEFAULT_FORMAT,
+    DPE,
     GA,
+    LR,
     PD,
     RD,
     UF,
@@ -16,9 +19,13 @@ from lameduck.proxy.accesslog import (
     URX,
     compile_text,
     default_line,
+    flag_bytes,
     flag_string,
     json_line,
 )
+from lameduck.proxy.exchange import Exchange
+from lameduck.stats import HttpStats
+from lameduck.upstream.pool import Endpoint
 
 
 def record(**over: object) -> SimpleNamespace:
@@ -28,8 +35,28 @@ def record(**over: object) -> SimpleNamespace:
         endpoint=SimpleNamespace(host="10.0.2.1", port=80, address="10.0.2.1:80"),
         down=SimpleNamespace(transport=None),
         log_req=(b"/api/v1/locations", None, [(b"host", b"locations")],
-                 [b"user-agent: nsq2http\r\n", b"x-forwarded-for: 10.0.35.28\r\n\r\n"]))
+                 [b"user-agent: nsq2http\r\n", b"x-forwarded-for: 10.0.35.28\r\n\r\n"]),
+        log_host=b"locations", log_xff=b"10.0.35.28", log_agent=b"nsq2http", log_opath=None)
     ex.__dict__.update(over)
+    return ex
+
+
+def exchange(method: bytes = b"POST", **over: object) -> Exchange:
+    """A real exchange (the compiled formatter reads its fields natively) as an HTTP/1.1 codec
+    with the log on leaves it at settle."""
+    ex = Exchange(SimpleNamespace(ctx=SimpleNamespace(stats=HttpStats())), method)  # type: ignore[arg-type]
+    ex.request_id = b"r-1"
+    ex.t0 = 100.0
+    ex.status = 204
+    ex.bytes_rx = 154
+    ex.endpoint = Endpoint("10.0.2.1", 80, 4)
+    ex.log_req = (b"/api/v1/locations", None, [(b"host", b"locations")],
+                  [b"user-agent: nsq2http\r\n", b"x-forwarded-for: 10.0.35.28\r\n\r\n"])
+    ex.log_host = b"locations"
+    ex.log_xff = b"10.0.35.28"
+    ex.log_agent = b"nsq2http"
+    for k, v in over.items():
+        setattr(ex, k, v)
     return ex
 
 
@@ -40,15 +67,41 @@ def test_flags_render_as_envoy_does_in_bit_order() -> None:
     assert flag_string(PD | RD | GA | CB) == "GA,CB,RD,PD"
 
 
+def test_flag_bytes_are_flag_string() -> None:
+    for flags in (0, UH, URX | UF, PD | RD | GA | CB, LR | DPE):
+        assert flag_bytes(flags) == flag_string(flags).encode()
+        assert flag_bytes(flags) == flag_string(flags).encode()  # the cached one too
+
+
 def test_default_format_is_envoy_layout() -> None:
     line = compile_text(DEFAULT_FORMAT)(record(), 100.25, 1460751420.5)
     assert line == ('[2016-04-15T20:17:00.250Z] "POST /api/v1/locations HTTP/1.1" 204 - 154 0 '
                     '250 - "10.0.35.28" "nsq2http" "r-1" "locations" "10.0.2.1:80"\n')
-    # the default's own formatter writes the same text
-    assert default_line(record(), 100.25, 1460751420.5) == line
-    bare = record(endpoint=None, log_req=None, request_id=b"", method=b"GET")
-    assert default_line(bare, 100.25, 1460751420.5) == compile_text(DEFAULT_FORMAT)(
-        bare, 100.25, 1460751420.5)
+    # the default's own formatter writes the same text, as bytes
+    assert default_line(exchange(), 100.25, 1460751420.5) == line.encode()
+
+
+def test_default_line_is_the_compiled_default_format_in_every_case() -> None:
+    text = compile_text(DEFAULT_FORMAT)
+    cases = [
+        exchange(),
+        # a malformed request answered before any field was kept
+        exchange(b"", endpoint=None, log_req=None, request_id=b"", log_host=None, log_xff=None,
+                 log_agent=None, status=400, flags=DPE),
+        # refused before routing: the authority is the first Host received
+        exchange(b"GET", endpoint=None, log_host=None, log_req=(
+            b"/x", None, [(b"x-a", b"1"), (b"host", b"h1.test"), (b"host", b"h2.test")], [])),
+        exchange(log_opath=b"/original", flags=UF | URX, sid=3, log_xff=None),
+        exchange(v10=True, log_host=b"", log_agent=b"", request_id=b"", bytes_tx=1 << 40,
+                 resp_fields=[(b"Content-Type", b"text/plain"),
+                              (b"X-Envoy-Upstream-Service-Time", b"7")]),
+        # bytes beyond ASCII: each a latin-1 character, the line UTF-8 (as the text is written)
+        exchange(log_agent=b"caf\xe9/1", log_req=(b"/\xff", None, [], [])),
+        exchange(endpoint=Endpoint("::1", 8080, 4), t0=100.2499),
+    ]
+    for i, ex in enumerate(cases):
+        for now, wall in ((100.25, 1460751420.5), (101.0, 1460751421.0009)):
+            assert default_line(ex, now, wall) == text(ex, now, wall).encode(), i
 
 
 def test_operators_alternatives_and_missing_values() -> None:

@@ -159,6 +159,11 @@ class H1Downstream(Downstream):
         self.raw_head_bytes = 0  # bytes of a request head still incomplete after a read
         self.in_headers = False
         self.req_started = 0.0
+        # The access log's default format logs two fields lameduck does not look at: kept as
+        # they are met (first of each, stripped as the log writes them), only when it is on.
+        self.log_on = ctx.access_log is not None
+        self.log_agent: bytes | None = None
+        self.log_opath: bytes | None = None
         self.router = ctx.router
         self.first_read = True  # until the HTTP/2 preface is ruled out (see ``_sniff``)
         self.sniffed = b""  # the first bytes, while they are a strict prefix of the preface
@@ -412,6 +417,12 @@ class H1Downstream(Downstream):
             self.special.append((n, value))
         else:
             self.lines.append(b"%s: %s\r\n" % (name, value))
+            if self.log_on:
+                if n == b"user-agent":
+                    if self.log_agent is None:
+                        self.log_agent = value.strip()
+                elif n == b"x-envoy-original-path" and self.log_opath is None:
+                    self.log_opath = value.strip()
 
     def on_headers_complete(self) -> None:
         self.in_headers = False
@@ -426,9 +437,12 @@ class H1Downstream(Downstream):
         v10 = version == "1.0"
         ex = Exchange(self, method)
         ex.started = self.req_started
-        if ctx.access_log is not None:  # what the log line reads at settle
+        if self.log_on:  # what the log line reads at settle
             ex.t0 = self.req_started
             ex.log_req = (self.url, None, self.special, self.lines)
+            ex.log_agent = self.log_agent
+            ex.log_opath = self.log_opath
+            self.log_agent = self.log_opath = None
         if not parser.should_keep_alive():
             ex.keep_alive = False
         if v10:
@@ -517,6 +531,9 @@ class H1Downstream(Downstream):
                 rid = value
                 out.append(b"x-request-id: %s\r\n" % value)
             # x-forwarded-proto: replaced below
+        if ex.t0:  # the access log is on: X-Forwarded-For as sent, Host as received until routed
+            ex.log_xff = xff + b", " + self.peer if xff else self.peer
+            ex.log_host = host
         if not rid and ctx.generate_request_id:
             rid = new_request_id(_bits)  # as Envoy's connection manager: passed upstream
             out.append(b"x-request-id: %s\r\n" % rid)
@@ -567,6 +584,8 @@ class H1Downstream(Downstream):
             # RFC 9112 §3.2.2: the target's authority replaces Host, for routing and upstream;
             # the upstream gets the origin form.
             host, url = absolute
+            if ex.t0:
+                ex.log_host = host
         elif host is None and not ex.v10:
             # RFC 9112 §3.2: an HTTP/1.1 request without Host is a 400
             ex.close = True
@@ -831,8 +850,9 @@ class H1Downstream(Downstream):
             self.write(resp)
             log = self.ctx.access_log
             if log is not None:  # no exchange was on the books: its line is written here
-                ex.t0 = self.req_started or self.loop.time()
-                log.record(ex)
+                now = self.loop.time()
+                ex.t0 = self.req_started or now
+                log.record(ex, now)
             self.staged_close()
             return
         # Behind requests still being answered: answer it when its turn comes.

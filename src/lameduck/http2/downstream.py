@@ -40,7 +40,7 @@ from lameduck.http2.connection import (
     WindowOpened,
 )
 from lameduck.http2.tunnel import H2ConnectTunnel, StreamSide
-from lameduck.proxy.accesslog import new_request_id
+from lameduck.proxy.accesslog import keep_for_log, new_request_id
 from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import (
@@ -439,6 +439,7 @@ class H2Downstream(Downstream):
         if ctx.access_log is not None:  # what the log line reads at settle
             s.t0 = self.rx_at
             s.log_req = (ev.path or b"", ev.authority, ev.headers, None)
+            keep_for_log(s, ev.authority, ev.headers)
         self.requests_left -= 1
         if self.requests_left == 0:
             self.last_request()  # GOAWAY now; the streams the client opened meanwhile go on

@@ -2,9 +2,12 @@
 
 An exchange records its facts as it goes (``flags``, a small int: one bit per fact, set where
 the fact happens); a line is formatted only at settle, and only when the listener has a log.
-Lines collect in a buffer written when it reaches ``FLUSH_SIZE``, ``FLUSH_INTERVAL`` after its
-first line (a timer on the loop), on SIGUSR1 (which also reopens the file, for logrotate) and at
-exit. Envoy's file access log buffers the same way (``--file-flush-interval-msec``).
+The codecs keep the few request fields Envoy's default format logs as they read the head
+(``Exchange.log_*``), so its line is one bytes format of values at hand (``default_line``);
+other formats look fields up in what the codec kept (``Request``). Lines are bytes, collected
+in a buffer written when it reaches ``FLUSH_SIZE``, ``FLUSH_INTERVAL`` after its first line (a
+timer on the loop), on SIGUSR1 (which also reopens the file, for logrotate) and at exit.
+Envoy's file access log buffers the same way (``--file-flush-interval-msec``).
 
 Response flags are Envoy's codes where Envoy has one (its access-log docs, "Command Operators",
 ``%RESPONSE_FLAGS%``); the drain's own facts use codes Envoy does not use: see docs/access-log.md.
@@ -19,7 +22,10 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from lameduck.proxy.exchange import Exchange
 
 # -- response flags (bits of Exchange.flags) ----------------------------------------------------
 UH: Final = 1 << 0  # no healthy upstream
@@ -53,7 +59,7 @@ DEFAULT_FORMAT: Final = (
     '%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% "%REQ(X-FORWARDED-FOR)%" "%REQ(USER-AGENT)%" '
     '"%REQ(X-REQUEST-ID)%" "%REQ(:AUTHORITY)%" "%UPSTREAM_HOST%"\n'
 )
-FLUSH_SIZE: Final = 64 * 1024  # buffered characters that are written at once
+FLUSH_SIZE: Final = 64 * 1024  # buffered bytes that are written at once
 FLUSH_INTERVAL: Final = 1.0  # seconds a line may wait in the buffer
 
 
@@ -62,6 +68,19 @@ def flag_string(flags: int) -> str:
     if not flags:
         return "-"
     return ",".join(code for bit, code in FLAG_CODES if flags & bit)
+
+
+_FLAG_BYTES: dict[int, bytes] = {}  # at most one entry per combination that happened
+
+
+def flag_bytes(flags: int) -> bytes:
+    """``flag_string`` as bytes, made once per combination of flags."""
+    if not flags:
+        return b"-"
+    text = _FLAG_BYTES.get(flags)
+    if text is None:
+        text = _FLAG_BYTES[flags] = flag_string(flags).encode()
+    return text
 
 
 def new_request_id(bits: Callable[[int], int]) -> bytes:
@@ -91,6 +110,8 @@ class Request:
             return ex.method or None  # type: ignore[no-any-return]
         if name == b"x-request-id" and ex.request_id:
             return ex.request_id  # type: ignore[no-any-return]  # also when lameduck made it
+        if name in _KEPT:  # the default format's: what the codec kept as it read the head
+            return _KEPT[name](ex) or None
         kept = ex.log_req
         if kept is None:
             return None
@@ -132,6 +153,46 @@ class Request:
         return raw[at - 2:end - 2].strip() or None
 
 
+def authority(ex: Any) -> bytes | None:
+    """``:authority``: as the codec kept it (HTTP/1.1: the Host sent upstream; HTTP/2: the
+    ``:authority`` or Host received), else the first Host received (a request refused before
+    it was routed)."""
+    host: bytes | None = ex.log_host
+    if host is None and ex.log_req is not None:
+        for n, v in ex.log_req[2]:
+            if n == b"host":
+                return v  # type: ignore[no-any-return]
+    return host
+
+
+def keep_for_log(ex: Exchange, authority: bytes | None,
+                 fields: list[tuple[bytes, bytes]]) -> None:
+    """HTTP/2: the default format's request fields, as received (the first of each name), in
+    one pass over the request's fields (HTTP/1.1 keeps them as its parser meets them)."""
+    for n, v in fields:
+        if n == b"user-agent":
+            if ex.log_agent is None:
+                ex.log_agent = v
+        elif n == b"x-forwarded-for":
+            if ex.log_xff is None:
+                ex.log_xff = v
+        elif n == b"host":
+            if authority is None:
+                authority = v
+        elif n == b"x-envoy-original-path" and ex.log_opath is None:
+            ex.log_opath = v
+    ex.log_host = authority
+
+
+# The request fields the codecs keep for the default format, by the name a format asks for.
+_KEPT: Final[dict[bytes, Callable[[Any], bytes | None]]] = {
+    b"x-envoy-original-path": lambda ex: ex.log_opath,  # type: ignore[no-any-return]
+    b"x-forwarded-for": lambda ex: ex.log_xff,  # type: ignore[no-any-return]
+    b"user-agent": lambda ex: ex.log_agent,  # type: ignore[no-any-return]
+    b":authority": authority,
+}
+
+
 def req_header(ex: Any, name: bytes) -> bytes | None:
     """A request field of ``ex`` by lower-case name (``:method``, ``:path``, ``:authority``
     too), from what the codec kept for the log."""
@@ -152,24 +213,37 @@ def _text(v: bytes | None) -> str:
     return v.decode("latin-1") if v else "-"
 
 
-_second: list[Any] = [-1, "", -1, ""]  # the last second and millisecond formatted, and texts
+class _Stamp:
+    """The last second and millisecond formatted, and their texts."""
+
+    def __init__(self) -> None:
+        self.sec = -1
+        self.sec_text = b""
+        self.ms = -1
+        self.text = b""
+
+
+_stamp: Final = _Stamp()
+
+
+def start_stamp(ms: int) -> bytes:
+    """ISO 8601 UTC with milliseconds (``ms`` since the epoch), as Envoy writes %START_TIME%;
+    formatted once per millisecond (tens of requests share one at full load)."""
+    st = _stamp
+    if st.ms == ms:
+        return st.text
+    sec = ms // 1000
+    if st.sec != sec:
+        st.sec = sec
+        st.sec_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)).encode()
+    st.text = b"%s.%03dZ" % (st.sec_text, ms % 1000)
+    st.ms = ms
+    return st.text
 
 
 def start_time(ex: Any, now: float, wall: float) -> str:
-    """ISO 8601 UTC with milliseconds, as Envoy writes %START_TIME%; formatted once per
-    millisecond (tens of requests share one at full load)."""
-    ms = int((wall - (now - ex.t0)) * 1000)
-    cache = _second
-    if cache[2] == ms:
-        return cache[3]  # type: ignore[no-any-return]
-    sec = ms // 1000
-    if cache[0] != sec:
-        cache[0] = sec
-        cache[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
-    text = f"{cache[1]}.{ms % 1000:03d}Z"
-    cache[2] = ms
-    cache[3] = text
-    return text
+    """%START_TIME% of ``ex``, given the loop time and the wall time at ``now``."""
+    return start_stamp(int((wall - (now - ex.t0)) * 1000)).decode()
 
 
 def protocol(ex: Any) -> str:
@@ -266,29 +340,46 @@ def _literal(text: str) -> Op:
     return lambda ex, now, wall, req: text
 
 
-_ORIGINAL_PATH: Final = b"\r\nx-envoy-original-path:"
-_XFF: Final = b"\r\nx-forwarded-for:"
-_AGENT: Final = b"\r\nuser-agent:"
-
-
-def default_line(ex: Any, now: float, wall: float) -> str:
-    """Envoy's default format (``DEFAULT_FORMAT``) written out as one f-string: the line most
-    logs use, made without a call per operator (``compile_text`` gives the same text)."""
-    req = Request(ex)
+def default_line(ex: Exchange, now: float, wall: float) -> bytes:
+    """Envoy's default format (``DEFAULT_FORMAT``) as one bytes format of the fields the codec
+    kept: no call per operator, no decoding (``compile_text`` gives the same text, tested)."""
     kept = ex.log_req
-    h1 = kept is not None and bool(kept[3])
-    path = (req.find(_ORIGINAL_PATH) if h1 else req.get(b"x-envoy-original-path")) or (
-        kept[0] if kept is not None else None)
-    xff = req.find(_XFF) if h1 else req.get(b"x-forwarded-for")
-    agent = req.find(_AGENT) if h1 else req.get(b"user-agent")
-    endpoint = ex.endpoint
-    return (f'[{start_time(ex, now, wall)}] "{_text(ex.method)} {_text(path)} {protocol(ex)}" '
-            f"{ex.status} {flag_string(ex.flags)} {ex.bytes_rx} {ex.bytes_tx} "
-            f"{int((now - ex.t0) * 1000)} "
-            f"{_text(_resp_header(ex, b'x-envoy-upstream-service-time'))} "
-            f'"{_text(xff)}" "{_text(agent)}" '
-            f'"{_text(req.get(b"x-request-id"))}" "{_text(req.get(b":authority"))}" '
-            f'"{"-" if endpoint is None else endpoint.address}"\n')
+    path = ex.log_opath or (kept[0] if kept is not None else None) or b"-"
+    host = ex.log_host
+    if host is None:
+        host = authority(ex)
+    svc = b"-"
+    fields = ex.resp_fields
+    if fields is not None:
+        for n, v in fields:
+            if len(n) == 29 and n.lower() == b"x-envoy-upstream-service-time":
+                svc = v or b"-"
+                break
+    ep = ex.endpoint
+    method = ex.method or b"-"
+    xff = ex.log_xff or b"-"
+    agent = ex.log_agent or b"-"
+    rid = ex.request_id or b"-"
+    host = host or b"-"
+    line = (b'[%s] "%s %s %s" %d %s %d %d %d %s "%s" "%s" "%s" "%s" "%s"\n' % (
+        start_stamp(int((wall - (now - ex.t0)) * 1000)), method, path,
+        b"HTTP/2" if ex.sid else (b"HTTP/1.0" if ex.v10 else b"HTTP/1.1"),
+        ex.status, flag_bytes(ex.flags), ex.bytes_rx, ex.bytes_tx, int((now - ex.t0) * 1000),
+        svc, xff, agent, rid, host, b"-" if ep is None else ep.address.encode()))
+    if line.isascii():
+        return line
+    # A field with bytes beyond ASCII: written as the text formats write it (each byte a
+    # latin-1 character, the line UTF-8).
+    return (b'[%s] "%s %s %s" %d %s %d %d %d %s "%s" "%s" "%s" "%s" "%s"\n' % (
+        start_stamp(int((wall - (now - ex.t0)) * 1000)), _utf8(method), _utf8(path),
+        b"HTTP/2" if ex.sid else (b"HTTP/1.0" if ex.v10 else b"HTTP/1.1"),
+        ex.status, flag_bytes(ex.flags), ex.bytes_rx, ex.bytes_tx, int((now - ex.t0) * 1000),
+        _utf8(svc), _utf8(xff), _utf8(agent), _utf8(rid), _utf8(host),
+        b"-" if ep is None else ep.address.encode()))
+
+
+def _utf8(v: bytes) -> bytes:
+    return v.decode("latin-1").encode()
 
 
 def json_line(ex: Any, now: float, wall: float) -> str:
@@ -323,22 +414,23 @@ def json_line(ex: Any, now: float, wall: float) -> str:
 # -- where lines go ---------------------------------------------------------------------------
 class LogFile:
     """One destination (a path, or stdout), shared by the listeners that name it; a buffer
-    written by size and by time, never per line."""
+    of lines (bytes, written in binary: no encoding per line) written by size and by time,
+    never per line."""
 
     def __init__(self, path: str, loop: asyncio.AbstractEventLoop) -> None:
         self.path = path
         self.loop = loop
-        self.buf: list[str] = []
+        self.buf: list[bytes] = []
         self.size = 0
         self.timer: asyncio.TimerHandle | None = None
-        self.stream: IO[str] = self._open()
+        self.stream: IO[bytes] | None = self._open()
 
-    def _open(self) -> IO[str]:
+    def _open(self) -> IO[bytes] | None:
         if self.path == "stdout":
-            return sys.stdout
-        return open(self.path, "a", encoding="utf-8")  # kept open: written by the buffer
+            return None  # sys.stdout as it is when written (see ``flush``)
+        return open(self.path, "ab")  # kept open: written by the buffer
 
-    def write(self, line: str) -> None:
+    def write(self, line: bytes) -> None:
         self.buf.append(line)
         self.size += len(line)
         if self.size >= FLUSH_SIZE:
@@ -356,28 +448,45 @@ class LogFile:
             self.timer = None
         if not self.buf:
             return
-        data = "".join(self.buf)
+        data = b"".join(self.buf)
         self.buf = []
         self.size = 0
         try:
-            self.stream.write(data)
-            self.stream.flush()
+            if self.stream is None:
+                _to_stdout(data)
+            else:
+                self.stream.write(data)
+                self.stream.flush()
         except (OSError, ValueError):
             pass  # a full disk or a closed stdout must not fail requests
 
     def reopen(self) -> None:
         """SIGUSR1: what is buffered goes to the old file, the rest to a new one."""
         self.flush()
-        if self.path == "stdout":
+        if self.stream is None:
             return
         old, self.stream = self.stream, self._open()
         old.close()
 
     def close(self) -> None:
         self.flush()
-        if self.path != "stdout":
+        if self.stream is not None:
             self.stream.close()
         _FILES.pop(self.path, None)
+
+
+def _to_stdout(data: bytes) -> None:
+    """Lines to stdout after what was written to it as text (its binary buffer if it has one:
+    a replaced stdout, as under a test runner, may be text only)."""
+    out = sys.stdout
+    raw = getattr(out, "buffer", None)
+    out.flush()
+    if raw is None:
+        out.write(data.decode())
+        out.flush()
+    else:
+        raw.write(data)
+        raw.flush()
 
 
 _FILES: dict[str, LogFile] = {}
@@ -389,12 +498,26 @@ class AccessLog:
     def __init__(self, file: LogFile, fmt: str | None, loop: asyncio.AbstractEventLoop) -> None:
         self.file = file
         self.loop = loop
-        self.line = (json_line if fmt == "json" else default_line if fmt is None
-                     else compile_text(fmt))
+        self.default = fmt is None
+        self.text = json_line if fmt == "json" else compile_text(fmt) if fmt is not None \
+            else None
+        # The wall clock as an offset from the loop's, read again once a second: no wall
+        # clock read per line, and a step of the wall clock shows within a second.
+        self.wall_offset = 0.0
+        self.wall_until = -1.0
 
-    def record(self, ex: Any) -> None:
-        """At settle: one line for ``ex``."""
-        self.file.write(self.line(ex, self.loop.time(), time.time()))
+    def record(self, ex: Exchange, now: float) -> None:
+        """At settle (``now``: the loop's time): one line for ``ex``."""
+        if now >= self.wall_until:
+            self.wall_offset = time.time() - now
+            self.wall_until = now + 1.0
+        wall = now + self.wall_offset
+        if self.default:
+            self.file.write(default_line(ex, now, wall))
+        else:
+            text = self.text
+            assert text is not None
+            self.file.write(text(ex, now, wall).encode())
 
 
 def open_access_log(path: str, fmt: str | None, loop: asyncio.AbstractEventLoop) -> AccessLog:

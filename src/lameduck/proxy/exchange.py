@@ -177,8 +177,9 @@ class Exchange:
     early = b""  # bytes the client sent after an Upgrade request, before the 101
     # The access log's: Envoy's response flags (``accesslog``'s bits, set where each fact
     # happens), the body bytes each way, the request id, and -- only when the log is on --
-    # the loop time of the head (``t0``: also what tells settle to log) and the request fields
-    # (path, authority, (name, value) pairs, HTTP/1.1 lines) as the codec kept them.
+    # the loop time of the head (``t0``: also what tells settle to log), the request fields
+    # (path, authority, (name, value) pairs, HTTP/1.1 lines) as the codec kept them, and the
+    # few Envoy's default format logs, taken as the codec met them (``log_*``).
     flags = 0
     bytes_rx = 0
     bytes_tx = 0
@@ -188,6 +189,10 @@ class Exchange:
     # already read, no clock read per request); 0 for a local answer to a malformed request
     started = 0.0
     log_req: tuple[bytes, bytes | None, list[tuple[bytes, bytes]], list[bytes] | None] | None = None
+    log_host: bytes | None = None  # :authority (HTTP/1.1: the Host sent upstream)
+    log_xff: bytes | None = None  # X-Forwarded-For (HTTP/1.1: as sent, the client appended)
+    log_agent: bytes | None = None  # User-Agent
+    log_opath: bytes | None = None  # X-Envoy-Original-Path
     resp_fields: Fields | None = None
     sent_at = 0.0  # loop time the request went upstream (upstream_rq_time)
 
@@ -850,6 +855,7 @@ class Exchange:
                 ledger.abandon()
             if ledger.draining:  # a shutdown is waiting for the ledger to empty
                 ctx.on_request_done()
+        now = 0.0
         if done:
             st.downstream_rq_completed += 1
             now = self.down.ctx.loop.time()
@@ -858,18 +864,20 @@ class Exchange:
             if self.status and self.sent_at and self.cluster is not None:  # answered upstream
                 self.cluster.stats.upstream_rq_time.record((now - self.sent_at) * 1000.0)
         if self.t0:  # the access log is on
-            self._log(completed)
+            self._log(completed, now)
 
-    def _log(self, completed: bool) -> None:
-        """The access log line, at settle: the connection's drain facts join this request's."""
+    def _log(self, completed: bool, now: float) -> None:
+        """The access log line, at settle (``now``: the loop time read for the stats, or 0):
+        the connection's drain facts join this request's."""
         down = self.down
         flags = self.flags | down.drain_flags
         if not completed and down.gone and not down.aborted and not flags & (CA | CB):
             flags |= DC  # the client went away with this request in flight
         self.flags = flags
-        log = down.ctx.access_log
+        ctx = down.ctx
+        log = ctx.access_log
         if log is not None:
-            log.record(self)
+            log.record(self, now or ctx.loop.time())
 
     def cut_off(self) -> bool:
         """The shutdown deadline (or a drain's end for a tunnel) cut this request: off the
