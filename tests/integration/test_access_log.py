@@ -154,3 +154,48 @@ def test_upstream_flags_proactive_drain_request_id_and_default_format(
         rf'"127\.0\.0\.1:{origin_port}"', line), line
     busy.close()
     admin.close()
+
+
+def test_default_format_fields_over_http1_and_http2_and_a_reopen_on_sigusr1(
+        origin_port: int, lameduck: Any, tmp_path: Path) -> None:
+    """The fields Envoy's default line takes from the request, as the codecs keep them
+    (HTTP/1.1: X-Forwarded-For as sent upstream, the client's address appended, values
+    stripped; HTTP/2: as received), and logrotate's rename + SIGUSR1: the lines buffered go
+    to the renamed file, the later ones to a new file at the path, all of them at exit."""
+    text = tmp_path / "access.log"
+    ld: Lameduck = lameduck(
+        drain={"time": "0s", "strategy": "immediate", "connection_grace": "100ms"},
+        listener={"access_log": {"path": str(text)}})
+    h1 = RawConn(ld.addr)
+    r = h1.request("/?a", headers={"User-Agent": "ua/2  ", "X-Forwarded-For": "203.0.113.7",
+                                      "X-Envoy-Original-Path": "/orig"})
+    assert r.status == 200
+    with httpx.Client(http1=False, http2=True, timeout=5) as h2:
+        resp = h2.get(ld.url("/?h2"), headers={"user-agent": "ua/h2",
+                                             "x-forwarded-for": "198.51.100.1"})
+        assert resp.status_code == 200 and resp.http_version == "HTTP/2"
+    rotated = text.rename(tmp_path / "access.log.1")
+    ld.signal(signal.SIGUSR1)
+    assert wait_until(lambda: "SIGUSR1: reopened the log file" in ld.log(), 5), ld.log()
+    assert wait_until(text.exists, 5)
+    assert h1.request("/?after").status == 200
+    h1.close()
+    ld.signal(signal.SIGTERM)
+    assert ld.proc is not None and ld.proc.wait(10) == 0
+
+    stamp = r"\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\]"
+    rid = r'"[0-9a-f]{32}"'
+    authority = rf'"{re.escape(ld.addr)}"'
+    upstream = rf'"127\.0\.0\.1:{origin_port}"'
+    before = rotated.read_text().splitlines()
+    assert len(before) == 2, before
+    assert re.fullmatch(
+        rf'{stamp} "GET /orig HTTP/1\.1" 200 - 0 \d+ \d+ - "203\.0\.113\.7, 127\.0\.0\.1" '
+        rf'"ua/2" {rid} {authority} {upstream}', before[0]), before[0]
+    assert re.fullmatch(
+        rf'{stamp} "GET /\?h2 HTTP/2" 200 - 0 \d+ \d+ - "198\.51\.100\.1" "ua/h2" {rid} '
+        rf'{authority} {upstream}', before[1]), before[1]
+    (after,) = text.read_text().splitlines()
+    assert re.fullmatch(
+        rf'{stamp} "GET /\?after HTTP/1\.1" 200 - 0 \d+ \d+ - "127\.0\.0\.1" "-" {rid} '
+        rf'{authority} {upstream}', after), after
