@@ -875,7 +875,7 @@ class Exchange:
             flags |= DC  # the client went away with this request in flight
         self.flags = flags
         ctx = down.ctx
-        log = ctx.access_log
+        log: AccessLog | None = ctx.access_log  # typed: a native call, ``now`` unboxed
         if log is not None:
             log.record(self, now or ctx.loop.time())
 
