@@ -1,0 +1,59 @@
+#!/bin/bash
+# User-space instructions per keep-alive GET through lameduck, counted by valgrind's callgrind:
+# steady where CPU time is not (a shared machine moves bench/run.py's CPU µs/request by
+# tens of percent between runs; instruction counts by a few percent). Kernel time (the
+# socket calls, about half of the bench's CPU per request) is not counted.
+#
+#   bench/instructions.sh [--log] [SECONDS]
+#
+# From the repository (its .venv's python, or PYTHON=...; PYTHONPATH=src to measure a clone).
+#
+# --log: the listener's access log on (Envoy's default format, to a file), as bench/run.py's
+# lameduck-log. lameduck runs under callgrind on CPU 0, the demo origin and wrk -c10 on CPU 1;
+# the counters are zeroed after a warm-up and dumped after SECONDS (8) of load, and the requests
+# in between are read from the admin's stats. Every process started is stopped by pid.
+set -euo pipefail
+LOG=0
+if [ "${1:-}" = --log ]; then LOG=1; shift; fi
+SECS=${1:-8}
+PY=${PYTHON:-$(dirname "$0")/../.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+W=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$W"; }
+trap cleanup EXIT
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+taskset -c 1 "$PY" -m lameduck.demo --port 0 > "$W/origin.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 100); do grep -q "listening on" "$W/origin.log" && break; sleep 0.1; done
+ORIGIN=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$W/origin.log" | cut -d: -f2 || true)
+[ -n "$ORIGIN" ] || { echo "the demo origin did not start ($PY):" >&2; cat "$W/origin.log" >&2; exit 1; }
+PORT=$(free_port)
+ADMIN=$(free_port)
+{
+  echo "admin: {address: 127.0.0.1:$ADMIN}"
+  echo "drain: {time: 1s, strategy: gradual, connection_grace: 200ms}"
+  echo "shutdown: {deadline: 2s, min_drain: 0s, stop_accepting: at_drain_end}"
+  echo "listeners:"
+  echo "  - {name: ingress, address: 127.0.0.1:$PORT, health_check_path: null, idle_timeout: 60s,"
+  [ "$LOG" = 1 ] && echo "     access_log: {path: $W/access.log},"
+  echo "     routes: [{prefix: /, cluster: origin, timeout: 30s}]}"
+  echo "clusters:"
+  echo "  - {name: origin, endpoints: [127.0.0.1:$ORIGIN], connect_timeout: 5s,"
+  echo "     max_idle_connections: 256, idle_timeout: 60s}"
+} > "$W/lameduck.yaml"
+taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$W/cg.out" \
+  "$PY" -m lameduck run -c "$W/lameduck.yaml" > "$W/lameduck.log" 2>&1 &
+LD=$!
+PIDS=("$LD" "${PIDS[@]}")
+for _ in $(seq 600); do curl -s -o /dev/null -m 2 "http://127.0.0.1:$ADMIN/ready" && break; sleep 0.2; done
+requests() { curl -s "http://127.0.0.1:$ADMIN/stats" | grep -o 'http.ingress.downstream_rq_total: [0-9]*' | grep -o '[0-9]*$'; }
+taskset -c 1 wrk -t1 -c10 -d3s "http://127.0.0.1:$PORT/" > /dev/null
+N0=$(requests)
+callgrind_control -z "$LD" > /dev/null 2>&1
+taskset -c 1 wrk -t1 -c10 -d"${SECS}s" "http://127.0.0.1:$PORT/" > /dev/null
+callgrind_control -d "$LD" > /dev/null 2>&1
+N=$(( $(requests) - N0 ))
+IR=$(grep -h -m1 '^summary:' "$W"/cg.out.* | awk '{print $2}')
+echo "access log $([ "$LOG" = 1 ] && echo on || echo off): $N requests, $IR instructions, $(( IR / N )) per request"
