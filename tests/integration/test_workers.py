@@ -180,6 +180,9 @@ def _state(pid: int) -> str:
 def test_sigkill_of_a_worker_refuses_nothing_and_it_is_replaced(lameduck) -> None:
     ld: Lameduck = lameduck(workers=2)
     pids = worker_pids(ld)
+    # a spare worker, started ahead and loaded, takes the dead one's place
+    assert wait_until(lambda: (ld.server_info()["spare_worker"] or {}).get("loaded"), 15)
+    spare = ld.server_info()["spare_worker"]["pid"]
     load = Load(ld.port)
     try:
         assert wait_until(lambda: load.counts.ok >= 300, timeout=15), load.counts
@@ -211,7 +214,9 @@ def test_sigkill_of_a_worker_refuses_nothing_and_it_is_replaced(lameduck) -> Non
     assert lost_main <= lost_client <= held + 4, (lost_main, lost_client, held, counts.samples)
     assert ld.stat("server.workers_replaced") == 1
     new = ld.server_info()["workers"][0]["pid"]
-    assert new != pids[0]
+    assert new == spare
+    assert wait_until(lambda: (ld.server_info()["spare_worker"] or {}).get("pid")
+                      not in (None, spare), 10)  # and a new spare is started
     assert ld.stat("worker.0.downstream_rq_total") > 0
     assert "exited with signal 9 while serving" in ld.log()
     # counters do not go back: the dead worker's requests are still counted (as of its last

@@ -226,6 +226,7 @@ class MainServer(Server):
         assert self.workers is not None
         self.seq += 1
         self.workers.broadcast(msg | {"seq": self.seq}, replay=True)
+        self.workers.drop_spare()  # it would hold the listening sockets past their close
 
     def _acked(self) -> bool:
         ws = self.workers
@@ -282,6 +283,8 @@ class MainServer(Server):
         socks = self.held.pop(name, None)
         if socks is None:
             return
+        if self.workers is not None:
+            self.workers.drop_spare()
         ls = next(ls for ls in self.listeners if ls.name == name)
         queued = 0 if handed_over or ls.socket_shared else sum(accept_queue(s) for s in socks)
         for sock in socks:
@@ -439,6 +442,9 @@ class MainServer(Server):
              "requests_in_flight": int(w.status.get("active", 0)),
              "rq_total": int(w.status.get("rq_total", 0))}
             for w in (ws.workers if ws is not None else ())]
+        spare = ws.spare if ws is not None else None
+        info["spare_worker"] = (None if spare is None
+                                else {"pid": spare.pid, "loaded": spare.loaded})
         return info
 
     def reset_counters(self) -> None:

@@ -30,7 +30,7 @@ from lameduck.drain.endpoint import AdminState
 from lameduck.drain.retry import RetryBudget
 from lameduck.listeners import TcpListener
 from lameduck.proxy.accesslog import flush_access_logs
-from lameduck.server.channel import Channel, Message, open_channel, read_one
+from lameduck.server.channel import Channel, Message, encode, open_channel, read_one
 from lameduck.server.logfile import formatter, open_log_file, reopen_log_files
 from lameduck.server.server import Server
 from lameduck.server.views import clusters_view
@@ -358,11 +358,24 @@ def _stat_out(s: Stat) -> list[Any]:
 async def serve(control: socket.socket) -> int:
     first = read_one(control)
     cfg = Config.model_validate(first["config"])
-    index, count = int(first["index"]), int(first["count"])
-    fds: dict[str, int] = first["fds"]
-    sockets = {name: socket.socket(fileno=fd) for name, fd in fds.items()}
+    count = int(first["count"])
     loop = asyncio.get_running_loop()
-    server = WorkerServer(cfg, loop, index, count, sockets)
+    server = WorkerServer(cfg, loop, -1, count, {})
+    if first["index"] is None:
+        # a spare: loaded and built; it says so, then waits (nothing runs on its loop yet)
+        # to be told which worker it replaces
+        control.sendall(encode({"op": "loaded"}))
+        index = int(read_one(control)["index"])
+        _PREFIX.prefix = f"worker {index}: "
+    else:
+        index = int(first["index"])
+    server.index = index
+    for name, fds in first["fds"].items():
+        keep = fds[index % len(fds)]
+        for fd in fds:
+            if fd != keep:
+                os.close(fd)  # the other workers' sockets of the group
+        server.sockets[name] = socket.socket(fileno=keep)
     server.install_signal_handlers()
     await server.start_worker(control)
     log.info("worker %d (pid %d) serving", index, os.getpid())
@@ -377,14 +390,17 @@ async def serve(control: socket.socket) -> int:
 
 
 class _Prefix(logging.Filter):
-    def __init__(self, index: int) -> None:
-        super().__init__()
-        self.prefix = f"worker {index}: "
+    """Each line says which worker wrote it."""
+
+    prefix = "worker: "
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str) and not record.msg.startswith("worker "):
             record.msg = self.prefix + record.msg
         return True
+
+
+_PREFIX = _Prefix()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -401,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     handler: logging.Handler = (open_log_file(args.log_file) if args.log_file
                                 else logging.StreamHandler(sys.stderr))
     handler.setFormatter(formatter(args.log_format))
-    handler.addFilter(_Prefix(args.index))
+    _PREFIX.prefix = f"worker {args.index}: "
+    handler.addFilter(_PREFIX)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), handlers=[handler])
     control = socket.socket(fileno=args.control_fd)
     try:

@@ -55,6 +55,7 @@ class Worker:
         self.stats: list[Any] = []  # its last stats reply
         self.clusters: list[dict[str, Any]] = []
         self.waiting: asyncio.Future[None] | None = None
+        self.loaded = False  # a spare: its modules loaded, its config built
 
     @property
     def pid(self) -> int:
@@ -87,23 +88,45 @@ class WorkerSet:
         # what the main process has broadcast that a replacement must replay, and the state
         # it must start with (endpoint facts)
         self.replay: list[Message] = []
+        self.spare: Worker | None = None
+        self.spares_wanted = True
         self.greeting: Callable[[], list[Message]] = list
 
     # -- start, replace ---------------------------------------------------------------------
     async def start(self) -> None:
-        """Every worker serving (or OSError naming the one that did not)."""
+        """Every worker serving (or OSError naming the one that did not); then a spare."""
         await asyncio.gather(*(self._spawn(w) for w in self.workers))
         self._heartbeat = self.loop.call_later(0.5, self._check_heartbeats)
+        self.start_spare()
 
-    async def _spawn(self, w: Worker) -> None:
+    # -- the spare: a worker started ahead, its modules loaded, waiting to be told its index;
+    # it replaces one that dies in milliseconds instead of an interpreter's start-up.
+    def start_spare(self) -> None:
+        if self.spare is None and self.spares_wanted and not self.stopping:
+            self.spare = Worker(-1)
+            self.loop.create_task(self._spawn(self.spare, spare=True))
+
+    def drop_spare(self) -> None:
+        """No spare from now on (a drain: it would hold listening sockets open past their
+        close)."""
+        self.spares_wanted = False
+        s, self.spare = self.spare, None
+        if s is not None:
+            s.exiting = True
+            self._kill(s)
+
+    async def _spawn(self, w: Worker, spare: bool = False) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        # worker i: the i-th socket of an SO_REUSEPORT group, else the one socket
-        fds = {name: socks[w.index % len(socks)].fileno()
+        # worker i: the i-th socket of an SO_REUSEPORT group, else the one socket; a spare
+        # has them all until it knows which worker it is
+        fds = {name: [s.fileno() for s in socks] if spare
+               else [socks[w.index % len(socks)].fileno()]
                for name, socks in self.sockets.items()}
         argv = [sys.executable, "-m", "lameduck.server.worker", "--control-fd",
                 str(theirs.fileno()), "--index", str(w.index), *self.argv]
         try:
-            w.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno(), *fds.values()],
+            w.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno(),
+                                                      *(fd for fl in fds.values() for fd in fl)],
                                       stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
@@ -113,7 +136,7 @@ class WorkerSet:
         with contextlib.suppress(OSError):
             w.pidfd = os.pidfd_open(w.proc.pid)
             self.loop.add_reader(w.pidfd, self._exited, w)
-        ours.sendall(encode({"config": self.config, "index": w.index,
+        ours.sendall(encode({"config": self.config, "index": None if spare else w.index,
                              "count": len(self.workers), "fds": fds}))
         w.waiting = self.loop.create_future()
         holder: list[Channel] = []
@@ -124,6 +147,12 @@ class WorkerSet:
                 self._maybe_all_exited()
         w.channel = await open_channel(self.loop, ours, lambda m: self._message(w, m), lost)
         holder.append(w.channel)
+        if not spare:
+            await self._serving(w)
+
+    async def _serving(self, w: Worker) -> None:
+        """Until ``w`` serves; then it learns the state and the drains under way."""
+        assert w.waiting is not None and w.channel is not None
         try:
             await asyncio.wait_for(asyncio.shield(w.waiting), READY_TIMEOUT)
         except TimeoutError:
@@ -143,6 +172,8 @@ class WorkerSet:
             if "stats" in msg:
                 w.stats = msg.pop("stats")
             self.on_status(w)
+        elif op == "loaded":  # a spare, ready to take a worker's place
+            w.loaded = True
         elif op == "ready":
             w.ready = True
             if w.waiting is not None and not w.waiting.done():
@@ -171,6 +202,13 @@ class WorkerSet:
         code = proc.wait() if proc is not None else 0
         if w.waiting is not None and not w.waiting.done():
             w.waiting.set_result(None)
+        if w is self.spare or (w.index < 0 and w.exiting):
+            w.proc = None
+            if w is self.spare:  # it died waiting: another, a moment later
+                log.warning("the spare worker (pid %d) exited with %s", w.pid, code)
+                self.spare = None
+                self.loop.call_later(1.0, self.start_spare)
+            return
         if self.stopping or w.exiting:
             log.debug("worker %d (pid %d) exited with %s", w.index, w.pid, code)
             w.proc = None
@@ -184,16 +222,27 @@ class WorkerSet:
         w.status = {}
         self.replaced += 1
         self.on_lost(w, lost)
-        self.loop.create_task(self._respawn(w))
+        s = self.spare
+        if s is not None and s.channel is not None and s.proc is not None:
+            self.spare = None  # the spare becomes worker w.index
+            self.workers[self.workers.index(w)] = s
+            s.index = w.index
+            s.waiting = self.loop.create_future()
+            s.channel.send({"index": w.index})
+            self.loop.create_task(self._respawn(s, spawn=False))
+        else:
+            self.loop.create_task(self._respawn(w))
 
-    async def _respawn(self, w: Worker) -> None:
+    async def _respawn(self, w: Worker, spawn: bool = True) -> None:
         try:
-            await self._spawn(w)
+            await (self._spawn(w) if spawn else self._serving(w))
         except OSError as e:
             log.error("worker %d: %s", w.index, e)
             return
-        log.info("worker %d replaced by pid %d", w.index, w.pid)
+        log.info("worker %d replaced by pid %d%s", w.index, w.pid,
+                 "" if spawn else " (the spare)")
         self.on_status(w)
+        self.start_spare()
 
     def _check_heartbeats(self) -> None:
         now = self.loop.time()
@@ -237,6 +286,7 @@ class WorkerSet:
         if quit_why is not None:
             msg.update(quit=True, why=quit_why)
         self.stopping = True
+        self.drop_spare()
         for w in self.workers:
             w.exiting = True
             if w.channel is not None:
@@ -251,6 +301,7 @@ class WorkerSet:
     async def wait_exited(self, timeout: float) -> None:
         """Until every worker has exited; those still running after ``timeout`` are
         killed."""
+        self.drop_spare()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._all_exited), max(0.0, timeout))
         for w in self.workers:
