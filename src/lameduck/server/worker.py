@@ -364,8 +364,11 @@ async def serve(control: socket.socket) -> int:
     if first["index"] is None:
         # a spare: loaded and built; it says so, then waits (nothing runs on its loop yet)
         # to be told which worker it replaces
-        control.sendall(encode({"op": "loaded"}))
-        index = int(read_one(control)["index"])
+        try:
+            control.sendall(encode({"op": "loaded"}))
+            index = int(read_one(control)["index"])
+        except OSError:  # the main process has gone (or no longer wants a spare)
+            return 0
         _PREFIX.prefix = f"worker {index}: "
     else:
         index = int(first["index"])
