@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -384,11 +385,15 @@ async def serve(control: socket.socket) -> int:
     log.info("worker %d (pid %d) serving", index, os.getpid())
     code = await server.done
     server._exited(code)
-    # the last status must leave before the process ends (os._exit drops what is buffered)
-    t = server.channel.transport if server.channel is not None else None
-    end = loop.time() + 1.0
-    while t is not None and t.get_write_buffer_size() and loop.time() < end:
-        await asyncio.sleep(0.005)
+    # the last status must leave before the process ends (os._exit drops what is buffered,
+    # in the loop or in libuv): closing the channel writes it all, then reports the close
+    ch = server.channel
+    if ch is not None:
+        closed: asyncio.Future[None] = loop.create_future()
+        ch.on_lost = lambda: None if closed.done() else closed.set_result(None)
+        ch.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(closed, 1.0)
     return code
 
 
