@@ -385,13 +385,17 @@ async def serve(control: socket.socket) -> int:
     log.info("worker %d (pid %d) serving", index, os.getpid())
     code = await server.done
     server._exited(code)
-    # the last status must leave before the process ends (os._exit drops what is buffered,
-    # in the loop or in libuv): closing the channel writes it all, then reports the close
+    # The last status must reach the main process before this one ends. Not a close: a Unix
+    # socket closed with unread data in it (the main process's "finish", sent as this worker
+    # cut at its own deadline) resets the peer, which then drops what it had not read yet —
+    # this last status. Half-close instead, read on, and end when the main process closes.
     ch = server.channel
-    if ch is not None:
+    t = ch.transport if ch is not None else None
+    if ch is not None and t is not None:
         closed: asyncio.Future[None] = loop.create_future()
         ch.on_lost = lambda: None if closed.done() else closed.set_result(None)
-        ch.close()
+        ch.on_message = lambda msg: None
+        t.write_eof()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(closed, 1.0)
     return code
