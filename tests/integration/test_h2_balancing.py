@@ -22,6 +22,7 @@ import httpx
 import pytest
 from hyperframe.frame import RstStreamFrame
 
+from tests import procs
 from tests.h2raw import RawH2
 from tests.procs import (
     PERSISTENCE_COOKIE,
@@ -228,7 +229,9 @@ def test_h2_client_source_ip_sticky_across_streams_and_connections(lameduck, ori
     x = names[0]
     with h2client(local_address="127.0.0.2") as c:  # another client IP: balanced, then sticks
         other = [get2(c, ld).origin for _ in range(4)]
-    assert len(set(other)) == 1 and other[0] != x, (x, other)
+    assert len(set(other)) == 1, (x, other)
+    if procs.DEFAULT_WORKERS == 1:  # one balancer: round robin moved on; with workers, each
+        assert other[0] != x, (x, other)  # balances on its own (as Envoy's worker threads)
     assert cstat(ld, "lb_persistence_records") == 2
     settled(ld)
 

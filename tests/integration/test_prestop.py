@@ -180,10 +180,9 @@ def test_hold_health_protects_a_long_request(lameduck, haproxy) -> None:
                                     ("CLOSING", "CLOSED")], summary
     closing = summary["transitions"][1]
     assert closing["reason"] == "no request in flight", summary
-    # FSM time counts from POST /prestop, which the CLI sends after its start-up (~1 s here):
-    # CLOSING came no sooner than the long request's end, >= 1.5 s into the drain.
+    # FSM time counts from POST /prestop, which the CLI sends after its start-up (~1 s here,
+    # up to 2 s on a loaded machine): CLOSING came no sooner than the long request's end.
     assert closing["after"] >= long_req.done_at - fsm_seen - 0.05, (rel, summary)
-    assert closing["after"] >= 1.5, (rel, summary)
     assert summary["transitions"][2]["after"] - closing["after"] >= 1.0, summary
     assert summary["state"] == "CLOSED" and summary["timed_out"] is False, summary
     assert a.stat("server.prestop_state") == 3
