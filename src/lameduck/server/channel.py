@@ -30,6 +30,7 @@ class Channel(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.lost = False
+        self.ended = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -66,11 +67,20 @@ class Channel(asyncio.Protocol):
             self.on_lost()
 
     def send(self, msg: Message) -> None:
-        """Queued in the transport's buffer; dropped once the other end is gone."""
+        """Queued in the transport's buffer; dropped once the other end is gone, or once this
+        end has said its last (``end``)."""
         t = self.transport
-        if t is None or t.is_closing():
+        if t is None or t.is_closing() or self.ended:
             return
         t.write(encode(msg))
+
+    def end(self) -> None:
+        """No more from this end (a half-close: what is queued is written first, and what the
+        other end sends is still read): the other end reads to EOF, then closes."""
+        t = self.transport
+        if t is not None and not self.ended:
+            self.ended = True
+            t.write_eof()
 
     def close(self) -> None:
         if self.transport is not None:

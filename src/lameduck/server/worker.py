@@ -395,7 +395,7 @@ async def serve(control: socket.socket) -> int:
         closed: asyncio.Future[None] = loop.create_future()
         ch.on_lost = lambda: None if closed.done() else closed.set_result(None)
         ch.on_message = lambda msg: None
-        t.write_eof()
+        ch.end()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(closed, 1.0)
     return code
