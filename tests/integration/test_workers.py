@@ -209,6 +209,9 @@ def test_sigkill_of_a_worker_refuses_nothing_and_it_is_replaced(lameduck) -> Non
     # that died as a request went out: it counts those, the worker did not have them).
     lost_client = counts.errors + counts.stale_retries - before
     lost_main = ld.stat("server.worker_lost_requests")
+    print(f"lost: main process {lost_main}; client: {counts.errors} errors (a request sent "
+          f"and no answer), {counts.stale_retries} retried on a reused connection that ended "
+          f"before any byte; the dead worker held {held} connections")
     # (held: its keep-alive connections a moment before; each of the 4 fresh-connection
     # clients may have had one more there)
     assert lost_main <= lost_client <= held + 4, (lost_main, lost_client, held, counts.samples)
