@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from lameduck.stats import Stat
@@ -18,6 +19,9 @@ class AdminControl(Protocol):
     def state_name(self) -> str: ...
     def server_info(self) -> dict[str, Any]: ...
     def stats_snapshot(self) -> list[Stat]: ...
+    def refresh(self) -> Awaitable[None] | None:
+        """What to await before answering with the process's numbers (a main process asks
+        its workers); None: they are here already."""
     def used_stats(self) -> set[str]:
         """Names of the stats seen non-zero so far (Envoy's usedonly)."""
     def reset_counters(self) -> None:

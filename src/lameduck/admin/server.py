@@ -75,15 +75,15 @@ class AdminProtocol(asyncio.Protocol):
             self._reply(status, "text/plain; charset=utf-8", reason,
                         "Bearer" if status == 401 else None, close=True)
             return
-        refresh = getattr(self.handlers.c, "refresh", None)
-        if refresh is not None and path in REFRESHED:
+        pending = self.handlers.c.refresh() if path in REFRESHED else None
+        if pending is not None:
             # the numbers are the workers': ask them first, reading nothing more meanwhile
             # (the answers keep the requests' order)
             t = self.transport
             if t is not None:
                 t.pause_reading()
             keep = self.parser.should_keep_alive()
-            task = asyncio.get_running_loop().create_task(refresh())
+            task = asyncio.ensure_future(pending)
             task.add_done_callback(lambda _t: self._answer(method, path, query, keep))
             return
         self._answer(method, path, query, self.parser.should_keep_alive())

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import signal
 import socket
+from collections.abc import Awaitable
 from typing import Any
 
 from lameduck.drain import Cause, ListenerDrain, Step
@@ -65,6 +66,7 @@ class MainServer(Server):
         self.lost_requests = 0  # in flight in a worker that died
         # the counters of workers that died, as last reported: counters do not go back
         self.gone_counters: dict[str, int] = {}
+        self.gone_drain: dict[str, int] = {}  # and their drain counts
         self._close_timers: dict[str, asyncio.TimerHandle] = {}
         self._closing: set[str] = set()
         self.cx_reset_here = 0
@@ -155,8 +157,12 @@ class MainServer(Server):
         self._check_closing()
         self._changed()
 
-    def _lost(self, w: Worker, in_flight: int) -> None:
-        self.lost_requests += in_flight
+    def _lost(self, w: Worker, last: Message) -> None:
+        """A worker died: its requests in flight are lost (as of its last status), and what
+        it counted is kept — its counters, and the drain's counts for the report."""
+        self.lost_requests += int(last.get("active", 0))
+        for key, value in last.get("drain", {}).items():
+            self.gone_drain[key] = self.gone_drain.get(key, 0) + int(value)
         gone = self.gone_counters
         for stat in self._stats_of(w):
             if stat.kind == COUNTER:
@@ -177,7 +183,8 @@ class MainServer(Server):
         return len(self.listeners) if self.connections() else 0
 
     def _drain_sum(self, key: str) -> int:
-        return sum(int(s.get("drain", {}).get(key, 0)) for s in self._statuses())
+        return self.gone_drain.get(key, 0) + sum(int(s.get("drain", {}).get(key, 0))
+                                                 for s in self._statuses())
 
     def _sync_drain_counts(self) -> DrainStats:
         ds, ledger = self.drain_stats, self.process.ledger
@@ -348,11 +355,10 @@ class MainServer(Server):
             self.workers.broadcast({"op": "reopen"})
 
     # -- views ------------------------------------------------------------------------------
-    async def refresh(self) -> None:
+    def refresh(self) -> Awaitable[None] | None:
         """Before an admin answer made of the workers' numbers: ask them (a poll sees a
         request that began a millisecond ago, as with one process)."""
-        if self.workers is not None:
-            await self.workers.gather_stats()
+        return None if self.workers is None else self.workers.gather_stats()
 
     def _worker_stats(self) -> list[list[Stat]]:
         out = []
@@ -449,6 +455,7 @@ class MainServer(Server):
 
     def reset_counters(self) -> None:
         super().reset_counters()
+        self.gone_counters.clear()  # counted by workers that died: 0 from now on too
         if self.workers is not None:
             self.workers.broadcast({"op": "reset_counters"})
 

@@ -18,7 +18,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lameduck import __version__
@@ -484,6 +484,9 @@ class Server:
         log.info("cluster %s endpoint %s: %s -> %s (admin)", cluster, address,
                  ep.drain.state.value, new.value)
         c.set_state(ep, new, self.loop.time())
+
+    def refresh(self) -> Awaitable[None] | None:
+        return None  # one process: its numbers are its own
 
     def stats_snapshot(self) -> list[Stat]:
         self._refresh_gauges()

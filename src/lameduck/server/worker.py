@@ -120,8 +120,6 @@ class WorkerServer(Server):
             "accepting": [ls.name for ls in self.listeners if ls.accepting],
             "listeners": {ls.name: len(ls.connections) for ls in self.listeners},
             "rq_total": requests,
-            "cx_total": sum(ls.stats.downstream_cx_total  # type: ignore[attr-defined]
-                            for ls in self.listeners),
             "drain": {"completed": ledger.completed, "refused": ledger.refused,
                       "cut": ledger.cut, "cut_before_response": ds.cut_before_response,
                       "cut_reset": ds.cut_reset,
@@ -208,9 +206,6 @@ class WorkerServer(Server):
             self.process.healthcheck_fail()
         else:
             self.process.healthcheck_ok()
-
-    def _do_prestop_done(self, msg: Message) -> None:
-        self.process.prestop_done()
 
     def _do_finish(self, msg: Message) -> None:
         if msg.get("quit"):

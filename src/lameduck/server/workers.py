@@ -64,13 +64,13 @@ class Worker:
 
 class WorkerSet:
     """``count`` workers over the held ``sockets``; ``on_status(worker)`` after each status,
-    ``on_lost(worker, in_flight)`` when one died while serving (it is replaced),
+    ``on_lost(worker, its last status)`` when one died while serving (it is replaced),
     ``on_endpoints(msg)`` for endpoint facts a worker found (outlier detection)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, count: int, config: dict[str, Any],
                  sockets: dict[str, list[socket.socket]], argv: list[str],
                  on_status: Callable[[Worker], None],
-                 on_lost: Callable[[Worker, int], None],
+                 on_lost: Callable[[Worker, Message], None],
                  on_endpoints: Callable[[Message], None]) -> None:
         self.loop = loop
         self.config = config
@@ -202,10 +202,11 @@ class WorkerSet:
         code = proc.wait() if proc is not None else 0
         if w.waiting is not None and not w.waiting.done():
             w.waiting.set_result(None)
+        pid = w.pid
         if w is self.spare or (w.index < 0 and w.exiting):
             w.proc = None
             if w is self.spare:  # it died waiting: another, a moment later
-                log.warning("the spare worker (pid %d) exited with %s", w.pid, code)
+                log.warning("the spare worker (pid %d) exited with %s", pid, code)
                 self.spare = None
                 self.loop.call_later(1.0, self.start_spare)
             return
@@ -214,14 +215,13 @@ class WorkerSet:
             w.proc = None
             self._maybe_all_exited()
             return
-        lost = int(w.status.get("active", 0))
+        last, w.status = w.status, {}
         how = f"signal {-code}" if code < 0 else f"code {code}"
         log.error("worker %d (pid %d) exited with %s while serving; %d request(s) in flight "
-                  "lost; starting a new one", w.index, w.pid, how, lost)
+                  "lost; starting a new one", w.index, pid, how, int(last.get("active", 0)))
         w.proc = None
-        w.status = {}
         self.replaced += 1
-        self.on_lost(w, lost)
+        self.on_lost(w, last)
         s = self.spare
         if s is not None and s.channel is not None and s.proc is not None:
             self.spare = None  # the spare becomes worker w.index
