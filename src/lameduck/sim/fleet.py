@@ -35,15 +35,6 @@ from lameduck.sim.walk import How, Proto, Rules, walk
 
 BIN = 0.1  # the histograms' step: reconnects and closes per 100 ms
 CAUSES = ("refused", "unremoved", "going_away", "cut", "killed", "overload", "no_endpoint")
-CAUSE_HELP = {
-    "refused": "connect refused by a listener that stopped accepting (process still running)",
-    "unremoved": "connect to a pod that had exited while the LB still routed to it",
-    "going_away": "request on an open connection after T: 503 going away",
-    "cut": "request in flight at shutdown.deadline: cut (503 or reset)",
-    "killed": "request in flight at SIGKILL (terminationGracePeriodSeconds)",
-    "overload": "request beyond an instance's capacity",
-    "no_endpoint": "connect while the LB routed to no instance at all",
-}
 BACKOFF = Backoff()
 
 
@@ -580,7 +571,7 @@ class Simulation:
         target = np.full(nodes.size, -1, dtype=np.int64)
         for node in np.unique(nodes):
             sel = np.flatnonzero(nodes == node)
-            got = self.lb.choose(int(node), sel.size, self.conns, self.rng)
+            got = self.lb.choose(int(node), sel.size, self.conns)
             if got is not None:
                 target[sel] = got
         return target

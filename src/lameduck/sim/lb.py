@@ -37,20 +37,12 @@ class LbView:
         pos = np.searchsorted(cum, pick + 1)  # the (pick+1)-th routable cell
         return np.where(n_have > 0, pos % width, -1)
 
-    def grow(self, capacity: int) -> None:
-        if capacity > self.routable.shape[1]:
-            extra = np.zeros((self.routable.shape[0], capacity - self.routable.shape[1]),
-                             dtype=bool)
-            self.routable = np.hstack([self.routable, extra])
-            self._cum = None
-
-    def choose(self, node: int, m: int, conns: Ints, rng: np.random.Generator) -> Ints | None:
-        """Instances for ``m`` new connections through ``node``; None when it routes nowhere."""
+    def choose(self, node: int, m: int, conns: Ints) -> Ints | None:
+        """Instances for ``m`` new connections through ``node`` (round robin or least
+        connections; ``choose_random`` for random); None when it routes nowhere."""
         cands = np.flatnonzero(self.routable[node])
         if cands.size == 0:
             return None
-        if self.balance is Balance.RANDOM:
-            return cands[rng.integers(0, cands.size, m)]
         if self.balance is Balance.ROUND_ROBIN:
             start = self._rr[node]
             self._rr[node] = start + m

@@ -21,7 +21,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -135,7 +135,6 @@ class Scenario:
     max_request: float = 15.0  # for --solve (lameduck budget's --max-request)
     exit_margin: float = 5.0
     source: str = "<scenario>"
-    raw: Mapping[str, Any] = field(default_factory=dict)
 
     def with_lameduck(self, **sections: Mapping[str, Any]) -> Scenario:
         """The same scenario with config sections replaced (``--solve`` tries values)."""
@@ -433,6 +432,6 @@ def scenario_from(data: object, base: Path, source: str = "<scenario>") -> Scena
         resolution=resolution,
         max_request=(top.duration("max_request", None) if max_request is not None
                      else max(routes, default=15.0)),
-        exit_margin=top.duration("exit_margin", 5.0), source=source, raw=dict(top.data))
+        exit_margin=top.duration("exit_margin", 5.0), source=source)
     top.done()
     return sc
