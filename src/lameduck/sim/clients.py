@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lameduck.sim.draws import Floats, Ints, lognormal_mean
+from lameduck.sim.draws import Floats, Ints, lognormal_mean, lognormal_sigma
 from lameduck.sim.scenario import ClientClass, Reconnect
 from lameduck.sim.walk import Proto
 
-Z99 = 2.3263478740408408
 RECONNECT_CODES = {Reconnect.IMMEDIATE: 0, Reconnect.BACKOFF: 1, Reconnect.NEXT_REQUEST: 2}
 
 
@@ -66,7 +65,7 @@ def build(classes: tuple[ClientClass, ...], nodes: int) -> Clients:
         protos.append(int(c.protocol))
         thinks.append(think)
         mus.append(math.log(med) if med > 0 else -math.inf)
-        sigmas.append(math.log(p99 / med) / Z99 if med > 0 and p99 > med else 0.0)
+        sigmas.append(lognormal_sigma(med, p99))
         if c.protocol is Proto.WS:
             loads.append(0.0)
             rpss.append(0.0)

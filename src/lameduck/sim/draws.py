@@ -21,6 +21,7 @@ from lameduck.drain.policy import proactive_window
 Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 Ints = npt.NDArray[np.int64]
+Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 
 
 def proactive_moments(event: DrainEvent, accepted_at: Floats, u: Floats) -> Floats:
@@ -62,13 +63,19 @@ def lognormal(rng: np.random.Generator, median: float, p99: float, n: int) -> Fl
         return np.zeros(n)
     if p99 <= median:
         return np.full(n, median)
-    sigma = math.log(p99 / median) / 2.3263478740408408  # the 99th percentile's z
-    return np.exp(rng.normal(math.log(median), sigma, n))
+    return np.exp(rng.normal(math.log(median), lognormal_sigma(median, p99), n))
+
+
+def lognormal_sigma(median: float, p99: float) -> float:
+    """The log-scale spread that puts the 99th percentile at ``p99`` (0: no tail)."""
+    if median <= 0.0 or p99 <= median:
+        return 0.0
+    return math.log(p99 / median) / Z99
 
 
 def lognormal_mean(median: float, p99: float) -> float:
     """The mean of ``lognormal(median, p99)``: what Little's law needs for the load."""
     if median <= 0.0 or p99 <= median:
         return max(median, 0.0)
-    sigma = math.log(p99 / median) / 2.3263478740408408
+    sigma = lognormal_sigma(median, p99)
     return median * math.exp(sigma * sigma / 2.0)
