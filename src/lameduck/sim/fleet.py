@@ -335,16 +335,20 @@ class Simulation:
         self.leaves.push(got.leave[fin], c[fin], cl.epoch[c[fin]])
         self._arm()
 
-    def _in_flight(self, pod: Pod, t: float) -> tuple[int, float]:
-        """Requests under way on the pod at ``t`` (exact once it takes no new work), and when
-        the last of them ends."""
+    def _busy(self, c: Ints, t: float) -> np.ndarray:
+        """Which of the connections ``c`` have a request under way at ``t`` (exact once the
+        pod takes no new work: their last request is the one they leave after)."""
         cl = self.cl
-        c = self._on(pod)
         h = cl.how[c]
-        busy = (((h == How.RESPONSE) | (h == How.DONE)) & (cl.busy_from[c] <= t)
+        return (((h == How.RESPONSE) | (h == How.DONE)) & (cl.busy_from[c] <= t)
                 & (cl.leave[c] > t))
+
+    def _in_flight(self, pod: Pod, t: float) -> tuple[int, float]:
+        """Requests under way on the pod at ``t``, and when the last of them ends."""
+        c = self._on(pod)
+        busy = self._busy(c, t)
         n = int(busy.sum())
-        return n, (float(cl.leave[c][busy].max()) if n else t)
+        return n, (float(self.cl.leave[c][busy].max()) if n else t)
 
     def _step(self, pod: Pod) -> None:
         """Ask the core whether the process exits now (``ProcessDrain.shutdown_step``)."""
@@ -374,9 +378,7 @@ class Simulation:
         self.stop_at[k] = t
         cl = self.cl
         c = self._on(pod)
-        h = cl.how[c]
-        busy = (((h == How.RESPONSE) | (h == How.DONE)) & (cl.busy_from[c] <= t)
-                & (cl.leave[c] > t))
+        busy = self._busy(c, t)
         if cause:
             cut = c[busy]
             pod.pd.ledger.active = 0
