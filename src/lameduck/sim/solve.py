@@ -94,7 +94,7 @@ def solve(sc: Scenario, max_peak: int, seed: int | None = None, limit: float = 6
         else:
             md_lo = mid
     min_drain = max(md_hi, 0.0)
-    deadline = max(sc.config.shutdown.deadline, time + sc.max_request)
+    deadline = _variant(sc, time, min_drain).config.shutdown.deadline
     grace = max(math.ceil(budget.prestop + deadline + sc.exit_margin), 1)
     return {
         "found": True,
