@@ -23,6 +23,7 @@ from lameduck.config import (
     load_config,
     parse_duration,
 )
+from lameduck.orchestrate.budget import PRESTOP_STRATEGIES
 from lameduck.restart import Notifier, listen_fds, match_listeners
 from lameduck.restart.hot import connect_parent, default_path
 from lameduck.server.logfile import formatter as log_formatter
@@ -572,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "admin API with the health-check FSM and "
                                         "wait until the load balancer has taken it out")
     admin_options(ps)
-    ps.add_argument("--strategy", choices=["hold-health", "deregister-first"],
+    ps.add_argument("--strategy", choices=list(PRESTOP_STRATEGIES),
                     default="hold-health",
                     help="hold-health: drain, health 200 while requests are in flight, then "
                          "fail it and wait lb_buffer; deregister-first: fail health, wait "

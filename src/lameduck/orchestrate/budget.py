@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from lameduck.config import Config, StopAccepting, format_duration, parse_duration
+from lameduck.drain.prestop import PrestopStrategy
 from lameduck.drain.process import min_drain_for
 
 __all__ = [
@@ -66,6 +67,8 @@ DEFAULT_GRACE: Final = 30  # Kubernetes' terminationGracePeriodSeconds when unse
 # `lameduck prestop` flags that bound the hook's duration (drain_timeout + lb_buffer at most),
 # and their values when not given: the prestop subcommand's own defaults (cli.py).
 PRESTOP_DEFAULTS: Final[dict[str, float]] = {"--drain-timeout": 20.0, "--lb-buffer": 10.0}
+# lameduck prestop --strategy, the default first
+PRESTOP_STRATEGIES: Final = tuple(s.value for s in PrestopStrategy)
 _WORKLOAD_KINDS: Final = frozenset(
     {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "PodTemplate"})
 _SLEEP_RE: Final = re.compile(r"(\d+(?:\.\d+)?|\.\d+)([smhd]?)")
@@ -254,12 +257,22 @@ def solve(b: Budget) -> Budget:
 
 
 @dataclass(frozen=True, slots=True)
+class LameduckPrestop:
+    """A ``lameduck prestop`` hook's flags, as parsed (``lameduck simulate`` runs its FSM)."""
+
+    strategy: str
+    drain_timeout: float
+    lb_buffer: float
+
+
+@dataclass(frozen=True, slots=True)
 class PreStop:
     """How long a preStop hook runs, and how that was worked out."""
 
     seconds: float
     source: str
     notes: tuple[str, ...] = ()
+    lameduck: LameduckPrestop | None = None  # the hook is (or runs) `lameduck prestop`
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,16 +363,25 @@ def _segments(tokens: Sequence[str]) -> list[list[str]]:
     return [s for s in out if s]
 
 
-def _prestop_flags(args: Sequence[str], where: str) -> tuple[float, list[str]]:
+def _prestop_flags(args: Sequence[str], where: str
+                   ) -> tuple[float, list[str], LameduckPrestop]:
     values = dict(PRESTOP_DEFAULTS)
     given: set[str] = set()
+    strategy = PRESTOP_STRATEGIES[0]
     i = 0
     while i < len(args):
         flag, eq, value = args[i].partition("=")
-        if flag in values:
+        if flag in values or flag == "--strategy":
             if not eq:
                 i += 1
                 value = args[i] if i < len(args) else ""
+            if flag == "--strategy":
+                if value not in PRESTOP_STRATEGIES:
+                    raise BudgetError(f"{where}: lameduck prestop --strategy: {value!r} is "
+                                      f"not one of {', '.join(PRESTOP_STRATEGIES)}")
+                strategy = value
+                i += 1
+                continue
             try:
                 values[flag] = parse_duration(value)
             except ValueError as e:
@@ -368,10 +390,12 @@ def _prestop_flags(args: Sequence[str], where: str) -> tuple[float, list[str]]:
         i += 1
     parts = [f"{f} {format_duration(v)}" + ("" if f in given else " (default)")
              for f, v in values.items()]
-    return sum(values.values()), parts
+    hook = LameduckPrestop(strategy, values["--drain-timeout"], values["--lb-buffer"])
+    return sum(values.values()), parts, hook
 
 
-def _command_seconds(cmd: list[str], where: str) -> tuple[float, str] | None:
+def _command_seconds(cmd: list[str], where: str
+                     ) -> tuple[float, str, LameduckPrestop | None] | None:
     while len(cmd) > 1 and os.path.basename(cmd[0]) == "exec":
         cmd = cmd[1:]
     if not cmd:
@@ -381,10 +405,10 @@ def _command_seconds(cmd: list[str], where: str) -> tuple[float, str] | None:
         if len(cmd) < 2:
             raise BudgetError(f"{where}: `sleep` without a duration")
         total = sum(_sleep_seconds(a, where) for a in cmd[1:])
-        return total, f"sleep {' '.join(cmd[1:])}"
+        return total, f"sleep {' '.join(cmd[1:])}", None
     if prog == "lameduck" and len(cmd) > 1 and cmd[1] == "prestop":
-        seconds, parts = _prestop_flags(cmd[2:], where)
-        return seconds, "lameduck prestop: " + ", ".join(parts)
+        seconds, parts, hook = _prestop_flags(cmd[2:], where)
+        return seconds, "lameduck prestop: " + ", ".join(parts), hook
     return None
 
 
@@ -409,7 +433,7 @@ def prestop_duration(hook: object, where: str) -> PreStop:
         raise BudgetError(f"{where}.exec.command: expected a list of strings")
     found = _command_seconds(list(command), f"{where}.exec.command")
     if found is not None:
-        return PreStop(found[0], found[1])
+        return PreStop(found[0], found[1], lameduck=found[2])
     if os.path.basename(command[0]) in _SHELLS and "-c" in command[1:-1]:
         script = command[command.index("-c") + 1]
         lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|\n")
@@ -419,6 +443,7 @@ def prestop_duration(hook: object, where: str) -> PreStop:
         except ValueError as e:
             raise BudgetError(f"{where}.exec.command: cannot parse the shell script: {e}") from None
         total, parts, unknown = 0.0, [], []
+        hook: LameduckPrestop | None = None
         for seg in _segments(tokens):
             got = _command_seconds(seg, f"{where}.exec.command")
             if got is None:
@@ -426,10 +451,11 @@ def prestop_duration(hook: object, where: str) -> PreStop:
             else:
                 total += got[0]
                 parts.append(got[1])
+                hook = hook or got[2]
         if parts:
             notes = tuple(f"{where}: `{u}` counted as 0s (unknown duration; --prestop overrides)"
                           for u in unknown)
-            return PreStop(total, "sh -c: " + "; ".join(parts), notes)
+            return PreStop(total, "sh -c: " + "; ".join(parts), notes, hook)
     raise BudgetError(f"{where}.exec.command: cannot tell how long {shlex.join(command)!r} runs "
                       "(known: sleep N, lameduck prestop, either inside sh -c); pass --prestop")
 

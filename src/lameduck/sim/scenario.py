@@ -30,7 +30,7 @@ import yaml
 
 from lameduck.config import Config, ConfigError, default_config, load_config_text, parse_duration
 from lameduck.drain.prestop import PrestopStrategy
-from lameduck.orchestrate.budget import PRESTOP_DEFAULTS, BudgetError, PodTimers, pod_timers
+from lameduck.orchestrate.budget import BudgetError, PodTimers, pod_timers
 from lameduck.sim.walk import Proto
 
 
@@ -273,21 +273,14 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
-def _prestop_model(pod: PodTimers, doc: object) -> PrestopModel:
-    """A ``lameduck prestop`` hook runs the real FSM (its strategy and timers read from its
-    flags, as ``lameduck budget`` reads them); any other hook is a wait of its duration."""
-    seconds = pod.prestop.seconds
-    if "lameduck prestop" not in pod.prestop.source:
-        return PrestopModel(seconds)
-    values = dict(PRESTOP_DEFAULTS)
-    for flag in values:
-        m = re.search(re.escape(flag) + r" ([^\s,]+)", pod.prestop.source)
-        if m:
-            values[flag] = parse_duration(m.group(1))
-    text = yaml.safe_dump(doc)
-    m = re.search(r"--strategy['\"]?[\s,=\-'\"]*(hold-health|deregister-first)", text)
-    strategy = PrestopStrategy(m.group(1)) if m else PrestopStrategy.HOLD_HEALTH
-    return PrestopModel(seconds, strategy, values["--drain-timeout"], values["--lb-buffer"])
+def _prestop_model(pod: PodTimers) -> PrestopModel:
+    """A ``lameduck prestop`` hook runs the real FSM with the flags ``lameduck budget`` parsed
+    from it; any other hook is a wait of its duration."""
+    hook = pod.prestop.lameduck
+    if hook is None:
+        return PrestopModel(pod.prestop.seconds)
+    return PrestopModel(pod.prestop.seconds, PrestopStrategy(hook.strategy),
+                        hook.drain_timeout, hook.lb_buffer)
 
 
 def load_scenario(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None
@@ -422,16 +415,21 @@ def scenario_from(data: object, base: Path, source: str = "<scenario>") -> Scena
     resolution = top.duration("resolution", 0.005)
     if not 0 < resolution <= sample:
         raise top.fail("resolution", f"must be > 0 and <= sample ({sample:g}s)")
-    max_request = top.get("max_request")
     routes = [r.timeout for ls in config.listeners for r in ls.routes if r.timeout > 0]
+    if top.get("max_request") is not None:
+        max_request = top.duration("max_request", None)
+    elif routes:
+        max_request = max(routes)  # the longest a request may take, as lameduck budget reads it
+    else:  # as lameduck budget refuses to guess (--max-request)
+        raise top.fail("max_request", "required: no route has a timeout, so nothing says how "
+                       "long a request may take")
     sc = Scenario(
         name=str(top.get("name", Path(source).stem)), config=config, pod=pod,
-        prestop=_prestop_model(pod, pod_doc), lb=lb, replicas=replicas, capacity=capacity,
+        prestop=_prestop_model(pod), lb=lb, replicas=replicas, capacity=capacity,
         clients=tuple(clients), rollout=rollout, drain=drain, duration=duration,
         warmup=top.duration("warmup", 5.0), seed=top.count("seed", 1, lo=0), sample=sample,
         resolution=resolution,
-        max_request=(top.duration("max_request", None) if max_request is not None
-                     else max(routes, default=15.0)),
+        max_request=max_request,
         exit_margin=top.duration("exit_margin", 5.0), source=source)
     top.done()
     return sc
