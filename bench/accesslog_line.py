@@ -39,7 +39,7 @@ def exchange(agent: bytes | None, xff: bytes) -> Exchange:
         lines.insert(2, b"Accept: text/html,application/xhtml+xml\r\n")
         lines.insert(3, b"Accept-Language: en-US,en;q=0.5\r\n")
     lines.append(b"x-forwarded-for: %s\r\nx-forwarded-proto: http\r\n\r\n" % xff)
-    ex.log_req = (b"/", None, [(b"host", b"127.0.0.1:57197")], lines)
+    ex.log_req = (b"/", [(b"host", b"127.0.0.1:57197")], lines)
     ex.log_host = b"127.0.0.1:57197"
     ex.log_xff = xff
     ex.log_agent = agent

@@ -34,7 +34,7 @@ def record(**over: object) -> SimpleNamespace:
         flags=0, bytes_rx=154, bytes_tx=0, resp_fields=None, cluster=SimpleNamespace(name="app"),
         endpoint=SimpleNamespace(host="10.0.2.1", port=80, address="10.0.2.1:80"),
         down=SimpleNamespace(transport=None),
-        log_req=(b"/api/v1/locations", None, [(b"host", b"locations")],
+        log_req=(b"/api/v1/locations", [(b"host", b"locations")],
                  [b"user-agent: nsq2http\r\n", b"x-forwarded-for: 10.0.35.28\r\n\r\n"]),
         log_host=b"locations", log_xff=b"10.0.35.28", log_agent=b"nsq2http", log_opath=None)
     ex.__dict__.update(over)
@@ -50,7 +50,7 @@ def exchange(method: bytes = b"POST", **over: object) -> Exchange:
     ex.status = 204
     ex.bytes_rx = 154
     ex.endpoint = Endpoint("10.0.2.1", 80, 4)
-    ex.log_req = (b"/api/v1/locations", None, [(b"host", b"locations")],
+    ex.log_req = (b"/api/v1/locations", [(b"host", b"locations")],
                   [b"user-agent: nsq2http\r\n", b"x-forwarded-for: 10.0.35.28\r\n\r\n"])
     ex.log_host = b"locations"
     ex.log_xff = b"10.0.35.28"
@@ -90,13 +90,13 @@ def test_default_line_is_the_compiled_default_format_in_every_case() -> None:
                  log_agent=None, status=400, flags=DPE),
         # refused before routing: the authority is the first Host received
         exchange(b"GET", endpoint=None, log_host=None, log_req=(
-            b"/x", None, [(b"x-a", b"1"), (b"host", b"h1.test"), (b"host", b"h2.test")], [])),
+            b"/x", [(b"x-a", b"1"), (b"host", b"h1.test"), (b"host", b"h2.test")], [])),
         exchange(log_opath=b"/original", flags=UF | URX, sid=3, log_xff=None),
         exchange(v10=True, log_host=b"", log_agent=b"", request_id=b"", bytes_tx=1 << 40,
                  resp_fields=[(b"Content-Type", b"text/plain"),
                               (b"X-Envoy-Upstream-Service-Time", b"7")]),
         # bytes beyond ASCII: each a latin-1 character, the line UTF-8 (as the text is written)
-        exchange(log_agent=b"caf\xe9/1", log_req=(b"/\xff", None, [], [])),
+        exchange(log_agent=b"caf\xe9/1", log_req=(b"/\xff", [], [])),
         exchange(endpoint=Endpoint("::1", 8080, 4), t0=100.2499),
     ]
     for i, ex in enumerate(cases):
@@ -108,7 +108,7 @@ def test_operators_alternatives_and_missing_values() -> None:
     fmt = compile_text("%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %REQ(TRACEPARENT)% %PROTOCOL% "
                        "%RESPONSE_FLAGS% %UPSTREAM_CLUSTER% %DOWNSTREAM_REMOTE_ADDRESS% "
                        "%REQUEST_ID% %RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)%")
-    ex = record(sid=3, flags=UF, log_req=(b"/p", b"a.test", [(b"traceparent", b"00-ab")], None),
+    ex = record(sid=3, flags=UF, log_req=(b"/p", [(b"traceparent", b"00-ab")], None),
                 resp_fields=[(b"X-Envoy-Upstream-Service-Time", b"7")])
     assert fmt(ex, 100.0, 0.0) == "/p 00-ab HTTP/2 UF app - r-1 7"
 

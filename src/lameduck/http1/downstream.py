@@ -439,7 +439,7 @@ class H1Downstream(Downstream):
         ex.started = self.req_started
         if self.log_on:  # what the log line reads at settle
             ex.t0 = self.req_started
-            ex.log_req = (self.url, None, self.special, self.lines)
+            ex.log_req = (self.url, self.special, self.lines)
             ex.log_agent = self.log_agent
             ex.log_opath = self.log_opath
             self.log_agent = self.log_opath = None

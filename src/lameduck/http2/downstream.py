@@ -438,7 +438,7 @@ class H2Downstream(Downstream):
         self.streams[sid] = s
         if ctx.access_log is not None:  # what the log line reads at settle
             s.t0 = self.rx_at
-            s.log_req = (ev.path or b"", ev.authority, ev.headers, None)
+            s.log_req = (ev.path or b"", ev.headers, None)
             keep_for_log(s, ev.authority, ev.headers)
         self.requests_left -= 1
         if self.requests_left == 0:

@@ -115,13 +115,9 @@ class Request:
         kept = ex.log_req
         if kept is None:
             return None
-        path, authority, pairs, lines = kept
+        path, pairs, lines = kept
         if name == b":path":
             return path or None  # type: ignore[no-any-return]
-        if name == b":authority":
-            if authority is not None:
-                return authority  # type: ignore[no-any-return]
-            name = b"host"
         if lines:
             v = self.find(b"\r\n" + name + b":")
             if v is not None:
@@ -137,9 +133,9 @@ class Request:
         blob = self.blob
         if blob is None:
             kept = self.ex.log_req
-            if kept is None or not kept[3]:
+            if kept is None or not kept[2]:
                 return None
-            self.raw = b"".join(kept[3])
+            self.raw = b"".join(kept[2])
             blob = self.blob = b"\r\n" + self.raw.lower()
         at = blob.find(needle)
         if at < 0:
@@ -159,7 +155,7 @@ def authority(ex: Any) -> bytes | None:
     it was routed)."""
     host: bytes | None = ex.log_host
     if host is None and ex.log_req is not None:
-        for n, v in ex.log_req[2]:
+        for n, v in ex.log_req[1]:
             if n == b"host":
                 return v  # type: ignore[no-any-return]
     return host
@@ -191,12 +187,6 @@ _KEPT: Final[dict[bytes, Callable[[Any], bytes | None]]] = {
     b"user-agent": lambda ex: ex.log_agent,  # type: ignore[no-any-return]
     b":authority": authority,
 }
-
-
-def req_header(ex: Any, name: bytes) -> bytes | None:
-    """A request field of ``ex`` by lower-case name (``:method``, ``:path``, ``:authority``
-    too), from what the codec kept for the log."""
-    return Request(ex).get(name)
 
 
 def _resp_header(ex: Any, name: bytes) -> bytes | None:

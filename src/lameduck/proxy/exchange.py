@@ -178,7 +178,7 @@ class Exchange:
     # The access log's: Envoy's response flags (``accesslog``'s bits, set where each fact
     # happens), the body bytes each way, the request id, and -- only when the log is on --
     # the loop time of the head (``t0``: also what tells settle to log), the request fields
-    # (path, authority, (name, value) pairs, HTTP/1.1 lines) as the codec kept them, and the
+    # (path, (name, value) pairs, HTTP/1.1 lines) as the codec kept them, and the
     # few Envoy's default format logs, taken as the codec met them (``log_*``).
     flags = 0
     bytes_rx = 0
@@ -188,7 +188,7 @@ class Exchange:
     # downstream_rq_time runs from here: the codec's time of the request's head (a field it
     # already read, no clock read per request); 0 for a local answer to a malformed request
     started = 0.0
-    log_req: tuple[bytes, bytes | None, list[tuple[bytes, bytes]], list[bytes] | None] | None = None
+    log_req: tuple[bytes, list[tuple[bytes, bytes]], list[bytes] | None] | None = None
     log_host: bytes | None = None  # :authority (HTTP/1.1: the Host sent upstream)
     log_xff: bytes | None = None  # X-Forwarded-For (HTTP/1.1: as sent, the client appended)
     log_agent: bytes | None = None  # User-Agent
