@@ -67,7 +67,7 @@ class StatsRegistry:
                 raise ValueError(
                     f"{type(scope).__name__}.{what} names unknown fields: {names - set(attrs)}"
                 )
-        entries = tuple(
+        entries: tuple[tuple[str, str, StatKind], ...] = tuple(
             (f"{prefix}.{attr}", attr,
              GAUGE if attr in gauges else HISTOGRAM if attr in histograms else COUNTER)
             for attr in attrs

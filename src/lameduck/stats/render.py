@@ -196,12 +196,12 @@ def render_prometheus(stats: Iterable[Stat], filter: str | None = None) -> str:
         kind, first, samples = families[family]
         lines.append(f"# HELP {family} {_escape_help(help_text(family, first, kind))}\n")
         lines.append(f"# TYPE {family} {kind}\n")
-        for labels in sorted(samples):
-            stat = samples[labels]
+        for rendered in sorted(samples):
+            stat = samples[rendered]
             if kind == HISTOGRAM and stat.hist is not None:
-                _histogram_lines(lines, family, labels, stat.hist)
+                _histogram_lines(lines, family, rendered, stat.hist)
             else:
-                lines.append(f"{family}{{{labels}}} {stat.value}\n" if labels
+                lines.append(f"{family}{{{rendered}}} {stat.value}\n" if rendered
                              else f"{family} {stat.value}\n")
     return "".join(lines)
 
