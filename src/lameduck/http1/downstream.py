@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 from typing import TYPE_CHECKING, Final, Protocol
 
 import httptools
@@ -71,7 +70,6 @@ GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True, extra=RETRY_
 REQUEST_SPECIAL = HOP_BY_HOP | REPLAY_SAFE_FIELDS | {
     b"host", b"x-forwarded-for", b"x-forwarded-proto", b"expect", b"x-request-id",
 }
-_bits = random.getrandbits  # the request id's randomness (an id, not a secret)
 QUERY: Final = 63  # "?", as a byte value: ``in`` looks for it with memchr
 # An HTTP/2 client with prior knowledge opens with this (RFC 9113 §3.4).
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -535,7 +533,7 @@ class H1Downstream(Downstream):
             ex.log_xff = xff + b", " + self.peer if xff else self.peer
             ex.log_host = host
         if not rid and ctx.generate_request_id:
-            rid = new_request_id(_bits)  # as Envoy's connection manager: passed upstream
+            rid = new_request_id()  # as Envoy's connection manager: passed upstream
             out.append(b"x-request-id: %s\r\n" % rid)
         ex.request_id = rid
         if conn_tokens:

@@ -19,7 +19,6 @@ import base64
 import logging
 import math
 import os
-import random
 from typing import TYPE_CHECKING, Protocol, cast
 
 from lameduck.drain import ConnectionDrain, DrainedBy
@@ -75,7 +74,6 @@ class H2ListenerContext(HttpConnectionContext, Protocol):
 
 
 log = logging.getLogger("lameduck.http2")
-_bits = random.getrandbits  # the request id's randomness (an id, not a secret)
 
 # A stream's response bytes held back by the client's flow-control window before its upstream is
 # paused; and request bytes held for an upstream not attached yet (the window bounds them too).
@@ -489,7 +487,7 @@ class H2Downstream(Downstream):
                 fields.append((name, value))
         if not s.request_id and ctx.generate_request_id:
             # as Envoy's connection manager: generated when absent, passed upstream
-            s.request_id = rid = new_request_id(_bits)
+            s.request_id = rid = new_request_id()
             fields.append((b"x-request-id", rid))
         if host is None:
             self._local(s, 400, b"missing authority\n")
