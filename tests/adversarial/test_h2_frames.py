@@ -31,6 +31,7 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
+from tests.adversarial.conftest import run_proxy, serve
 from tests.capture import CaptureOrigin, echo_request_line
 from tests.h2raw import RawH2
 from tests.procs import Lameduck, base_config, rss_kb, wait_until
@@ -52,18 +53,13 @@ def respond(head: bytes) -> bytes:
 
 @pytest.fixture(scope="module")
 def capture() -> Iterator[CaptureOrigin]:
-    origin = CaptureOrigin(respond)
-    yield origin
-    origin.close()
+    yield from serve(CaptureOrigin(respond))
 
 
 @pytest.fixture(scope="module")
 def proxy(capture: CaptureOrigin, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[Lameduck]:
-    ld = Lameduck(base_config(capture.port), tmp_path_factory.mktemp("adv-h2")).start()
-    yield ld
-    ld.kill()
-    assert "Traceback" not in ld.log(), ld.log()
+    yield from run_proxy(base_config(capture.port), tmp_path_factory, "adv-h2")
 
 
 def cpu_seconds(pid: int) -> float:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.adversarial.conftest import run_proxy, serve
 from tests.capture import CaptureOrigin, echo_request_line
 from tests.procs import Lameduck, RawConn, RawResponse, base_config
 
@@ -90,9 +91,7 @@ class ClosingCapture(CaptureOrigin):
 
 @pytest.fixture(scope="module")
 def capture() -> Iterator[CaptureOrigin]:
-    origin = ClosingCapture(respond)
-    yield origin
-    origin.close()
+    yield from serve(ClosingCapture(respond))
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +102,7 @@ def proxy(capture: CaptureOrigin, tmp_path_factory: pytest.TempPathFactory
         {"prefix": "/stall", "cluster": "app", "timeout": "300ms"},
         {"prefix": "/", "cluster": "app", "timeout": "5s"},
     ]
-    ld = Lameduck(cfg, tmp_path_factory.mktemp("adv-upstream")).start()
-    yield ld
-    ld.kill()
-    assert "Traceback" not in ld.log(), ld.log()
+    yield from run_proxy(cfg, tmp_path_factory, "adv-upstream")
 
 
 def named(resp: RawResponse, path: str) -> bool:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
+from tests.adversarial.conftest import run_proxy
 from tests.integration.test_websocket import _raw_upgrade, _read_frame
 from tests.procs import Lameduck, WsEcho, base_config, stop, wait_until
 
@@ -72,10 +73,7 @@ def wsecho() -> Iterator[WsEcho]:
 
 @pytest.fixture(scope="module")
 def proxy(wsecho: WsEcho, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lameduck]:
-    ld = Lameduck(base_config(wsecho.port), tmp_path_factory.mktemp("adv-ws")).start()
-    yield ld
-    ld.kill()
-    assert "Traceback" not in ld.log(), ld.log()
+    yield from run_proxy(base_config(wsecho.port), tmp_path_factory, "adv-ws")
 
 
 @pytest.fixture(scope="module")
