@@ -144,9 +144,11 @@ class H1Upstream(asyncio.Protocol):
         if self.chunked_req and self.transport is not None and self.alive:
             self.chunked_req = False
             self.transport.write(trailer_block(trailers) if trailers else LAST_CHUNK)
-        if self.sink is None or (timeout <= 0 and idle_timeout <= 0):
+        if self.sink is None:
             return
-        self._arm(self.timeouts.start(self.loop.time(), timeout, idle_timeout))
+        at = self.timeouts.start(self.loop.time(), timeout, idle_timeout)
+        if at:
+            self._arm(at)
 
     def _arm(self, at: float) -> None:
         if self.timer is not None:
@@ -158,17 +160,10 @@ class H1Upstream(asyncio.Protocol):
 
     def _on_timer(self) -> None:
         self.timer = None
-        sink = self.sink
-        if sink is None:
+        if self.sink is None:
             return
-        expired, at = self.timeouts.check(self.loop.time())
-        if expired == ResponseTimeouts.ROUTE:
-            self.abort()
-            sink.on_upstream_error(UpstreamError.TIMEOUT, self.head_seen)
-        elif expired == ResponseTimeouts.IDLE:
-            self.abort()
-            sink.on_upstream_idle(self.head_seen)
-        elif at:
+        at = self.timeouts.expire(self.loop.time(), self.sink, self.head_seen, self.abort)
+        if at:
             self._arm(at)
 
     # -- asyncio ----------------------------------------------------------------------------
@@ -183,8 +178,7 @@ class H1Upstream(asyncio.Protocol):
             self.abort()
             return
         self.got_bytes = True
-        if self.timeouts.idle:
-            self.timeouts.last_byte = self.loop.time()
+        self.timeouts.touch(self.loop.time())
         if self.fresh:
             self.fresh = False
             if len(data) == self.whole_size and data.startswith(self.whole_head):

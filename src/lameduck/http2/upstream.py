@@ -184,8 +184,7 @@ class H2UpstreamStream:
         """The request was sent whole: the timeouts run from here (see ``UpstreamConn``)."""
         if self.done:
             return
-        if timeout > 0 or idle_timeout > 0:
-            at = self.timeouts.start(self.conn.loop.time(), timeout, idle_timeout)
+        if at := self.timeouts.start(self.conn.loop.time(), timeout, idle_timeout):
             if self.timer is not None:
                 self.timer.cancel()
             self.timer = self.conn.loop.call_at(at, self._timed_out)
@@ -250,14 +249,8 @@ class H2UpstreamStream:
         sink = self.sink
         if sink is None or self.done:
             return
-        expired, at = self.timeouts.check(self.conn.loop.time())
-        if expired == ResponseTimeouts.ROUTE:
-            self.close()  # RST_STREAM (CANCEL) upstream
-            sink.on_upstream_error(UpstreamError.TIMEOUT, self.head_seen)
-        elif expired == ResponseTimeouts.IDLE:
-            self.close()
-            sink.on_upstream_idle(self.head_seen)
-        else:
+        # cut: RST_STREAM (CANCEL) upstream
+        if at := self.timeouts.expire(self.conn.loop.time(), sink, self.head_seen, self.close):
             self.timer = self.conn.loop.call_at(at, self._timed_out)
 
     def on_response(self, ev: ResponseReceived) -> None:
@@ -265,8 +258,7 @@ class H2UpstreamStream:
         self.got_bytes = True
         if sink is None:
             return
-        if self.timeouts.idle:
-            self.timeouts.last_byte = self.conn.loop.time()
+        self.timeouts.touch(self.conn.loop.time())
         if ev.status < 200:
             sink.on_informational(ev.status, ev.headers)
             return
@@ -288,8 +280,7 @@ class H2UpstreamStream:
         if sink is None:
             h2.acknowledge_stream_data(self.sid, ev.flow_len)
             return
-        if self.timeouts.idle:
-            self.timeouts.last_byte = self.conn.loop.time()
+        self.timeouts.touch(self.conn.loop.time())
         if ev.data:
             sink.on_response_body(ev.data)
         if self.read_paused:

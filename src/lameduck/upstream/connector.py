@@ -8,6 +8,7 @@ exchange's ``ExchangeSink``. The codecs implement these; neither imports the oth
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Final, Protocol
 
 
@@ -27,14 +28,11 @@ Fields = list[tuple[bytes, bytes]]
 class ResponseTimeouts:
     """The two timeouts of one request upstream, both from the request's end: the route
     timeout (the response whole by ``deadline``; Envoy's route ``timeout``) and the per-try idle
-    timeout (no upstream byte for ``idle``; Envoy's ``per_try_idle_timeout``). It decides; each
-    codec keeps one timer at the moment ``start``/``check`` give and acts on what expired."""
+    timeout (no upstream byte for ``idle``; Envoy's ``per_try_idle_timeout``). It decides and
+    reports to the exchange; each codec keeps one timer at the moment ``start``/``expire`` give
+    and says how to cut its request."""
 
     __slots__ = ("deadline", "idle", "last_byte")
-
-    NONE: Final = 0
-    ROUTE: Final = 1  # the route timeout ended
-    IDLE: Final = 2  # no byte for the idle timeout
 
     def __init__(self) -> None:
         self.deadline = 0.0  # 0: none (or the request is not sent whole yet)
@@ -53,18 +51,28 @@ class ResponseTimeouts:
                 at = now + idle
         return at
 
-    def check(self, now: float) -> tuple[int, float]:
-        """(what expired: ``ROUTE``, ``IDLE`` or ``NONE``; if none, the next moment to check)."""
-        deadline = self.deadline
+    def touch(self, now: float) -> None:
+        """An upstream byte arrived (a 1xx head included): the idle timeout starts again."""
+        if self.idle:
+            self.last_byte = now
+
+    def expire(self, now: float, sink: ExchangeSink, head_seen: bool,
+               cut: Callable[[], None]) -> float:
+        """The codec's timer fired: if a timeout ended, ``cut`` the request upstream (the
+        connection or the stream) and tell ``sink`` which, returning 0; else the next moment
+        to check (0: none)."""
+        deadline, idle = self.deadline, self.idle
         if deadline and now >= deadline:
-            return self.ROUTE, 0.0
-        idle = self.idle
+            cut()
+            sink.on_upstream_error(UpstreamError.TIMEOUT, head_seen)
+            return 0.0
         if idle and now >= self.last_byte + idle:
-            return self.IDLE, 0.0
-        at = deadline
-        if idle and (not at or self.last_byte + idle < at):
-            at = self.last_byte + idle
-        return self.NONE, at
+            cut()
+            sink.on_upstream_idle(head_seen)
+            return 0.0
+        if idle and (not deadline or self.last_byte + idle < deadline):
+            return self.last_byte + idle
+        return deadline
 
 
 class ExchangeSink(Protocol):
