@@ -316,17 +316,18 @@ class AdminHandlers:
         """List the loggers' levels (GET); set them: POST ?level=L for all, ?<logger>=L one."""
         if q and self.method != "POST":
             raise ValueError("setting a level changes state: use POST /logging?level=...")
+        known = self.c.loggers()
+        levels: dict[str, str] = {}  # all checked before any is set
         for name, values in q.items():
             level = values[0].lower()
             level = LOG_ALIASES.get(level, level)
             if level not in (*LOG_LEVELS, *LOG_ALIASES.values()):
                 raise ValueError(f"{name}: unknown level {values[0]!r}: use "
                                  f"{', '.join(LOG_LEVELS)} (or trace, warn, critical, off)")
-            known = self.c.loggers()
             if name != "level" and name not in known:
                 raise ValueError(f"unknown logger {name!r}: one of {', '.join(sorted(known))}")
-        for name, values in q.items():
-            level = LOG_ALIASES.get(values[0].lower(), values[0].lower())
+            levels[name] = level
+        for name, level in levels.items():
             self.c.set_log_level(None if name == "level" else name, level)
         lines = [f"  {name}: {level}\n" for name, level in sorted(self.c.loggers().items())]
         return 200, TEXT, ("active loggers:\n" + "".join(lines)).encode()
