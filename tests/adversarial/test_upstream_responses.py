@@ -180,7 +180,7 @@ def test_1xx_flood_ends_in_one_final_answer(proxy: Lameduck, path: str) -> None:
         if resp.status >= 200:
             break
         assert resp.status in (100, 103)
-    assert (resp.status, resp.body) in ((200, b"hi"), (502, resp.body))
+    assert resp.status == 502 or (resp.status, resp.body) == (200, b"hi")
     after_case(proxy, conn, not resp.closes, path.strip("/"))
 
 
@@ -207,10 +207,7 @@ def test_stall_mid_body_is_cut_at_the_route_timeout(proxy: Lameduck) -> None:
     conn = RawConn(proxy.addr)
     resp = conn.request("/stall-body")
     assert resp.status == 200 and resp.body == b"abc" and not resp.complete
-    conn.close()
-    fresh = RawConn(proxy.addr)
-    assert named(fresh.request("/fresh-stall-body"), "/fresh-stall-body")
-    fresh.close()
+    after_case(proxy, conn, False, "stall-body")
 
 
 def test_close_delimited_to_a_keep_alive_client(proxy: Lameduck) -> None:
