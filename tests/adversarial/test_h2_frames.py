@@ -35,6 +35,7 @@ from tests.adversarial.conftest import run_proxy, serve
 from tests.capture import CaptureOrigin, echo_request_line
 from tests.h2raw import RawH2
 from tests.procs import Lameduck, base_config, rss_kb, wait_until
+from tests.unit.test_h2_errors import raw_frame  # for what hyperframe refuses to serialize
 
 NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED = 0x0, 0x1, 0x3, 0x5
 COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x9, 0xB
@@ -79,12 +80,6 @@ def headers(c: RawH2, sid: int, path: str = "/", end_stream: bool = True,
     if end_stream:
         hf.flags.add("END_STREAM")
     return hf.serialize()
-
-
-def frame(ftype: int, flags: int, sid: int, payload: bytes) -> bytes:
-    """A frame built by hand (RFC 9113 §4.1), for what hyperframe refuses to serialize."""
-    return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + struct.pack(
-        ">I", sid) + payload
 
 
 def send(c: RawH2, data: bytes) -> None:
@@ -150,7 +145,7 @@ def hpack_bomb(c: RawH2) -> None:
 
 
 def hpack_garbage(c: RawH2) -> None:
-    send(c, frame(0x1, 0x5, 1, b"\xff\xff\xff\xff\xff\xff"))
+    send(c, raw_frame(0x1, 0x5, 1, b"\xff\xff\xff\xff\xff\xff"))
 
 
 def connection_window_overflow(c: RawH2) -> None:
@@ -159,11 +154,11 @@ def connection_window_overflow(c: RawH2) -> None:
 
 
 def initial_window_too_large(c: RawH2) -> None:
-    send(c, frame(0x4, 0x0, 0, struct.pack(">HI", 0x4, 2**31)))  # RFC 9113 §6.5.2
+    send(c, raw_frame(0x4, 0x0, 0, struct.pack(">HI", 0x4, 2**31)))  # RFC 9113 §6.5.2
 
 
 def window_update_zero(c: RawH2) -> None:
-    send(c, frame(0x8, 0x0, 0, struct.pack(">I", 0)))  # RFC 9113 §6.9
+    send(c, raw_frame(0x8, 0x0, 0, struct.pack(">I", 0)))  # RFC 9113 §6.9
 
 
 def stream_id_reuse(c: RawH2) -> None:
@@ -276,7 +271,7 @@ def test_zero_window_large_response_is_bounded(proxy: Lameduck, bounded: RawH2) 
     stream does not move until credit comes."""
     c = RawH2(proxy.port)
     rss0 = rss_kb(proxy.pid)
-    send(c, frame(0x4, 0x0, 0, struct.pack(">HI", 0x4, 0)))
+    send(c, raw_frame(0x4, 0x0, 0, struct.pack(">HI", 0x4, 0)))
     c.request(1, "/big")
     assert wait(c, lambda: c.streams[1].status is not None)
     assert c.streams[1].status == 200 and len(c.streams[1].body) == 0
