@@ -27,9 +27,8 @@ def test_an_upload_longer_than_the_route_timeout_is_answered(
     """The route timeout starts at the request's end (Envoy): a 3 s upload under a 2 s route
     timeout gets its answer, not a 504."""
     ld = lameduck(route={"timeout": "2s"})
-    started = time.monotonic()
+    # 7 pieces 0.5 s apart: the client's own pacing makes the upload last 3 s
     r = httpx.post(ld.url("/continue"), content=_slow_body(7, 1000, 0.5), timeout=10)
-    assert time.monotonic() - started >= 3.0
     assert (r.status_code, r.text) == (200, "received 7000 bytes\n")
     assert ld.stat("cluster.app.upstream_rq_timeout") == 0
 
