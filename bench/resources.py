@@ -33,6 +33,7 @@ import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -274,35 +275,41 @@ def main(argv: list[str] | None = None) -> int:
                     return start_haproxy(procs, args.proxy_cpu, wd, oport, h2=True)
                 return start_nginx(procs, args.proxy_cpu, wd, oport)
 
+            def measured(name: str, measure: Callable[[Proc, int], Any]) -> Any:
+                """``measure`` on a fresh proxy ``name`` (and its port), stopped after."""
+                proxy, port = fresh(name)
+                try:
+                    return measure(proxy, port)
+                finally:
+                    procs.stop(proxy)
+
+            def slow_reader(h2: bool) -> Callable[[Proc, int], tuple[int, int]]:
+                def measure(proxy: Proc, port: int) -> tuple[int, int]:
+                    _one_get(port, time.monotonic() + 5).close()  # warm (HTTP/1.1)
+                    return slow_reader_peak_kib(proxy, proxy.h2_port if h2 else port, h2,
+                                                args.slow_seconds)
+                return measure
+
             idle: dict[str, list[float]] = {n: [] for n in PROXIES}
             slow1: dict[str, list[float]] = {n: [] for n in PROXIES}
             slow2: dict[str, list[float]] = {n: [] for n in PROXIES}
             for r in range(args.rounds):
-                order = PROXIES[r % 3:] + PROXIES[:r % 3]
-                for name in order:
+                for name in PROXIES[r % 3:] + PROXIES[:r % 3]:
                     if "idle" not in skip:
-                        proxy, port = fresh(name)
-                        idle[name].append(idle_kib_per_conn(proxy, port, args.conns))
+                        idle[name].append(measured(name, lambda proxy, port: idle_kib_per_conn(
+                            proxy, port, args.conns)))
                         print(f"round {r + 1} {name}: idle {idle[name][-1]:.2f} KiB/conn",
                               flush=True)
-                        procs.stop(proxy)
-                    if "slow" not in skip:
-                        proxy, port = fresh(name)
-                        _one_get(port, time.monotonic() + 5).close()  # warm
-                        peak, q = slow_reader_peak_kib(proxy, port, False, args.slow_seconds)
-                        slow1[name].append(peak)
-                        msg = (f"round {r + 1} {name}: h1 slow reader +{peak} KiB "
-                               f"(client queued {q})")
-                        procs.stop(proxy)
-                        if name != "nginx":  # bench/run.py's nginx has no h2c listener
-                            proxy, port = fresh(name)
-                            _one_get(port, time.monotonic() + 5).close()  # warm (HTTP/1.1)
-                            peak2, q2 = slow_reader_peak_kib(proxy, proxy.h2_port, True,
-                                                             args.slow_seconds)
-                            slow2[name].append(peak2)
-                            msg += f", h2 +{peak2} KiB (client queued {q2})"
-                            procs.stop(proxy)
-                        print(msg, flush=True)
+                    if "slow" in skip:
+                        continue
+                    peak, q = measured(name, slow_reader(False))
+                    slow1[name].append(peak)
+                    msg = f"round {r + 1} {name}: h1 slow reader +{peak} KiB (client queued {q})"
+                    if name != "nginx":  # bench/run.py's nginx has no h2c listener
+                        peak, q = measured(name, slow_reader(True))
+                        slow2[name].append(peak)
+                        msg += f", h2 +{peak} KiB (client queued {q})"
+                    print(msg, flush=True)
             rows = [[n, spread(idle[n], lambda v: f"{v:.2f}"),
                      spread(slow1[n], lambda v: f"{v:.0f}"),
                      spread(slow2[n], lambda v: f"{v:.0f}")] for n in PROXIES]
