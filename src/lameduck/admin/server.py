@@ -16,10 +16,10 @@ from lameduck.config import HostPort
 log = logging.getLogger("lameduck.admin")
 
 
-# the request fields the guard looks at; the rest are read and dropped
 # the answers made of a main process's workers' numbers, which it gathers first
 REFRESHED = frozenset(("/stats", "/stats/prometheus", "/clusters", "/server_info",
                        "/prestop"))
+# the request fields the guard looks at; the rest are read and dropped
 GUARDED = frozenset((b"host", b"origin", b"sec-fetch-site", b"authorization"))
 MAX_HEAD = 65536
 
