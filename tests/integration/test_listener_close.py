@@ -70,6 +70,29 @@ def test_listener_close_counts_the_accept_queue(caplog: pytest.LogCaptureFixture
         loop.close()
 
 
+def test_a_client_in_the_accept_queue_keeps_an_idle_process_serving() -> None:
+    """With ``min_drain: 0s`` a process with no connection may exit before T, but not while
+    clients wait in the accept queue of a listener still accepting: they are accepted and
+    drained, not reset."""
+    loop = asyncio.new_event_loop()
+    try:
+        server = Server(load_config_text(CONFIG.replace(
+            "stop_accepting: immediately", "stop_accepting: at_drain_end, min_drain: 0s")), loop)
+        loop.run_until_complete(server.start())
+        [listener] = server.listeners
+        clients = _queue(listener.port, 3)
+        server.begin_shutdown()
+        assert listener.accepting and server.connections() == 0 and listener.queued() == 3
+        code = loop.run_until_complete(asyncio.wait_for(server.done, 5))
+        assert code == 0
+        assert server.drain_stats.cx_reset_listener_close == 0
+        assert not any(_was_reset(c) for c in clients)
+        for c in clients:
+            c.close()
+    finally:
+        loop.close()
+
+
 def test_hot_restart_hand_over_resets_nothing() -> None:
     """Handed to a successor, the socket stays open there: its queue is the successor's to
     accept, not a reset."""

@@ -168,6 +168,11 @@ class Listener:
     def port(self) -> int:
         return self.sockname[1]
 
+    def queued(self) -> int:
+        """Connections waiting in the accept queue while it accepts: clients about to be
+        served, as much as those already accepted."""
+        return 0 if self.server is None else sum(accept_queue(s) for s in self.server.sockets)
+
     def stop_accepting(self, handed_over: bool = False) -> None:
         """Close the listening socket; connections already accepted carry on. Those still in
         the accept queue are reset by the kernel, and counted — unless the socket lives on in
@@ -176,9 +181,7 @@ class Listener:
             self.stop_handle.cancel()
             self.stop_handle = None
         if self.server is not None:
-            queued = 0
-            if not handed_over and not self.socket_shared:
-                queued = sum(accept_queue(s) for s in self.server.sockets)
+            queued = 0 if handed_over or self.socket_shared else self.queued()
             self.server.close()
             if queued:
                 self.drain_stats.cx_reset_listener_close += queued

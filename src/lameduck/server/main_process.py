@@ -71,6 +71,7 @@ class MainServer(Server):
         self._closing: set[str] = set()
         self.cx_reset_here = 0
         self.seq = 0  # drain messages sent; a worker's status acknowledges the last it saw
+        self._polled = False  # asked every worker for a fresh status before an early exit
         for c in self.clusters.values():
             c.on_change = self._cluster_changed(c)
         self.registry.add_gauge_fn("server.workers", lambda: self.count)
@@ -235,6 +236,15 @@ class MainServer(Server):
         self.workers.broadcast(msg | {"seq": self.seq}, replay=True)
         self.workers.drop_spare()  # it would hold the listening sockets past their close
 
+    def _poll(self) -> None:
+        """Numbered like a drain message (a worker started later answers it too, so only the
+        newest poll is kept for replay); each worker answers with a status."""
+        assert self.workers is not None
+        self.seq += 1
+        ws = self.workers
+        ws.replay = [m for m in ws.replay if m.get("op") != "poll"]
+        ws.broadcast({"op": "poll", "seq": self.seq}, replay=True)
+
     def _acked(self) -> bool:
         ws = self.workers
         return ws is None or all(int(w.status.get("ack", 0)) >= self.seq
@@ -249,6 +259,23 @@ class MainServer(Server):
             self.loop.call_later(0.05, self._changed)  # or at the next status
             return
         super()._shutdown_check()
+
+    def _step(self, step: Step, now: float) -> None:
+        """An exit before T because no worker has a connection is decided again on a status
+        each worker sends after being asked: one that took a connection since its last
+        status (it reports on a tick) has it then."""
+        ev = self.process.shutdown
+        if (step is Step.EXIT and not self._polled and not self._quitting
+                and self.workers is not None and ev is not None and now < ev.ends_at):
+            self._polled = True
+            self._poll()
+            return
+        self._polled = False
+        super()._step(step, now)
+
+    def _queued(self) -> int:
+        return sum(accept_queue(s) for name, socks in self.held.items()
+                   if name not in self._closing for s in socks)
 
     def healthcheck_fail(self) -> None:
         super().healthcheck_fail()

@@ -265,6 +265,10 @@ class Server:
         """Downstream connections open, on every listener."""
         return sum(len(ls.connections) for ls in self.listeners)
 
+    def _queued(self) -> int:
+        """Connections in the accept queues of the listeners still accepting."""
+        return sum(ls.queued() for ls in self.listeners)
+
     def hand_over(self) -> None:
         """The new process is ready: stop accepting (it accepts on the same sockets), hand
         it the admin port, and drain; exit by parent_shutdown_time."""
@@ -628,7 +632,8 @@ class Server:
             return
         now = self.loop.time()
         self._drain_time_reached(now)
-        self._step(self.process.shutdown_step(now, self.connections()), now)
+        # A client waiting in an accept queue is a connection too: exiting resets it.
+        self._step(self.process.shutdown_step(now, self.connections() + self._queued()), now)
 
     def _step(self, step: Step, now: float) -> None:
         """What the shutdown decision says to do now."""

@@ -201,6 +201,9 @@ class WorkerServer(Server):
             bool(msg["inbound_only"]))
         self._broadcast(event, reached)
 
+    def _do_poll(self, msg: Message) -> None:
+        """The main process wants a status sent now (the reply to any numbered message)."""
+
     def _do_healthcheck(self, msg: Message) -> None:
         if msg["failed"]:
             self.process.healthcheck_fail()
