@@ -34,6 +34,7 @@ from lameduck.drain import (
     DrainEvent,
     DrainType,
     ListenerDrain,
+    ProcessDrain,
 )
 from lameduck.proxy.downstream import Downstream
 from lameduck.stats import DrainStats, HttpStats
@@ -132,6 +133,7 @@ class Side:
         self.rng = rng
         self.stats = HttpStats()
         self.drain_stats = DrainStats()
+        self.process = ProcessDrain()  # its ledger counts the connections not yet heard from
         self.connections: set[Any] = set()
         self.idle_timeout = math.inf  # the codecs' own timeouts are test_downstream_playbook's
         self.scheme = b"http"

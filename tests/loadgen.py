@@ -77,8 +77,8 @@ def _going(until: float, stop: threading.Event | None) -> bool:
 
 
 async def _keepalive(port: int, until: float, limit: int, counts: Counts,
-                     stop: threading.Event | None) -> None:
-    request = b"GET / HTTP/1.1\r\nHost: lameduck\r\n\r\n"
+                     stop: threading.Event | None, path: str) -> None:
+    request = b"GET %s HTTP/1.1\r\nHost: lameduck\r\n\r\n" % path.encode()
     writer: asyncio.StreamWriter | None = None
     reader: asyncio.StreamReader | None = None
     reused = False
@@ -127,7 +127,7 @@ async def _keepalive(port: int, until: float, limit: int, counts: Counts,
 
 
 async def _new_connections(port: int, until: float, limit: int, counts: Counts,
-                           stop: threading.Event | None) -> None:
+                           stop: threading.Event | None, pause: float) -> None:
     request = b"GET / HTTP/1.1\r\nHost: lameduck\r\nConnection: close\r\n\r\n"
     n = 0
     while _going(until, stop) and n < limit:
@@ -153,18 +153,22 @@ async def _new_connections(port: int, until: float, limit: int, counts: Counts,
                 counts.fail("bad_status", str(status))
         finally:
             writer.close()
+        if pause:
+            await asyncio.sleep(pause)
 
 
 async def run(port: int, seconds: float, keepalive: int = 8, fresh: int = 4,
               limit: int = 200_000, stop: threading.Event | None = None,
-              counts: Counts | None = None) -> Counts:
+              counts: Counts | None = None, path: str = "/", pause: float = 0.0) -> Counts:
     """Load ``127.0.0.1:port`` for ``seconds`` or until ``stop`` is set (each worker at most
     ``limit`` requests). ``counts``: added into as it goes, so another thread can watch the
-    load progress (a test waiting for N more answers)."""
+    load progress (a test waiting for N more answers). ``path``: what the keep-alive workers
+    ask for (``/sleep?ms=500``: always a request in flight); ``pause``: seconds each
+    new-connection worker waits between its connections."""
     counts = Counts() if counts is None else counts
     until = time.monotonic() + seconds
     await asyncio.gather(
-        *(_keepalive(port, until, limit, counts, stop) for _ in range(keepalive)),
-        *(_new_connections(port, until, limit, counts, stop) for _ in range(fresh)),
+        *(_keepalive(port, until, limit, counts, stop, path) for _ in range(keepalive)),
+        *(_new_connections(port, until, limit, counts, stop, pause) for _ in range(fresh)),
     )
     return counts

@@ -464,3 +464,35 @@ def test_h2_body_timeout_waits_while_lameduck_holds_the_credit() -> None:
     ls.loop.advance(105.0)
     assert ls.stats.downstream_rq_body_timeout == 1
     assert RST_STREAM in [typ for typ, _, _ in frames(t.take())]
+
+
+# -- in flight for the client: what a worker that dies loses ---------------------------------
+
+
+def test_h1_and_h2_a_connection_is_fresh_until_its_first_request_begins() -> None:
+    """Accepted, nothing read yet: the ledger counts it ``fresh`` (its client is sending a
+    request); the first request moves it to ``active``; one closed unheard counts out."""
+    ls = Listener(ScriptedRng())
+    ledger = ls.process.ledger
+    conn = H1Downstream(ls)
+    t = accept(ls, conn)
+    assert (ledger.fresh, ledger.active) == (1, 0)
+    conn.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+    assert (ledger.fresh, ledger.active) == (0, 1)
+    answer(ls)
+    assert t.take().startswith(b"HTTP/1.1 200 OK\r\n")
+    assert (ledger.fresh, ledger.active) == (0, 0)
+    conn.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n")  # a second: active only
+    assert (ledger.fresh, ledger.active) == (0, 1)
+    answer(ls)
+    conn.connection_lost(None)
+    unheard = H1Downstream(ls)
+    accept(ls, unheard)
+    unheard.connection_lost(None)  # its client went away before sending
+    assert ledger.fresh == 0
+    h2, _ = h2_accept(ls)  # the preface and SETTINGS are no request
+    assert (ledger.fresh, ledger.active) == (1, 0)
+    h2.data_received(headers(1))
+    assert (ledger.fresh, ledger.active) == (0, 1)
+    h2.connection_lost(None)  # the stream's request is abandoned with it
+    assert (ledger.fresh, ledger.active) == (0, 0)

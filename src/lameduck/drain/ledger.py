@@ -12,10 +12,13 @@ from __future__ import annotations
 class Ledger:
     """Requests in flight across the process, and what a drain did with them."""
 
-    __slots__ = ("accepting", "active", "completed", "cut", "draining", "refused")
+    __slots__ = ("accepting", "active", "completed", "cut", "draining", "fresh", "refused")
 
     def __init__(self) -> None:
         self.active = 0
+        # Connections accepted whose first request has not begun: in flight for their client
+        # (it sent, or is sending, a request this process has not read yet).
+        self.fresh = 0
         self.accepting = True  # False once the process takes no new work
         self.draining = False  # while True, completions are counted for the drain report
         self.completed = 0

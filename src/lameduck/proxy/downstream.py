@@ -102,6 +102,7 @@ class Downstream(asyncio.Protocol):
         # counted down by the codec, -1: no limit (it never reaches 0).
         self.requests_left = -1
         self.drain_flags = 0  # PD once drained proactively: every request settled after has it
+        self.unseen = False  # accepted, no request begun yet: the ledger's ``fresh``
 
     def take(self, transport: asyncio.BaseTransport) -> None:
         """This connection's socket, and its peer (for X-Forwarded-For)."""
@@ -110,6 +111,8 @@ class Downstream(asyncio.Protocol):
         self.peer = peer[0].encode() if peer else b""
         self.forwarded = b"x-forwarded-for: %s\r\nx-forwarded-proto: %s\r\n\r\n" % (
             self.peer, self.ctx.scheme)
+        self.unseen = True
+        self.ctx.process.ledger.fresh += 1
 
     # -- what the codec says ----------------------------------------------------------------
     def busy(self) -> bool:
@@ -316,6 +319,9 @@ class Downstream(asyncio.Protocol):
             self.timer.cancel()
             self.timer = None
         self.cx_stats.downstream_cx_active -= 1
+        if self.unseen:
+            self.unseen = False
+            self.ctx.process.ledger.fresh -= 1
         events = self.drain.listener.events
         if events:  # closed while its listener drains: ms since the (first) drain began
             ms = (self.loop.time() - events[0].start) * 1000.0

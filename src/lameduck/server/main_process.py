@@ -158,10 +158,11 @@ class MainServer(Server):
         self._check_closing()
         self._changed()
 
-    def _lost(self, w: Worker, last: Message) -> None:
-        """A worker died: its requests in flight are lost (as of its last status), and what
-        it counted is kept — its counters, and the drain's counts for the report."""
-        self.lost_requests += int(last.get("active", 0))
+    def _lost(self, w: Worker, last: Message, lost: int) -> None:
+        """A worker died: its requests in flight are lost (read from the page it shared),
+        and what it counted is kept — its counters, and the drain's counts for the report
+        (as of its last status)."""
+        self.lost_requests += lost
         for key, value in last.get("drain", {}).items():
             self.gone_drain[key] = self.gone_drain.get(key, 0) + int(value)
         gone = self.gone_counters

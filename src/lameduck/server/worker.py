@@ -32,6 +32,7 @@ from lameduck.drain.retry import RetryBudget
 from lameduck.listeners import TcpListener
 from lameduck.proxy.accesslog import flush_access_logs
 from lameduck.server.channel import Channel, Message, encode, open_channel, read_one
+from lameduck.server.inflight import InFlight, SharedLedger
 from lameduck.server.logfile import formatter, open_log_file, reopen_log_files
 from lameduck.server.server import Server
 from lameduck.server.views import clusters_view
@@ -372,6 +373,9 @@ async def serve(control: socket.socket) -> int:
     else:
         index = int(first["index"])
     server.index = index
+    if first.get("inflight_fd") is not None:
+        page = InFlight(int(first["inflight_fd"]))
+        server.process.ledger = SharedLedger(page.slots, server.process.ledger)
     for name, fds in first["fds"].items():
         keep = fds[index % len(fds)]
         for fd in fds:

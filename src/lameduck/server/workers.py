@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lameduck.server.channel import Channel, Message, encode, open_channel
+from lameduck.server.inflight import InFlight
 
 log = logging.getLogger("lameduck")
 
@@ -56,6 +57,16 @@ class Worker:
         self.clusters: list[dict[str, Any]] = []
         self.waiting: asyncio.Future[None] | None = None
         self.loaded = False  # a spare: its modules loaded, its config built
+        self.inflight: InFlight | None = None  # its requests in flight, shared with it
+
+    def lost(self) -> int:
+        """What it had in flight when it died (the shared page is let go of)."""
+        page, self.inflight = self.inflight, None
+        if page is None:
+            return 0
+        n = page.lost()
+        page.close()
+        return n
 
     @property
     def pid(self) -> int:
@@ -64,13 +75,14 @@ class Worker:
 
 class WorkerSet:
     """``count`` workers over the held ``sockets``; ``on_status(worker)`` after each status,
-    ``on_lost(worker, its last status)`` when one died while serving (it is replaced),
+    ``on_lost(worker, its last status, its requests in flight)`` when one died while serving
+    (it is replaced),
     ``on_endpoints(msg)`` for endpoint facts a worker found (outlier detection)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, count: int, config: dict[str, Any],
                  sockets: dict[str, list[socket.socket]], argv: list[str],
                  on_status: Callable[[Worker], None],
-                 on_lost: Callable[[Worker, Message], None],
+                 on_lost: Callable[[Worker, Message, int], None],
                  on_endpoints: Callable[[Message], None]) -> None:
         self.loop = loop
         self.config = config
@@ -124,8 +136,10 @@ class WorkerSet:
                for name, socks in self.sockets.items()}
         argv = [sys.executable, "-m", "lameduck.server.worker", "--control-fd",
                 str(theirs.fileno()), "--index", str(w.index), *self.argv]
+        w.lost()
+        w.inflight = InFlight()
         try:
-            w.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno(),
+            w.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno(), w.inflight.fd,
                                                       *(fd for fl in fds.values() for fd in fl)],
                                       stdin=subprocess.DEVNULL)
         finally:
@@ -137,7 +151,8 @@ class WorkerSet:
             w.pidfd = os.pidfd_open(w.proc.pid)
             self.loop.add_reader(w.pidfd, self._exited, w)
         ours.sendall(encode({"config": self.config, "index": None if spare else w.index,
-                             "count": len(self.workers), "fds": fds}))
+                             "count": len(self.workers), "fds": fds,
+                             "inflight_fd": w.inflight.fd}))
         w.waiting = self.loop.create_future()
         holder: list[Channel] = []
 
@@ -203,6 +218,7 @@ class WorkerSet:
         if w.waiting is not None and not w.waiting.done():
             w.waiting.set_result(None)
         pid = w.pid
+        lost = w.lost()
         if w is self.spare or (w.index < 0 and w.exiting):
             w.proc = None
             if w is self.spare:  # it died waiting: another, a moment later
@@ -218,10 +234,10 @@ class WorkerSet:
         last, w.status = w.status, {}
         how = f"signal {-code}" if code < 0 else f"code {code}"
         log.error("worker %d (pid %d) exited with %s while serving; %d request(s) in flight "
-                  "lost; starting a new one", w.index, pid, how, int(last.get("active", 0)))
+                  "lost; starting a new one", w.index, pid, how, lost)
         w.proc = None
         self.replaced += 1
-        self.on_lost(w, last)
+        self.on_lost(w, last, lost)
         s = self.spare
         if s is not None and s.channel is not None and s.proc is not None:
             self.spare = None  # the spare becomes worker w.index

@@ -1,0 +1,69 @@
+"""A worker's requests in flight, in memory its main process reads after a SIGKILL.
+
+A status message is up to 100 ms old when a worker dies; the requests it took since are lost
+all the same. So a worker keeps its ledger's in-flight counts in a page shared with the main
+process (a memfd both map): what the main process reads there after the worker died is
+exactly what its clients lost — the requests it had begun and not finished, and the
+connections it had accepted whose first request it had not yet read.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+from lameduck.drain.ledger import Ledger
+
+_SIZE = 16  # two signed 64-bit counts: requests in flight, fresh connections
+
+
+class InFlight:
+    """The shared page: made by the main process (``fd=None``), mapped by the worker."""
+
+    def __init__(self, fd: int | None = None) -> None:
+        if fd is None:
+            fd = os.memfd_create("lameduck-inflight", os.MFD_CLOEXEC)
+            os.ftruncate(fd, _SIZE)
+        self.fd = fd
+        self._map = mmap.mmap(fd, _SIZE)
+        self.slots = memoryview(self._map).cast("q")
+
+    def lost(self) -> int:
+        """What the worker had in flight (read once it has died)."""
+        return max(0, self.slots[0]) + max(0, self.slots[1])
+
+    def close(self) -> None:
+        self.slots.release()
+        self._map.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class SharedLedger(Ledger):
+    """A worker's ledger: ``active`` and ``fresh`` live in the shared page."""
+
+    __slots__ = ("_slots",)
+
+    def __init__(self, slots: memoryview, was: Ledger) -> None:
+        self._slots = slots
+        super().__init__()
+        for name in ("active", "fresh", "accepting", "draining", "completed", "refused",
+                     "cut"):
+            setattr(self, name, getattr(was, name))
+
+    @property  # type: ignore[override]
+    def active(self) -> int:
+        return self._slots[0]
+
+    @active.setter
+    def active(self, value: int) -> None:
+        self._slots[0] = value
+
+    @property  # type: ignore[override]
+    def fresh(self) -> int:
+        return self._slots[1]
+
+    @fresh.setter
+    def fresh(self, value: int) -> None:
+        self._slots[1] = value
