@@ -160,11 +160,16 @@ def _sighup_restart(ld: Lameduck, pid: int, epoch: int, subreaper: list[int],
 CONTROL = {"max_connecting": 0, "retry_policy": {"num_retries": 0}}
 
 
-@pytest.mark.parametrize("variant", ["fixed", "control"])
+@pytest.mark.parametrize("variant", ["fixed", "fixed-workers2", "control"])
 def test_sighup_hot_restarts_against_a_backlog_5_origin_fail_no_request(
         backlog_origin: int, tmp_path: Path, subreaper: list[int], variant: str) -> None:
+    """``fixed-workers2``: a main process and two workers, each with cold pools of its own;
+    every SIGHUP starts a new main process and its workers, and the old workers drain only
+    once the new ones serve."""
     control = variant == "control"
     cfg = _config(backlog_origin, tmp_path, CONTROL if control else {})
+    if variant == "fixed-workers2":
+        cfg["workers"] = 2
     ld = Lameduck(cfg, tmp_path).start()
     pid = ld.pid
     codes: dict[int, int] = {}
