@@ -135,11 +135,7 @@ class H1Downstream(Downstream):
         self.stats: HttpStats = ctx.stats
         self.headers_timeout = ctx.request_headers_timeout
         self.max_headers = ctx.max_request_headers
-        n = ctx.max_requests_per_connection
-        if n > 0:
-            self.requests_left = n
-        self.send_timeout = ctx.send_timeout
-        self.body_timeout = ctx.request_body_timeout
+        self.take_limits(ctx)
         self.body_at = 0.0  # the last byte of the request body being read (or its head's start)
         self.parser = httptools.HttpRequestParser(self)
         # A list, not a deque: an empty deque allocates a 64-slot block (~630 bytes per idle
@@ -452,10 +448,8 @@ class H1Downstream(Downstream):
         st.downstream_rq_total += 1
         st.downstream_rq_http1_total += 1
         st.downstream_rq_active += 1
-        self.requests_left -= 1
-        if self.requests_left == 0:
+        if self.count_request():
             ex.close = True  # nothing behind it is read: its response closes the connection
-            self.last_request()
         if v10 or version == "1.1":
             self._prepare(ex, method)
         else:

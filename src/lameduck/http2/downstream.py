@@ -111,11 +111,7 @@ class H2Downstream(Downstream):
         self.corked = 0
         self.goaways = 0  # GOAWAY frames sent for the drain: 0, 1 (2^31-1), 2 (final)
         self.req_fields: list[tuple[bytes, bytes]] = []  # the request being admitted
-        n = ctx.max_requests_per_connection
-        if n > 0:
-            self.requests_left = n
-        self.send_timeout = ctx.send_timeout
-        self.body_timeout = ctx.request_body_timeout
+        self.take_limits(ctx)
         self.rx_at = 0.0  # loop time of the last read: the DATA it carried is that recent
 
     # -- asyncio ----------------------------------------------------------------------------
@@ -438,9 +434,7 @@ class H2Downstream(Downstream):
             s.t0 = self.rx_at
             s.log_req = (ev.path or b"", ev.headers, None)
             keep_for_log(s, ev.authority, ev.headers)
-        self.requests_left -= 1
-        if self.requests_left == 0:
-            self.last_request()  # GOAWAY now; the streams the client opened meanwhile go on
+        self.count_request()  # the last: GOAWAY now; the streams opened meanwhile go on
         if ev.end_stream:
             s.has_body = False
             s.req_done = True

@@ -93,7 +93,8 @@ class Downstream(asyncio.Protocol):
         self.final_sent = False  # the final notice went out: close once idle
         self.write_paused = False
         self.paused_at = 0.0  # writing paused since (the send timeout counts from here)
-        self.send_timeout = math.inf  # an HTTP codec sets its listener's
+        self.send_timeout = math.inf  # an HTTP codec sets its listener's (take_limits)
+        self.body_timeout = math.inf  # and its request_body_timeout
         self.idle_since = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
@@ -180,6 +181,23 @@ class Downstream(asyncio.Protocol):
             ds.cx_drained_proactive += 1
             self.drain_flags |= PD
         self.drain_notice()
+
+    def take_limits(self, ctx: HttpConnectionContext) -> None:
+        """An HTTP connection's limits, from its listener (a TCP connection has none)."""
+        n = ctx.max_requests_per_connection
+        if n > 0:
+            self.requests_left = n
+        self.send_timeout = ctx.send_timeout
+        self.body_timeout = ctx.request_body_timeout
+
+    def count_request(self) -> bool:
+        """One more request taken; True if it was the last this connection takes
+        (max_requests_per_connection): the connection drains now."""
+        self.requests_left -= 1
+        if self.requests_left:
+            return False
+        self.last_request()
+        return True
 
     def last_request(self) -> None:
         """The request that used up max_requests_per_connection (Envoy's): the connection drains
