@@ -36,7 +36,7 @@ from tests.procs import Lameduck, _env, _read_lines, base_config, stop, wait_unt
 ORIGIN = Path(__file__).resolve().parents[1] / "backlogorigin.py"
 RESTARTS = 5
 KEEPALIVE, FRESH = 8, 8  # sixteen clients: keep-alive ones and one connection per request
-HARD_CAP = 25.0  # seconds of load at most, whatever happens
+HARD_CAP = 60.0  # seconds of load at most, whatever happens (about 10 s on an idle machine)
 STARTED = re.compile(r"SIGHUP: hot restart: started pid (\d+)")
 
 
@@ -77,7 +77,7 @@ class Clients:
     def total(self, name: str) -> int:
         return sum(getattr(c, name) for c in self.counts)
 
-    def more(self, n: int, timeout: float = 5.0) -> bool:
+    def more(self, n: int, timeout: float = 15.0) -> bool:
         """Wait for ``n`` more answered requests than now."""
         goal = self.total("ok") + n
         return wait_until(lambda: self.total("ok") >= goal, timeout, 0.01)
