@@ -474,9 +474,9 @@ class Simulation:
                                    self.rng.random(int(bo.sum())))
         ga = h == How.GOING_AWAY
         if ga.any():
-            for kk in k[ga]:
+            for kk, when in zip(k[ga], times[ga], strict=True):
                 pod = self.pods[int(kk)]
-                pod.pd.tick(float(times[0]))
+                pod.pd.tick(float(when))
                 if pod.pd.ledger.begin():  # the core still took it: served after all
                     pod.pd.ledger.end()
             retry = ga & cl.retry_refused[ids]
