@@ -557,3 +557,20 @@ def test_promtool_check_metrics_finds_no_errors() -> None:
     findings = [line for line in out.splitlines() if line.strip()]
     assert all(line.endswith(_ENVOY_NAME_LINTS) for line in findings), out
     assert "no help text" not in out
+
+
+def test_a_counter_kept_outside_a_scope_is_carried_and_reset_as_any_counter() -> None:
+    """``add_counter_fn``: the main process's counts of its workers (``workers_replaced``)
+    are counters for Prometheus, a successor carries them, /reset_counters zeroes them."""
+    replaced = [2]
+    registry = StatsRegistry()
+    registry.add_counter_fn("server.workers_replaced", lambda: replaced[0])
+    registry.carried = {"server.workers_replaced": 3}  # counted by the processes before
+    [stat] = registry.snapshot()
+    assert stat == Stat("server.workers_replaced", 5, "counter")
+    assert registry.counters() == {"server.workers_replaced": 5}
+    registry.reset_counters()
+    replaced[0] = 4
+    assert registry.snapshot()[0].value == 2
+    with pytest.raises(ValueError, match="already registered"):
+        registry.add_gauge_fn("server.workers_replaced", lambda: 0)

@@ -75,9 +75,9 @@ class MainServer(Server):
         for c in self.clusters.values():
             c.on_change = self._cluster_changed(c)
         self.registry.add_gauge_fn("server.workers", lambda: self.count)
-        self.registry.add_gauge_fn("server.workers_replaced", lambda: (
+        self.registry.add_counter_fn("server.workers_replaced", lambda: (
             self.workers.replaced if self.workers is not None else 0))
-        self.registry.add_gauge_fn("server.worker_lost_requests", lambda: self.lost_requests)
+        self.registry.add_counter_fn("server.worker_lost_requests", lambda: self.lost_requests)
 
     # -- start ------------------------------------------------------------------------------
     def _bind(self, listener: Listener) -> socket.socket:

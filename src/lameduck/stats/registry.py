@@ -41,6 +41,7 @@ class StatsRegistry:
         # prefix -> (scope object, ((full name, attribute, kind), ...))
         self._scopes: dict[str, tuple[object, tuple[tuple[str, str, StatKind], ...]]] = {}
         self._gauge_fns: dict[str, Callable[[], int]] = {}
+        self._counter_fns: dict[str, Callable[[], int]] = {}
         self._names: set[str] = set()
         # Counters of the processes before this one (hot restart): added when rendering, so
         # counters do not reset across a restart.
@@ -87,6 +88,12 @@ class StatsRegistry:
         self._claim([name])
         self._gauge_fns[name] = fn
 
+    def add_counter_fn(self, name: str, fn: Callable[[], int]) -> None:
+        """Register a counter kept outside any scope (a count the main process keeps of its
+        workers): carried across a hot restart and zeroed by /reset_counters as any other."""
+        self._claim([name])
+        self._counter_fns[name] = fn
+
     def remove_gauge_fn(self, name: str) -> None:
         """Forget a computed gauge; unknown names are ignored."""
         if self._gauge_fns.pop(name, None) is not None:
@@ -106,6 +113,8 @@ class StatsRegistry:
                     out.append(Stat(name, value + (carried.get(name, 0) if kind == COUNTER
                                                    else 0), kind))
         out.extend(Stat(name, int(fn()), GAUGE) for name, fn in self._gauge_fns.items())
+        out.extend(Stat(name, int(fn()) + carried.get(name, 0), COUNTER)
+                   for name, fn in self._counter_fns.items())
         if self.zeroed:
             out = [_less(stat, self.zeroed) for stat in out]
         out.sort()
