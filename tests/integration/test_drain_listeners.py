@@ -189,9 +189,11 @@ def test_gradual_ramp_on_live_keepalive_connections(lameduck) -> None:
 
     pre = [c for s, g, c in records if g < before]
     assert len(pre) > 50 and not any(pre)
-    # A decision is made between send and receive, and the event started in [before, after].
-    first_tenth = [c for s, g, c in records if s >= after and g - before <= T / 10]
-    q1 = [c for s, g, c in records if s >= after and g - before <= T / 4]
+    # A decision is made between send and receive, and the event started in [before, after]
+    # (the admin call can take a while on a loaded machine): a window's bound on the ramp's
+    # probability counts from ``before``, its lower bound from ``after``.
+    first_tenth = [c for s, g, c in records if s >= before and g - before <= T / 10]
+    q1 = [c for s, g, c in records if s >= before and g - before <= T / 4]
     q2 = [c for s, g, c in records if s - after >= T / 4 and g - before <= T / 2]
     late = [c for s, g, c in records if s - after >= T / 2]
     assert len(first_tenth) >= 20 and len(q1) >= 40 and len(q2) >= 40 and len(late) >= 20, (
