@@ -270,6 +270,9 @@ class MainServer(Server):
                 and self.workers is not None and ev is not None and now < ev.ends_at):
             self._polled = True
             self._poll()
+            # decided again on the answers (each status checks); or, with no worker left
+            # to answer, at once
+            self.loop.call_later(0.05, self._changed)
             return
         self._polled = False
         super()._step(step, now)
