@@ -144,7 +144,7 @@ class H1Upstream(asyncio.Protocol):
         if self.chunked_req and self.transport is not None and self.alive:
             self.chunked_req = False
             self.transport.write(trailer_block(trailers) if trailers else LAST_CHUNK)
-        if self.sink is None:
+        if self.sink is None or (timeout <= 0 and idle_timeout <= 0):
             return
         at = self.timeouts.start(self.loop.time(), timeout, idle_timeout)
         if at:
@@ -178,7 +178,8 @@ class H1Upstream(asyncio.Protocol):
             self.abort()
             return
         self.got_bytes = True
-        self.timeouts.touch(self.loop.time())
+        if self.timeouts.idle:  # no clock read per read without an idle timeout
+            self.timeouts.touch(self.loop.time())
         if self.fresh:
             self.fresh = False
             if len(data) == self.whole_size and data.startswith(self.whole_head):

@@ -184,7 +184,8 @@ class H2UpstreamStream:
         """The request was sent whole: the timeouts run from here (see ``UpstreamConn``)."""
         if self.done:
             return
-        if at := self.timeouts.start(self.conn.loop.time(), timeout, idle_timeout):
+        if (timeout > 0 or idle_timeout > 0) and (
+                at := self.timeouts.start(self.conn.loop.time(), timeout, idle_timeout)):
             if self.timer is not None:
                 self.timer.cancel()
             self.timer = self.conn.loop.call_at(at, self._timed_out)
@@ -258,7 +259,8 @@ class H2UpstreamStream:
         self.got_bytes = True
         if sink is None:
             return
-        self.timeouts.touch(self.conn.loop.time())
+        if self.timeouts.idle:  # no clock read per frame without an idle timeout
+            self.timeouts.touch(self.conn.loop.time())
         if ev.status < 200:
             sink.on_informational(ev.status, ev.headers)
             return
@@ -280,7 +282,8 @@ class H2UpstreamStream:
         if sink is None:
             h2.acknowledge_stream_data(self.sid, ev.flow_len)
             return
-        self.timeouts.touch(self.conn.loop.time())
+        if self.timeouts.idle:  # no clock read per frame without an idle timeout
+            self.timeouts.touch(self.conn.loop.time())
         if ev.data:
             sink.on_response_body(ev.data)
         if self.read_paused:
