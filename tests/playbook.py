@@ -320,7 +320,6 @@ class Downstream:
         self.gone = False
         self.closing = False
         self.write_paused = False
-        self.unseen = False
         self.log: list[tuple[Any, ...]] = []
         self.held = False
 

@@ -44,8 +44,7 @@ def record(**over: object) -> SimpleNamespace:
 def exchange(method: bytes = b"POST", **over: object) -> Exchange:
     """A real exchange (the compiled formatter reads its fields natively) as an HTTP/1.1 codec
     with the log on leaves it at settle."""
-    ex = Exchange(SimpleNamespace(ctx=SimpleNamespace(stats=HttpStats()), unseen=False),
-                  method)  # type: ignore[arg-type]
+    ex = Exchange(SimpleNamespace(ctx=SimpleNamespace(stats=HttpStats())), method)  # type: ignore[arg-type]
     ex.request_id = b"r-1"
     ex.t0 = 100.0
     ex.status = 204

@@ -193,11 +193,18 @@ class Downstream(asyncio.Protocol):
     def count_request(self) -> bool:
         """One more request taken; True if it was the last this connection takes
         (max_requests_per_connection): the connection drains now."""
+        if self.unseen:
+            self._heard()
         self.requests_left -= 1
         if self.requests_left:
             return False
         self.last_request()
         return True
+
+    def _heard(self) -> None:
+        """Its first request began, or it closed unheard: no longer the ledger's ``fresh``."""
+        self.unseen = False
+        self.ctx.process.ledger.fresh -= 1
 
     def last_request(self) -> None:
         """The request that used up max_requests_per_connection (Envoy's): the connection drains
@@ -338,8 +345,7 @@ class Downstream(asyncio.Protocol):
             self.timer = None
         self.cx_stats.downstream_cx_active -= 1
         if self.unseen:
-            self.unseen = False
-            self.ctx.process.ledger.fresh -= 1
+            self._heard()
         events = self.drain.listener.events
         if events:  # closed while its listener drains: ms since the (first) drain began
             ms = (self.loop.time() - events[0].start) * 1000.0

@@ -84,7 +84,6 @@ class DownstreamPort(Protocol):
     closing: bool
     drain_flags: int  # the access log's drain facts of the connection (PD)
     write_paused: bool
-    unseen: bool  # accepted, and no request of it has begun (counted in the ledger's fresh)
 
     def answer(self, ex: Exchange, status: int, body: bytes) -> None:
         """Admission refused ``ex`` (no route, health check, ...): answer it from here."""
@@ -199,9 +198,6 @@ class Exchange:
 
     def __init__(self, down: DownstreamPort, method: bytes) -> None:
         self.down = down
-        if down.unseen:
-            down.unseen = False
-            down.ctx.process.ledger.fresh -= 1
         # Native references to what every request touches: a native field read instead of a
         # lookup by name on the (protocol-typed) downstream at each use.
         self.stats: HttpStats = down.ctx.stats
