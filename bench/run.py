@@ -348,8 +348,13 @@ def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     # Its log is its stderr (stdout too); both go to <name>.log in the work dir.
     proc = procs.start(name, cpu, [lameduck_bin(), "run", "-c", str(path)])
-    wait_until(proc, "GET /ready == 200",
-               lambda: http_get(f"http://127.0.0.1:{admin}/ready")[0] == 200)
+    try:
+        wait_until(proc, "GET /ready == 200",
+                   lambda: http_get(f"http://127.0.0.1:{admin}/ready")[0] == 200)
+    except BaseException:
+        # Not yet the caller's to stop: stop it here, with any worker it has started.
+        stop_tree(procs, proc)
+        raise
     proc.admin_port = admin
     if h2:
         proc.h2_port = port  # the same listener serves h2c prior knowledge, no config needed
