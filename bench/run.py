@@ -1457,7 +1457,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "requests each worker served. A list (1,2,4,8) gives the scaling curve; "
                    "auto = one per allowed CPU")
     p.add_argument("--workers-only", action="store_true",
-                   help="only the --workers rows: no HAProxy, nginx or other part")
+                   help="only the --workers rows: no HAProxy, nginx or other part (--proxies "
+                   "is not read)")
     p.add_argument("--workers-duration", type=float, default=None,
                    help="seconds per workers count and round (default: --duration)")
     p.add_argument("--workers-warmup", type=float, default=None,
@@ -1489,13 +1490,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.workers_threads is not None and args.workers_threads < 1):
         p.error("--workers-duration and --workers-threads must be positive and "
                 "--workers-warmup not negative")
-    if args.workers_only:  # the other parts and proxies off
-        args.proxies, args.h2, args.h2_upstream, args.pool = "lameduck", False, False, False
-    names = [n.strip() for n in args.proxies.split(",") if n.strip()]
-    bad = [n for n in names if n not in PROXIES]
-    if bad or not names:
-        p.error(f"--proxies: unknown {bad}; choose from {', '.join(PROXIES)}")
-    args.names = [] if args.workers_only else names
+    if args.workers_only:  # the other parts and proxies off: --proxies is not read
+        args.h2, args.h2_upstream, args.pool = False, False, False
+        names = []
+    else:
+        names = [n.strip() for n in args.proxies.split(",") if n.strip()]
+        bad = [n for n in names if n not in PROXIES]
+        if bad or not names:
+            p.error(f"--proxies: unknown {bad}; choose from {', '.join(PROXIES)}")
+    args.names = names
     if args.rounds < 1 or args.duration <= 0 or args.connections < 1 or args.threads < 1:
         p.error("--rounds, --duration, --connections and --threads must be positive")
     if args.h2_duration is None:
