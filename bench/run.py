@@ -1131,8 +1131,11 @@ def summarize_h2(samples: list[H2Sample], names: list[str], load_cpu: int,
     return rows, verdict, failures
 
 
-def _median(ss: list[Sample], n: str, key: str) -> float | None:
-    vals = [getattr(s, key) for s in ss if s.proxy == n]
+def _median(ss: list[Sample] | list[WorkerSample], key: str,
+            proxy: str | None = None) -> float | None:
+    """The median of ``key`` over ``ss`` (only the samples of ``proxy`` when given); None when
+    there are none."""
+    vals = [getattr(s, key) for s in ss if proxy is None or s.proxy == proxy]
     return statistics.median(vals) if vals else None
 
 
@@ -1163,14 +1166,14 @@ def summarize_h2up(samples: list[Sample], names: list[str], load_cpu: int,
                                                "h2-upstream")
     info = []
     for n in good:
-        cpu, h1 = _median(samples, n, "cpu_us_per_req"), _median(h1_samples, n, "cpu_us_per_req")
+        cpu, h1 = _median(samples, "cpu_us_per_req", n), _median(h1_samples, "cpu_us_per_req", n)
         line = f"{n}: {cpu:.1f} µs CPU/request with the h2c upstream"
         if h1 is not None:
             line += (f", {h1:.1f} with the HTTP/1.1 upstream in this run's first table "
                      f"({cpu - h1:+.1f} µs, {cpu / h1:.2f}x)")
         info.append(line)
     if "lameduck" in by_name and "haproxy" in by_name:
-        ratio = _median(samples, "lameduck", "rps") / _median(samples, "haproxy", "rps")
+        ratio = _median(samples, "rps", "lameduck") / _median(samples, "rps", "haproxy")
         info.append(f"lameduck req/s vs HAProxy with an h2c upstream: {ratio:.2f}x")
     return rows, info, failures
 
@@ -1183,16 +1186,16 @@ def summarize_pool(samples: list[Sample], names: list[str], load_cpu: int,
     good, by_name, rows, failures = _side_rows(samples, names, load_cpu, skipped, "pool")
     info = []
     for n in good:
-        cpu, h1 = _median(samples, n, "cpu_us_per_req"), _median(h1_samples, n, "cpu_us_per_req")
+        cpu, h1 = _median(samples, "cpu_us_per_req", n), _median(h1_samples, "cpu_us_per_req", n)
         line = f"{n}: {cpu:.1f} µs CPU/request through the pool of {POOL_SIZE}"
         if h1 is not None:
-            rps, h1_rps = _median(samples, n, "rps"), _median(h1_samples, n, "rps")
+            rps, h1_rps = _median(samples, "rps", n), _median(h1_samples, "rps", n)
             line += (f", {h1:.1f} with the single endpoint in this run's first table "
                      f"({cpu - h1:+.1f} µs, {cpu / h1:.2f}x); req/s {rps:,.0f} vs "
                      f"{h1_rps:,.0f} ({rps / h1_rps:.2f}x)")
         info.append(line)
     if "lameduck" in by_name and "haproxy" in by_name:
-        ratio = _median(samples, "lameduck", "rps") / _median(samples, "haproxy", "rps")
+        ratio = _median(samples, "rps", "lameduck") / _median(samples, "rps", "haproxy")
         info.append(f"lameduck req/s vs HAProxy through the pool: {ratio:.2f}x")
     return rows, info, failures
 
@@ -1788,7 +1791,11 @@ def _running(pid: int, start: str) -> bool:
     return f[19] == start and f[0] != "Z"
 
 
-def stop_tree(procs: Procs, proc: Proc, grace: float = 5.0) -> list[int]:
+# How long stop_tree gives a stopped process's descendants to exit before it kills them.
+TREE_GRACE = 5.0
+
+
+def stop_tree(procs: Procs, proc: Proc, grace: float = TREE_GRACE) -> list[int]:
     """Stop ``proc`` by its pid (lameduck's main process and nginx's master stop their own
     workers), then any descendant still running after ``grace``, by its pid too (checked
     against its start time, so no reused pid is hit). The pids that had to be killed."""
@@ -1926,7 +1933,7 @@ def _shares(served: list[int]) -> str:
     return " ".join(f"{100.0 * x / total:.0f}%" for x in served)
 
 
-def _round_line(s: WorkerSample, args: argparse.Namespace) -> str:
+def _round_line(s: WorkerSample) -> str:
     split = " ".join(f"w{i} {p:.0f}%" for i, p in enumerate(s.worker_cpu_pct))
     return (f"round {s.round} workers {s.part} {s.workers:>2} {s.rps:>10,.0f} req/s  "
             f"p50 {s.p50_ms:6.2f} ms  p99 {s.p99_ms:6.2f} ms  {s.cpu_us_per_req:6.1f} µs/req  "
@@ -1974,7 +1981,7 @@ def run_workers_part(procs: Procs, part: str, args: argparse.Namespace, workdir:
                 s = measure_workers(procs, part, n, proc, port, origin, args, rnd, load,
                                     threads)
                 samples.append(s)
-                print(_round_line(s, args), flush=True)
+                print(_round_line(s), flush=True)
                 if not origin.alive():
                     raise BenchError(f"the origin exited (code {origin.popen.returncode}) in "
                                      f"round {rnd}; its log tail ({origin.log}):\n"
@@ -1994,7 +2001,7 @@ def run_workers_part(procs: Procs, part: str, args: argparse.Namespace, workdir:
             killed = stop_tree(procs, proc)
             if killed:
                 notes.append(f"workers: {n} ({part}): worker pid(s) {killed} still ran "
-                             f"{5:g} s after the main process was stopped: killed")
+                             f"{TREE_GRACE:g} s after the main process was stopped: killed")
 
 
 @dataclass
@@ -2035,10 +2042,6 @@ def run_workers(procs: Procs, args: argparse.Namespace, workdir: Path, origin: P
     return res
 
 
-def _med(ss: list[WorkerSample], key: str) -> float:
-    return statistics.median(getattr(s, key) for s in ss)
-
-
 def _main_cost(ss: list[WorkerSample]) -> tuple[float, float]:
     """The main process's µs per request and % of a core over all the rounds together (a
     round holds only a few of its clock ticks)."""
@@ -2053,14 +2056,14 @@ def scale_limit(ss: list[WorkerSample], threads: int) -> str:
     of these (then latency: a fixed number of connections, each one request at a time)."""
     n = ss[0].workers
     why = []
-    if n == 1 and _med(ss, "proxy_cpu_pct") >= SATURATED:
+    if n == 1 and _median(ss, "proxy_cpu_pct") >= SATURATED:
         why.append("lameduck's one process at a full core")
     if n > 1:
         full = sum(statistics.median(s.worker_cpu_pct[i] for s in ss) >= SATURATED
                    for i in range(n))
         if full:
             why.append(f"{full} of {n} workers at a full core")
-    if _med(ss, "wrk_cpu_pct") >= SATURATED * threads:
+    if _median(ss, "wrk_cpu_pct") >= SATURATED * threads:
         why.append(f"wrk (-t{threads}) at {threads} full core{'s' if threads > 1 else ''}")
     cores = ss[0].cpu_pct.keys()
     busy = [c for c in cores if statistics.median(s.cpu_pct[c] for s in ss) >= SATURATED]
@@ -2092,24 +2095,24 @@ def summarize_workers(res: WorkersResult, args: argparse.Namespace,
         for n, ss in by_n.items():
             if not ss:
                 continue
-            cpu, rps = _med(ss, "cpu_us_per_req"), _med(ss, "rps")
+            cpu, rps = _median(ss, "cpu_us_per_req"), _median(ss, "rps")
             served = [sum(s.served[i] for s in ss) for i in range(n)] if n > 1 else []
             accepted = "/".join(str(sum(s.accepted[i] for s in ss))
                                 for i in range(n)) if n > 1 else "-"
             per_worker = " ".join(f"{statistics.median(s.worker_cpu_pct[i] for s in ss):.0f}%"
                                   for i in range(n)) if n > 1 else "-"
-            head = [str(n), f"{rps:,.0f}", f"{_med(ss, 'p50_ms'):.2f} ms",
-                    f"{_med(ss, 'p99_ms'):.2f} ms", f"{cpu:.1f}"]
+            head = [str(n), f"{rps:,.0f}", f"{_median(ss, 'p50_ms'):.2f} ms",
+                    f"{_median(ss, 'p99_ms'):.2f} ms", f"{cpu:.1f}"]
             errors = str(sum(s.errors for s in ss))
             main_us, main_pct = _main_cost(ss)
             if part == SPLIT:
-                ratio = cpu / _med(base, "cpu_us_per_req") if base else None
+                ratio = cpu / _median(base, "cpu_us_per_req") if base else None
                 split_rows.append([
                     *head, f"{ratio:.2f}x" if ratio else "n/a",
                     f"{main_us:.2f}" if n > 1 else "-",
                     f"{main_pct:.1f}%" if n > 1 else "-", per_worker,
                     _shares(served), accepted, errors,
-                    bound_by(_med(ss, "proxy_cpu_pct"),
+                    bound_by(_median(ss, "proxy_cpu_pct"),
                              statistics.median(s.cpu_pct[args.load_cpu] for s in ss),
                              args.load_cpu)])
                 if n > 1 and ratio:
@@ -2117,25 +2120,25 @@ def summarize_workers(res: WorkersResult, args: argparse.Namespace,
                               if b.round == s.round and b.cpu_us_per_req]
                     verdict.append(
                         f"workers: {n} on CPU {args.proxy_cpu}: {cpu:.1f} µs CPU/request vs "
-                        f"{_med(base, 'cpu_us_per_req'):.1f} with workers: 1 "
+                        f"{_median(base, 'cpu_us_per_req'):.1f} with workers: 1 "
                         f"({ratio - 1:+.1%}; {'met' if ratio <= 1 + TARGET_SPLIT else 'NOT met'}"
                         f": within {TARGET_SPLIT:.0%}); its main process alone "
                         f"{main_us:.2f} µs/request ({main_pct:.1f}% of a core; all rounds); "
                         f"round by round: " + ", ".join(f"{x:+.0%}" for x in paired))
             else:
-                lam, org, wrk = (_med(ss, k) for k in ("proxy_cpu_pct", "origin_cpu_pct",
+                lam, org, wrk = (_median(ss, k) for k in ("proxy_cpu_pct", "origin_cpu_pct",
                                                        "wrk_cpu_pct"))
                 total = statistics.median(sum(s.cpu_pct.values()) for s in ss)
                 limit = scale_limit(ss, res.threads)
                 scale_rows.append([
-                    *head, f"{rps / _med(base, 'rps'):.2f}x" if base else "n/a",
+                    *head, f"{rps / _median(base, 'rps'):.2f}x" if base else "n/a",
                     f"{lam:.0f}%" + (f" (main {main_pct:.1f}%)" if n > 1 else ""),
                     f"{org:.0f}%", f"{wrk:.0f}%", f"{max(0.0, total - lam - org - wrk):.0f}%",
                     " ".join(f"cpu{c} {statistics.median(s.cpu_pct[c] for s in ss):.0f}%"
                              for c in ss[0].cpu_pct),
                     _shares(served), accepted, errors, limit])
                 info.append(f"workers: {n} over CPUs {res.cpus}: {rps:,.0f} req/s"
-                            + (f", {rps / _med(base, 'rps'):.2f}x workers: 1" if base and n > 1
+                            + (f", {rps / _median(base, 'rps'):.2f}x workers: 1" if base and n > 1
                                else "") + f"; limited by: {limit}")
     return split_rows, scale_rows, verdict, info
 
