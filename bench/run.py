@@ -229,13 +229,18 @@ def _tree(root: int) -> list[int]:
     return out
 
 
+def proc_ticks(pid: int) -> int:
+    """utime + stime (clock ticks) of one process, all its threads, not its children."""
+    f = _stat_fields(pid)
+    return int(f[11]) + int(f[12])  # fields 14 and 15: utime, stime
+
+
 def cpu_ticks(root: int) -> int:
     """utime + stime (clock ticks) of ``root`` and its descendants, all threads included."""
     total = 0
     for pid in _tree(root):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            f = _stat_fields(pid)
-            total += int(f[11]) + int(f[12])  # fields 14 and 15: utime, stime
+        with contextlib.suppress(OSError, IndexError, ValueError):  # gone meanwhile
+            total += proc_ticks(pid)
     return total
 
 
@@ -382,14 +387,22 @@ LAMEDUCK_POOL_STATS = re.compile(
 _POOL_SCOPES = (f"http.{POOL_LISTENER}.", f"cluster.{POOL_CLUSTER}.")
 
 
+def lameduck_admin(proc: Proc, path: str) -> dict:
+    """GET ``path`` from lameduck's admin API: its JSON body, BenchError unless 200."""
+    status, body = http_get(f"http://127.0.0.1:{proc.admin_port}{path}", timeout=5)
+    if status != 200:
+        raise BenchError(f"{proc.name} GET {path}: {status} {body[:200]!r}")
+    return json.loads(body)
+
+
 def lameduck_counters(proc: Proc, h2up: bool = False, pool: bool = False) -> dict[str, int]:
     """Connection and request counters from lameduck's admin API (pool churn, errors): those
     of the HTTP/1.1 rows' listener and cluster, with ``h2up`` those of the h2c upstream's, with
-    ``pool`` those of the pool's."""
-    status, body = http_get(f"http://127.0.0.1:{proc.admin_port}/stats?format=json", timeout=5)
-    if status != 200:
+    ``pool`` those of the pool's. Empty unless GET /stats answers 200."""
+    try:
+        stats = lameduck_admin(proc, "/stats?format=json")["stats"]
+    except BenchError:
         return {}
-    stats = json.loads(body)["stats"]
     out = {}
     for st in stats:
         if "name" not in st:
@@ -409,11 +422,7 @@ def lameduck_counters(proc: Proc, h2up: bool = False, pool: bool = False) -> dic
 def lameduck_pool_hosts(proc: Proc) -> list[dict]:
     """The pool cluster's endpoints from lameduck's GET /clusters?format=json: address,
     rq_total, rq_error, health_flags."""
-    status, body = http_get(f"http://127.0.0.1:{proc.admin_port}/clusters?format=json",
-                            timeout=5)
-    if status != 200:
-        raise BenchError(f"lameduck GET /clusters?format=json: {status} {body[:200]!r}")
-    for c in json.loads(body)["cluster_statuses"]:
+    for c in lameduck_admin(proc, "/clusters?format=json")["cluster_statuses"]:
         if c["name"] == POOL_CLUSTER:
             return [{"address": h["address"], "rq_total": h["stats"]["rq_total"],
                      "rq_error": h["stats"]["rq_error"], "health": h["health_flags"]}
@@ -1814,19 +1823,6 @@ def stop_tree(procs: Procs, proc: Proc, grace: float = TREE_GRACE) -> list[int]:
                 os.kill(pid, signal.SIGKILL)
             killed.append(pid)
     return killed
-
-
-def proc_ticks(pid: int) -> int:
-    """utime + stime (clock ticks) of one process, all its threads, not its children."""
-    f = _stat_fields(pid)
-    return int(f[11]) + int(f[12])
-
-
-def lameduck_admin(proc: Proc, path: str) -> dict:
-    status, body = http_get(f"http://127.0.0.1:{proc.admin_port}{path}", timeout=5)
-    if status != 200:
-        raise BenchError(f"{proc.name} GET {path}: {status} {body[:200]!r}")
-    return json.loads(body)
 
 
 def lameduck_workers(proc: Proc) -> list[dict]:
