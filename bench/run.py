@@ -42,7 +42,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -254,6 +254,13 @@ def cpu_busy() -> dict[int, tuple[int, int]]:
             idle = v[3] + v[4]  # idle + iowait
             out[int(m.group(1))] = (sum(v[:8]) - idle, sum(v[:8]))
     return out
+
+
+def busy_pct(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]],
+             cpus: Iterable[int]) -> dict[int, float]:
+    """How busy (%) each of ``cpus`` was between two ``cpu_busy`` readings."""
+    return {c: 100.0 * (after[c][0] - before[c][0]) / max(1, after[c][1] - before[c][1])
+            for c in cpus}
 
 
 # --------------------------------------------------------------------------------------------
@@ -836,8 +843,7 @@ def measure(procs: Procs, name: str, proxy: Proc, port: int, args: argparse.Name
                          f"{proxy.tail()}")
     w = parse_wrk(out)
     cpu_s = (ticks1 - ticks0) / CLK_TCK
-    pct = {c: 100.0 * (busy1[c][0] - busy0[c][0]) / max(1, busy1[c][1] - busy0[c][1])
-           for c in (args.proxy_cpu, args.load_cpu)}
+    pct = busy_pct(busy0, busy1, (args.proxy_cpu, args.load_cpu))
     return Sample(
         proxy=name, round=rnd, requests=int(w["requests"]), rps=w["rps"],
         p50_ms=w["p50_ms"], p99_ms=w["p99_ms"], errors=int(w["errors"]),
@@ -1002,8 +1008,7 @@ def measure_h2(procs: Procs, name: str, proxy: Proc, shape: tuple[str, int, int]
     sample.errors, sample.failed = h["errors"], h["failed"]
     sample.cpu_us_per_req = cpu_s * 1e6 / max(1, h["requests"])
     sample.proxy_cpu_pct = 100.0 * cpu_s / wall
-    sample.cpu_pct = {c: 100.0 * (busy1[c][0] - busy0[c][0]) / max(1, busy1[c][1] - busy0[c][1])
-                      for c in (args.proxy_cpu, args.load_cpu)}
+    sample.cpu_pct = busy_pct(busy0, busy1, (args.proxy_cpu, args.load_cpu))
     return sample
 
 
@@ -1550,7 +1555,7 @@ def background_load(cpus: tuple[int, ...], seconds: float = 1.0) -> dict[int, fl
     a = cpu_busy()
     time.sleep(seconds)
     b = cpu_busy()
-    return {c: 100.0 * (b[c][0] - a[c][0]) / max(1, b[c][1] - a[c][1]) for c in cpus}
+    return busy_pct(a, b, cpus)
 
 
 def run_h2_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], args: argparse.Namespace,
@@ -1916,8 +1921,7 @@ def measure_workers(procs: Procs, part: str, n: int, proxy: Proc, port: int, ori
         proxy_cpu_pct=pct(tree1 - tree0), main_cpu_pct=pct(main1 - main0) if n > 1 else 0.0,
         worker_cpu_pct=[pct(w1[i] - w0[i]) for i in range(n)] if n > 1 else [],
         origin_cpu_pct=pct(o1 - o0), wrk_cpu_pct=100.0 * (ru1 - ru0) / wall,
-        cpu_pct={c: 100.0 * (busy1[c][0] - busy0[c][0]) / max(1, busy1[c][1] - busy0[c][1])
-                 for c in sorted(busy1) if c in busy0},
+        cpu_pct=busy_pct(busy0, busy1, (c for c in sorted(busy1) if c in busy0)),
         served=delta("rq") if n > 1 else [], accepted=delta("cx") if n > 1 else [],
     )
 
