@@ -47,13 +47,31 @@ taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$W/cg.out" \
   "$PY" -m lameduck run -c "$W/lameduck.yaml" > "$W/lameduck.log" 2>&1 &
 LD=$!
 PIDS=("$LD" "${PIDS[@]}")
-for _ in $(seq 600); do curl -s -o /dev/null -m 2 "http://127.0.0.1:$ADMIN/ready" && break; sleep 0.2; done
+READY=0
+for _ in $(seq 600); do
+  if curl -sf -o /dev/null -m 2 "http://127.0.0.1:$ADMIN/ready"; then READY=1; break; fi
+  kill -0 "$LD" 2>/dev/null || break  # exited: no point waiting
+  sleep 0.2
+done
+if [ "$READY" != 1 ]; then
+  echo "lameduck (under callgrind) did not answer GET /ready with 200 on 127.0.0.1:$ADMIN;" \
+    "tail of its log:" >&2
+  tail -n 30 "$W/lameduck.log" >&2
+  exit 1
+fi
 requests() { curl -s "http://127.0.0.1:$ADMIN/stats" | grep -o 'http.ingress.downstream_rq_total: [0-9]*' | grep -o '[0-9]*$'; }
 taskset -c 1 wrk -t1 -c10 -d3s "http://127.0.0.1:$PORT/" > /dev/null
-N0=$(requests)
+N0=$(requests || true)
 callgrind_control -z "$LD" > /dev/null 2>&1
 taskset -c 1 wrk -t1 -c10 -d"${SECS}s" "http://127.0.0.1:$PORT/" > /dev/null
 callgrind_control -d "$LD" > /dev/null 2>&1
-N=$(( $(requests) - N0 ))
+N1=$(requests || true)
+N=$(( ${N1:-0} - ${N0:-0} ))
+if [ -z "$N0" ] || [ -z "$N1" ] || [ "$N" -le 0 ]; then
+  echo "no requests counted between the counter reset and the dump (downstream_rq_total" \
+    "${N0:-unread} then ${N1:-unread}): is wrk working? tail of lameduck's log:" >&2
+  tail -n 30 "$W/lameduck.log" >&2
+  exit 1
+fi
 IR=$(grep -h -m1 '^summary:' "$W"/cg.out.* | awk '{print $2}')
 echo "access log $([ "$LOG" = 1 ] && echo on || echo off): $N requests, $IR instructions, $(( IR / N )) per request"
