@@ -23,6 +23,7 @@ from tests.procs import (
     Origin,
     WsEcho,
     base_config,
+    children_of,
     start_named_origin,
     start_origin,
     stop,
@@ -234,16 +235,21 @@ def resume_app(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 def subreaper() -> Iterator[list[int]]:
     """This test process adopts its orphaned descendants (a process SIGHUP started outlives
     the one that started it), so they can be stopped and reaped by pid: the list they are
-    put in is SIGKILLed and waited for at teardown."""
+    put in is SIGKILLed and waited for at teardown, with the children each still has (a
+    main process's workers, which would be adopted here once it dies)."""
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     pids: list[int] = []
     try:
         yield pids
     finally:
-        for pid in pids:
+        # all killed first, then reaped parents first: a child is adopted here once its
+        # parent is dead, and only then can it be waited for
+        everyone = pids + [child for p in pids for child in children_of(p)]
+        for pid in everyone:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        for pid in everyone:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
         libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)

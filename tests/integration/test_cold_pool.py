@@ -31,7 +31,15 @@ import httpx
 import pytest
 
 from tests import loadgen
-from tests.procs import Lameduck, _env, _read_lines, base_config, stop, wait_until
+from tests.procs import (
+    Lameduck,
+    _env,
+    _read_lines,
+    base_config,
+    children_of,
+    stop,
+    wait_until,
+)
 
 ORIGIN = Path(__file__).resolve().parents[1] / "backlogorigin.py"
 RESTARTS = 5
@@ -198,6 +206,7 @@ def test_sighup_hot_restarts_against_a_backlog_5_origin_fail_no_request(
               f"{books}")
     print(report)
     log = ld.log()
+    subreaper.extend(children_of(pid))  # its workers, adopted here once it dies
     os.kill(pid, signal.SIGKILL)  # the last one; reaped by the subreaper fixture
     assert "Traceback" not in log, log
     assert len(STARTED.findall(log)) == restarts
