@@ -66,6 +66,13 @@ def test_writes_json_csv_and_a_png_that_is_not_blank(tmp_path: Path, capsys: Any
     assert (rgb.min(axis=1) < 0.9).mean() > 0.02  # something drawn on the white
 
 
+def test_json_to_stdout_is_the_json_alone(tmp_path: Path, capsys: Any) -> None:
+    sc = write(tmp_path, "tiny.yaml", TINY)
+    assert main(["simulate", str(sc), "--json", "-", "--no-progress"]) == 0
+    s = json.loads(capsys.readouterr().out)  # no table before it
+    assert s["scenario"] == "tiny"
+
+
 def test_compare_runs_both_on_the_same_generator(tmp_path: Path, capsys: Any) -> None:
     a = write(tmp_path, "gradual.yaml", {**TINY, "name": "gradual"})
     b = write(tmp_path, "immediate.yaml", {

@@ -61,16 +61,22 @@ def main(args: argparse.Namespace) -> int:
         from lameduck.sim.solve import solve
 
         got = solve(scenarios[0], args.max_reconnects, args.seed, say=_say)
-        if args.json:
-            with _open(args.json) as f:
-                json.dump(got, f, indent=2)
-                f.write("\n")
-        shown = {k: v for k, v in got.items() if k != "trials"}
-        print(yaml.safe_dump(shown, sort_keys=False).rstrip())
+        try:
+            if args.json:
+                with _open(args.json) as f:
+                    json.dump(got, f, indent=2)
+                    f.write("\n")
+        except OSError as e:
+            _say(f"lameduck: simulate: {e}")
+            return 1
+        if args.json != "-":  # stdout holds the JSON alone, to be parsed
+            shown = {k: v for k, v in got.items() if k != "trials"}
+            print(yaml.safe_dump(shown, sort_keys=False).rstrip())
         return 0 if got["found"] else 1
     bar = args.progress if args.progress is not None else sys.stderr.isatty()
     results = [_run(sc, args.seed, bar) for sc in scenarios]
-    print(report.text(results))
+    if "-" not in (args.json, args.csv, args.instances_csv):
+        print(report.text(results))  # else stdout holds that file alone, to be parsed
     try:
         if args.json:
             with _open(args.json) as f:
