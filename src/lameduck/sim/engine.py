@@ -31,9 +31,6 @@ class Engine:
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
         heapq.heappush(self._heap, (max(t, self.now), next(self._seq), fn, args))
 
-    def next_time(self) -> float:
-        return self._heap[0][0] if self._heap else float("inf")
-
     def run(self, until: float, step: Callable[[float], None] | None = None,
             every: int = 4096) -> None:
         """Run every event due by ``until``; ``step(now)`` is called every ``every`` events

@@ -39,14 +39,13 @@ BACKOFF = Backoff()
 
 
 class Pod:
-    __slots__ = ("created", "deleted_at", "exit_at", "exit_step", "gone", "health_down", "idx",
+    __slots__ = ("deleted_at", "exit_at", "exit_step", "gone", "health_down", "idx",
                  "listener", "new", "pd", "prestop", "ready_at", "sigterm_at", "step_at")
 
-    def __init__(self, idx: int, new: bool, created: float, pd: ProcessDrain,
+    def __init__(self, idx: int, new: bool, pd: ProcessDrain,
                  listener: ListenerDrain) -> None:
         self.idx = idx
         self.new = new
-        self.created = created
         self.pd = pd
         self.listener = listener
         self.ready_at: float | None = None
@@ -135,7 +134,7 @@ class Simulation:
         wall = time.perf_counter()
         sc = self.sc
         for _ in range(sc.replicas):
-            pod = self._create(0.0, new=False)
+            pod = self._create(new=False)
             self._ready(pod, 0.0, route_at_once=True)
         ids = np.arange(self.cl.n)
         self.connects.push(self.rng.uniform(0.0, sc.warmup, ids.size), ids)
@@ -184,13 +183,13 @@ class Simulation:
         return lognormal(self.rng, dist.median, dist.p99, n)
 
     # -- pods ------------------------------------------------------------------------------
-    def _create(self, t: float, new: bool) -> Pod:
+    def _create(self, new: bool) -> Pod:
         k = len(self.pods)
         if k >= self.cap:
             raise RuntimeError("more pods than the simulation made room for")
         pd = ProcessDrain(self.drain_settings, self.shutdown_settings)
         listener = pd.add_listener(ListenerDrain("ingress"))
-        pod = Pod(k, new, t, pd, listener)
+        pod = Pod(k, new, pd, listener)
         self.pods.append(pod)
         self.alive[k] = True
         return pod
@@ -415,7 +414,7 @@ class Simulation:
         if create:
             delays = self._draw(ro.readiness, create)
             for d in delays:
-                pod = self._create(t, new=True)
+                pod = self._create(new=True)
                 self.eng.at(t + float(d), self._ready, pod, t + float(d))
         for pod in old[:kill]:
             self._delete(pod)

@@ -14,7 +14,7 @@ import numpy as np
 from lameduck.sim.fleet import BIN, CAUSES, Result
 from lameduck.sim.walk import How
 
-CLOSE_KINDS = [h for h in How if h not in (How.OPEN, How.REFUSED)]
+CLOSE_KINDS = [h for h in How if h is not How.OPEN]
 
 
 def _window(res: Result) -> tuple[int, int]:

@@ -54,7 +54,6 @@ class How(IntEnum):
     DONE = 4  # a one-request connection finished
     EXIT = 5  # closed idle at the process's exit
     CUT = 6  # in flight at the deadline or at SIGKILL: reset
-    REFUSED = 7  # the connect was refused (never accepted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +89,8 @@ class Walked:
     busy_from: Floats  # the start of the request answered at ``leave`` (nan: none)
 
 
-def walk(rules: Rules, src: Source, t0: Floats, busy: Bools, proto: Ints, moment: Floats,
-         max_rounds: int = 1_000_000) -> Walked:
+def walk(rules: Rules, src: Source, t0: Floats, busy: Bools, proto: Ints,
+         moment: Floats) -> Walked:
     """Walk each connection from ``t0`` (``busy``: a request is under way then) until it leaves."""
     n = t0.size
     leave = np.full(n, np.inf)
@@ -115,7 +114,7 @@ def walk(rules: Rules, src: Source, t0: Floats, busy: Bools, proto: Ints, moment
     any_immediate = any(e.strategy is Strategy.IMMEDIATE for e in rules.events)
     arr = np.where(busy[idx], t0[idx], t0[idx] + src.think(idx, 0))
     rnd = 0
-    while idx.size and rnd < max_rounds:
+    while idx.size:
         resp = arr + src.duration(idx, rnd)
         m = moment[idx]
         h1 = proto[idx] == Proto.H1
