@@ -380,10 +380,6 @@ class Simulation:
         busy = self._busy(c, t)
         if cause:
             cut = c[busy]
-            pod.pd.ledger.active = 0
-            for _ in range(cut.size):
-                pod.pd.ledger.active += 1
-                pod.pd.ledger.cut_one()
             retry = cl.retry_reset[cut]
             self.res.retried[cause] += int(retry.sum())
             self._fail(cause, t, int((~retry).sum()))
