@@ -467,13 +467,10 @@ class Simulation:
         bo = ~once & (rec == 1)
         delay[bo] = backoff_delays(BACKOFF, np.zeros(int(bo.sum()), dtype=np.int64),
                                    self.rng.random(int(bo.sum())))
+        # a request answered "going away": the walk decided it from Rules.refuse_from, the
+        # core's shutdown.ends_at (T), the instant ProcessDrain.tick stops the ledger accepting
         ga = h == How.GOING_AWAY
         if ga.any():
-            for kk, when in zip(k[ga], times[ga], strict=True):
-                pod = self.pods[int(kk)]
-                pod.pd.tick(float(when))
-                if pod.pd.ledger.begin():  # the core still took it: served after all
-                    pod.pd.ledger.end()
             retry = ga & cl.retry_refused[ids]
             self.res.retried["going_away"] += int(retry.sum())
             self._fail("going_away", times[ga & ~retry])
