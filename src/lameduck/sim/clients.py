@@ -17,7 +17,10 @@ from lameduck.sim.draws import Floats, Ints, lognormal_mean, lognormal_sigma
 from lameduck.sim.scenario import ClientClass, Reconnect
 from lameduck.sim.walk import Proto
 
-RECONNECT_CODES = {Reconnect.IMMEDIATE: 0, Reconnect.BACKOFF: 1, Reconnect.NEXT_REQUEST: 2}
+# Clients.reconnect holds these codes (the arrays hold numbers, not enum members)
+RECONNECT_IMMEDIATE, RECONNECT_BACKOFF, RECONNECT_NEXT_REQUEST = 0, 1, 2
+RECONNECT_CODES = {Reconnect.IMMEDIATE: RECONNECT_IMMEDIATE, Reconnect.BACKOFF: RECONNECT_BACKOFF,
+                   Reconnect.NEXT_REQUEST: RECONNECT_NEXT_REQUEST}
 
 
 @dataclass(slots=True)

@@ -26,7 +26,14 @@ from lameduck.drain.listener import ListenerDrain
 from lameduck.drain.prestop import Prestop, PrestopAction, PrestopState
 from lameduck.drain.process import DrainSettings, ProcessDrain, ShutdownSettings, Step
 from lameduck.sim import rollout as controller
-from lameduck.sim.clients import ClassSource, Clients, build
+from lameduck.sim.clients import (
+    RECONNECT_BACKOFF,
+    RECONNECT_IMMEDIATE,
+    RECONNECT_NEXT_REQUEST,
+    ClassSource,
+    Clients,
+    build,
+)
 from lameduck.sim.draws import Floats, Ints, backoff_delays, lognormal, proactive_moments
 from lameduck.sim.engine import Batches, Engine
 from lameduck.sim.lb import LbView
@@ -462,9 +469,9 @@ class Simulation:
         delay = np.zeros(ids.size)
         rec = cl.reconnect[ids]
         once = cl.proto[ids] == Proto.ONCE
-        nxt = once | (rec == 2)
+        nxt = once | (rec == RECONNECT_NEXT_REQUEST)
         delay[nxt] = self.rng.exponential(1.0, int(nxt.sum())) * cl.think[ids[nxt]]
-        bo = ~once & (rec == 1)
+        bo = ~once & (rec == RECONNECT_BACKOFF)
         delay[bo] = backoff_delays(BACKOFF, np.zeros(int(bo.sum()), dtype=np.int64),
                                    self.rng.random(int(bo.sum())))
         # a request answered "going away": the walk decided it from Rules.refuse_from, the
@@ -555,7 +562,7 @@ class Simulation:
             for event in pod.listener.events:  # replayed at accept, as ConnectionDrain does
                 m = np.minimum(m, proactive_moments(event, t0, self.rng.random(c.size)))
             cl.moment[c] = m
-            busy = (cl.reconnect[c] != 0) | (cl.proto[c] == Proto.ONCE)
+            busy = (cl.reconnect[c] != RECONNECT_IMMEDIATE) | (cl.proto[c] == Proto.ONCE)
             self._walk(pod, c, t0, busy)
         self._arm()
 
