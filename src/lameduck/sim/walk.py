@@ -44,6 +44,11 @@ class Proto(IntEnum):
     ONCE = 3  # one request per connection
 
 
+# A bound on the rounds of requests walked, whatever the draws: every connection leaves by
+# the deadline, so it is never reached in practice; it keeps a bad scenario from hanging.
+MAX_ROUNDS = 1_000_000
+
+
 class How(IntEnum):
     """Why a connection left (or will leave) its instance."""
 
@@ -114,7 +119,7 @@ def walk(rules: Rules, src: Source, t0: Floats, busy: Bools, proto: Ints,
     any_immediate = any(e.strategy is Strategy.IMMEDIATE for e in rules.events)
     arr = np.where(busy[idx], t0[idx], t0[idx] + src.think(idx, 0))
     rnd = 0
-    while idx.size:
+    while idx.size and rnd < MAX_ROUNDS:
         resp = arr + src.duration(idx, rnd)
         m = moment[idx]
         h1 = proto[idx] == Proto.H1
