@@ -323,9 +323,9 @@ def test_upstream_drain_loses_no_request(lameduck, h2origin):
     drained_at: list[float] = []
 
     async def worker(c: httpx.AsyncClient, until: float) -> None:
-        """Until a second after the drain began (60 requests and 20 s at most)."""
+        """Until a second after the drain began (400 requests and 20 s at most)."""
         nonlocal after_drain
-        for _ in range(60):
+        for _ in range(400):
             now = time.monotonic()
             if now >= until or (drained_at and now >= drained_at[0] + 1.0):
                 return

@@ -19,8 +19,6 @@ import pytest
 from lameduck.config import load_config_text
 from lameduck.server import Server
 
-pytestmark = pytest.mark.usefixtures("workers")
-
 CONFIG = """
 admin: {address: "127.0.0.1:0"}
 drain: {time: 1s, connection_grace: 100ms}

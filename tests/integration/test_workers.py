@@ -99,8 +99,12 @@ def test_sigterm_under_load_both_workers_drain_as_one(lameduck, tmp_path: Path) 
         before = served()
         load = Load(ld.port)
         counts = load.counts
-        assert wait_until(lambda: counts.ok >= 600, timeout=15), counts  # noqa: B023
-        share = [b - a for a, b in zip(before, served(), strict=True)]
+        try:
+            assert wait_until(lambda: counts.ok >= 600, timeout=15), counts  # noqa: B023
+            share = [b - a for a, b in zip(before, served(), strict=True)]
+        except BaseException:
+            load.end()
+            raise
         print(f"\nrequests per worker before the drain: {share}")
         if min(share) > 0.3 * sum(share):
             break

@@ -544,8 +544,9 @@ def test_promtool_check_metrics_finds_no_errors() -> None:
     registry.add("cluster.app.outlier_detection", OutlierStats())
     registry.add("listener.ingress", ListenerStats())
     # what a main process with workers adds (docs/workers.md)
-    for name in ("server.workers", "server.workers_replaced", "server.worker_lost_requests"):
-        registry.add_gauge_fn(name, lambda: 1)
+    registry.add_gauge_fn("server.workers", lambda: 1)
+    for name in ("server.workers_replaced", "server.worker_lost_requests"):
+        registry.add_counter_fn(name, lambda: 1)
     extra = [Stat(f"worker.{i}.downstream_{x}_total", 3, "counter") for i in (0, 1)
              for x in ("cx", "rq")]
     text = render_prometheus(sorted([*registry.snapshot(), *extra]))
