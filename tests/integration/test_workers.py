@@ -346,3 +346,16 @@ def test_a_worker_that_stops_answering_is_killed_and_replaced(lameduck) -> None:
     assert ld.stat("server.workers_replaced") == 1
     for _ in range(20):  # both workers serve again
         assert httpx.get(ld.url("/")).status_code == 200
+
+
+def test_a_drain_that_keeps_the_listeners_keeps_the_spare(lameduck) -> None:
+    """``drain_listeners?graceful&skip_exit`` closes no listening socket: the spare, which
+    holds them all, stays (it is dropped only where a listener is to close)."""
+    ld: Lameduck = lameduck(workers=2)
+    assert wait_until(lambda: (ld.server_info()["spare_worker"] or {}).get("loaded"), 15)
+    spare = ld.server_info()["spare_worker"]["pid"]
+    assert ld.admin("POST", "/drain_listeners?graceful&skip_exit").status_code == 200
+    assert wait_until(lambda: not ld.server_info()["drain"]["active"], 10), ld.server_info()
+    info = ld.server_info()
+    assert all(ls["accepting"] for ls in info["listeners"]), info["listeners"]
+    assert (info["spare_worker"] or {}).get("pid") == spare, info

@@ -235,7 +235,6 @@ class MainServer(Server):
         assert self.workers is not None
         self.seq += 1
         self.workers.broadcast(msg | {"seq": self.seq}, replay=True)
-        self.workers.drop_spare()  # it would hold the listening sockets past their close
 
     def _poll(self) -> None:
         """Numbered like a drain message (a worker started later answers it too, so only the
@@ -300,6 +299,8 @@ class MainServer(Server):
             at = ls.drain.stop_at
             if at is None or ls.name not in self.held or ls.name in self._close_timers:
                 continue
+            if self.workers is not None:  # it would hold the listening sockets past their close
+                self.workers.drop_spare()
             self._close_timers[ls.name] = self.loop.call_at(max(at, now), self._close_due,
                                                             ls.name)
 
