@@ -178,9 +178,6 @@ class MainServer(Server):
     def _in_flight(self) -> int:
         return self._sum("in_flight")
 
-    def _unsent(self) -> bool:
-        return any(s.get("unsent") for s in self._statuses())
-
     def draining_listeners(self) -> int:
         return len(self.listeners) if self.connections() else 0
 

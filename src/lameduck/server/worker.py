@@ -117,7 +117,7 @@ class WorkerServer(Server):
             "op": "status", "ack": self.ack, "active": ledger.active,
             "in_flight": self._in_flight(),
             "connections": self.connections(), "requests": r.requests,
-            "upgrades": r.upgrades, "unsent": self._unsent(),
+            "upgrades": r.upgrades,
             "accepting": [ls.name for ls in self.listeners if ls.accepting],
             "listeners": {ls.name: len(ls.connections) for ls in self.listeners},
             "rq_total": requests,
