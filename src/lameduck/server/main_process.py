@@ -69,7 +69,6 @@ class MainServer(Server):
         self.gone_drain: dict[str, int] = {}  # and their drain counts
         self._close_timers: dict[str, asyncio.TimerHandle] = {}
         self._closing: set[str] = set()
-        self.cx_reset_here = 0
         self.seq = 0  # drain messages sent; a worker's status acknowledges the last it saw
         self._polled = False  # asked every worker for a fresh status before an early exit
         for c in self.clusters.values():
@@ -141,8 +140,14 @@ class MainServer(Server):
         """A worker's outlier detection ejected (or let back) an endpoint: every worker."""
         cluster = self.clusters.get(msg["cluster"])
         if cluster is not None:
-            apply_endpoints(cluster, msg["hosts"], self.loop.time())
-            self._cluster_changed(cluster)()
+            # applying calls on_change at each step: muted, then one broadcast
+            changed, cluster.on_change = cluster.on_change, None
+            try:
+                apply_endpoints(cluster, msg["hosts"], self.loop.time())
+            finally:
+                cluster.on_change = changed
+            if changed is not None:
+                changed()
 
     # -- the workers' numbers ---------------------------------------------------------------
     def _statuses(self) -> list[dict[str, Any]]:
@@ -190,7 +195,6 @@ class MainServer(Server):
         for key in ("completed", "refused", "cut", "cut_before_response", "cut_reset",
                     "cx_drained_by_response", "cx_drained_proactive", "cx_closed_at_end"):
             setattr(ds, key, self._drain_sum(key))
-        ds.cx_reset_listener_close = self.cx_reset_here
         ledger.completed, ledger.refused, ledger.cut = ds.completed, ds.refused, ds.cut
         return ds
 
@@ -326,7 +330,7 @@ class MainServer(Server):
         for sock in socks:
             sock.close()
         if queued:
-            self.cx_reset_here += queued
+            self.drain_stats.cx_reset_listener_close += queued
             log.warning("listener %s closed with %d connection(s) not yet accepted: reset",
                         name, queued)
         log.info("listener %s stopped accepting", name)
