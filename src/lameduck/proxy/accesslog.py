@@ -71,7 +71,7 @@ def flag_string(flags: int) -> str:
     return ",".join(code for bit, code in FLAG_CODES if flags & bit)
 
 
-_FLAG_BYTES: dict[int, bytes] = {}  # at most one entry per combination that happened
+_FLAG_BYTES: Final[dict[int, bytes]] = {}  # at most one entry per combination that happened
 
 
 def flag_bytes(flags: int) -> bytes:
@@ -197,8 +197,9 @@ def _resp_header(ex: Any, name: bytes) -> bytes | None:
     fields = ex.resp_fields
     if fields is None:
         return None
+    size = len(name)
     for n, v in fields:
-        if n.lower() == name:
+        if len(n) == size and n.lower() == name:  # no lowered copy of every field
             return v  # type: ignore[no-any-return]
     return None
 
@@ -339,22 +340,13 @@ def default_line(ex: Exchange, now: float, wall: float) -> bytes:
     kept: no call per operator, no decoding (``compile_text`` gives the same text, tested)."""
     kept = ex.log_req
     path = ex.log_opath or (kept[0] if kept is not None else None) or b"-"
-    host = ex.log_host
-    if host is None:
-        host = authority(ex)
-    svc = b"-"
-    fields = ex.resp_fields
-    if fields is not None:
-        for n, v in fields:
-            if len(n) == 29 and n.lower() == b"x-envoy-upstream-service-time":
-                svc = v or b"-"
-                break
+    host = authority(ex) or b"-"
+    svc = _resp_header(ex, b"x-envoy-upstream-service-time") or b"-"
     ep = ex.endpoint
     method = ex.method or b"-"
     xff = ex.log_xff or b"-"
     agent = ex.log_agent or b"-"
     rid = ex.request_id or b"-"
-    host = host or b"-"
     stamp = start_stamp(int((wall - (now - ex.t0)) * 1000))
     proto = b"HTTP/2" if ex.sid else (b"HTTP/1.0" if ex.v10 else b"HTTP/1.1")
     flags = flag_bytes(ex.flags)
@@ -493,7 +485,7 @@ class AccessLog:
     def __init__(self, file: LogFile, fmt: str | None, loop: asyncio.AbstractEventLoop) -> None:
         self.file = file
         self.loop = loop
-        self.default = fmt is None
+        # None: Envoy's default format, by its own fast path
         self.text = json_line if fmt == "json" else compile_text(fmt) if fmt is not None \
             else None
         # The wall clock as an offset from the loop's, read again once a second: no wall
@@ -507,11 +499,10 @@ class AccessLog:
             self.wall_offset = time.time() - now
             self.wall_until = now + 1.0
         wall = now + self.wall_offset
-        if self.default:
+        text = self.text
+        if text is None:
             self.file.write(default_line(ex, now, wall))
         else:
-            text = self.text
-            assert text is not None
             self.file.write(text(ex, now, wall).encode())
 
 
