@@ -26,7 +26,7 @@ from lameduck.restart.hot import HasFileno
 from lameduck.server.channel import Message
 from lameduck.server.server import EXIT_FLUSH, Server
 from lameduck.server.views import clusters_view
-from lameduck.server.worker import apply_endpoints, endpoint_facts
+from lameduck.server.worker import DRAIN_COUNTS, apply_endpoints, endpoint_facts
 from lameduck.server.workers import Worker, WorkerSet
 from lameduck.stats import (
     COUNTER,
@@ -192,8 +192,7 @@ class MainServer(Server):
 
     def _sync_drain_counts(self) -> DrainStats:
         ds, ledger = self.drain_stats, self.process.ledger
-        for key in ("completed", "refused", "cut", "cut_before_response", "cut_reset",
-                    "cx_drained_by_response", "cx_drained_proactive", "cx_closed_at_end"):
+        for key in DRAIN_COUNTS:
             setattr(ds, key, self._drain_sum(key))
         ledger.completed, ledger.refused, ledger.cut = ds.completed, ds.refused, ds.cut
         return ds

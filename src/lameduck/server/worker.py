@@ -43,6 +43,10 @@ from lameduck.upstream.errlog import set_interval as set_errlog_interval
 log = logging.getLogger("lameduck")
 
 STATUS_INTERVAL = 0.1  # seconds between status messages (the main process's heartbeat too)
+# The drain's counts a worker's status carries (``server.drain.*``; the main process sums
+# them for the report; the listener-close resets are the main process's own).
+DRAIN_COUNTS = ("completed", "refused", "cut", "cut_before_response", "cut_reset",
+                "cx_drained_by_response", "cx_drained_proactive", "cx_closed_at_end")
 
 
 class WorkerServer(Server):
@@ -54,7 +58,6 @@ class WorkerServer(Server):
                  sockets: dict[str, socket.socket]) -> None:
         super().__init__(cfg, loop, sockets=sockets)
         self.index = index
-        self.count = count
         self.channel: Channel | None = None
         self._status_timer: asyncio.TimerHandle | None = None
         self._status_soon = False
@@ -106,7 +109,7 @@ class WorkerServer(Server):
         """What the main process decides with: requests and connections in flight (the
         exit), the drain's counts (its report), which listeners accept (its own close)."""
         r = self._reading()
-        ds = self.drain_stats
+        ds = self._sync_drain_counts()
         ledger = self.process.ledger
         requests = 0
         for ls in self.listeners:
@@ -121,12 +124,7 @@ class WorkerServer(Server):
             "accepting": [ls.name for ls in self.listeners if ls.accepting],
             "listeners": {ls.name: len(ls.connections) for ls in self.listeners},
             "rq_total": requests,
-            "drain": {"completed": ledger.completed, "refused": ledger.refused,
-                      "cut": ledger.cut, "cut_before_response": ds.cut_before_response,
-                      "cut_reset": ds.cut_reset,
-                      "cx_drained_by_response": ds.cx_drained_by_response,
-                      "cx_drained_proactive": ds.cx_drained_proactive,
-                      "cx_closed_at_end": ds.cx_closed_at_end},
+            "drain": {key: getattr(ds, key) for key in DRAIN_COUNTS},
         }
 
     def _status_tick(self) -> None:
@@ -241,7 +239,7 @@ class WorkerServer(Server):
     def _do_stats(self, msg: Message) -> None:
         if self.channel is None:
             return
-        self.channel.send({"op": "stats", "id": msg["id"],
+        self.channel.send({"op": "stats",
                            "stats": [_stat_out(s) for s in self.stats_snapshot()],
                            "clusters": clusters_view(self.clusters.values()),
                            "status": self.status()})

@@ -95,7 +95,6 @@ class WorkerSet:
         self.stopping = False
         self.replaced = 0
         self._heartbeat: asyncio.TimerHandle | None = None
-        self._stats_id = 0
         self._all_exited: asyncio.Future[None] = loop.create_future()
         # what the main process has broadcast that a replacement must replay, and the state
         # it must start with (endpoint facts)
@@ -286,12 +285,11 @@ class WorkerSet:
 
     async def gather_stats(self) -> None:
         """Each worker's stats and cluster view, fresh (or its last, past STATS_TIMEOUT)."""
-        self._stats_id += 1
         asked = []
         for w in self.workers:
             if w.channel is not None and w.ready and not (w.waiting and not w.waiting.done()):
                 w.waiting = self.loop.create_future()
-                w.channel.send({"op": "stats", "id": self._stats_id})
+                w.channel.send({"op": "stats"})
                 asked.append(w.waiting)
         if asked:
             await asyncio.wait(asked, timeout=STATS_TIMEOUT)
