@@ -119,7 +119,8 @@ def test_drain_listeners_skip_exit_keeps_the_report(lameduck) -> None:
     assert report["cause"] == "drain_listeners" and not report["shutdown"]
     assert report["config"]["deadline"] is None
     t = column(report, "t")
-    assert 0.9 <= t[-1] <= 3.0 and len(t) >= 8, t
+    # a sample every 100 ms over T = 1 s (a loaded machine can delay a few)
+    assert 0.9 <= t[-1] <= 3.0 and len(t) >= 5, t
     assert report["counts"]["completed"] >= 0
     # a second drain: newest first, ?last=1 only that one
     assert ld.admin("POST", "/drain_listeners?graceful&skip_exit").status_code == 200

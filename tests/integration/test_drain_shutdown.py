@@ -216,8 +216,8 @@ def test_exit_as_soon_as_idle_after_min_drain(lameduck, min_drain: float) -> Non
     took = watch.at - t0
     if min_drain:
         assert min_drain - 0.05 <= took < min_drain + 1.0, took
-    else:
-        assert took < 0.7, took
+    else:  # at once: long before T (3 s), with the same slack for a loaded machine
+        assert took < 2.0, took
     assert "cut=0" in drain_report(ld.log())
 
 
