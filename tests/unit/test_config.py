@@ -21,6 +21,7 @@ from lameduck.config import (
     StopAccepting,
     Strategy,
     default_config,
+    drain_settings,
     format_duration,
     load_config,
     load_config_text,
@@ -779,3 +780,18 @@ def test_connect_retry_and_max_connecting_defaults() -> None:
     assert cluster.max_connecting == 4
     back_off = cluster.retry_policy.retry_back_off
     assert (back_off.base_interval, back_off.cap) == (0.025, 0.25)
+
+
+# --- drain core settings -----------------------------------------------------------------------
+
+
+def test_drain_settings_carry_the_drain_and_shutdown_sections() -> None:
+    cfg = load_config_text(textwrap.dedent("""
+        drain: {time: 12s, strategy: immediate, connection_grace: 2s}
+        shutdown: {deadline: 30s, min_drain: 4s, stop_accepting: immediately}
+    """))
+    drain, shutdown = drain_settings(cfg)
+    assert (drain.time, drain.strategy, drain.grace) == (12.0, Strategy.IMMEDIATE, 2.0)
+    assert (shutdown.deadline, shutdown.min_drain) == (30.0, 4.0)
+    assert shutdown.stop_accepting_at_drain_end is False
+    assert drain_settings(default_config())[1].stop_accepting_at_drain_end is True

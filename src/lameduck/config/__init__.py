@@ -28,6 +28,7 @@ from lameduck.config.schema import (
     StopAccepting,
     Strategy,
 )
+from lameduck.config.settings import drain_settings
 
 __all__ = [
     "AdminConfig",
@@ -47,6 +48,7 @@ __all__ = [
     "StopAccepting",
     "Strategy",
     "default_config",
+    "drain_settings",
     "format_duration",
     "format_loc",
     "load_config",

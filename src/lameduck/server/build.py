@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lameduck.config import ClusterConfig, Config
-from lameduck.drain import DrainSettings, ListenerDrain, ProcessDrain, ShutdownSettings
+from lameduck.config import ClusterConfig, Config, drain_settings
+from lameduck.drain import ListenerDrain, ProcessDrain
 from lameduck.drain.endpoint import AdminState, EndpointDrain, PersistenceTable
 from lameduck.drain.health import OutlierDetector
 from lameduck.drain.retry import RetryBudget
@@ -52,11 +52,7 @@ class Built:
 def build(cfg: Config, loop: asyncio.AbstractEventLoop, rng: Callable[[], float],
           on_change: Callable[[], None]) -> Built:
     """``on_change``: a connection closed or a request ended (the shutdown check)."""
-    process = ProcessDrain(
-        DrainSettings(cfg.drain.time, cfg.drain.strategy, cfg.drain.connection_grace),
-        ShutdownSettings(cfg.shutdown.deadline, cfg.shutdown.min_drain,
-                         cfg.shutdown.stop_accepting == "at_drain_end"),
-    )
+    process = ProcessDrain(*drain_settings(cfg))
     registry = StatsRegistry()
     server_stats = registry.add("server", ServerStats())
     drain_stats = registry.add("server.drain", DrainStats())

@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from lameduck.config import StopAccepting
+from lameduck.config import drain_settings
 from lameduck.drain.backoff import Backoff
 from lameduck.drain.event import DrainEvent
 from lameduck.drain.listener import ListenerDrain
 from lameduck.drain.prestop import Prestop, PrestopAction, PrestopState
-from lameduck.drain.process import DrainSettings, ProcessDrain, ShutdownSettings, Step
+from lameduck.drain.process import ProcessDrain, Step
 from lameduck.sim import rollout as controller
 from lameduck.sim.clients import (
     RECONNECT_BACKOFF,
@@ -101,12 +101,7 @@ class Simulation:
         self.eng = Engine()
         self.leaves = Batches()
         self.connects = Batches()
-        cfg = sc.config
-        self.drain_settings = DrainSettings(cfg.drain.time, cfg.drain.strategy,
-                                            cfg.drain.connection_grace)
-        self.shutdown_settings = ShutdownSettings(
-            cfg.shutdown.deadline, cfg.shutdown.min_drain,
-            cfg.shutdown.stop_accepting is StopAccepting.AT_DRAIN_END)
+        self.drain_settings, self.shutdown_settings = drain_settings(sc.config)
         cap = sc.replicas * 2 + 2 if sc.rollout is not None else sc.replicas
         self.cap = cap
         self.pods: list[Pod] = []
