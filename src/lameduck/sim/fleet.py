@@ -47,7 +47,8 @@ BACKOFF = Backoff()
 
 class Pod:
     __slots__ = ("deleted_at", "exit_at", "exit_step", "gone", "health_down", "idx",
-                 "listener", "new", "pd", "prestop", "ready_at", "sigterm_at", "step_at")
+                 "listener", "mark_at", "new", "pd", "prestop", "ready_at", "sigterm_at",
+                 "step_at")
 
     def __init__(self, idx: int, new: bool, pd: ProcessDrain,
                  listener: ListenerDrain) -> None:
@@ -64,6 +65,7 @@ class Pod:
         self.prestop: Prestop | None = None
         self.health_down: float | None = None
         self.step_at = math.inf
+        self.mark_at = math.inf  # the shutdown deadline a check is booked at
 
 
 @dataclass
@@ -283,9 +285,8 @@ class Simulation:
         event, _ = pod.pd.start_shutdown(t)
         self._event_reaches(pod, t, event)
         self._health_fails(pod, t)
-        pd = pod.pd
-        for mark in {t + pd.min_drain, event.ends_at, t + pd.exit_after}:
-            self.eng.at(mark, self._step, pod)
+        # the first check at the signal; each WAIT books the next at the core's next deadline
+        self.eng.at(t, self._step, pod)
 
     def _health_fails(self, pod: Pod, t: float) -> None:
         """Its health check answers 503 (or its port is closed) from ``t``: an LB that checks
@@ -362,6 +363,10 @@ class Simulation:
         pod.pd.ledger.active = active
         step = pod.pd.shutdown_step(t, conns)
         if step is Step.WAIT:
+            mark = pod.pd.next_deadline(t)
+            if mark is not None and mark != pod.mark_at:
+                pod.mark_at = mark
+                self.eng.at(mark, self._step, pod)
             ev = pod.pd.shutdown
             if active and ev is not None and t >= ev.ends_at and last < pod.step_at:
                 pod.step_at = last
