@@ -82,3 +82,24 @@ def test_shipped_examples_load() -> None:
     assert files
     for f in files:
         assert load_scenario(f).duration > 0
+
+
+def test_a_duplicate_key_in_the_config_file_is_refused_as_lameduck_run_refuses_it(
+        tmp_path: Path) -> None:
+    cfg = tmp_path / "lameduck.yaml"
+    cfg.write_text("drain:\n  time: 10s\ndrain:\n  time: 30s\n")
+    with pytest.raises(ScenarioError) as e:
+        scenario_from({**BASE, "config": "lameduck.yaml"}, tmp_path, "s.yaml")
+    assert str(e.value).startswith(f"s.yaml: config: {cfg}: ")
+    assert "duplicate key 'drain'" in str(e.value)
+
+
+def test_a_duplicate_key_in_the_inline_lameduck_section_is_refused(tmp_path: Path) -> None:
+    sc = tmp_path / "s.yaml"
+    sc.write_text("fleet: {replicas: 4}\nclients: [{count: 10}]\ndrain: {at: 5s}\n"
+                  "duration: 30s\nlameduck:\n  shutdown: {deadline: 20s}\n"
+                  "  shutdown: {deadline: 40s}\n")
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(sc)
+    assert str(e.value) == (f"{sc}: scenario: {sc}: line 7, column 3: invalid YAML: "
+                            "duplicate key 'shutdown'")

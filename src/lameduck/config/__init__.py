@@ -11,6 +11,8 @@ from lameduck.config.load import (
     format_loc,
     load_config,
     load_config_text,
+    parse_config_text,
+    strict_yaml_documents,
 )
 from lameduck.config.schema import (
     AdminConfig,
@@ -53,5 +55,7 @@ __all__ = [
     "format_loc",
     "load_config",
     "load_config_text",
+    "parse_config_text",
     "parse_duration",
+    "strict_yaml_documents",
 ]

@@ -21,7 +21,15 @@ from pydantic_core import ErrorDetails
 
 from lameduck.config.schema import Config, drain_warnings
 
-__all__ = ["ConfigError", "default_config", "format_loc", "load_config", "load_config_text"]
+__all__ = [
+    "ConfigError",
+    "default_config",
+    "format_loc",
+    "load_config",
+    "load_config_text",
+    "parse_config_text",
+    "strict_yaml_documents",
+]
 
 log = logging.getLogger("lameduck.config")
 
@@ -142,8 +150,15 @@ def _yaml_error(source: str, error: yaml.YAMLError) -> ConfigError:
     return ConfigError(source, [(where, f"invalid YAML: {problem}")])
 
 
-def load_config_text(text: str, source: str = "<string>") -> Config:
-    """Parse and validate YAML text; `source` names it in error messages."""
+def strict_yaml_documents(text: str) -> list[Any]:
+    """Every document of YAML text, parsed as configs are: safely, a duplicate key an error
+    (``yaml.YAMLError``) instead of PyYAML silently keeping the last one."""
+    return list(yaml.load_all(text, Loader=_StrictLoader))  # a SafeLoader subclass
+
+
+def parse_config_text(text: str, source: str = "<string>") -> dict[str, Any]:
+    """YAML config text as its mapping of sections, not yet validated: parsed strictly (a
+    duplicate key is refused) and checked to be a mapping, as `load_config_text` does."""
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
     except yaml.YAMLError as error:
@@ -155,6 +170,12 @@ def load_config_text(text: str, source: str = "<string>") -> Config:
             source,
             [("", f"top level must be a mapping of sections, got {type(data).__name__}")],
         )
+    return data
+
+
+def load_config_text(text: str, source: str = "<string>") -> Config:
+    """Parse and validate YAML text; `source` names it in error messages."""
+    data = parse_config_text(text, source)
     try:
         config = Config.model_validate(data)
     except ValidationError as error:

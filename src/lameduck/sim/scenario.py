@@ -28,7 +28,15 @@ from typing import Any
 
 import yaml
 
-from lameduck.config import Config, ConfigError, default_config, load_config_text, parse_duration
+from lameduck.config import (
+    Config,
+    ConfigError,
+    default_config,
+    load_config_text,
+    parse_config_text,
+    parse_duration,
+    strict_yaml_documents,
+)
 from lameduck.drain.prestop import PrestopStrategy
 from lameduck.orchestrate.budget import BudgetError, PodTimers, pod_timers
 from lameduck.sim.walk import Proto
@@ -250,14 +258,25 @@ def _scale(raw: object, replicas: int, name: str, up: bool, fields: _Fields) -> 
     raise fields.fail(name, f"expected a count or a percentage (25%), got {raw!r}")
 
 
-def _yaml_file(path: Path, what: str, source: str) -> object:
+def _read(path: Path, what: str, source: str) -> str:
     try:
-        with path.open(encoding="utf-8") as f:
-            docs = [d for d in yaml.safe_load_all(f) if d is not None]
+        return path.read_text(encoding="utf-8")
     except OSError as e:
         raise ScenarioError(f"{source}: {what}: cannot read {path}: {e.strerror or e}") from None
+
+
+def _yaml_file(path: Path, what: str, source: str) -> object:
+    """The first document of a YAML file, parsed as lameduck parses its config: a duplicate
+    key is refused, not silently resolved to the last one."""
+    text = _read(path, what, source)
+    try:
+        docs = [d for d in strict_yaml_documents(text) if d is not None]
     except yaml.YAMLError as e:
-        raise ScenarioError(f"{source}: {what}: {path}: invalid YAML: {e}") from None
+        # one line, as the config loader words it: where, then the problem
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise ScenarioError(f"{source}: {what}: {path}: {where}invalid YAML: {problem}") from None
     if not docs:
         raise ScenarioError(f"{source}: {what}: {path} holds no YAML document")
     return docs[0]
@@ -324,9 +343,10 @@ def scenario_from(data: object, base: Path, source: str = "<scenario>") -> Scena
         if cfg_path is None:
             cfg_data = default_config().model_dump(mode="json", exclude_none=True)
         else:
-            cfg_data = _yaml_file(base / cfg_path, "config", source)
-            if not isinstance(cfg_data, Mapping):
-                raise top.fail("config", "the file is not a mapping of config sections")
+            # parsed as `lameduck run` parses it (a duplicate key is refused)
+            path = base / cfg_path
+            cfg_data = parse_config_text(_read(path, "config", source),
+                                         f"{source}: config: {path}")
         merged = _deep_merge(dict(cfg_data), over)
         config = load_config_text(yaml.safe_dump(merged), f"{source}: lameduck")
     except ConfigError as e:
