@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """lameduck vs HAProxy vs nginx: keep-alive GET / through each proxy to the same origin.
 
-HTTP/1.1 rows: wrk against all three proxies. HTTP/2 rows (--h2, the default): h2load over
-h2c prior knowledge against lameduck and HAProxy, in two shapes (5 connections x 10 streams,
-50 connections x 1 stream); the origin stays HTTP/1.1 behind both. HTTP/2-upstream rows
-(--h2-upstream, the default): wrk (HTTP/1.1) against lameduck and HAProxy, each forwarding to
-an nginx origin that speaks only h2c (HTTP/2 prior knowledge). Pool rows (--pool, the default):
-wrk against lameduck and HAProxy, each spreading requests round robin over three demo origins
-with active health checks on.
+The origin (--origin, default nginx) is one nginx process answering a fixed body with the
+headers real origins send (Connection: keep-alive, Date, Server); --origin demo puts the Python
+demo origin there instead. HTTP/1.1 rows: wrk against all three proxies. HTTP/2 rows (--h2, the
+default): h2load over h2c prior knowledge against lameduck and HAProxy, in two shapes (5
+connections x 10 streams, 50 connections x 1 stream); the origin stays HTTP/1.1 behind both.
+HTTP/2-upstream rows (--h2-upstream, the default): wrk (HTTP/1.1) against lameduck and HAProxy,
+each forwarding to an nginx origin that speaks only h2c (HTTP/2 prior knowledge). Pool rows
+(--pool, the default): wrk against lameduck and HAProxy, each spreading requests round robin
+over three origins (as --origin) with active health checks on. --lameduck-base PATH adds a
+second lameduck build (lameduck-base) to the HTTP/1.1, h2 and h2-upstream rounds, for a
+before/after comparison in the same run. Every row shows the proxy's CPU, the load CPU and which
+was the limit; a ratio to HAProxy is printed only when both rows' proxies were saturated.
 
 Run with ``make bench`` (or ``.venv/bin/python bench/run.py --help``). Everything listens on
 127.0.0.1, every process it starts is stopped by pid before it returns (also on Ctrl-C and
@@ -15,7 +20,7 @@ SIGTERM), and the default run takes under three minutes. See bench/README.md.
 
 Layout on a 2-core machine:
     CPU 0 (--proxy-cpu): the proxy under test (one of three, all pinned there)
-    CPU 1 (--load-cpu):  the demo origins, the nginx h2c origin and wrk / h2load
+    CPU 1 (--load-cpu):  the origins (nginx or demo), the nginx h2c origin and wrk / h2load
 """
 
 from __future__ import annotations
@@ -53,7 +58,16 @@ OUT_DIR = REPO / "bench" / "out"
 HELLO = b"hello from the lameduck demo origin\n"
 # lameduck-log: lameduck with its access log on (to a file), for what the log costs per request
 PROXIES = ("lameduck", "lameduck-log", "haproxy", "nginx")
+# --lameduck-base PATH: another lameduck build, same config, measured beside lameduck
+BASE = "lameduck-base"
+# --origin: what answers behind the proxies (and behind the pool)
+ORIGINS = ("nginx", "demo")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# % of a core at which a core, or a single-threaded process, is the limit.
+SATURATED = 95.0
+# A proxy below this % of its core (its utime+stime over the round's wall time) was not the
+# limit: its req/s is what the other side allowed, so no req/s ratio is printed for its row.
+PROXY_SATURATED = 85.0
 
 # The HTTP/1.1 target: CPU per keep-alive GET and req/s against HAProxy.
 TARGET_CPU_US = 50.0
@@ -63,7 +77,7 @@ TARGET_LINE = (f"target: lameduck <= {TARGET_CPU_US:g} µs CPU per keep-alive GE
 
 # HTTP/2 (h2c prior knowledge, h2load): the proxies that speak it here, the two load shapes
 # (name, connections, concurrent streams per connection) and the HTTP/2 target.
-H2_PROXIES = ("lameduck", "haproxy")
+H2_PROXIES = ("lameduck", BASE, "haproxy")
 H2_SHAPES = (("5x10", 5, 10), ("50x1", 50, 1))
 # h2c clients -> proxy -> the h2c origin (gRPC's path: HTTP/2 on both sides), 5x10, when the
 # h2c origin runs. Informational: the targets are for the two shapes above.
@@ -75,7 +89,7 @@ TARGET_H2_LINE = (f"target (h2c): lameduck >= {TARGET_H2_RATIO:g}x HAProxy req/s
 
 # HTTP/1.1 clients -> proxy -> HTTP/2 (h2c prior knowledge) upstream: an nginx origin that
 # speaks only h2c, behind a second listener (lameduck) / frontend (HAProxy). No target.
-H2UP_PROXIES = ("lameduck", "haproxy")
+H2UP_PROXIES = ("lameduck", BASE, "haproxy")
 H2_HELLO = b"hello from the h2 origin\n"
 H2UP_LISTENER, H2UP_CLUSTER = "ingress-h2up", "origin-h2"
 H2UP_STREAMS = 100  # lameduck's clusters[].http2.max_concurrent_streams (its default)
@@ -298,9 +312,10 @@ def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int
                    h2: bool = False, h2up_origin_port: int = 0,
                    pool_origin_ports: tuple[int, ...] = (),
                    access_log: bool = False, workers: int = 1,
-                   name: str | None = None) -> tuple[Proc, int]:
+                   name: str | None = None, binary: str | None = None) -> tuple[Proc, int]:
     """``workers`` > 1: lameduck's multi-process mode (a main process and that many worker
-    processes, its children: pinned with it); ``name`` names its config, log and process."""
+    processes, its children: pinned with it); ``name`` names its config, log and process;
+    ``binary``: another lameduck executable (--lameduck-base), given the same config."""
     port, admin = free_port(), free_port()
     h2up_port = free_port() if h2up_origin_port else 0
     pool_port = free_port() if pool_origin_ports else 0
@@ -359,7 +374,7 @@ def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     # Its log is its stderr (stdout too); both go to <name>.log in the work dir.
-    proc = procs.start(name, cpu, [lameduck_bin(), "run", "-c", str(path)])
+    proc = procs.start(name, cpu, [binary or lameduck_bin(), "run", "-c", str(path)])
     try:
         wait_until(proc, "GET /ready == 200",
                    lambda: http_get(f"http://127.0.0.1:{admin}/ready")[0] == 200)
@@ -572,11 +587,12 @@ def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
     return proc, port
 
 
-# What both nginx configs start with: one process, no daemon, no access log, paths in {tmp}.
+# What every nginx config starts with: no daemon, no access log, paths in {tmp}. One process
+# (master off) except the --workers scale origin's, which needs a master to fork its workers.
 NGINX_PREAMBLE = """\
-worker_processes 1;
+worker_processes {processes};
 daemon off;
-master_process off;
+master_process {master};
 pid {tmp}/nginx.pid;
 error_log {tmp}/nginx-error.log warn;
 
@@ -632,20 +648,26 @@ def start_nginx(procs: Procs, cpu: int, workdir: Path, origin_port: int) -> tupl
     tmp.mkdir()
     cfg = tmp / "nginx.conf"
     cfg.write_text(NGINX_CFG.format(port=port, origin_port=origin_port, tmp=tmp,
+                                    processes=1, master="off",
                                     temp_paths=_nginx_temp_paths(tmp)))
     return _run_nginx(procs, "nginx", cpu, tmp, cfg, port), port
 
 
 def _run_nginx(procs: Procs, name: str, cpus: int | str, tmp: Path, cfg: Path,
-               port: int) -> Proc:
-    """``cfg`` checked (nginx -t), then started; ready once it answers HELLO on ``port``."""
+               port: int, ready: Callable[[], bool] | None = None) -> Proc:
+    """``cfg`` checked (nginx -t), then started; ready once ``ready()`` is true (default: it
+    answers HELLO on ``port``). Stopped again if it never gets ready."""
     argv = ["nginx", "-p", str(tmp), "-e", str(tmp / "nginx-error.log"), "-c", str(cfg)]
     check = subprocess.run([*argv, "-t", "-q"], capture_output=True, text=True)
     if check.returncode != 0:
         raise BenchError(f"nginx rejected {cfg}:\n{check.stdout}{check.stderr}")
     proc = procs.start(name, cpus, argv)
     proc.log = tmp / "nginx-error.log"  # its stderr is empty: errors go to the error_log
-    wait_until(proc, "listening socket", lambda: _proxied_ok(port))
+    try:
+        wait_until(proc, "listening socket", ready or (lambda: _proxied_ok(port)))
+    except BenchError:
+        procs.stop(proc)
+        raise
     return proc
 
 
@@ -654,28 +676,105 @@ def _proxied_ok(port: int) -> bool:
     return status == 200 and body == HELLO
 
 
-H2_ORIGIN_CFG = """\
-# Generated by bench/run.py: nginx as the h2c origin of the HTTP/2-upstream rows, one process.
+# An nginx origin: the main and pool origins (--origin nginx), the h2c origin of the
+# HTTP/2-upstream rows (listen ... http2) and the --workers scale origin (one process per CPU,
+# master on). A fixed body from `return`, with the headers nginx always sends (Server, Date,
+# Content-Length, Connection: keep-alive), as real origins answer; /health for the pool's
+# health checks.
+NGINX_ORIGIN_CFG = """\
+# Generated by bench/run.py: nginx as the origin "{name}", no logs.
 """ + NGINX_PREAMBLE + """\
     default_type text/plain;
     keepalive_timeout 60s;
-    # Also the HTTP/2 requests per connection (1.19.7+): the default of 1000 would GOAWAY the
-    # proxies' shared connections dozens of times a second.
+    # The default of 1000 would reconnect the proxies' upstream connections mid-round; since
+    # 1.19.7 it also caps the requests of an HTTP/2 connection (then GOAWAY).
     keepalive_requests 100000000;
 
     server {{
-        # "http2" on a plain listener: HTTP/2 prior knowledge (h2c) only; an HTTP/1.1 request
-        # gets the connection closed, so a proxy cannot quietly fall back to HTTP/1.1 here.
-        listen 127.0.0.1:{port} http2;
+        listen 127.0.0.1:{port}{listen_opts};
         location / {{
             return 200 "{body}";
+        }}
+        location = /health {{
+            return 200 "ok\\n";
         }}
     }}
 }}
 """
 
 
-def run_short(procs: Procs, cpu: int, name: str, argv: list[str],
+def start_nginx_origin(procs: Procs, name: str, cpus: int | str, workdir: Path,
+                       body: bytes = HELLO, processes: int = 1,
+                       h2: bool = False) -> tuple[Proc, int]:
+    """nginx answering ``body`` on ``GET /`` (and ``ok`` on ``/health``), pinned to ``cpus``.
+    ``processes`` > 1: master on (nginx forks workers only then). ``h2``: HTTP/2 prior
+    knowledge only (an HTTP/1.1 request gets the connection closed, so no proxy can fall back
+    to HTTP/1.1 unnoticed), ready once curl --http2-prior-knowledge gets ``body``."""
+    if h2:
+        build = subprocess.run(["nginx", "-V"], capture_output=True, text=True).stderr
+        if "--with-http_v2_module" not in build:
+            raise BenchError("this nginx has no http_v2 module (nginx -V): no h2c origin")
+    port = free_port()
+    tmp = workdir / name
+    tmp.mkdir(exist_ok=True)
+    cfg = tmp / "nginx.conf"
+    cfg.write_text(NGINX_ORIGIN_CFG.format(
+        name=name, processes=processes, master="on" if processes > 1 else "off", port=port,
+        tmp=tmp, temp_paths=_nginx_temp_paths(tmp), listen_opts=" http2" if h2 else "",
+        body=body.decode().replace("\n", "\\n")))
+    if not h2:
+        return _run_nginx(procs, name, cpus, tmp, cfg, port), port
+
+    def listening() -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+
+    proc = _run_nginx(procs, name, cpus, tmp, cfg, port, ready=listening)
+    problem = h2c_check(procs, cpus, port, body)
+    if problem:
+        procs.stop(proc)
+        raise BenchError(f"the nginx origin does not answer h2c prior knowledge on :{port}: "
+                         f"{problem}; log tail ({proc.log}):\n{proc.tail()}")
+    return proc, port
+
+
+def start_h2_origin(procs: Procs, cpu: int, workdir: Path) -> tuple[Proc, int]:
+    """The h2c origin of the HTTP/2-upstream rows, pinned like the other origins."""
+    return start_nginx_origin(procs, "h2origin", cpu, workdir, body=H2_HELLO, h2=True)
+
+
+def start_main_origin(procs: Procs, args: argparse.Namespace, workdir: Path,
+                      name: str = "origin") -> tuple[Proc, int]:
+    """The origin behind the HTTP/1.1 rows (and, named pool-originN, each pool origin):
+    ``--origin nginx`` (one process, on the load CPU) or ``--origin demo`` (the Python demo
+    origin, which sends no Connection header and saturates the load CPU first)."""
+    if args.origin == "nginx":
+        return start_nginx_origin(procs, name, args.load_cpu, workdir)
+    return start_origin(procs, args.load_cpu, name)
+
+
+def origin_headers(port: int) -> str:
+    """What the origin answers ``GET /`` with (status and header names, Connection's and
+    Server's values), to show in the results which origin the proxies were measured against."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3)
+    try:
+        conn.request("GET", "/")
+        r = conn.getresponse()
+        body = r.read()
+        if r.status != 200 or body != HELLO:
+            raise BenchError(f"the origin on :{port} answered {r.status} {body[:80]!r}")
+        shown = [f"{k}: {v}" if k.lower() in ("connection", "server") else k
+                 for k, v in r.getheaders()]
+    except (OSError, http.client.HTTPException) as e:
+        raise BenchError(f"the origin on :{port}: {type(e).__name__}: {e}") from None
+    finally:
+        conn.close()
+    if not any(h.lower().startswith("connection:") for h in shown):
+        shown.append("(no Connection header)")
+    return f"{r.status}, {len(body)}-byte body, headers " + ", ".join(shown)
+
+
+def run_short(procs: Procs, cpu: int | str, name: str, argv: list[str],
               timeout: float) -> tuple[int | None, str]:
     """A short-lived tool (curl), tracked and stopped by pid like everything else; (exit code,
     or None when it had to be stopped, output)."""
@@ -689,7 +788,7 @@ def run_short(procs: Procs, cpu: int, name: str, argv: list[str],
     return rc, proc.log.read_text(errors="replace")
 
 
-def h2c_check(procs: Procs, cpu: int, port: int, expect: bytes) -> str | None:
+def h2c_check(procs: Procs, cpu: int | str, port: int, expect: bytes) -> str | None:
     """``GET /`` with curl --http2-prior-knowledge: None when it was answered over HTTP/2 with
     200 and ``expect``, else what came back."""
     marker = "\n--curl: "
@@ -700,42 +799,6 @@ def h2c_check(procs: Procs, cpu: int, port: int, expect: bytes) -> str | None:
     if rc == 0 and info.strip() == "2 200" and body.encode() == expect:
         return None
     return f"curl --http2-prior-knowledge: exit {rc}, {out.strip()[-200:]!r}"
-
-
-def start_h2_origin(procs: Procs, cpu: int, workdir: Path) -> tuple[Proc, int]:
-    """nginx serving a fixed body over h2c prior knowledge only, pinned like the demo origin;
-    ready once curl --http2-prior-knowledge gets that body over HTTP/2."""
-    build = subprocess.run(["nginx", "-V"], capture_output=True, text=True).stderr
-    if "--with-http_v2_module" not in build:
-        raise BenchError("this nginx has no http_v2 module (nginx -V): no h2c origin")
-    port = free_port()
-    tmp = workdir / "h2origin"
-    tmp.mkdir()
-    cfg = tmp / "nginx.conf"
-    cfg.write_text(H2_ORIGIN_CFG.format(
-        port=port, tmp=tmp, temp_paths=_nginx_temp_paths(tmp),
-        body=H2_HELLO.decode().replace("\n", "\\n")))
-    argv = ["nginx", "-p", str(tmp), "-e", str(tmp / "nginx-error.log"), "-c", str(cfg)]
-    check = subprocess.run([*argv, "-t", "-q"], capture_output=True, text=True)
-    if check.returncode != 0:
-        raise BenchError(f"nginx rejected {cfg}:\n{check.stdout}{check.stderr}")
-    proc = procs.start("h2origin", cpu, argv)
-    proc.log = tmp / "nginx-error.log"  # its stderr is empty: errors go to the error_log
-
-    def listening() -> bool:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-
-    try:
-        wait_until(proc, "listening socket", listening)
-        problem = h2c_check(procs, cpu, port, H2_HELLO)
-        if problem:
-            raise BenchError(f"the nginx origin does not answer h2c prior knowledge on "
-                             f":{port}: {problem}; log tail ({proc.log}):\n{proc.tail()}")
-    except BenchError:
-        procs.stop(proc)
-        raise
-    return proc, port
 
 
 def keepalive_check(port: int, requests: int = 3, timeout: float = 3.0,
@@ -1016,7 +1079,36 @@ def measure_h2(procs: Procs, name: str, proxy: Proc, shape: tuple[str, int, int]
 # Report.
 # --------------------------------------------------------------------------------------------
 
-def _versions() -> dict[str, str]:
+def lameduck_build(binary: str) -> str:
+    """Version, commit and whether the hot path is compiled, of the lameduck behind ``binary``:
+    a before/after comparison means little unless both builds are compiled alike."""
+    probe = ("import lameduck, lameduck.http1.wire as w; "
+             "print(lameduck.__version__); print(w.__file__)")
+    try:
+        r = subprocess.run([str(Path(binary).parent / "python"), "-c", probe],
+                           capture_output=True, text=True, timeout=60)
+        version, module = r.stdout.split()
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return f"? ({binary})"
+    hot = "hot path compiled" if module.endswith(".so") else "pure-Python hot path"
+    repo = Path(module).resolve().parents[3]  # <repo>/src/lameduck/http1/wire...
+    # --no-optional-locks: only read (another process may be using the same work tree)
+    git = ["git", "--no-optional-locks", "-C", str(repo)]
+    commit = ""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode == 0:
+            commit = f"commit {head.stdout.strip()}"
+            changed = subprocess.run([*git, "status", "--porcelain", "--", "src"],
+                                     capture_output=True, text=True, timeout=10).stdout
+            if changed.strip():
+                commit += " + uncommitted changes in src/"
+            commit += ", "
+    return f"{version}, {commit}{hot} ({binary})"
+
+
+def _versions(args: argparse.Namespace) -> dict[str, str]:
     def first_line(argv: list[str]) -> str:
         try:
             r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
@@ -1024,14 +1116,13 @@ def _versions() -> dict[str, str]:
             return "?"
         return ((r.stdout or r.stderr).strip().splitlines() or ["?"])[0]
 
-    from lameduck import __version__
-
     cpu = "?"
     with contextlib.suppress(OSError):
         m = re.search(r"^model name\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
         cpu = m.group(1) if m else "?"
     return {
-        "lameduck": __version__,
+        "lameduck": args.builds.get("lameduck") or lameduck_build(lameduck_bin()),
+        **({BASE: args.builds[BASE]} if BASE in args.builds else {}),
         "python": platform.python_version(),
         "haproxy": first_line(["haproxy", "-v"]),
         "nginx": first_line(["nginx", "-v"]),
@@ -1043,28 +1134,98 @@ def _versions() -> dict[str, str]:
 
 
 def bound_by(proxy_pct: float, load_pct: float, load_cpu: int) -> str:
-    """Which side limited the round: a proxy at ~100% of its core, or the origin + wrk core."""
-    sides = [n for n, pct in (("proxy", proxy_pct), (f"cpu{load_cpu}", load_pct)) if pct >= 95]
+    """Which side limited the round: the proxy (at >= PROXY_SATURATED % of its core), the load
+    core (origin + client at >= SATURATED % busy), both, or neither (latency, other jobs)."""
+    sides = [n for n, hit in (("proxy", proxy_pct >= PROXY_SATURATED),
+                              (f"cpu{load_cpu} (load)", load_pct >= SATURATED)) if hit]
     return " + ".join(sides) or "neither"
 
 
-def summarize(samples: list[Sample], names: list[str],
-              load_cpu: int) -> tuple[list[list[str]], list[str]]:
-    med: dict[str, dict[str, float]] = {}
-    for n in names:
-        ss = [s for s in samples if s.proxy == n]
-        med[n] = {k: statistics.median(getattr(s, k) for s in ss)
-                  for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req", "proxy_cpu_pct")}
-        med[n]["errors"] = sum(s.errors for s in ss)
-        med[n]["load_pct"] = statistics.median(s.cpu_pct[load_cpu] for s in ss)
-    ha = med.get("haproxy", {}).get("rps")
+def saturated(m: dict[str, float]) -> bool:
+    """Whether the proxy of a row (its medians) was the limit: only then does its req/s say
+    what it can do, and a req/s ratio mean anything."""
+    return m["proxy_cpu_pct"] >= PROXY_SATURATED
+
+
+def ratio_cell(m: dict[str, float], ha: dict[str, float] | None) -> str:
+    """req/s over HAProxy's: "n/a" without an HAProxy row, "n/s" (not saturated) unless both
+    proxies were the limit of their rows."""
+    if ha is None:
+        return "n/a"
+    if not (saturated(m) and saturated(ha)):
+        return "n/s"
+    return f"{m['rps'] / ha['rps']:.2f}x"
+
+
+def saturation_notes(med: dict[str, dict[str, float]], has_ha: bool) -> list[str]:
+    """The footnote of a table with a row whose proxy was not saturated (none otherwise)."""
+    low = {n: m for n, m in med.items() if not saturated(m)}
+    if not low:
+        return []
+    who = ", ".join(f"{n} {m['proxy_cpu_pct']:.0f}%" for n, m in low.items())
+    text = (f"n/s = not saturated: {who} proxy CPU, under {PROXY_SATURATED:g}% of a core: not "
+            "the limit (see *limit*), so that req/s is what the rest of the setup allowed")
+    if has_ha:
+        text += (" and no ratio to HAProxy is printed for it"
+                 + (" (HAProxy among them: for no row)" if "haproxy" in low else ""))
+    return [text + "; compare CPU µs/req"]
+
+
+def base_notes(samples: list[Sample] | list[H2Sample], med: dict[str, dict[str, float]],
+               label: str = "") -> list[str]:
+    """lameduck next to lameduck-base (--lameduck-base) measured in the same rounds: CPU
+    µs/request, with the round-by-round change (each round ran both back to back), and req/s
+    when both were saturated."""
+    if BASE not in med or "lameduck" not in med:
+        return []
+    new, old = med["lameduck"], med[BASE]
+    by_round: dict[str, dict[int, float]] = {"lameduck": {}, BASE: {}}
+    for s in samples:
+        if s.proxy in by_round and not getattr(s, "failed", ""):
+            by_round[s.proxy][s.round] = s.cpu_us_per_req
+    paired = [by_round["lameduck"][r] / b - 1 for r, b in sorted(by_round[BASE].items())
+              if r in by_round["lameduck"] and b]
+    line = (f"{label}lameduck vs {BASE} (same config, same rounds): CPU "
+            f"{new['cpu_us_per_req']:.1f} vs {old['cpu_us_per_req']:.1f} µs/req "
+            f"({new['cpu_us_per_req'] / old['cpu_us_per_req'] - 1:+.1%}"
+            + (f"; round by round {', '.join(f'{x:+.1%}' for x in paired)}" if paired else "")
+            + f"); req/s {new['rps']:,.0f} vs {old['rps']:,.0f} ")
+    if saturated(new) and saturated(old):
+        line += f"({new['rps'] / old['rps']:.2f}x)"
+    else:
+        line += "(n/s: no ratio, one of them was not saturated)"
+    return [line]
+
+
+def _medians(ss: list[Sample], load_cpu: int) -> dict[str, float]:
+    """The medians of a row's rounds, the load core's busy % included (to name the limit)."""
+    m = {k: statistics.median(getattr(s, k) for s in ss)
+         for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req", "proxy_cpu_pct")}
+    m["errors"] = sum(s.errors for s in ss)
+    m["load_pct"] = statistics.median(s.cpu_pct[load_cpu] for s in ss)
+    return m
+
+
+@dataclass
+class Summary:
+    """A wrk table: its rows, the target verdict lines, the footnotes (saturation, the
+    lameduck-base comparison) and the medians by proxy."""
+    rows: list[list[str]]
+    verdict: list[str]
+    notes: list[str]
+    med: dict[str, dict[str, float]]
+
+
+def summarize(samples: list[Sample], names: list[str], load_cpu: int) -> Summary:
+    med = {n: _medians([s for s in samples if s.proxy == n], load_cpu) for n in names}
+    ha = med.get("haproxy")
     rows = []
     for n in names:
         m = med[n]
         rows.append([
             n, f"{m['rps']:,.0f}", f"{m['p50_ms']:.2f} ms", f"{m['p99_ms']:.2f} ms",
-            f"{m['cpu_us_per_req']:.1f}", f"{m['proxy_cpu_pct']:.0f}%",
-            f"{m['rps'] / ha:.2f}x" if ha else "n/a", str(int(m["errors"])),
+            f"{m['cpu_us_per_req']:.1f}", f"{m['proxy_cpu_pct']:.0f}%", f"{m['load_pct']:.0f}%",
+            ratio_cell(m, ha), str(int(m["errors"])),
             bound_by(m["proxy_cpu_pct"], m["load_pct"], load_cpu),
         ])
     verdict = []
@@ -1073,18 +1234,37 @@ def summarize(samples: list[Sample], names: list[str],
         verdict.append(f"lameduck CPU per request: {cpu:.1f} µs "
                        f"({'met' if cpu <= TARGET_CPU_US else 'NOT met'}: <= {TARGET_CPU_US:g})")
         if ha:
-            ratio = med["lameduck"]["rps"] / ha
-            verdict.append(f"lameduck req/s vs HAProxy: {ratio:.2f}x "
-                           f"({'met' if ratio >= TARGET_RATIO else 'NOT met'}: "
-                           f">= {TARGET_RATIO:g}x)")
-    return rows, verdict
+            verdict.append("lameduck req/s vs HAProxy: " + _ratio_verdict(
+                med["lameduck"], ha, TARGET_RATIO))
+    return Summary(rows, verdict, [*saturation_notes(med, ha is not None),
+                                   *base_notes(samples, med)], med)
+
+
+def _not_saturated(m: dict[str, float], ha: dict[str, float]) -> str:
+    """"" when lameduck's row (``m``) and HAProxy's (``ha``) were both saturated, else the
+    "n/s" text that stands in for their req/s ratio."""
+    low = " and ".join(f"{n} at {x['proxy_cpu_pct']:.0f}%" for n, x in
+                       (("lameduck", m), ("haproxy", ha)) if not saturated(x))
+    return (f"n/s (no ratio: {low} proxy CPU, under {PROXY_SATURATED:g}%, was not the limit)"
+            if low else "")
+
+
+def _ratio_verdict(m: dict[str, float], ha: dict[str, float], target: float) -> str:
+    """The req/s ratio target: judged only when both proxies were saturated."""
+    why = _not_saturated(m, ha)
+    if why:
+        return why.replace("no ratio:", "not judged:")
+    ratio = m["rps"] / ha["rps"]
+    return f"{ratio:.2f}x ({'met' if ratio >= target else 'NOT met'}: >= {target:g}x)"
 
 
 def summarize_h2(samples: list[H2Sample], names: list[str], load_cpu: int,
-                 skipped: dict[str, str]) -> tuple[list[list[str]], list[str], list[str]]:
-    """Rows (shape x proxy, medians over the rounds that worked), the HTTP/2 verdict, and one
-    line per failed row with its reason. A row fails when any of its rounds failed."""
-    rows, verdict, failures = [], [], []
+                 skipped: dict[str, str],
+                 ) -> tuple[list[list[str]], list[str], list[str], list[str]]:
+    """Rows (shape x proxy, medians over the rounds that worked), the HTTP/2 verdict, one
+    line per failed row with its reason, and the footnotes (saturation, lameduck-base). A row
+    fails when any of its rounds failed."""
+    rows, verdict, failures, notes = [], [], [], []
     shapes = [*H2_SHAPES, *([H2H2_SHAPE] if any(s.shape == H2H2_SHAPE[0] for s in samples)
                             else [])]
     for label, _, _ in shapes:
@@ -1107,21 +1287,21 @@ def summarize_h2(samples: list[H2Sample], names: list[str], load_cpu: int,
                 med[n]["load_pct"] = statistics.median(s.cpu_pct[load_cpu] for s in good)
             errors = sum(s.errors for s in ss)
             if n in failed:
-                rows.append([label, n, "FAILED", "-", "-", "-", "-", "-", "-", str(errors),
-                             "-"])
+                rows.append([label, n, "FAILED", "-", "-", "-", "-", "-", "-", "-",
+                             str(errors), "-"])
                 failures.append(f"{n} h2 {label}: {failed[n]}")
-        ha = med.get("haproxy", {}).get("rps") if "haproxy" not in failed else None
-        for n in names:
-            if n in failed or n not in med:
-                continue
-            m = med[n]
+        ha = med.get("haproxy") if "haproxy" not in failed else None
+        ok = {n: m for n, m in med.items() if n not in failed}
+        for n, m in ok.items():
             rows.append([
                 label, n, f"{m['rps']:,.0f}", f"{m['mean_ms']:.2f} ms", f"{m['p50_ms']:.2f} ms",
                 f"{m['p99_ms']:.2f} ms", f"{m['cpu_us_per_req']:.1f}",
-                f"{m['proxy_cpu_pct']:.0f}%", f"{m['rps'] / ha:.2f}x" if ha else "n/a",
+                f"{m['proxy_cpu_pct']:.0f}%", f"{m['load_pct']:.0f}%", ratio_cell(m, ha),
                 str(sum(s.errors for s in samples if s.proxy == n and s.shape == label)),
                 bound_by(m["proxy_cpu_pct"], m["load_pct"], load_cpu),
             ])
+        notes += [f"{label}: {x}" for x in saturation_notes(ok, ha is not None)]
+        notes += base_notes([s for s in samples if s.shape == label], ok, f"{label}: ")
         if "lameduck" not in names or label == H2H2_SHAPE[0]:
             continue  # no target for the HTTP/2-upstream shape: its row is for information
         if "lameduck" in failed:
@@ -1131,10 +1311,8 @@ def summarize_h2(samples: list[H2Sample], names: list[str], load_cpu: int,
         parts = [f"CPU {cpu:.1f} µs/req ({'met' if cpu <= TARGET_H2_CPU_US else 'NOT met'}: "
                  f"<= {TARGET_H2_CPU_US:g})"]
         if ha:
-            ratio = med["lameduck"]["rps"] / ha
-            parts.append(f"req/s {ratio:.2f}x HAProxy ("
-                         f"{'met' if ratio >= TARGET_H2_RATIO else 'NOT met'}: "
-                         f">= {TARGET_H2_RATIO:g}x)")
+            parts.append("req/s vs HAProxy " + _ratio_verdict(med["lameduck"], ha,
+                                                              TARGET_H2_RATIO))
         else:
             parts.append("req/s vs HAProxy: n/a (no HAProxy h2 result)")
         verdict.append(f"h2 {label}: lameduck " + ", ".join(parts))
@@ -1142,7 +1320,7 @@ def summarize_h2(samples: list[H2Sample], names: list[str], load_cpu: int,
     order = {n: i for i, n in enumerate(names)}
     shape_order = {label: i for i, (label, _, _) in enumerate(shapes)}
     rows.sort(key=lambda r: (shape_order[r[0]], order[r[1]]))
-    return rows, verdict, failures
+    return rows, verdict, failures, notes
 
 
 def _median(ss: list[Sample] | list[WorkerSample], key: str,
@@ -1155,28 +1333,40 @@ def _median(ss: list[Sample] | list[WorkerSample], key: str,
 
 def _side_rows(samples: list[Sample], names: list[str], load_cpu: int,
                skipped: dict[str, str], part: str,
-               ) -> tuple[list[str], dict[str, list[str]], list[list[str]], list[str]]:
+               ) -> tuple[list[str], Summary, list[list[str]], list[str]]:
     """Rows of a part measured like the HTTP/1.1 one (same columns; a proxy in ``skipped``
-    reads FAILED): (proxies with rounds, their rows by name, all rows, one line per failure)."""
+    reads FAILED): (proxies with rounds, their summary, all rows, one line per failure)."""
     good = [n for n in names if n not in skipped and any(s.proxy == n for s in samples)]
-    by_name = dict(zip(good, summarize(samples, good, load_cpu)[0], strict=True)) if good else {}
+    summary = summarize(samples, good, load_cpu)
+    by_name = dict(zip(good, summary.rows, strict=True))
     rows, failures = [], []
     for n in names:
         if n in by_name:
             rows.append(by_name[n])
             continue
         errors = sum(s.errors for s in samples if s.proxy == n)
-        rows.append([n, "FAILED", "-", "-", "-", "-", "-", str(errors), "-"])
+        rows.append([n, "FAILED", "-", "-", "-", "-", "-", "-", str(errors), "-"])
         failures.append(f"{n} {part}: {skipped.get(n, 'no rounds ran')}")
-    return good, by_name, rows, failures
+    return good, summary, rows, failures
+
+
+def _ratio_info(summary: Summary, what: str) -> list[str]:
+    """lameduck's req/s ratio to HAProxy in a part with no target, under the same rule."""
+    med = summary.med
+    if "lameduck" not in med or "haproxy" not in med:
+        return []
+    m, ha = med["lameduck"], med["haproxy"]
+    return [f"lameduck req/s vs HAProxy {what}: "
+            + (_not_saturated(m, ha) or f"{m['rps'] / ha['rps']:.2f}x")]
 
 
 def summarize_h2up(samples: list[Sample], names: list[str], load_cpu: int,
                    skipped: dict[str, str], h1_samples: list[Sample],
                    ) -> tuple[list[list[str]], list[str], list[str]]:
     """The HTTP/2-upstream rows, informational lines (no target: what the h2c upstream costs
-    next to the same proxy's HTTP/1.1-upstream row of this run) and one line per failed row."""
-    good, by_name, rows, failures = _side_rows(samples, names, load_cpu, skipped,
+    next to the same proxy's HTTP/1.1-upstream row of this run; the footnotes) and one line per
+    failed row."""
+    good, summary, rows, failures = _side_rows(samples, names, load_cpu, skipped,
                                                "h2-upstream")
     info = []
     for n in good:
@@ -1186,18 +1376,17 @@ def summarize_h2up(samples: list[Sample], names: list[str], load_cpu: int,
             line += (f", {h1:.1f} with the HTTP/1.1 upstream in this run's first table "
                      f"({cpu - h1:+.1f} µs, {cpu / h1:.2f}x)")
         info.append(line)
-    if "lameduck" in by_name and "haproxy" in by_name:
-        ratio = _median(samples, "rps", "lameduck") / _median(samples, "rps", "haproxy")
-        info.append(f"lameduck req/s vs HAProxy with an h2c upstream: {ratio:.2f}x")
-    return rows, info, failures
+    info += _ratio_info(summary, "with an h2c upstream")
+    return rows, [*info, *summary.notes], failures
 
 
 def summarize_pool(samples: list[Sample], names: list[str], load_cpu: int,
                    skipped: dict[str, str], h1_samples: list[Sample],
                    ) -> tuple[list[list[str]], list[str], list[str]]:
     """The pool rows, informational lines (no target: CPU µs/request and req/s next to the
-    same proxy's single-endpoint HTTP/1.1 row of this run) and one line per failed row."""
-    good, by_name, rows, failures = _side_rows(samples, names, load_cpu, skipped, "pool")
+    same proxy's single-endpoint HTTP/1.1 row of this run; the footnotes) and one line per
+    failed row."""
+    good, summary, rows, failures = _side_rows(samples, names, load_cpu, skipped, "pool")
     info = []
     for n in good:
         cpu, h1 = _median(samples, "cpu_us_per_req", n), _median(h1_samples, "cpu_us_per_req", n)
@@ -1208,14 +1397,12 @@ def summarize_pool(samples: list[Sample], names: list[str], load_cpu: int,
                      f"({cpu - h1:+.1f} µs, {cpu / h1:.2f}x); req/s {rps:,.0f} vs "
                      f"{h1_rps:,.0f} ({rps / h1_rps:.2f}x)")
         info.append(line)
-    if "lameduck" in by_name and "haproxy" in by_name:
-        ratio = _median(samples, "rps", "lameduck") / _median(samples, "rps", "haproxy")
-        info.append(f"lameduck req/s vs HAProxy through the pool: {ratio:.2f}x")
-    return rows, info, failures
+    info += _ratio_info(summary, "through the pool")
+    return rows, [*info, *summary.notes], failures
 
 
 H2_HEADERS = ["h2 shape", "proxy", "req/s (median)", "mean", "p50", "p99", "CPU µs/req",
-              "proxy CPU", "vs HAProxy req/s", "errors", "saturated"]
+              "proxy CPU", "load CPU", "vs HAProxy req/s", "errors", "limit"]
 
 
 def h2_round_rows(samples: list[H2Sample], args: argparse.Namespace) -> list[list[str]]:
@@ -1238,8 +1425,8 @@ def h2_round_headers(args: argparse.Namespace) -> list[str]:
             "proxy CPU", f"cpu{args.proxy_cpu} busy", f"cpu{args.load_cpu} busy", "errors"]
 
 
-HEADERS = ["proxy", "req/s (median)", "p50", "p99", "CPU µs/req", "proxy CPU",
-           "vs HAProxy req/s", "errors", "saturated"]
+HEADERS = ["proxy", "req/s (median)", "p50", "p99", "CPU µs/req", "proxy CPU", "load CPU",
+           "vs HAProxy req/s", "errors", "limit"]
 
 
 def text_table(rows: list[list[str]], headers: list[str] = HEADERS, left: int = 1) -> str:
@@ -1272,9 +1459,31 @@ def round_headers(args: argparse.Namespace) -> list[str]:
             f"cpu{args.proxy_cpu} busy", f"cpu{args.load_cpu} busy", "errors"]
 
 
+def origin_desc(args: argparse.Namespace) -> str:
+    """What --origin put behind the proxies, in words for the results."""
+    if args.origin == "nginx":
+        return ("an nginx origin (one process, `return 200` with a fixed 36-byte body; "
+                "Connection: keep-alive, Date and Server in every response)")
+    return "the Python demo origin (`python -m lameduck.demo`; no Connection header)"
+
+
+def limit_text(args: argparse.Namespace) -> str:
+    """How to read the proxy CPU, load CPU, limit and ratio columns (every wrk/h2load table)."""
+    return (
+        "*proxy CPU* is the proxy's utime+stime over the round's wall time (100% = its "
+        f"core); *load CPU* how busy CPU {args.load_cpu} (origin + client) was. *limit*: "
+        f"`proxy` when the proxy ran at >= {PROXY_SATURATED:g}% of its core, "
+        f"`cpu{args.load_cpu} (load)` when the load core was >= {SATURATED:g}% busy, both, or "
+        f"`neither`. A ratio to HAProxy is printed only when both rows' proxies were at >= "
+        f"{PROXY_SATURATED:g}% (saturated); otherwise it reads `n/s` (not saturated): a proxy "
+        "that was not the limit ran at the pace the rest of the setup allowed, and its req/s "
+        "says nothing of what it can do. CPU µs/req compares either way.")
+
+
 def h2_markdown(h2, args) -> list[str]:
-    """The HTTP/2 section: ``h2`` is (rows, verdict, failures, samples) from the h2 rounds."""
-    rows, verdict, failures, samples = h2
+    """The HTTP/2 section: ``h2`` is (rows, verdict, failures, notes, samples) from the h2
+    rounds."""
+    rows, verdict, failures, notes, samples = h2
     warm = (f" with a {args.h2_warmup:g} s h2load warm-up each" if args.h2_warmup > 0 else "")
     return [
         "## HTTP/2 (h2c prior knowledge)",
@@ -1282,11 +1491,12 @@ def h2_markdown(h2, args) -> list[str]:
         f"h2load -t1 against {', '.join(args.h2_names)}: {args.rounds} interleaved rounds x "
         f"{args.h2_duration:g} s per proxy and shape{warm}, after the HTTP/1.1 rounds; shapes "
         + ", ".join(f"`{label}` = `-c{c} -m{m}`" for label, c, m in H2_SHAPES)
-        + ". The origin is the same HTTP/1.1 demo origin (both proxies speak HTTP/1.1 "
-        "upstream).",
+        + f". The origin is the first table's, {origin_desc(args)} (both proxies speak "
+        "HTTP/1.1 upstream); `h2-h2` rows go to the h2c origin instead.",
         "",
         md_table(rows, H2_HEADERS),
         "",
+        *[f"{x}.\n" for x in notes],
         TARGET_H2_LINE + ":",
         "",
         *[f"- {x}" for x in verdict],
@@ -1295,8 +1505,9 @@ def h2_markdown(h2, args) -> list[str]:
         "Medians over the rounds that worked; *mean* is h2load's mean time per request, p50 "
         "and p99 come from its `--log-file`. CPU µs/req counts the proxy's CPU time from "
         "h2load's \"main duration started\" to \"over\" (its warm-up excluded) divided by the "
-        "requests that succeeded in that period. A row is FAILED when any of its rounds had "
-        "a failed, errored or timed-out request, a non-2xx status, or no h2load summary.",
+        "requests that succeeded in that period; proxy and load CPU cover that period too. A "
+        "row is FAILED when any of its rounds had a failed, errored or timed-out request, a "
+        "non-2xx status, or no h2load summary. " + limit_text(args),
         "",
         "### HTTP/2 rounds",
         "",
@@ -1324,7 +1535,7 @@ def _side_markdown(title: str, intro: str, part, tail: str, rounds_title: str,
         *[f"Failed: {f}\n" for f in failures],
         *[f"Note: {n}.\n" for n in notes],
         "Same columns and method as the HTTP/1.1 table (CPU µs/req = the proxy's utime+stime "
-        f"over the round / requests wrk completed){tail}",
+        f"over the round / requests wrk completed){tail} " + limit_text(args),
         "",
         f"### {rounds_title}",
         "",
@@ -1346,8 +1557,8 @@ def h2up_markdown(h2up, args) -> list[str]:
         "`server ... proto h2` with `http-reuse always`. Both add X-Forwarded-For.")
     return _side_markdown(
         "HTTP/1.1 clients → HTTP/2 (h2c) upstream", intro, h2up,
-        ". The HTTP/1.1-upstream comparison above uses a different origin (the Python demo "
-        "origin); both answer a few headers and a short body.",
+        f". The HTTP/1.1-upstream comparison above uses {origin_desc(args)}; both answer a "
+        "few headers and a short body.",
         "HTTP/2-upstream rounds", args)
 
 
@@ -1359,8 +1570,9 @@ def pool_markdown(pool, args) -> list[str]:
         f"wrk -t{args.threads} -c{args.connections} keep-alive GET / against "
         f"{', '.join(args.pool_names)}, {args.rounds} interleaved rounds x "
         f"{args.pool_duration:g} s per proxy{warm}, after the other parts. The origins are "
-        f"{POOL_SIZE} demo origins (one Python process each, on the load CPU, like the first "
-        "table's). lameduck reaches them through a cluster with `lb_policy: round_robin`, "
+        f"{POOL_SIZE} of the first table's origin ({origin_desc(args)}), each one process on "
+        "the load CPU, each answering `GET /health` with 200. lameduck reaches them through "
+        "a cluster with `lb_policy: round_robin`, "
         f"`health_check: {{path: {hc['path']}, interval: {hc['interval']}, timeout: "
         f"{hc['timeout']}, rise: {hc['rise']}, fall: {hc['fall']}}}`, `outlier_detection: {{}}` "
         "and the default retry_policy; HAProxy through `balance roundrobin`, "
@@ -1368,13 +1580,13 @@ def pool_markdown(pool, args) -> list[str]:
         "`http-reuse always`. Both add X-Forwarded-For.")
     return _side_markdown(
         f"HTTP/1.1 through a pool of {POOL_SIZE} origins (round robin, health checks)", intro,
-        pool, "; the single-endpoint comparison uses the same demo origin program.",
+        pool, "; the single-endpoint comparison uses the same origin program.",
         "Pool rounds", args)
 
 
-def write_markdown(path: Path, rows, verdict, samples, args, command: str,
+def write_markdown(path: Path, summary: Summary, samples, args, command: str,
                    notes: list[str], h2=None, h2up=None, pool=None, workers=None) -> None:
-    v = _versions()
+    v = _versions(args)
     lines = [
         "# lameduck benchmark results",
         "",
@@ -1382,25 +1594,22 @@ def write_markdown(path: Path, rows, verdict, samples, args, command: str,
         + (": only the workers rows." if not args.names else
            f": {args.rounds} interleaved rounds x {args.duration:g} s per proxy, wrk "
            f"-t{args.threads} -c{args.connections} keep-alive GET / (after a "
-           f"{args.warmup:g} s warm-up each); proxies pinned to CPU {args.proxy_cpu}, demo "
-           f"origin and wrk to CPU {args.load_cpu}."),
+           f"{args.warmup:g} s warm-up each); proxies pinned to CPU {args.proxy_cpu}, the "
+           f"origin and wrk to CPU {args.load_cpu}. The origin is {origin_desc(args)}; it "
+           f"answered `GET /` with {args.origin_info}."),
         "",
     ]
     if args.names:
         lines += [
-            md_table(rows),
+            md_table(summary.rows),
             "",
+            *[f"{x}.\n" for x in summary.notes],
             TARGET_LINE + ":",
             "",
-            *[f"- {x}" for x in verdict],
+            *[f"- {x}" for x in summary.verdict],
             "",
             "Medians over the rounds. *CPU µs/req* is the proxy's utime+stime over the round "
-            "divided by the requests wrk completed; *proxy CPU* is that CPU time over the "
-            "round's wall time (100% = the proxy saturates its core). *saturated* names the "
-            f"core(s) at >= 95% busy: `proxy` (CPU {args.proxy_cpu}) means the proxy itself "
-            f"was the limit; `cpu{args.load_cpu}` means the origin + wrk core was, so that "
-            "proxy's req/s is a lower bound of what it could do and CPU µs/req is the fairer "
-            "comparison.",
+            "divided by the requests wrk completed. " + limit_text(args),
             "",
         ]
     lines += [
@@ -1432,6 +1641,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="wrk threads (1)")
     p.add_argument("--proxies", default=",".join(PROXIES),
                    help="comma-separated subset of lameduck,haproxy,nginx")
+    p.add_argument("--origin", choices=ORIGINS, default="nginx",
+                   help="what answers behind the proxies in the HTTP/1.1, h2 and pool rows: "
+                   "nginx (one process, return 200, keep-alive; default) or demo (the Python "
+                   "demo origin, the old behaviour: no Connection header, and it saturates "
+                   "the load CPU before HAProxy and nginx saturate theirs)")
+    p.add_argument("--lameduck-base", metavar="PATH", default=None,
+                   help="another lameduck executable (e.g. a checkout's .venv/bin/lameduck): "
+                   f"measured as {BASE} beside lameduck, with the same generated config, in the "
+                   "same interleaved HTTP/1.1, h2 and h2-upstream rounds")
     p.add_argument("--proxy-cpu", type=int, default=0, help="CPU for the proxies (0)")
     p.add_argument("--load-cpu", type=int, default=1, help="CPU for origin and wrk (1)")
     p.add_argument("--out", type=Path, default=OUT_DIR / "results.md",
@@ -1458,8 +1676,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "--warmup, at most 1; 0 = none)")
     p.add_argument("--pool", action=argparse.BooleanOptionalAction, default=True,
                    help=f"also run the pool rows: wrk against lameduck and haproxy (those of "
-                   f"--proxies), each spreading requests round robin over {POOL_SIZE} demo "
-                   "origins with active health checks (default on)")
+                   f"--proxies), each spreading requests round robin over {POOL_SIZE} origins "
+                   "(as --origin) with active health checks (default on)")
     p.add_argument("--pool-duration", type=float, default=None,
                    help="seconds per proxy and round for those rows (default: --duration, "
                    "at most 4)")
@@ -1515,7 +1733,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         bad = [n for n in names if n not in PROXIES]
         if bad or not names:
             p.error(f"--proxies: unknown {bad}; choose from {', '.join(PROXIES)}")
+    if args.lameduck_base is not None:
+        base = Path(args.lameduck_base).expanduser()
+        if not (base.is_file() and os.access(base, os.X_OK)):
+            p.error(f"--lameduck-base {args.lameduck_base}: not an executable file")
+        if args.workers_only:
+            p.error("--lameduck-base is measured in the HTTP/1.1 and h2 rounds, not with "
+                    "--workers-only")
+        # absolute, not resolved: a venv's bin/lameduck finds its packages through its path
+        args.lameduck_base = str(base.absolute())
+        at = names.index("lameduck") + 1 if "lameduck" in names else 0
+        names.insert(at, BASE)  # beside lameduck, so the rows and rounds sit together
     args.names = names
+    args.origin_info = "?"  # what the origin answered GET / with (headers), set at start
+    args.builds = {}  # lameduck (and lameduck-base) version, commit, compiled or not
     if args.rounds < 1 or args.duration <= 0 or args.connections < 1 or args.threads < 1:
         p.error("--rounds, --duration, --connections and --threads must be positive")
     if args.h2_duration is None:
@@ -1568,7 +1799,9 @@ def run_h2_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], args: argp
     ok = True
     for name in names:
         proc = proxies[name][0]
-        problem = h2_precheck(procs, args.load_cpu, proc.h2_port)
+        # h2load checks the status only: curl checks that the origin's body comes back
+        problem = (h2_precheck(procs, args.load_cpu, proc.h2_port)
+                   or h2c_check(procs, args.load_cpu, proc.h2_port, HELLO))
         if problem:
             skipped[name] = problem
             ok = False
@@ -1591,13 +1824,13 @@ def run_h2_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], args: argp
                 samples.append(s)
                 if s.failed:
                     ok = False
-                    print(f"round {rnd} h2 {shape[0]:4} {name:9} FAILED: {s.failed}", flush=True)
+                    print(f"round {rnd} h2 {shape[0]:4} {name:13} FAILED: {s.failed}", flush=True)
                     if not proc.alive():
                         skipped[name] = s.failed
                         print(f"bench: {name} exited; log tail ({proc.log}):\n{proc.tail()}",
                               file=sys.stderr)
                     continue
-                print(f"round {rnd} h2 {shape[0]:4} {name:9} {s.rps:>10,.0f} req/s  "
+                print(f"round {rnd} h2 {shape[0]:4} {name:13} {s.rps:>10,.0f} req/s  "
                       f"mean {s.mean_ms:6.2f} ms  p99 {s.p99_ms:6.2f} ms  "
                       f"{s.cpu_us_per_req:6.1f} µs/req  proxy CPU {s.proxy_cpu_pct:3.0f}%  "
                       f"cpu{args.load_cpu} {s.cpu_pct[args.load_cpu]:3.0f}%  errors {s.errors}",
@@ -1623,7 +1856,7 @@ def run_h2up_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], origin: 
 def run_pool_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], origins: list[Proc],
                     args: argparse.Namespace, samples: list[Sample],
                     skipped: dict[str, str]) -> bool:
-    """HTTP/1.1 clients -> proxy -> pool of demo origins, last: as ``run_h2up_rounds``, on the
+    """HTTP/1.1 clients -> proxy -> pool of origins, last: as ``run_h2up_rounds``, on the
     pool listener, with ``--pool-duration`` and ``--pool-warmup``; the pre-check sends two
     requests per origin on one connection."""
     return _run_wrk_part(
@@ -1681,7 +1914,7 @@ def _run_wrk_part(procs: Procs, proxies: dict[str, tuple[Proc, int]],
                 continue
             samples.append(s)
             ok = ok and s.errors == 0
-            print(f"round {rnd} {tag} {name:9} {s.rps:>10,.0f} req/s  p50 {s.p50_ms:6.2f} ms  "
+            print(f"round {rnd} {tag} {name:13} {s.rps:>10,.0f} req/s  p50 {s.p50_ms:6.2f} ms  "
                   f"p99 {s.p99_ms:6.2f} ms  {s.cpu_us_per_req:6.1f} µs/req  "
                   f"proxy CPU {s.proxy_cpu_pct:3.0f}%  cpu{args.load_cpu} "
                   f"{s.cpu_pct[args.load_cpu]:3.0f}%  errors {s.errors}", flush=True)
@@ -1759,38 +1992,12 @@ SPLIT, SCALE = "split", "scale"
 TARGET_SPLIT = 0.10  # workers: N on one core: at most 10 % more CPU per request
 TARGET_SPLIT_LINE = (f"target (workers): lameduck's CPU per request with workers: N pinned to "
                      f"one core within {TARGET_SPLIT:.0%} of workers: 1 on that core (same run)")
-SATURATED = 95.0  # % of a core at which a core, or a single-threaded process, is the limit
-
-WORKERS_ORIGIN_CFG = """\
-# Generated by bench/run.py: the HTTP/1.1 origin of the --workers scale rows, nginx with one
-# process per CPU (the demo origin, one Python process sharing the cores, would be the limit).
-""" + NGINX_PREAMBLE.replace("worker_processes 1;", "worker_processes {processes};").replace(
-    "master_process off;", "master_process on;") + """    default_type text/plain;
-    keepalive_timeout 60s;
-    keepalive_requests 100000000;   # default 1000 would reconnect mid-round
-
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            return 200 "{body}";
-        }}
-    }}
-}}
-"""
-
 
 def start_workers_origin(procs: Procs, cpus: str, workdir: Path,
                          processes: int) -> tuple[Proc, int]:
-    """nginx answering ``GET /`` with the demo origin's body, ``processes`` workers (master
-    on: nginx only forks workers then), spread over ``cpus``."""
-    port = free_port()
-    tmp = workdir / "workers-origin"
-    tmp.mkdir(exist_ok=True)
-    cfg = tmp / "nginx.conf"
-    cfg.write_text(WORKERS_ORIGIN_CFG.format(
-        processes=processes, port=port, tmp=tmp, temp_paths=_nginx_temp_paths(tmp),
-        body=HELLO.decode().replace("\n", "\\n")))
-    return _run_nginx(procs, "workers-origin", cpus, tmp, cfg, port), port
+    """nginx answering ``GET /`` with HELLO, ``processes`` workers spread over ``cpus``: the
+    single-process demo origin (or a one-process nginx) would be the limit there."""
+    return start_nginx_origin(procs, "workers-origin", cpus, workdir, processes=processes)
 
 
 def _pid_start(pid: int) -> str:
@@ -2077,7 +2284,7 @@ def scale_limit(ss: list[WorkerSample], threads: int) -> str:
 WORKERS_SPLIT_HEADERS = ["workers", "req/s (median)", "p50", "p99", "CPU µs/req",
                          "vs workers: 1", "main µs/req", "main CPU", "per worker CPU",
                          "requests per worker", "connections per worker", "errors",
-                         "saturated"]
+                         "lameduck CPU", "load CPU", "limit"]
 WORKERS_SCALE_HEADERS = ["workers", "req/s (median)", "p50", "p99", "CPU µs/req",
                          "vs workers: 1 req/s", "lameduck CPU", "origin CPU", "wrk CPU",
                          "other", "cores busy", "requests per worker",
@@ -2107,14 +2314,14 @@ def summarize_workers(res: WorkersResult, args: argparse.Namespace,
             main_us, main_pct = _main_cost(ss)
             if part == SPLIT:
                 ratio = cpu / _median(base, "cpu_us_per_req") if base else None
+                lam = _median(ss, "proxy_cpu_pct")
+                load = statistics.median(s.cpu_pct[args.load_cpu] for s in ss)
                 split_rows.append([
                     *head, f"{ratio:.2f}x" if ratio else "n/a",
                     f"{main_us:.2f}" if n > 1 else "-",
                     f"{main_pct:.1f}%" if n > 1 else "-", per_worker,
-                    _shares(served), accepted, errors,
-                    bound_by(_median(ss, "proxy_cpu_pct"),
-                             statistics.median(s.cpu_pct[args.load_cpu] for s in ss),
-                             args.load_cpu)])
+                    _shares(served), accepted, errors, f"{lam:.0f}%", f"{load:.0f}%",
+                    bound_by(lam, load, args.load_cpu)])
                 if n > 1 and ratio:
                     paired = [s.cpu_us_per_req / b.cpu_us_per_req - 1 for s in ss for b in base
                               if b.round == s.round and b.cpu_us_per_req]
@@ -2163,8 +2370,8 @@ WORKERS_ROUND_HEADERS = ["part", "round", "workers", "req/s", "p50 ms", "p99 ms"
 def workers_titles(res: WorkersResult, args: argparse.Namespace) -> tuple[str, str]:
     return (
         f"lameduck workers: N vs workers: 1, all pinned to CPU {args.proxy_cpu} (main process "
-        f"and workers); demo origin and wrk -t{args.threads} -c{args.connections} on CPU "
-        f"{args.load_cpu}; {args.workers_duration:g} s rounds",
+        f"and workers); origin ({args.origin}) and wrk -t{args.threads} -c{args.connections} "
+        f"on CPU {args.load_cpu}; {args.workers_duration:g} s rounds",
         f"lameduck workers: N vs workers: 1 spread over CPUs {res.cpus}, with an nginx origin "
         f"(one process per CPU) and wrk -t{res.threads} -c{args.connections} on the same "
         f"CPUs; {args.workers_duration:g} s rounds")
@@ -2229,13 +2436,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     for tool in ("taskset", "wrk", *(["haproxy"] if "haproxy" in args.names else []),
                  *(["nginx"] if "nginx" in args.names or args.h2up_names
-                   or args.worker_counts else []),
+                   or args.worker_counts or args.origin == "nginx" else []),
                  *(["h2load"] if args.h2_names else []),
-                 *(["curl"] if args.h2up_names else [])):
+                 *(["curl"] if args.h2up_names or args.h2_names else [])):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             print(f"bench: {tool} not found (make bench installs wrk, haproxy, nginx-light, "
                   "nghttp2-client; --no-h2 skips the h2load rows, --no-h2-upstream the rows "
-                  "through the nginx h2c origin, which need curl)", file=sys.stderr)
+                  "through the nginx h2c origin, which need curl as the h2 rows do)",
+                  file=sys.stderr)
             return 2
     os.environ["PATH"] += os.pathsep + "/usr/sbin:/sbin"
     exe = Path(sys.executable)
@@ -2267,9 +2475,16 @@ def main(argv: list[str] | None = None) -> int:
             f"cpu{c} {pct:.0f}% busy" for c, pct in idle.items())
             + " (other jobs were running; expect noisy numbers)")
         print(f"bench: warning: {notes[-1]}", file=sys.stderr)
+    args.builds["lameduck"] = lameduck_build(lameduck_bin())
+    if args.lameduck_base:
+        args.builds[BASE] = lameduck_build(args.lameduck_base)
+    for name, build in args.builds.items():
+        print(f"{name}: {build}")
     try:
-        origin, origin_port = start_origin(procs, args.load_cpu)
-        print(f"origin: pid {origin.pid} on 127.0.0.1:{origin_port} (CPU {args.load_cpu})")
+        origin, origin_port = start_main_origin(procs, args, workdir)
+        args.origin_info = origin_headers(origin_port)
+        print(f"origin ({args.origin}): pid {origin.pid} on 127.0.0.1:{origin_port} "
+              f"(CPU {args.load_cpu}); GET / -> {args.origin_info}")
         h2_origin, h2_origin_port = None, 0
         if args.h2up_names:
             try:
@@ -2287,13 +2502,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.pool_names:
             try:
                 for i in range(1, POOL_SIZE + 1):
-                    o, o_port = start_origin(procs, args.load_cpu, f"pool-origin{i}")
+                    o, o_port = start_main_origin(procs, args, workdir, f"pool-origin{i}")
                     pool_origins.append(o)
                     pool_ports += (o_port,)
                 print("pool origins: " + ", ".join(
                     f"pid {o.pid} on 127.0.0.1:{o_port}"
                     for o, o_port in zip(pool_origins, pool_ports, strict=True))
-                    + f" (CPU {args.load_cpu})")
+                    + f" ({args.origin}, CPU {args.load_cpu})")
             except BenchError as e:  # the other parts still run; these rows read FAILED
                 keep = True
                 for o in pool_origins:
@@ -2307,9 +2522,15 @@ def main(argv: list[str] | None = None) -> int:
             kw: dict = {"h2": True} if name in args.h2_names else {}
             if name in args.h2up_names and h2_origin_port:
                 kw["h2up_origin_port"] = h2_origin_port
-            if name in args.pool_names and pool_ports:
+            # lameduck-base gets lameduck's config whole (its pool listener too, health checks
+            # running, though its pool row is not measured)
+            if pool_ports and (name in args.pool_names
+                               or (name == BASE and "lameduck" in args.pool_names)):
                 kw["pool_origin_ports"] = pool_ports
-            proc, port = STARTERS[name](procs, args.proxy_cpu, workdir, origin_port, **kw)
+            if name == BASE:
+                kw.update(name=BASE, binary=args.lameduck_base)
+            starter = STARTERS[name if name != BASE else "lameduck"]
+            proc, port = starter(procs, args.proxy_cpu, workdir, origin_port, **kw)
             proxies[name] = (proc, port)
             print(f"{name}: pid {proc.pid} on 127.0.0.1:{port} (CPU {args.proxy_cpu})"
                   + (f", h2c on :{proc.h2_port}" if proc.h2_port else "")
@@ -2335,7 +2556,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc, port = proxies[name]
                 s = measure(procs, name, proc, port, args, rnd)
                 samples.append(s)
-                print(f"round {rnd} {name:9} {s.rps:>10,.0f} req/s  p50 {s.p50_ms:6.2f} ms  "
+                print(f"round {rnd} {name:13} {s.rps:>10,.0f} req/s  p50 {s.p50_ms:6.2f} ms  "
                       f"p99 {s.p99_ms:6.2f} ms  {s.cpu_us_per_req:6.1f} µs/req  "
                       f"proxy CPU {s.proxy_cpu_pct:3.0f}%  cpu{args.load_cpu} "
                       f"{s.cpu_pct[args.load_cpu]:3.0f}%  errors {s.errors}", flush=True)
@@ -2396,13 +2617,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    rows, verdict = summarize(samples, args.names, args.load_cpu)
+    summary = summarize(samples, args.names, args.load_cpu)
     if args.names:
         print()
-        print(text_table(rows))
+        print(f"HTTP/1.1 keep-alive GET / (wrk -t{args.threads} -c{args.connections}; "
+              f"{args.duration:g} s rounds; origin: {args.origin})")
+        print(text_table(summary.rows))
+        for x in summary.notes:
+            print("  " + x)
         print()
         print(TARGET_LINE)
-        for v in verdict:
+        for v in summary.verdict:
             print("  " + v)
     best = max((statistics.median(x.rps for x in samples if x.proxy == n) for n in args.names),
                default=0.0)
@@ -2416,13 +2641,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{k}={v}" for k, v in counters.items()))
     h2 = None
     if args.h2_names:
-        h2_rows, h2_verdict, h2_failures = summarize_h2(h2_samples, args.h2_names,
-                                                        args.load_cpu, h2_skipped)
-        h2 = (h2_rows, h2_verdict, h2_failures, h2_samples)
+        h2_rows, h2_verdict, h2_failures, h2_notes = summarize_h2(
+            h2_samples, args.h2_names, args.load_cpu, h2_skipped)
+        h2 = (h2_rows, h2_verdict, h2_failures, h2_notes, h2_samples)
         print()
         print(f"HTTP/2 (h2c prior knowledge, h2load -t1; {args.h2_duration:g} s rounds; "
               + ", ".join(f"{label} = -c{c} -m{m}" for label, c, m in H2_SHAPES) + ")")
         print(text_table(h2_rows, H2_HEADERS, left=2))
+        for x in h2_notes:
+            print("  " + x)
         print()
         print(TARGET_H2_LINE)
         for v in h2_verdict:
@@ -2473,8 +2700,7 @@ def main(argv: list[str] | None = None) -> int:
             print("note: " + n)
     if workers is not None:
         print_workers(workers, args)
-    write_markdown(args.out, rows, verdict, samples, args, command, notes, h2, h2up, pool,
-                   workers)
+    write_markdown(args.out, summary, samples, args, command, notes, h2, h2up, pool, workers)
     print(f"\nwritten {args.out}")
     return 0
 
