@@ -19,6 +19,7 @@ from lameduck.drain.endpoint import EndpointDrain
 from lameduck.http1.upstream import H1Upstream
 from lameduck.http2.connection import H2Limits
 from lameduck.proxy.exchange import Exchange
+from lameduck.proxy.message import HTTP11, RequestHead
 from lameduck.stats import DrainStats, Http2Stats, HttpStats
 from lameduck.upstream.cluster import Cluster
 from lameduck.upstream.pool import Endpoint
@@ -209,10 +210,11 @@ class Upstream:
     def reusable(self) -> bool:
         return self.alive and not self.closed
 
-    def start(self, sink: Any, head: bytes, no_body: bool, chunked: bool,
-              fields: list[tuple[bytes, bytes]] | None = None) -> None:
+    def start(self, sink: Any, head: Any) -> None:
         self.sink = sink
-        self.sent += head
+        self.head = head
+        self.sent += b"%s %s HTTP/1.1\r\nhost: %s\r\n\r\n" % (head.method, head.path,
+                                                             head.authority or b"")
 
     def write(self, data: bytes) -> None:
         self.sent += data
@@ -261,6 +263,7 @@ class Context:
         self.health_check_path: bytes | None = b"/healthz"
         self.access_log = None  # off, as by default
         self.generate_request_id = False  # upstream heads stay as the cases write them
+        self.scheme = b"http"
         self.connects: list[Connecting] = []
         self.done = 0
 
@@ -332,9 +335,6 @@ class Downstream:
     def going_away(self, ex: Exchange) -> None:
         self.log.append(("going_away",))
 
-    def persistence_key(self, ex: Exchange, cluster: Cluster) -> str | None:
-        return "10.0.0.1"
-
     def hold_request(self, ex: Exchange) -> None:
         self.held = True
 
@@ -388,14 +388,15 @@ def request(ctx: Context, method: bytes = b"GET", retryable: bool | None = None,
     down = Downstream(ctx)
     ex = Exchange(down, method)
     ctx.stats.downstream_rq_active += 1
+    fields: list[tuple[bytes, bytes]] = []
+    if retryable:  # a key the application deduplicates by makes any method safe to send again
+        fields.append((b"idempotency-key", b"k-1"))
+    head = RequestHead(method, b"app", b"/x", fields, HTTP11)
     if body:
-        ex.chunked_req = True
+        head.has_body = True  # of unknown length: an HTTP/1.1 upstream gets it chunked
     else:
         ex.req_done = True
-    if retryable is None:
-        retryable = method in (b"GET", b"HEAD", b"PUT", b"DELETE", b"OPTIONS", b"TRACE")
-    if ex.admit(ctx, b"app", b"/x", retryable):
-        ex.head = method + b" /x HTTP/1.1\r\nhost: app\r\n\r\n"
+    if ex.admit(ctx, head, b"10.0.0.1"):
         ex.start()
     return ex, down
 

@@ -24,6 +24,7 @@ import h11
 import httptools
 
 from lameduck.http1.downstream import STAND_IN, H1Downstream, extension_method
+from lameduck.http1.upstream import request_head
 from tests import playbook
 from tests.playbook import Connecting, Transport, Upstream
 
@@ -49,10 +50,10 @@ class RecordingUpstream(Upstream):
         super().__init__(endpoint, multiplexed)
         self.forwards: list[Forward] = []
 
-    def start(self, sink: Any, head: bytes, no_body: bool, chunked: bool,
-              fields: list[tuple[bytes, bytes]] | None = None) -> None:
-        super().start(sink, head, no_body, chunked, fields)
-        self.forwards.append(Forward(head, no_body, chunked))
+    def start(self, sink: Any, head: Any) -> None:
+        """The head as the HTTP/1.1 upstream formats it (the bytes an origin would read)."""
+        super().start(sink, head)
+        self.forwards.append(Forward(request_head(head), head.method == b"HEAD", head.chunked))
 
     def write(self, data: bytes) -> None:
         super().write(data)

@@ -158,10 +158,10 @@ def test_upstream_flags_proactive_drain_request_id_and_default_format(
 
 def test_default_format_fields_over_http1_and_http2_and_a_reopen_on_sigusr1(
         origin_port: int, lameduck: Any, tmp_path: Path) -> None:
-    """The fields Envoy's default line takes from the request, as the codecs keep them
-    (HTTP/1.1: X-Forwarded-For as sent upstream, the client's address appended, values
-    stripped; HTTP/2: as received), and logrotate's rename + SIGUSR1: the lines buffered go
-    to the renamed file, the later ones to a new file at the path, all of them at exit."""
+    """The fields Envoy's default line takes from the request, the same over both protocols
+    (X-Forwarded-For as sent upstream, the client's address appended; values stripped), and
+    logrotate's rename + SIGUSR1: the lines buffered go to the renamed file, the later ones
+    to a new file at the path, all of them at exit."""
     text = tmp_path / "access.log"
     ld: Lameduck = lameduck(
         drain={"time": "0s", "strategy": "immediate", "connection_grace": "100ms"},
@@ -193,7 +193,8 @@ def test_default_format_fields_over_http1_and_http2_and_a_reopen_on_sigusr1(
         rf'{stamp} "GET /orig HTTP/1\.1" 200 - 0 \d+ \d+ - "203\.0\.113\.7, 127\.0\.0\.1" '
         rf'"ua/2" {rid} {authority} {upstream}', before[0]), before[0]
     assert re.fullmatch(
-        rf'{stamp} "GET /\?h2 HTTP/2" 200 - 0 \d+ \d+ - "198\.51\.100\.1" "ua/h2" {rid} '
+        rf'{stamp} "GET /\?h2 HTTP/2" 200 - 0 \d+ \d+ - "198\.51\.100\.1, 127\.0\.0\.1" '
+        rf'"ua/h2" {rid} '
         rf'{authority} {upstream}', before[1]), before[1]
     (after,) = text.read_text().splitlines()
     assert re.fullmatch(

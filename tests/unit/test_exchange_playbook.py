@@ -15,6 +15,7 @@ import pytest
 from lameduck.drain.endpoint import AdminState, PersistenceTable
 from lameduck.drain.retry import RetryBudget
 from lameduck.proxy.exchange import Exchange
+from lameduck.proxy.message import HTTP11, RequestHead
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.upstream.connector import UpstreamError
 from tests.playbook import Context, Downstream, Upstream, pooled, request
@@ -171,12 +172,14 @@ def test_admission_health_check_route_and_going_away() -> None:
     assert ex.admitted and ctx.process.ledger.active == 1
     # the health-check path is answered here, never routed
     d = Downstream(ctx)
-    assert not Exchange(d, b"GET").admit(ctx, b"app", b"/healthz", True)
+    assert not Exchange(d, b"GET").admit(ctx, RequestHead(b"GET", b"app", b"/healthz", [],
+                                                          HTTP11), b"10.0.0.1")
     assert d.log == [("answer", 200), ("done",)]
     # past the drain time the ledger takes no more: the codec says going away
     ctx.process.ledger.accepting = False
     d = Downstream(ctx)
-    assert not Exchange(d, b"GET").admit(ctx, b"app", b"/x", True)
+    assert not Exchange(d, b"GET").admit(ctx, RequestHead(b"GET", b"app", b"/x", [], HTTP11),
+                                         b"10.0.0.1")
     assert d.log == [("going_away",)]
     assert ctx.stats.downstream_rq_going_away == 1
     assert ctx.process.ledger.active == 1  # the refused one was never counted in flight

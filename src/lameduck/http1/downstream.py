@@ -19,41 +19,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import Final, Protocol
 
 import httptools
 
 from lameduck.drain import ConnectionDrain, DrainedBy
-from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http1.wire import (
     LAST_CHUNK,
     TOKEN,
     absolute_form,
     chunk,
-    find_cookie,
     simple_response,
     status_line,
 )
-from lameduck.proxy.accesslog import DPE, new_request_id
+from lameduck.proxy.accesslog import DPE, keep_for_log
 from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
 from lameduck.proxy.exchange import Exchange
-from lameduck.proxy.fields import (
-    HOP_BY_HOP,
-    accepts_trailers,
-    drop_nominated,
-    trailer_block,
-    trailer_fields,
-    valid_authority,
-)
+from lameduck.proxy.fields import trailer_block, trailer_fields
 from lameduck.proxy.local import RETRY_AFTER
+from lameduck.proxy.message import HTTP10, HTTP11, RequestHead
 from lameduck.stats import HttpStats
 from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
 from lameduck.upstream.connector import Fields, UpstreamConn
-
-if TYPE_CHECKING:
-
-    from lameduck.upstream.cluster import Cluster
 
 log = logging.getLogger("lameduck.http1")
 
@@ -66,11 +54,6 @@ PAUSE_UPGRADE = 16  # an Upgrade request waits for the upstream's answer
 GOING_AWAY = simple_response(503, b"going away\n", close=True, extra=RETRY_AFTER)
 GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True, extra=RETRY_AFTER,
                                   head_only=True)
-# Request fields the proxy looks at (the rest are forwarded as they come).
-REQUEST_SPECIAL = HOP_BY_HOP | REPLAY_SAFE_FIELDS | {
-    b"host", b"x-forwarded-for", b"x-forwarded-proto", b"expect", b"x-request-id",
-}
-QUERY: Final = 63  # "?", as a byte value: ``in`` looks for it with memchr
 # An HTTP/2 client with prior knowledge opens with this (RFC 9113 §3.4).
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -147,17 +130,16 @@ class H1Downstream(Downstream):
         self.last_read = False  # the last request this connection will answer has been read
         self.wbuf: list[bytes] | None = None  # writes held while corked (see flush)
         self.url = b""
-        self.lines: list[bytes] = []  # request fields forwarded as they are, formatted
-        self.special: list[tuple[bytes, bytes]] = []  # (lower-case name, value) to look at
+        self.fields: Fields = []  # the request's fields as received
+        # The two framing fields, as the parser met them: Transfer-Encoding (several fields
+        # are one list, RFC 9110 §5.3) and Content-Length (llhttp checked it is one number).
+        self.te: bytes | None = None
+        self.length: bytes | None = None
         self.header_bytes = 0
         self.raw_head_bytes = 0  # bytes of a request head still incomplete after a read
         self.in_headers = False
         self.req_started = 0.0
-        # The access log's default format logs two fields lameduck does not look at: kept as
-        # they are met (first of each, stripped as the log writes them), only when it is on.
         self.log_on = ctx.access_log is not None
-        self.log_agent: bytes | None = None
-        self.log_opath: bytes | None = None
         self.router = ctx.router
         self.first_read = True  # until the HTTP/2 preface is ruled out (see ``_sniff``)
         self.sniffed = b""  # the first bytes, while they are a strict prefix of the preface
@@ -379,8 +361,8 @@ class H1Downstream(Downstream):
         self.first_in_read = self.rfirst
         self.rfirst = False  # the next request in this read does not start at its first byte
         self.url = b""
-        self.lines = []
-        self.special = []
+        self.fields = []
+        self.te = self.length = None
         self.header_bytes = 0
         self.raw_head_bytes = -1
         self.in_headers = True
@@ -406,17 +388,15 @@ class H1Downstream(Downstream):
                     ex.req_trailers = []
                 ex.req_trailers.append((name, value))
             return
-        n = name.lower()
-        if n in REQUEST_SPECIAL:
-            self.special.append((n, value))
-        else:
-            self.lines.append(b"%s: %s\r\n" % (name, value))
-            if self.log_on:
-                if n == b"user-agent":
-                    if self.log_agent is None:
-                        self.log_agent = value.strip()
-                elif n == b"x-envoy-original-path" and self.log_opath is None:
-                    self.log_opath = value.strip()
+        size = len(name)
+        if size == 17 or size == 14:  # the framing fields' lengths: lower only those
+            n = name.lower()
+            if n == b"transfer-encoding":  # re-framed by the codec, never forwarded as is
+                self.te = value if self.te is None else self.te + b"," + value
+                return
+            if n == b"content-length":
+                self.length = value
+        self.fields.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.in_headers = False
@@ -433,10 +413,8 @@ class H1Downstream(Downstream):
         ex.started = self.req_started
         if self.log_on:  # what the log line reads at settle
             ex.t0 = self.req_started
-            ex.log_req = (self.url, self.special, self.lines)
-            ex.log_agent = self.log_agent
-            ex.log_opath = self.log_opath
-            self.log_agent = self.log_opath = None
+            ex.log_req = (self.url, self.fields, None)
+            keep_for_log(ex, self.fields)
         if not parser.should_keep_alive():
             ex.keep_alive = False
         if v10:
@@ -484,68 +462,17 @@ class H1Downstream(Downstream):
         self.count_status(status)
 
     def _prepare(self, ex: Exchange, method: bytes) -> None:
-        """Route the request and build the head sent upstream, or a local answer."""
+        """Translate the request line and fields into a ``RequestHead`` (what only HTTP/1.1
+        frames: its target forms, Transfer-Encoding) and hand it to admission, or answer it
+        here when its framing cannot be forwarded."""
         ctx = self.ctx
         url = self.url
-        host: bytes | None = None
-        hosts = 0
-        xff: bytes | None = None
-        conn_tokens: bytes = b""
-        te: bytes | None = None
-        upgrade: bytes | None = None
-        retryable = method in IDEMPOTENT_METHODS
-        expect = False
-        rid = b""
-        out = self.lines
-        for n, value in self.special:
-            if n == b"host":
-                host = value
-                hosts += 1
-            elif n in HOP_BY_HOP:
-                if n == b"connection":
-                    conn_tokens += b"," + value.lower()
-                elif n == b"upgrade":
-                    upgrade = value
-                elif n == b"transfer-encoding":
-                    # several fields are one list (RFC 9110 §5.3)
-                    te = value if te is None else te + b"," + value
-                elif n == b"te" and accepts_trailers(value):
-                    ex.te_trailers = True
-            elif n == b"x-forwarded-for":
-                xff = value if xff is None else xff + b", " + value
-            elif n in REPLAY_SAFE_FIELDS:  # the app applies it once: safe to send again
-                retryable = True
-                out.append(b"%s: %s\r\n" % (n, value))
-            elif n == b"expect":
-                expect = True
-                out.append(b"expect: %s\r\n" % value)
-            elif n == b"x-request-id":
-                rid = value
-                out.append(b"x-request-id: %s\r\n" % value)
-            # x-forwarded-proto: replaced below
-        if ex.t0:  # the access log is on: X-Forwarded-For as sent, Host as received until routed
-            ex.log_xff = xff + b", " + self.peer if xff else self.peer
-            ex.log_host = host
-        if not rid and ctx.generate_request_id:
-            rid = new_request_id()  # as Envoy's connection manager: passed upstream
-            out.append(b"x-request-id: %s\r\n" % rid)
-        ex.request_id = rid
-        if conn_tokens:
-            out = drop_nominated(out, conn_tokens)
-            if (upgrade is not None and method == b"GET" and upgrade.strip().lower() == b"websocket"
-                    and b"upgrade" in (t.strip() for t in conn_tokens.split(b","))):
-                # RFC 6455 §4.1: relayed as asked; a 101 turns the connection into a tunnel.
-                ex.upgrade = True
-                ex.close = True  # answered without a 101, the connection cannot be reused
-                out.append(b"connection: upgrade\r\nupgrade: websocket\r\n")
-        if ex.te_trailers:
-            # The client takes trailers, and so does lameduck on its behalf (RFC 9110 §10.1.4;
-            # TE is this hop's own field, so Connection names it).
-            out.append(b"te: trailers\r\nconnection: te\r\n")
+        head = RequestHead(method, None, url, self.fields, HTTP10 if ex.v10 else HTTP11)
         if method == b"CONNECT":
             ex.close = True  # answered without a tunnel, the connection closes after
             ex.admit_connect(ctx, url)
             return
+        te = self.te
         if te is not None:
             if te.strip().lower() != b"chunked":
                 # llhttp framed it (chunked last) or will reject it; either way we cannot
@@ -557,15 +484,9 @@ class H1Downstream(Downstream):
                 # RFC 9112 §6.1: Transfer-Encoding in HTTP/1.0 means faulty framing: answer this
                 # one, then close.
                 ex.close = True
-            ex.chunked_req = True
-            out.append(b"transfer-encoding: chunked\r\n")
-        if hosts > 1 or (host is not None and not valid_authority(host)):
-            # RFC 9112 §3.2: several Host fields, or one that is not a host[:port], is a 400
-            ex.close = True
-            ex.flags |= DPE
-            self._local(ex, 400, b"missing or repeated host\n" if hosts > 1
-                        else b"bad host\n")
-            return
+            head.has_body = True
+        elif self.length is not None:
+            head.has_body = self.length.strip().lstrip(b"0") != b""
         if url[:1] != b"/" and url != b"*":
             absolute = absolute_form(url)
             if absolute is None:
@@ -575,31 +496,9 @@ class H1Downstream(Downstream):
                 return
             # RFC 9112 §3.2.2: the target's authority replaces Host, for routing and upstream;
             # the upstream gets the origin form.
-            host, url = absolute
-            if ex.t0:
-                ex.log_host = host
-        elif host is None and not ex.v10:
-            # RFC 9112 §3.2: an HTTP/1.1 request without Host is a 400
-            ex.close = True
-            ex.flags |= DPE
-            self._local(ex, 400, b"missing or repeated host\n")
-            return
-        # RFC 9112 §3.2: Host on every request; empty where the target names no authority
-        # (an HTTP/1.0 request without one).
-        out.insert(0, b"host: %s\r\n" % (host if host is not None else b""))
-        path = url.partition(b"?")[0] if QUERY in url else url  # one memchr, no tuple
-        # Answered here, a client that sent "Expect: 100-continue" will not send the body it
-        # held back: the connection cannot be reused after the answer (RFC 9110 §10.1.1).
-        ex.expect = expect
-        self.lines = out  # for a persistence cookie
-        if not ex.admit(ctx, host, path, retryable):
-            return
-        if xff:
-            out.append(b"x-forwarded-for: %s, %s\r\nx-forwarded-proto: %s\r\n\r\n"
-                       % (xff, self.peer, ctx.scheme))
-        else:
-            out.append(self.forwarded)  # this connection's peer, formatted once
-        ex.head = method + b" " + url + b" HTTP/1.1\r\n" + b"".join(out)
+            head.authority, head.path = absolute
+        if ex.admit(ctx, head, self.peer) and ex.upgrade:
+            ex.close = True  # answered without a 101, the connection cannot be reused
 
     def on_body(self, body: bytes) -> None:
         ex = self.reading
@@ -656,14 +555,13 @@ class H1Downstream(Downstream):
         if not wanted:
             return
         if got is None:
-            ex.resp_started = True
-            self.count_status(503)
-            self.write(simple_response(503, b"connect error\n", close=True))
+            body = b"connect error\n"
+            ex.tunnel_refused(503, body)
+            self.write(simple_response(503, body, close=True))
             ex.finish()
             return
         t, pending = got
-        self.count_status(200)
-        ex.resp_started = True
+        ex.tunnel_opened(200)
         # RFC 9110 §9.3.6: a 2xx to CONNECT has no body, no framing; never Connection: close
         self.start_tunnel(ex, b"HTTP/1.1 200 Connection Established\r\n\r\n", t,
                           pending.buf, TunnelKind.OPAQUE, False, None)
@@ -672,8 +570,9 @@ class H1Downstream(Downstream):
 
     def answer(self, ex: Exchange, status: int, body: bytes) -> None:
         # Answered here, a client that sent "Expect: 100-continue" will not send the body it
-        # held back: the connection cannot be reused after the answer (RFC 9110 §10.1.1).
-        if ex.expect:
+        # held back: the connection cannot be reused after the answer (RFC 9110 §10.1.1); nor
+        # after a malformed request, or an Upgrade answered without a 101.
+        if ex.expect or ex.upgrade or ex.flags & DPE:
             ex.close = True
         self._local(ex, status, body)
 
@@ -682,10 +581,6 @@ class H1Downstream(Downstream):
         ex.status = 503
         ex.local = GOING_AWAY if not ex.is_head else GOING_AWAY_HEAD
         self.count_status(503)
-
-    def persistence_key(self, ex: Exchange, cluster: Cluster) -> str | None:
-        return find_cookie(self.lines, cluster.cookie_name) if cluster.by_cookie else \
-            self.peer.decode()
 
     def hold_request(self, ex: Exchange) -> None:
         self.pause(PAUSE_BODY)
@@ -914,14 +809,13 @@ class H1Downstream(Downstream):
 
     def _tunnel_ended(self, ex: Exchange, up: UpstreamConn | None, cut: bool) -> None:
         """Both sockets of the tunnel are closed: settle the books of both connections."""
+        relay = self.relay
         self.relay = None
         self.ctx.stats.downstream_cx_upgrades_active -= 1
         ex.detach()
         if up is not None:
             up.tunnel_closed()  # the pool's and the cluster's bookkeeping
-        ex.finished = ex.resp_done = True
-        if cut and ex.admitted:
-            ex.cut_off()
+        ex.tunnel_closed(cut, relay.rx if relay else 0, relay.tx if relay else 0)
         if self.queue and self.queue[0] is ex:
             self.queue.pop(0)
             ex.settle(not cut)

@@ -9,6 +9,8 @@ re-armed timer, so a steady keep-alive load does not allocate a timer per reques
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -16,10 +18,35 @@ import httptools
 
 from lameduck.http1.wire import LAST_CHUNK, chunk, status_code, whole_response
 from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated_fields, trailer_block, trailer_fields
-from lameduck.upstream.connector import ExchangeSink, Fields, ResponseTimeouts, UpstreamError
+from lameduck.proxy.message import RequestHead
+from lameduck.upstream.connector import ExchangeSink, ResponseTimeouts, UpstreamError
 
 if TYPE_CHECKING:
     from lameduck.upstream.pool import Endpoint
+
+
+def request_head(head: RequestHead) -> bytes:
+    """``head`` as HTTP/1.1 text, formatted once."""
+    # RFC 9112 §3.2: Host first, on every request (empty where no authority was named);
+    # then how this hop frames the message, then the fields as admission prepared them.
+    out = [head.method, b" ", head.path, b" HTTP/1.1\r\nhost: ", head.authority or b"",
+           b"\r\n"]
+    if head.te_trailers:
+        # The client takes trailers, and so does lameduck on its behalf (RFC 9110 §10.1.4;
+        # TE is this hop's own field, so Connection names it).
+        out.append(b"te: trailers\r\nconnection: te\r\n")
+    if head.websocket:
+        # RFC 6455 §4.1: relayed as asked; a 101 turns the connection into a tunnel. An
+        # RFC 8441 stream (HTTP/2) has no key of its own: one is made for this hop.
+        out.append(b"connection: upgrade\r\nupgrade: websocket\r\n")
+        if head.protocol is not None:
+            out.append(b"sec-websocket-key: %s\r\n" % base64.b64encode(os.urandom(16)))
+    elif head.chunked:
+        out.append(b"transfer-encoding: chunked\r\n")
+    for field in head.fields:
+        out.append(b"%s: %s\r\n" % field)
+    out.append(b"\r\n")
+    return b"".join(out)
 
 
 class H1Upstream(asyncio.Protocol):
@@ -116,20 +143,20 @@ class H1Upstream(asyncio.Protocol):
                 self.transport.resume_reading()
 
     # -- sending ----------------------------------------------------------------------------
-    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, chunked: bool,
-              fields: Fields | None = None) -> None:
-        """Send a request head; ``chunked``: the body written after it is framed here."""
+    def start(self, sink: ExchangeSink, head: RequestHead) -> None:
+        """Send a request head, formatted here once; a body of unknown length written after
+        it is framed in chunks here."""
         self.sink = sink
-        self.chunked_req = chunked
+        self.chunked_req = head.chunked
         self.requests += 1
         self.fresh = True  # no byte of this response read yet: the parser is at a boundary
         self.head_seen = False
         self.got_bytes = False
-        self.no_body = no_body
+        self.no_body = head.method == b"HEAD"
         self.close_delimited = False
         self.timeouts = ResponseTimeouts()  # no timer runs for it until ``end``
         assert self.transport is not None
-        self.transport.write(head)
+        self.transport.write(request_head(head))
 
     def write(self, data: bytes) -> None:
         """Request body bytes, as the client sent them (unframed)."""

@@ -9,7 +9,7 @@ import re
 from http import HTTPStatus
 from typing import Final
 
-from lameduck.proxy.fields import cookie_value, valid_authority
+from lameduck.proxy.fields import valid_authority
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 STATUS_LINES: dict[int, bytes] = {
@@ -258,16 +258,6 @@ def simple_response(
     if not head_only:
         parts.append(body)
     return b"".join(parts)
-
-
-def find_cookie(lines: list[bytes], name: bytes) -> str | None:
-    """Cookie ``name`` among formatted request fields (``Name: value\r\n``)."""
-    for line in lines:
-        if line[:7].lower() == b"cookie:":
-            value = cookie_value(line[7:-2], name)
-            if value is not None:
-                return value
-    return None
 
 
 # RFC 9112 §3.2.2 absolute-form for the http and https schemes (RFC 9110 §4.2): scheme "://"

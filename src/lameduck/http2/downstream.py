@@ -15,14 +15,11 @@ retry), and the connection closes (staged) once its last stream has ended.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import math
-import os
 from typing import TYPE_CHECKING, Protocol, cast
 
 from lameduck.drain import ConnectionDrain, DrainedBy
-from lameduck.drain.retry import IDEMPOTENT_METHODS, REPLAY_SAFE_FIELDS
 from lameduck.drain.tunnel import TunnelKind
 from lameduck.http2.connection import (
     ConnectionError as H2ConnectionError,
@@ -39,23 +36,17 @@ from lameduck.http2.connection import (
     WindowOpened,
 )
 from lameduck.http2.tunnel import H2ConnectTunnel, StreamSide
-from lameduck.proxy.accesslog import keep_for_log, new_request_id
+from lameduck.proxy.accesslog import keep_for_log
 from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
 from lameduck.proxy.exchange import Exchange
-from lameduck.proxy.fields import (
-    HOP_BY_HOP,
-    accepts_trailers,
-    cookie_value,
-    trailer_fields,
-    valid_authority,
-)
+from lameduck.proxy.fields import trailer_fields
 from lameduck.proxy.local import (
     GRPC_UNAVAILABLE,
     RETRY_AFTER,
     grpc_fields,
     grpc_local_reply,
-    is_grpc,
 )
+from lameduck.proxy.message import HTTP2, RequestHead
 from lameduck.stats import HttpStats
 from lameduck.tunnel.relay import Relay
 from lameduck.upstream.connector import Fields, UpstreamConn
@@ -63,7 +54,6 @@ from lameduck.upstream.connector import Fields, UpstreamConn
 if TYPE_CHECKING:
 
     from lameduck.stats import Http2Stats
-    from lameduck.upstream.cluster import Cluster
 
 
 class H2ListenerContext(HttpConnectionContext, Protocol):
@@ -78,25 +68,12 @@ log = logging.getLogger("lameduck.http2")
 # A stream's response bytes held back by the client's flow-control window before its upstream is
 # paused; and request bytes held for an upstream not attached yet (the window bounds them too).
 OUTBOUND_HIGH = 256 * 1024
-# Request fields not forwarded to an HTTP/1.1 upstream: connection-specific ones (a conforming
-# client sends none; RFC 9113 §8.2.2), and those the proxy writes itself.
-DROPPED = HOP_BY_HOP | {b"host", b"x-forwarded-proto", b"content-length"}
 TEXT = b"text/plain; charset=utf-8"
 
 
 def _local_headers(body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()) -> list[
         tuple[bytes, bytes]]:
     return [(b"content-type", TEXT), (b"content-length", b"%d" % len(body)), *extra]
-
-
-def _cookie(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
-    """Cookie ``name`` from the request (HTTP/2 may split cookies over several fields)."""
-    for n, v in headers:
-        if n == b"cookie":
-            value = cookie_value(v, name)
-            if value is not None:
-                return value
-    return None
 
 
 class H2Downstream(Downstream):
@@ -110,7 +87,6 @@ class H2Downstream(Downstream):
         self.streams: dict[int, Exchange] = {}
         self.corked = 0
         self.goaways = 0  # GOAWAY frames sent for the drain: 0, 1 (2^31-1), 2 (final)
-        self.req_fields: list[tuple[bytes, bytes]] = []  # the request being admitted
         self.take_limits(ctx)
         self.rx_at = 0.0  # loop time of the last read: the DATA it carried is that recent
 
@@ -304,10 +280,6 @@ class H2Downstream(Downstream):
         self.final_notice()
         self.reset_stream(ex, ErrorCode.REFUSED_STREAM)
 
-    def persistence_key(self, ex: Exchange, cluster: Cluster) -> str | None:
-        return _cookie(self.req_fields, cluster.cookie_name) if cluster.by_cookie else \
-            self.peer.decode()
-
     def hold_request(self, ex: Exchange) -> None:
         pass  # not acknowledged until handed on: the stream's window holds the client
 
@@ -355,13 +327,12 @@ class H2Downstream(Downstream):
             return False
         assert ex.cluster is not None
         ex.cluster.stats.count_status(101)
-        self.stats.count_status(200)
+        ex.tunnel_opened(200)  # RFC 8441 §5: the client gets 200 for the upstream's 101
         self.response_drains(ex)  # it may drain the connection; the tunnel itself stays
         fields = [(n.lower(), v) for n, v in fields
                   if n.lower() in (b"sec-websocket-protocol", b"sec-websocket-extensions")]
         deflate = any(n == b"sec-websocket-extensions" and b"permessage-deflate" in v.lower()
                       for n, v in fields)
-        ex.resp_started = True
         self.h2.send_headers(ex.sid, 200, fields)
         self.stats.downstream_cx_upgrades_total += 1
         self.stats.downstream_cx_upgrades_active += 1
@@ -433,7 +404,8 @@ class H2Downstream(Downstream):
         if ctx.access_log is not None:  # what the log line reads at settle
             s.t0 = self.rx_at
             s.log_req = (ev.path or b"", ev.headers, None)
-            keep_for_log(s, ev.authority, ev.headers)
+            s.log_host = ev.authority
+            keep_for_log(s, ev.headers)
         self.count_request()  # the last: GOAWAY now; the streams opened meanwhile go on
         if ev.end_stream:
             s.has_body = False
@@ -444,96 +416,18 @@ class H2Downstream(Downstream):
             s.body_at = now = self.rx_at
             self.arm(now + self.body_timeout)
         method = ev.method
+        head = RequestHead(method, ev.authority, ev.path or b"/", ev.headers, HTTP2)
+        head.has_body = not ev.end_stream
         if method == b"CONNECT":
             if ev.protocol != b"websocket":
                 self._connect(s, ev)
                 return
             # RFC 8441: a WebSocket; to the HTTP/1.1 upstream it is a GET with an Upgrade
-            s.upgrade = True
-            s.has_body = False  # its DATA are frames for the tunnel, not a request body
-            method = b"GET"
-        path = ev.path if ev.path is not None else b"/"  # None only for CONNECT (above)
-        authority = ev.authority
-        host = authority
-        fields: Fields = []
-        xff: bytes | None = None
-        content_length: bytes | None = None
-        retryable = method in IDEMPOTENT_METHODS
-        te_trailers = False
-        for name, value in ev.headers:
-            if name in DROPPED:
-                if name == b"content-length":
-                    content_length = value
-                elif name == b"host" and host is None:
-                    host = value
-                elif name == b"te":
-                    te_trailers = accepts_trailers(value)
-                continue
-            if name == b"x-forwarded-for":
-                xff = value if xff is None else xff + b", " + value
-            else:
-                if name in REPLAY_SAFE_FIELDS:
-                    retryable = True
-                elif name == b"content-type" and is_grpc(value):
-                    s.grpc = True
-                elif name == b"x-request-id":
-                    s.request_id = value
-                fields.append((name, value))
-        if not s.request_id and ctx.generate_request_id:
-            # as Envoy's connection manager: generated when absent, passed upstream
-            s.request_id = rid = new_request_id()
-            fields.append((b"x-request-id", rid))
-        if host is None:
-            self._local(s, 400, b"missing authority\n")
-            return
-        if not valid_authority(host):
-            # routed and forwarded by it: one that could mean two things is refused
-            self._local(s, 400, b"bad authority\n")
-            return
-        if s.upgrade:
-            retryable = False
-        self.req_fields = ev.headers  # for a persistence cookie
-        if not s.admit(ctx, host, path.partition(b"?")[0], retryable):
-            return
-        cluster = s.cluster
-        assert cluster is not None
-        # the length goes on when the request has a body, or a method that defines one
-        length = content_length is not None and (s.has_body or method not in (b"GET", b"HEAD"))
-        if cluster.connector is not None:
-            # HTTP/2 on both sides: the fields as they came, never formatted as HTTP/1 text
-            # (pseudo-fields first, RFC 9113 §8.3); "te: trailers" is the one TE HTTP/2 allows.
-            s.chunked_req = s.has_body  # DATA frames follow
-            head = [(b":method", method), (b":scheme", b"http"), (b":authority", host),
-                    (b":path", path), *fields]
-            if te_trailers:
-                head.append((b"te", b"trailers"))
-            if length:
-                head.append((b"content-length", content_length))  # type: ignore[arg-type]
-            head.append((b"x-forwarded-for", xff + b", " + self.peer if xff else self.peer))
-            head.append((b"x-forwarded-proto", ctx.scheme))
-            s.fields = head
+            s.has_body = head.has_body = False  # its DATA are frames for the tunnel
+            head.method = b"GET"
+            head.protocol = b"websocket"
+        if s.admit(ctx, head, self.peer):
             s.start()
-            return
-        out = [b"host: %s\r\n" % host]
-        for name, value in fields:
-            out.append(b"%s: %s\r\n" % (name, value))
-        if te_trailers:  # gRPC's "te: trailers": the upstream may answer with trailers
-            out.append(b"te: trailers\r\nconnection: te\r\n")
-        if s.upgrade:
-            out.append(b"connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: %s\r\n"
-                       % base64.b64encode(os.urandom(16)))
-        elif s.has_body and content_length is None:
-            s.chunked_req = True
-            out.append(b"transfer-encoding: chunked\r\n")
-        elif length:
-            out.append(b"content-length: %s\r\n" % content_length)  # type: ignore[str-format]
-        if xff:
-            out.append(b"x-forwarded-for: %s, %s\r\nx-forwarded-proto: %s\r\n\r\n"
-                       % (xff, self.peer, ctx.scheme))
-        else:
-            out.append(self.forwarded)
-        s.head = method + b" " + path + b" HTTP/1.1\r\n" + b"".join(out)
-        s.start()
 
     # -- CONNECT tunnels ------------------------------------------------------------------------
     def _connect(self, s: Exchange, ev: RequestReceived) -> None:
@@ -557,15 +451,20 @@ class H2Downstream(Downstream):
             s.tunnel.drain_by(DrainedBy.PROACTIVE)  # the moment has passed already
 
     def tunnel_open(self, s: Exchange) -> None:
-        self.stats.count_status(200)
+        s.tunnel_opened(200)
         self.response_drains(s)  # it may drain the connection; the tunnel itself stays
-        s.resp_started = True
         self.h2.send_headers(s.sid, 200, [])
 
     def tunnel_failed(self, s: Exchange) -> None:
         self.tunnel_gone(s)
         if s.sid in self.streams:
-            self._local(s, 503, b"connect error\n")
+            body = b"connect error\n"
+            s.tunnel_refused(503, body)
+            s.local = b""
+            self.response_drains(s)
+            self.h2.send_headers(s.sid, 503, _local_headers(body))
+            self.h2.send_data(s.sid, body, end_stream=True)
+            s.finish()
             self.kick()
 
     def tunnel_done(self, s: Exchange) -> None:
@@ -576,33 +475,34 @@ class H2Downstream(Downstream):
         self.kick()
 
     def tunnel_reset(self, s: Exchange, code: ErrorCode, cut: bool) -> None:
-        self.tunnel_gone(s)
-        if cut and s.admitted:
-            # Ended by the drain (G after the proactive moment, as in Envoy): counted as cut.
-            s.cut_off()
+        # Ended by the drain (G after the proactive moment, as in Envoy): counted as cut.
+        self.tunnel_gone(s, cut)
         if s.sid in self.streams:
             self.reset_stream(s, code)
 
     def ws_ended(self, s: Exchange, up: UpstreamConn, cut: bool) -> None:
         """Both sides of a WebSocket stream's relay are closed: settle the books."""
-        if s.relay is None:
+        relay = s.relay
+        if relay is None:
             return
         s.relay = None
         self.stats.downstream_cx_upgrades_active -= 1
         self._detach(s)
         up.tunnel_closed()  # the pool's and the cluster's bookkeeping
-        s.resp_done = True
-        if cut and s.admitted:
-            s.cut_off()
+        s.tunnel_closed(cut, relay.rx, relay.tx)
         s.req_done = True
         self._settle(s, completed=not cut)
         self.kick()
 
-    def tunnel_gone(self, s: Exchange) -> None:
-        """The stream no longer has a destination socket (counted once)."""
-        if s.tunnel is not None:
+    def tunnel_gone(self, s: Exchange, cut: bool = False) -> None:
+        """The stream no longer has a destination socket (counted once, with the bytes it
+        relayed)."""
+        tunnel = s.tunnel
+        if tunnel is not None:
             s.tunnel = None
             self.stats.downstream_cx_upgrades_active -= 1
+            if tunnel.opened:
+                s.tunnel_closed(cut, tunnel.rx, tunnel.tx, settled_here=False)
 
     def _local(self, s: Exchange, status: int, body: bytes) -> None:
         s.local = b""

@@ -48,6 +48,8 @@ class H2ConnectTunnel(asyncio.Protocol):
         self.early = b""  # destination bytes that came before it
         self.early_eof = False
         self.timer: asyncio.TimerHandle | None = None
+        self.rx = 0  # bytes relayed from the client, and to it (the access log's)
+        self.tx = 0
 
     # -- opening ----------------------------------------------------------------------------
     def open(self, timeout: float) -> None:
@@ -93,6 +95,7 @@ class H2ConnectTunnel(asyncio.Protocol):
             self.conn.h2.acknowledge_received_data(self.stream.sid, flow_len)
             return
         t = self.transport
+        self.rx += len(data)
         if t is None or not self.opened:
             # Held until ``_opened`` writes what came before, in order: the socket may be
             # connected (connection_made) a loop turn before the future's callback runs.
@@ -134,6 +137,7 @@ class H2ConnectTunnel(asyncio.Protocol):
             return
         conn = self.conn
         sid = self.stream.sid
+        self.tx += len(data)
         conn.h2.send_data(sid, data)
         if conn.h2.outbound_buffered(sid) > OUTBOUND_HIGH and self.transport is not None:
             self.transport.pause_reading()

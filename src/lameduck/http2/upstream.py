@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, cast
 
 from lameduck.proxy.fields import trailer_fields
-from lameduck.upstream.connector import ExchangeSink, Fields, ResponseTimeouts, UpstreamError
+from lameduck.proxy.message import RequestHead
+from lameduck.upstream.connector import ExchangeSink, ResponseTimeouts, UpstreamError
 
 from .client import H2Client
 from .connection import H2Limits
@@ -40,47 +41,8 @@ if TYPE_CHECKING:
     from lameduck.upstream.cluster import Cluster
     from lameduck.upstream.pool import Endpoint
 
-# Request fields that do not exist in HTTP/2 (RFC 9113 §8.2.2); host becomes :authority. te
-# is kept only as "trailers", the one value HTTP/2 allows (gRPC needs it).
-_DROPPED: Final = frozenset({
-    b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade",
-    b"host",
-})
 # Request body bytes held per stream (flow control) before the client is paused.
 OUTBOUND_HIGH: Final = 256 * 1024
-
-
-def request_fields(head: bytes) -> tuple[list[tuple[bytes, bytes]], bool]:
-    """An HTTP/1.1 request head as lameduck builds it, as HTTP/2 fields (pseudo-fields first),
-    and whether a body follows (Content-Length above 0, or chunked)."""
-    lines = head.split(b"\r\n")
-    method, _, rest = lines[0].partition(b" ")
-    target = rest.rpartition(b" ")[0]
-    authority = b""
-    body = False
-    fields: list[tuple[bytes, bytes]] = []
-    for line in lines[1:]:
-        if not line:
-            break
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        value = value.strip()
-        if name in _DROPPED:
-            if name == b"host":
-                authority = value
-            elif name == b"transfer-encoding":
-                body = True
-            continue
-        if name == b"content-length":
-            body = value != b"0"
-        elif name == b"te" and value.lower() != b"trailers":
-            continue
-        fields.append((name, value))
-    pseudo = [(b":method", method), (b":scheme", b"http"), (b":authority", authority),
-              (b":path", target)]
-    if not authority:
-        del pseudo[2]  # an HTTP/1.0 request without Host: no :authority (RFC 9113 §8.3.1)
-    return pseudo + fields, body
 
 
 class H2UpstreamStream:
@@ -117,8 +79,7 @@ class H2UpstreamStream:
         self.end_trailers: list[tuple[bytes, bytes]] | None = None  # the request's trailers
 
     # -- what an exchange calls ----------------------------------------------------------------
-    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, chunked: bool,
-              fields: Fields | None = None) -> None:
+    def start(self, sink: ExchangeSink, head: RequestHead) -> None:
         conn = self.conn
         conn.reserved -= 1
         self.started = True
@@ -127,12 +88,20 @@ class H2UpstreamStream:
             # lost, or GOAWAY came between the hand-out and now: never sent, so refused
             self.refuse()
             return
-        if fields is not None:
-            # from an HTTP/2 client: ``chunked`` says whether DATA frames follow
-            self.fields, self.body = fields, chunked
-        else:
-            self.fields, self.body = request_fields(head)
-        self.no_body = no_body
+        # Pseudo-fields first (RFC 9113 §8.3); no :authority where the request named none
+        # (an HTTP/1.0 one without Host, RFC 9113 §8.3.1). "te: trailers" is the one TE
+        # HTTP/2 allows (gRPC needs it); the connection layer lower-cases names and leaves out
+        # the connection-specific fields (RFC 9113 §8.2.2).
+        authority = head.authority
+        fields = [(b":method", head.method), (b":scheme", b"http"),
+                  (b":authority", authority), (b":path", head.path)] if authority else [
+                  (b":method", head.method), (b":scheme", b"http"), (b":path", head.path)]
+        fields.extend(head.fields)
+        if head.te_trailers:
+            fields.append((b"te", b"trailers"))
+        self.fields = fields
+        self.body = head.has_body
+        self.no_body = head.method == b"HEAD"
         self.ended = not self.body
         if conn.has_room:
             self.send_head()

@@ -127,7 +127,7 @@ class Request:
             if v is not None:
                 return v
         for n, v in pairs:
-            if n == name:
+            if n.lower() == name:  # HTTP/1.1's names keep their case
                 return v or None  # type: ignore[no-any-return]
         return None
 
@@ -160,28 +160,28 @@ def authority(ex: Any) -> bytes | None:
     host: bytes | None = ex.log_host
     if host is None and ex.log_req is not None:
         for n, v in ex.log_req[1]:
-            if n == b"host":
+            if n.lower() == b"host":
                 return v  # type: ignore[no-any-return]
     return host
 
 
-def keep_for_log(ex: Exchange, authority: bytes | None,
-                 fields: list[tuple[bytes, bytes]]) -> None:
-    """HTTP/2: the default format's request fields, as received (the first of each name), in
-    one pass over the request's fields (HTTP/1.1 keeps them as its parser meets them)."""
+def keep_for_log(ex: Exchange, fields: list[tuple[bytes, bytes]]) -> None:
+    """The default format's request fields, as received (the first of each name), in one pass
+    over the request's fields; admission replaces X-Forwarded-For and the authority with what
+    it sent and routed by (a request answered before admission keeps these)."""
     for n, v in fields:
-        if n == b"user-agent":
-            if ex.log_agent is None:
-                ex.log_agent = v
-        elif n == b"x-forwarded-for":
-            if ex.log_xff is None:
-                ex.log_xff = v
-        elif n == b"host":
-            if authority is None:
-                authority = v
-        elif n == b"x-envoy-original-path" and ex.log_opath is None:
-            ex.log_opath = v
-    ex.log_host = authority
+        size = len(n)
+        if size == 10:
+            if ex.log_agent is None and n.lower() == b"user-agent":
+                ex.log_agent = v.strip()
+        elif size == 15:
+            if ex.log_xff is None and n.lower() == b"x-forwarded-for":
+                ex.log_xff = v.strip()
+        elif size == 4:
+            if ex.log_host is None and n.lower() == b"host":
+                ex.log_host = v
+        elif size == 21 and ex.log_opath is None and n.lower() == b"x-envoy-original-path":
+            ex.log_opath = v.strip()
 
 
 # The request fields the codecs keep for the default format, by the name a format asks for.

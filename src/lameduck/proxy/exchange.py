@@ -35,8 +35,10 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from lameduck.drain.endpoint import ConnAction, Layer
 from lameduck.drain.retry import Failure, Retry, back_off, decide
-from lameduck.proxy.accesslog import CA, CB, DC, GA, LR, NR, SV, UC, UF, UH, UR, URX, UT
+from lameduck.proxy.accesslog import CA, CB, DC, DPE, GA, LR, NR, SV, UC, UF, UH, UR, URX, UT
+from lameduck.proxy.admission import persistence_key, prepare, route_path
 from lameduck.proxy.local import RETRY_AFTER
+from lameduck.proxy.message import RequestHead
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.upstream.connector import Fields, UpstreamConn, UpstreamError
 
@@ -69,6 +71,7 @@ class ExchangeContext(Protocol):
     rng: Callable[[], float]  # uniform in [0, 1): the retry back-off's jitter
     access_log: AccessLog | None  # None: off (nothing is formatted)
     generate_request_id: bool  # x-request-id when the client sent none (Envoy's default)
+    scheme: bytes  # X-Forwarded-Proto
 
     def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
     def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]: ...
@@ -91,7 +94,6 @@ class DownstreamPort(Protocol):
     def going_away(self, ex: Exchange) -> None:
         """Past the drain time: tell the client to send ``ex`` elsewhere."""
         ...
-    def persistence_key(self, ex: Exchange, cluster: Cluster) -> str | None: ...
     def hold_request(self, ex: Exchange) -> None:
         """Stop reading ``ex``'s body for now (HTTP/2: its window already bounds it)."""
         ...
@@ -125,9 +127,7 @@ class Exchange:
     """
 
     sid = 0  # the HTTP/2 stream id (0 on HTTP/1.1)
-    head = b""  # the request head for an HTTP/1.1 upstream (formatted by the downstream codec)
-    # ... or for an HTTP/2 upstream from an HTTP/2 client: the fields as they are, never text
-    fields: Fields | None = None
+    head: RequestHead | None = None  # the head sent upstream (``admission.prepare``'s)
     local: bytes | None = None  # answered here: the answer, queued (HTTP/1.1), or b""
     close = False  # the connection closes after this response (HTTP/1.1)
     keep_alive = True
@@ -135,7 +135,6 @@ class Exchange:
     expect = False  # "Expect: 100-continue": a local answer closes the connection
     admitted = False  # counted in the process ledger
     has_body = True
-    chunked_req = False
     req_done = False
     buffered: list[bytes] | None = None  # request bytes before an upstream is attached
     buffered_size = 0
@@ -215,11 +214,29 @@ class Exchange:
         self.relay: Any = None
 
     # -- admission ----------------------------------------------------------------------------
-    def admit(self, ctx: ExchangeContext, host: bytes | None, path: bytes,
-              retryable: bool) -> bool:
-        """Route the request and take it on the books; False: the downstream was told to
-        answer it (health check, no route, going away)."""
+    def admit(self, ctx: ExchangeContext, head: RequestHead, peer: bytes) -> bool:
+        """Prepare the head sent upstream (``admission.prepare``), route the request and take
+        it on the books; False: the downstream was told to answer it (malformed, health check,
+        no route, going away)."""
+        up = prepare(head, peer, ctx.scheme, ctx.generate_request_id)
+        self.head = up
+        self.request_id = up.request_id
+        self.grpc = up.grpc
+        self.expect = up.expect
+        self.te_trailers = up.te_trailers
+        self.upgrade = up.websocket
+        if self.t0:  # the access log is on: X-Forwarded-For as sent, the authority routed by
+            self.log_xff = up.forwarded_for
+            self.log_host = up.authority
         down = self.down
+        refused = up.refused
+        if refused is not None:
+            if refused.malformed:
+                self.flags |= DPE
+            down.answer(self, refused.status, refused.body)
+            return False
+        path = route_path(up.path)
+        host = up.authority
         hc = ctx.health_check_path
         if hc is not None and path == hc:
             live = ctx.process.live
@@ -237,10 +254,10 @@ class Exchange:
             return False
         if not self._on_books(ctx):
             return False
-        self.retryable = retryable
+        self.retryable = up.retryable
         self.cluster = cluster
         if cluster.persistence is not None:
-            self.pkey = down.persistence_key(self, cluster)
+            self.pkey = persistence_key(up.fields, peer, cluster.by_cookie, cluster.cookie_name)
         self.route_timeout = route.timeout
         if route.per_try_idle_timeout:
             self.idle_timeout = route.per_try_idle_timeout
@@ -577,7 +594,9 @@ class Exchange:
         if down.write_paused:
             up.pause_reading()  # the client is behind: this response waits for it too
         self.sent_at = down.ctx.loop.time()
-        up.start(self, self.head, self.is_head, self.chunked_req, self.fields)
+        head = self.head
+        assert head is not None
+        up.start(self, head)
         if self.up is not up:
             return  # refused at once (an HTTP/2 connection that went away): retried or answered
         if self.buffered:
@@ -831,6 +850,36 @@ class Exchange:
 
     def uncork(self) -> None:
         self.down.uncork()
+
+    # -- tunnels (CONNECT, WebSocket): what the client got, and the bytes relayed ---------------
+    def tunnel_opened(self, status: int) -> None:
+        """The tunnel is up: ``status`` is what the client got (200 to a CONNECT or an HTTP/2
+        WebSocket, RFC 9110 §9.3.6 / RFC 8441 §5), counted once for the listener."""
+        self.status = status
+        self.resp_started = True
+        self.stats.count_status(status)
+
+    def tunnel_refused(self, status: int, body: bytes) -> None:
+        """A CONNECT's destination could not be reached: the answer the codec sends, flagged
+        UF as Envoy flags an upstream connection failure."""
+        self.status = status
+        self.flags |= UF
+        self.resp_started = True
+        self.bytes_tx = len(body)
+        self.stats.count_status(status)
+
+    def tunnel_closed(self, cut: bool, rx: int, tx: int, settled_here: bool = True) -> None:
+        """Both ends of the tunnel are closed: the bytes relayed each way (``rx`` from the
+        client) are the request's and the response's; a tunnel the drain ended is off the
+        books as cut (CA). ``settled_here``: the codec settles it now, so a late ``finish``
+        is a no-op (else ``finish`` still reports it done)."""
+        self.bytes_rx += rx
+        self.bytes_tx += tx
+        self.resp_done = True
+        if settled_here:
+            self.finished = True
+        if cut and self.admitted:
+            self.cut_off()
 
     # -- end --------------------------------------------------------------------------------
     def settle(self, completed: bool) -> None:

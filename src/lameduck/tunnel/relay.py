@@ -134,6 +134,9 @@ class Relay:
         self.ended = False
         self.cut = False
         self.last_activity = loop.time()  # the last byte relayed (opaque tunnels only)
+        # Bytes relayed each way, for the access log: from the client, and to it.
+        self.rx = 0
+        self.tx = 0
 
     def start(self, to_upstream: bytes, to_client: bytes) -> None:
         """Take both sockets over; bytes that came with the request or the 101 go first."""
@@ -160,6 +163,7 @@ class Relay:
         trackers = self.trackers
         if trackers is None:
             self.last_activity = self.loop.time()
+            self._count(flow, len(data))
             self.dest[flow].write(data)
             return
         if self.deaf[flow]:
@@ -173,6 +177,7 @@ class Relay:
                 continue
             n = tr.feed(data, stop_at_boundary=owed)
             if n and not self.stopped[flow]:
+                self._count(flow, n)
                 self.dest[flow].write(data[:n] if n < len(data) else data)
             if tr.error is not None:
                 self.deaf[flow] = True
@@ -185,6 +190,12 @@ class Relay:
                 break
             data = data[n:]
         self._boundaries()
+
+    def _count(self, flow: Flow, n: int) -> None:
+        if flow is TO_UPSTREAM:
+            self.rx += n
+        else:
+            self.tx += n
 
     def _boundaries(self) -> None:
         """Send the closes owed into directions that stand at a frame boundary now."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 
 class UpstreamError:
@@ -116,10 +116,10 @@ class UpstreamConn(Protocol):
     @property
     def reusable(self) -> bool: ...
 
-    def start(self, sink: ExchangeSink, head: bytes, no_body: bool, chunked: bool,
-              fields: Fields | None = None) -> None:
-        """Send the request: ``head`` as HTTP/1.1 text, or (to an HTTP/2 upstream, from an
-        HTTP/2 client) ``fields`` with the pseudo-fields first, never formatted as text."""
+    def start(self, sink: ExchangeSink, head: Any) -> None:
+        """Send the request head: a ``proxy.message.RequestHead`` as admission prepared it
+        (``Any`` here: imports flow from the proxy down to this layer, not back), formatted
+        once by the upstream codec, HTTP/1.1 text or HTTP/2 HEADERS."""
         ...
     def write(self, data: bytes) -> None: ...
     def end(self, trailers: list[tuple[bytes, bytes]] | None, timeout: float,

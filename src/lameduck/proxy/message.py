@@ -1,0 +1,67 @@
+"""The message between the layers: a request head as a codec read it, and as the exchange
+sends it on. No wire text crosses here.
+
+Each downstream codec translates its bytes into a ``RequestHead`` (HTTP/1.1: the request line
+and fields; HTTP/2: the pseudo-fields and fields), ``proxy.admission.prepare`` turns it into
+the head sent upstream, and each upstream codec formats that once (HTTP/1.1 text, or HTTP/2
+HEADERS). hypercorn's ``Request`` event and mitmproxy's ``RequestHeaders`` play the same part;
+so does h11's ``Request``.
+"""
+
+from __future__ import annotations
+
+from lameduck.upstream.connector import Fields
+
+HTTP10 = 10
+HTTP11 = 11
+HTTP2 = 20
+
+
+class RequestHead:
+    """A request head, protocol-neutral.
+
+    ``fields`` are the message's fields in their order, names as received (HTTP/1.1 keeps their
+    case, HTTP/2's are lower-case), never the pseudo-fields. ``authority`` is the target's
+    authority when the request line or ``:authority`` carried one, else None (then the Host
+    field, if any, names it). ``path`` is the origin-form target with its query (``*`` for a
+    server-wide OPTIONS, empty for CONNECT).
+
+    What a codec knows of the framing: ``has_body`` (content follows: a length above 0, a
+    chunked body, DATA frames) and ``protocol`` (HTTP/2's ``:protocol``, RFC 8441).
+
+    A prepared head (``admission.prepare``) also says how to send it: ``chunked`` (content of
+    unknown length: an HTTP/1.1 upstream frames it in chunks), ``websocket`` (relayed as an
+    RFC 6455 upgrade), ``te_trailers`` (the client takes trailers, so ``TE: trailers`` goes
+    upstream), and carries the facts the exchange books: ``retryable``, ``expect``, ``grpc``,
+    ``request_id``, ``forwarded_for`` (X-Forwarded-For as sent) and, when admission refused
+    it, the local answer (``refused``).
+    """
+
+    def __init__(self, method: bytes, authority: bytes | None, path: bytes, fields: Fields,
+                 version: int) -> None:
+        self.method = method
+        self.authority = authority
+        self.path = path
+        self.fields = fields
+        self.version = version  # HTTP10, HTTP11 or HTTP2
+        self.has_body = False
+        self.protocol: bytes | None = None
+        self.chunked = False
+        self.websocket = False
+        self.te_trailers = False
+        self.retryable = False
+        self.expect = False
+        self.grpc = False
+        self.request_id = b""
+        self.forwarded_for = b""
+        self.refused: LocalAnswer | None = None
+
+
+class LocalAnswer:
+    """Admission's answer from here: a status and its body; ``malformed``: the request itself
+    was at fault (Envoy's DPE), so an HTTP/1.1 connection is not reused after it."""
+
+    def __init__(self, status: int, body: bytes, malformed: bool = False) -> None:
+        self.status = status
+        self.body = body
+        self.malformed = malformed
