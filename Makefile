@@ -18,7 +18,8 @@ HOT   := lameduck/http1/wire.py lameduck/http1/upstream.py lameduck/http1/downst
          lameduck/http2/connection.py lameduck/http2/client.py lameduck/http2/downstream.py \
          lameduck/http2/upstream.py lameduck/proxy/fields.py lameduck/proxy/local.py \
          lameduck/proxy/replay.py lameduck/proxy/exchange.py lameduck/proxy/downstream.py \
-         lameduck/upstream/connector.py lameduck/stats/histogram.py lameduck/proxy/accesslog.py
+         lameduck/upstream/connector.py lameduck/stats/histogram.py lameduck/proxy/accesslog.py \
+         lameduck/proxy/message.py lameduck/proxy/admission.py
 # Every compiled module (also those of an older HOT list).
 BUILT := src/*__mypyc*.so $$(find src/lameduck -name '*.so')
 

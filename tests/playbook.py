@@ -45,6 +45,10 @@ class Loop(asyncio.AbstractEventLoop):
         self.timers.append(handle)
         return handle
 
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any,
+                   context: Any = None) -> asyncio.TimerHandle:
+        return self.call_at(self.now + delay, callback, *args)
+
     def call_soon(self, callback: Callable[..., object], *args: Any,
                   context: Any = None) -> asyncio.TimerHandle:
         """Due now: run by the next ``advance`` (or ``run_soon``)."""
@@ -328,8 +332,7 @@ class Downstream:
 
     def answer(self, ex: Exchange, status: int, body: bytes) -> None:
         self.log.append(("answer", status))
-        ex.local = b""
-        ex.resp_started = True
+        ex.response_begun()
         ex.finish()
 
     def going_away(self, ex: Exchange) -> None:
@@ -395,7 +398,7 @@ def request(ctx: Context, method: bytes = b"GET", retryable: bool | None = None,
     if body:
         head.has_body = True  # of unknown length: an HTTP/1.1 upstream gets it chunked
     else:
-        ex.req_done = True
+        ex.no_request_body()
     if ex.admit(ctx, head, b"10.0.0.1"):
         ex.start()
     return ex, down

@@ -24,13 +24,14 @@ from lameduck.proxy.accesslog import (
     json_line,
 )
 from lameduck.proxy.exchange import Exchange
+from lameduck.proxy.message import HTTP2, HTTP10, HTTP11
 from lameduck.stats import HttpStats
 from lameduck.upstream.pool import Endpoint
 
 
 def record(**over: object) -> SimpleNamespace:
     ex = SimpleNamespace(
-        method=b"POST", request_id=b"r-1", t0=100.0, sid=0, v10=False, status=204,
+        method=b"POST", request_id=b"r-1", t0=100.0, sid=0, version=HTTP11, status=204,
         flags=0, bytes_rx=154, bytes_tx=0, resp_fields=None, cluster=SimpleNamespace(name="app"),
         endpoint=SimpleNamespace(host="10.0.2.1", port=80, address="10.0.2.1:80"),
         down=SimpleNamespace(transport=None),
@@ -91,8 +92,8 @@ def test_default_line_is_the_compiled_default_format_in_every_case() -> None:
         # refused before routing: the authority is the first Host received
         exchange(b"GET", endpoint=None, log_host=None, log_req=(
             b"/x", [(b"x-a", b"1"), (b"host", b"h1.test"), (b"host", b"h2.test")], [])),
-        exchange(log_opath=b"/original", flags=UF | URX, sid=3, log_xff=None),
-        exchange(v10=True, log_host=b"", log_agent=b"", request_id=b"", bytes_tx=1 << 40,
+        exchange(log_opath=b"/original", flags=UF | URX, sid=3, version=HTTP2, log_xff=None),
+        exchange(version=HTTP10, log_host=b"", log_agent=b"", request_id=b"", bytes_tx=1 << 40,
                  resp_fields=[(b"Content-Type", b"text/plain"),
                               (b"X-Envoy-Upstream-Service-Time", b"7")]),
         # bytes beyond ASCII: each a latin-1 character, the line UTF-8 (as the text is written)
@@ -108,7 +109,7 @@ def test_operators_alternatives_and_missing_values() -> None:
     fmt = compile_text("%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %REQ(TRACEPARENT)% %PROTOCOL% "
                        "%RESPONSE_FLAGS% %UPSTREAM_CLUSTER% %DOWNSTREAM_REMOTE_ADDRESS% "
                        "%REQUEST_ID% %RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)%")
-    ex = record(sid=3, flags=UF, log_req=(b"/p", [(b"traceparent", b"00-ab")], None),
+    ex = record(sid=3, version=HTTP2, flags=UF, log_req=(b"/p", [(b"traceparent", b"00-ab")], None),
                 resp_fields=[(b"X-Envoy-Upstream-Service-Time", b"7")])
     assert fmt(ex, 100.0, 0.0) == "/p 00-ab HTTP/2 UF app - r-1 7"
 

@@ -89,3 +89,79 @@ def test_drain_core_is_sans_io(path: Path) -> None:
     """The core gets its clock and randomness from the caller and never touches a socket."""
     assert not _all_imports(path) & {"asyncio", "socket", "time", "random", "selectors",
                                      "threading", "uvloop"}
+
+
+def _exchange_fields() -> set[str]:
+    """The fields of ``proxy.exchange.Exchange``: its class body's names and what its methods
+    assign on ``self``."""
+    tree = ast.parse((PKG / "proxy" / "exchange.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Exchange")
+    fields: set[str] = set()
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            fields.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            fields.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    for node in ast.walk(cls):
+        for target in _targets(node):
+            if isinstance(target.value, ast.Name) and target.value.id == "self":
+                fields.add(target.attr)
+    return fields
+
+
+def _targets(node: ast.AST) -> list[ast.Attribute]:
+    """The attribute targets an assignment statement writes (``a.b = ``, ``a.b += ``, tuples)."""
+    if isinstance(node, ast.Assign):
+        raw: list[ast.expr] = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        raw = [node.target]
+    else:
+        return []
+    found: list[ast.Attribute] = []
+    while raw:
+        t = raw.pop()
+        if isinstance(t, (ast.Tuple, ast.List)):
+            raw.extend(t.elts)
+        elif isinstance(t, ast.Attribute):
+            found.append(t)
+    return found
+
+
+# The codec modules that handle exchanges: all but HTTP/2's frame layer, whose streams
+# (``_Stream.unacked``) are its own and never an exchange.
+CODECS = sorted(p for part in ("http1", "http2", "listeners", "tunnel")
+                for p in (PKG / part).glob("*.py")
+                if p.relative_to(PKG).as_posix() not in ("http2/connection.py",))
+
+
+@pytest.mark.parametrize("path", CODECS, ids=lambda p: str(p.relative_to(PKG)))
+def test_codecs_never_write_the_exchanges_fields(path: Path) -> None:
+    """An exchange records its own status, flags, stats and books (``Exchange`` methods); a
+    codec only tells it what happened. A codec's own per-request state lives in its subclass
+    of ``Exchange`` (``H1Exchange``, ``H2Stream``) under names the exchange does not have; a
+    codec object's writes to its own fields (``self.x = ``) are its own business."""
+    fields = _exchange_fields()
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        for target in _targets(node):
+            own = isinstance(target.value, ast.Name) and target.value.id == "self"
+            if not own and target.attr in fields:
+                bad.append(f"line {target.lineno}: {ast.unparse(target)}")
+    assert not bad, f"{path.relative_to(PKG)} writes an exchange's fields: {bad}"
+
+
+def test_codec_exchange_subclasses_add_fields_of_their_own() -> None:
+    """``H1Exchange`` and ``H2Stream`` keep what only their protocol needs, never a field of
+    the exchange under the same name."""
+    fields = _exchange_fields()
+    for path, name in ((PKG / "http1" / "downstream.py", "H1Exchange"),
+                       (PKG / "http2" / "downstream.py", "H2Stream")):
+        cls = next(n for n in ast.parse(path.read_text()).body
+                   if isinstance(n, ast.ClassDef) and n.name == name)
+        own = {t.target.id for t in cls.body
+               if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)}
+        own |= {t.id for n in cls.body if isinstance(n, ast.Assign) for t in n.targets
+                if isinstance(t, ast.Name)}
+        own |= {t.attr for n in ast.walk(cls) for t in _targets(n)
+                if isinstance(t.value, ast.Name) and t.value.id == "self"}
+        assert own and not own & fields, (name, own & fields)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Final, Protocol
+from typing import Final, Protocol, cast
 
 import httptools
 
@@ -33,7 +33,7 @@ from lameduck.http1.wire import (
     simple_response,
     status_line,
 )
-from lameduck.proxy.accesslog import DPE, keep_for_log
+from lameduck.proxy.accesslog import DPE
 from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_block, trailer_fields
@@ -51,8 +51,9 @@ PAUSE_BODY = 2  # the upstream cannot take the request body faster, or is not th
 PAUSE_CLOSING = 8
 PAUSE_UPGRADE = 16  # an Upgrade request waits for the upstream's answer
 
-GOING_AWAY = simple_response(503, b"going away\n", close=True, extra=RETRY_AFTER)
-GOING_AWAY_HEAD = simple_response(503, b"going away\n", close=True, extra=RETRY_AFTER,
+GOING_AWAY_BODY: Final = b"going away\n"
+GOING_AWAY = simple_response(503, GOING_AWAY_BODY, close=True, extra=RETRY_AFTER)
+GOING_AWAY_HEAD = simple_response(503, GOING_AWAY_BODY, close=True, extra=RETRY_AFTER,
                                   head_only=True)
 # An HTTP/2 client with prior knowledge opens with this (RFC 9113 §3.4).
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -108,6 +109,17 @@ class _Quiet:
     """Callbacks for a parser that only checks a method."""
 
 
+class H1Exchange(Exchange):
+    """An exchange with what only HTTP/1.1 keeps per request: whether its response ends the
+    connection, how that response is framed, and an answer queued behind earlier ones."""
+
+    close = False  # the connection closes after this response
+    keep_alive = True  # the client did not ask to close (llhttp's should_keep_alive)
+    resp_chunked = False  # the response goes out chunked (no length from the upstream)
+    reply: bytes | None = None  # answered here: the bytes, sent when its turn comes
+    early = b""  # bytes the client sent after an Upgrade request, before the 101
+
+
 class H1Downstream(Downstream):
     """One client connection."""
 
@@ -124,8 +136,9 @@ class H1Downstream(Downstream):
         # A list, not a deque: an empty deque allocates a 64-slot block (~630 bytes per idle
         # connection); reading pauses behind the head (PAUSE_PIPELINE), so the queue stays
         # a few entries long and pop(0) is cheap.
-        self.queue: list[Exchange] = []
-        self.reading: Exchange | None = None  # the exchange whose request is being received
+        self.queue: list[H1Exchange] = []
+        self.reading: H1Exchange | None = None  # the exchange whose request is being received
+        self.trailers: Fields = []  # the trailer section of the request being received
         self.paused = 0
         self.last_read = False  # the last request this connection will answer has been read
         self.wbuf: list[bytes] | None = None  # writes held while corked (see flush)
@@ -143,7 +156,7 @@ class H1Downstream(Downstream):
         self.router = ctx.router
         self.first_read = True  # until the HTTP/2 preface is ruled out (see ``_sniff``)
         self.sniffed = b""  # the first bytes, while they are a strict prefix of the preface
-        self.upgrading: Exchange | None = None  # an Upgrade request awaiting its answer
+        self.upgrading: H1Exchange | None = None  # an Upgrade request awaiting its answer
         self.relay: Relay | None = None  # the tunnel this connection became (after a 101)
         # The read being parsed, and whether its first request begins at its first byte: then
         # that request's version can be read off its request line (see ``_version``).
@@ -302,7 +315,7 @@ class H1Downstream(Downstream):
     def busy(self) -> bool:
         """A request is being read or answered (not just a local answer awaiting a body)."""
         queue = self.queue
-        return self.in_headers or (bool(queue) and (queue[0].local is None
+        return self.in_headers or (bool(queue) and (not queue[0].local
                                                     or not queue[0].resp_started))
 
     def pause_writing(self) -> None:
@@ -382,11 +395,8 @@ class H1Downstream(Downstream):
         if self.header_bytes > self.max_headers:
             raise HeaderTooLarge
         if not self.in_headers:  # a trailer field after a chunked body
-            ex = self.reading
-            if ex is not None:
-                if ex.req_trailers is None:
-                    ex.req_trailers = []
-                ex.req_trailers.append((name, value))
+            if self.reading is not None:
+                self.trailers.append((name, value))
             return
         size = len(name)
         if size == 17 or size == 14:  # the framing fields' lengths: lower only those
@@ -409,16 +419,13 @@ class H1Downstream(Downstream):
         if self.ext_method is not None:
             method, self.ext_method = self.ext_method, None
         v10 = version == "1.0"
-        ex = Exchange(self, method)
-        ex.started = self.req_started
-        if self.log_on:  # what the log line reads at settle
-            ex.t0 = self.req_started
-            ex.log_req = (self.url, self.fields, None)
-            keep_for_log(ex, self.fields)
+        # llhttp takes HTTP/0.9 (no version) and 2.0 request lines; neither is HTTP/1.x (0),
+        # so neither is a HEAD whose answer has no content: the 400/505 carries its body, as it
+        # does when the line is refused before its fields (``_http09``).
+        ex = H1Exchange(self, method, HTTP10 if v10 else HTTP11 if version == "1.1" else 0)
+        ex.head_received(self.req_started, self.url, self.fields, None)
         if not parser.should_keep_alive():
             ex.keep_alive = False
-        if v10:
-            ex.v10 = True
         self.reading = ex
         self.body_at = self.req_started  # a field store: no clock read on the fast path
         self.queue.append(ex)
@@ -428,15 +435,11 @@ class H1Downstream(Downstream):
         st.downstream_rq_active += 1
         if self.count_request():
             ex.close = True  # nothing behind it is read: its response closes the connection
-        if v10 or version == "1.1":
+        if ex.version:
             self._prepare(ex, method)
         else:
-            # llhttp takes HTTP/0.9 (no version) and 2.0 request lines; neither is HTTP/1.x,
-            # so neither is a HEAD whose answer has no content: the 400/505 carries its body,
-            # as it does when the line is refused before its fields (``_http09``).
             ex.close = True
-            ex.is_head = False
-            ex.flags |= DPE
+            ex.malformed()
             self._local(ex, 505 if version >= "2" else 400,
                         b"http version not supported\n" if version >= "2" else b"bad request\n")
         if len(self.queue) == 1:
@@ -453,21 +456,22 @@ class H1Downstream(Downstream):
             return "1.1"
         return self.parser.get_http_version()
 
-    def _local(self, ex: Exchange, status: int, body: bytes) -> None:
+    def _local(self, ex: H1Exchange, status: int, body: bytes) -> None:
         """Answer ``ex`` from here instead of an upstream (sent when its turn comes)."""
-        ex.local = simple_response(status, body, close=ex.close or not ex.keep_alive,
-                                   head_only=ex.is_head)
-        ex.status = status
-        ex.bytes_tx = 0 if ex.is_head else len(body)
-        self.count_status(status)
+        ex.answer_here(status, len(body))
+        self._queue_answer(ex, status, body)
 
-    def _prepare(self, ex: Exchange, method: bytes) -> None:
+    def _queue_answer(self, ex: H1Exchange, status: int, body: bytes) -> None:
+        """The bytes of an answer the exchange booked, sent when its turn comes."""
+        ex.reply = simple_response(status, body, close=ex.close or not ex.keep_alive,
+                                   head_only=ex.is_head)
+
+    def _prepare(self, ex: H1Exchange, method: bytes) -> None:
         """Translate the request line and fields into a ``RequestHead`` (what only HTTP/1.1
         frames: its target forms, Transfer-Encoding) and hand it to admission, or answer it
         here when its framing cannot be forwarded."""
         ctx = self.ctx
         url = self.url
-        head = RequestHead(method, None, url, self.fields, HTTP10 if ex.v10 else HTTP11)
         if method == b"CONNECT":
             ex.close = True  # answered without a tunnel, the connection closes after
             ex.admit_connect(ctx, url)
@@ -480,23 +484,25 @@ class H1Downstream(Downstream):
                 ex.close = True
                 self._local(ex, 501, b"transfer coding not implemented\n")
                 return
-            if ex.v10:
+            if ex.version == HTTP10:
                 # RFC 9112 §6.1: Transfer-Encoding in HTTP/1.0 means faulty framing: answer this
                 # one, then close.
                 ex.close = True
-            head.has_body = True
-        elif self.length is not None:
-            head.has_body = self.length.strip().lstrip(b"0") != b""
+            has_body = True
+        else:
+            has_body = self.length is not None and self.length.strip().lstrip(b"0") != b""
+        authority: bytes | None = None
         if url[:1] != b"/" and url != b"*":
             absolute = absolute_form(url)
             if absolute is None:
                 ex.close = True
-                ex.flags |= DPE
+                ex.malformed()
                 self._local(ex, 400, b"bad request target\n")
                 return
             # RFC 9112 §3.2.2: the target's authority replaces Host, for routing and upstream;
             # the upstream gets the origin form.
-            head.authority, head.path = absolute
+            authority, url = absolute
+        head = RequestHead(method, authority, url, self.fields, ex.version, has_body)
         if ex.admit(ctx, head, self.peer) and ex.upgrade:
             ex.close = True  # answered without a 101, the connection cannot be reused
 
@@ -517,20 +523,23 @@ class H1Downstream(Downstream):
                 # Its response closes the connection: requests pipelined behind it will not
                 # be answered, so they are not read (nor sent upstream).
                 self.last_read = True
-            if ex.req_trailers:
-                ex.req_trailers = trailer_fields(ex.req_trailers) or None
-            ex.request_complete()
+            trailers = None
+            if self.trailers:
+                trailers = trailer_fields(self.trailers) or None
+                self.trailers = []
+            ex.request_complete(trailers)
 
     # -- DownstreamPort: an exchange's decisions, in HTTP/1.1 ---------------------------------
-    def _begin(self, ex: Exchange) -> None:
+    def _begin(self, ex: H1Exchange) -> None:
         """``ex`` reached the head of the queue: answer it, open its tunnel, or send it."""
-        if ex.local is not None:
+        reply = ex.reply
+        if reply is not None:
             if not ex.close and ex.keep_alive and self.response_drains(ex):
                 # a local answer drains its connection like any other response
                 ex.close = True
-                ex.local = ex.local.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n", 1)
-            self.write(ex.local)
-            ex.resp_started = True
+                reply = reply.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n", 1)
+            self.write(reply)
+            ex.response_begun()
             if ex.req_done or ex.close:
                 ex.finish()
             else:
@@ -547,7 +556,7 @@ class H1Downstream(Downstream):
             return
         ex.start()
 
-    def _destination(self, ex: Exchange,
+    def _destination(self, ex: H1Exchange,
                      fut: asyncio.Future[tuple[asyncio.Transport, Pending]]) -> None:
         """A CONNECT's destination answered (or not): 200 and the tunnel, or a 503."""
         wanted = not (ex.resp_done or self.gone or self.closing)
@@ -572,15 +581,16 @@ class H1Downstream(Downstream):
         # Answered here, a client that sent "Expect: 100-continue" will not send the body it
         # held back: the connection cannot be reused after the answer (RFC 9110 §10.1.1); nor
         # after a malformed request, or an Upgrade answered without a 101.
+        h = cast(H1Exchange, ex)
         if ex.expect or ex.upgrade or ex.flags & DPE:
-            ex.close = True
-        self._local(ex, status, body)
+            h.close = True
+        self._queue_answer(h, status, body)
 
     def going_away(self, ex: Exchange) -> None:
-        ex.close = True
-        ex.status = 503
-        ex.local = GOING_AWAY if not ex.is_head else GOING_AWAY_HEAD
-        self.count_status(503)
+        h = cast(H1Exchange, ex)
+        h.close = True
+        ex.answer_here(503, len(GOING_AWAY_BODY))
+        h.reply = GOING_AWAY if not ex.is_head else GOING_AWAY_HEAD
 
     def hold_request(self, ex: Exchange) -> None:
         self.pause(PAUSE_BODY)
@@ -592,27 +602,29 @@ class H1Downstream(Downstream):
         pass  # TCP's own window: what is not read is not acknowledged
 
     def send_informational(self, ex: Exchange, status: int, fields: Fields) -> None:
-        if not ex.v10:
+        if ex.version != HTTP10:
             self.write(status_line(status) + b"".join([b"%s: %s\r\n" % f for f in fields])
                        + b"\r\n")
 
     def send_head(self, ex: Exchange, status: int, fields: Fields,
                   length: int | None) -> None:
+        h = cast(H1Exchange, ex)
         bodyless = ex.is_head or status == 204 or status == 304
-        close = ex.close or not ex.keep_alive or self.response_drains(ex)
+        close = h.close or not h.keep_alive or self.response_drains(ex)
+        v10 = ex.version == HTTP10
         out = [status_line(status)]
         for name, value in fields:
             out.append(b"%s: %s\r\n" % (name, value))
         if not bodyless and length is None:
-            if ex.v10:
+            if v10:
                 close = True  # close-delimited for an HTTP/1.0 client
             else:
-                ex.resp_chunked = True
+                h.resp_chunked = True
                 out.append(b"transfer-encoding: chunked\r\n")
         if close:
             out.append(b"connection: close\r\n")
-            ex.close = True
-        elif ex.v10:
+            h.close = True
+        elif v10:
             out.append(b"connection: keep-alive\r\n")
         if ex.set_cookie is not None:
             out.append(b"set-cookie: %s\r\n" % ex.set_cookie)
@@ -621,10 +633,11 @@ class H1Downstream(Downstream):
 
     def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool:
         """The fast path: head and body as they came, in one write."""
-        if ex.is_head or ex.v10 or ex.close or not ex.keep_alive:
+        h = cast(H1Exchange, ex)
+        if ex.is_head or ex.version == HTTP10 or h.close or not h.keep_alive:
             return False
         if self.response_drains(ex):
-            ex.close = True
+            h.close = True
             self.write(data[:end] + b"\r\nconnection: close" + data[end:])
         else:
             self.write(data)
@@ -637,29 +650,29 @@ class H1Downstream(Downstream):
         ut = up.take_over() if up is not None else None
         if ut is None:
             return False
-        ex.answered(101)
-        ex.resp_started = True
+        ex.switched_protocols()
         head = (b"HTTP/1.1 101 Switching Protocols\r\n"
                 + b"".join([b"%s: %s\r\n" % f for f in fields])
                 + b"connection: upgrade\r\nupgrade: %s\r\n\r\n" % upgrade)
         deflate = any(n.lower() == b"sec-websocket-extensions"
                       and b"permessage-deflate" in v.lower() for n, v in fields)
-        self.start_tunnel(ex, head, ut, rest, TunnelKind.WEBSOCKET, deflate, up)
+        self.start_tunnel(cast(H1Exchange, ex), head, ut, rest, TunnelKind.WEBSOCKET, deflate,
+                          up)
         return True
 
     def send_body(self, ex: Exchange, data: bytes) -> None:
-        self.write(chunk(data) if ex.resp_chunked else data)
+        self.write(chunk(data) if cast(H1Exchange, ex).resp_chunked else data)
 
     def send_end(self, ex: Exchange, trailers: list[tuple[bytes, bytes]] | None) -> None:
-        if ex.resp_chunked:
+        if cast(H1Exchange, ex).resp_chunked:
             # Trailers only to a client that said it takes them (RFC 9110 §6.5.1).
             self.write(trailer_block(trailers) if trailers and ex.te_trailers else LAST_CHUNK)
 
     def send_local(self, ex: Exchange, status: int, body: bytes,
                    extra: tuple[tuple[bytes, bytes], ...]) -> None:
-        close = ex.close or not ex.keep_alive or not ex.req_done or self.response_drains(ex)
-        ex.close = close
-        self.count_status(status)
+        h = cast(H1Exchange, ex)
+        close = h.close or not h.keep_alive or not ex.req_done or self.response_drains(ex)
+        h.close = close
         self.write(simple_response(status, body, close=close, head_only=ex.is_head, extra=extra))
 
     def abort(self, ex: Exchange) -> None:
@@ -672,9 +685,6 @@ class H1Downstream(Downstream):
         self.flush()
 
     # -- response side ----------------------------------------------------------------------
-    def count_status(self, status: int) -> None:
-        self.ctx.stats.count_status(status)
-
     def exchange_done(self, ex: Exchange) -> None:
         """The response of the head exchange is complete."""
         if self.gone:
@@ -682,9 +692,9 @@ class H1Downstream(Downstream):
         queue = self.queue
         if not queue or queue[0] is not ex:
             return
-        queue.pop(0)
-        ex.settle(True)
-        if ex.close or not ex.req_done:
+        head = queue.pop(0)
+        head.settle(True)
+        if head.close or not head.req_done:
             # Closing (or the response finished before the request body, so the stream cannot
             # be resynced): requests pipelined behind are dropped unanswered, as HTTP/1.1
             # allows (RFC 9112 §9.3.2), and off the books at once.
@@ -706,7 +716,7 @@ class H1Downstream(Downstream):
         queue = self.queue
         while queue:
             ex = queue.pop(0)
-            ex.finished = ex.resp_done = True  # a late callback finds it finished
+            ex.dropped()  # a late callback finds it finished
             ex.detach()
             ex.settle(True)
 
@@ -723,48 +733,39 @@ class H1Downstream(Downstream):
         self.last_read = True
         self.pause(PAUSE_CLOSING)
         if ex is not None:
-            ex.flags |= DPE
+            ex.malformed()
             self._broken_body(ex, status, body)
             return
         resp = simple_response(status, body, close=True)
         st.downstream_rq_total += 1
-        self.count_status(status)
-        ex = Exchange(self, b"")
-        ex.flags = DPE
-        ex.status = status
-        ex.bytes_tx = len(body)
+        ex = H1Exchange(self, b"")
+        now = self.loop.time()
+        ex.refuse_malformed(status, len(body), self.req_started or now)
         if not self.queue:
             self.write(resp)
-            log = self.ctx.access_log
-            if log is not None:  # no exchange was on the books: its line is written here
-                now = self.loop.time()
-                ex.t0 = self.req_started or now
-                log.record(ex, now)
+            ex.log_unbooked(now)  # no exchange was on the books: its line is written here
             self.staged_close()
             return
         # Behind requests still being answered: answer it when its turn comes.
-        if self.ctx.access_log is not None:
-            ex.t0 = self.req_started or self.loop.time()
         ex.keep_alive = False
-        ex.local = resp
+        ex.reply = resp
         ex.close = True
-        ex.req_done = True
         st.downstream_rq_active += 1
         self.queue.append(ex)
 
-    def _broken_body(self, ex: Exchange, status: int, body: bytes) -> None:
+    def _broken_body(self, ex: H1Exchange, status: int, body: bytes) -> None:
         """The body of the request being received is malformed (bad chunk framing): the
         request can never complete. Answer it with the error if nothing was sent yet."""
         ex.close = True
-        if ex.local is not None:
+        if ex.local:
             # already answered (or to be answered) from here: that answer stands
-            ex.req_done = True
+            ex.request_cut_short()
             if ex.resp_started:
                 ex.finish()
             return
         if self.queue and self.queue[0] is not ex:
             # queued behind others: it never reaches the upstream
-            ex.req_done = True
+            ex.request_cut_short()
             self._local(ex, status, body)
             return
         if ex.resp_started:
@@ -785,7 +786,7 @@ class H1Downstream(Downstream):
             self.staged_close()
 
     # -- tunnel (after a 101) -------------------------------------------------------------------
-    def start_tunnel(self, ex: Exchange, head: bytes, ut: asyncio.Transport, rest: bytes,
+    def start_tunnel(self, ex: H1Exchange, head: bytes, ut: asyncio.Transport, rest: bytes,
                      kind: TunnelKind, deflate: bool, up: UpstreamConn | None) -> None:
         """Send the 101 (or CONNECT's 200) and relay both sockets from now on; ``up`` is the
         upstream connection that switched protocols and gave its socket up (None for a
@@ -807,7 +808,7 @@ class H1Downstream(Downstream):
         if self.drain.proactive_fired:
             relay.drain_by(DrainedBy.PROACTIVE)  # its moment has passed already
 
-    def _tunnel_ended(self, ex: Exchange, up: UpstreamConn | None, cut: bool) -> None:
+    def _tunnel_ended(self, ex: H1Exchange, up: UpstreamConn | None, cut: bool) -> None:
         """Both sockets of the tunnel are closed: settle the books of both connections."""
         relay = self.relay
         self.relay = None
@@ -830,8 +831,7 @@ class H1Downstream(Downstream):
         for ex in list(self.queue):
             if not ex.admitted:
                 continue
-            # a connect still pending finds it finished and sends nothing
-            ex.finished = ex.resp_done = True
+            ex.dropped()  # a connect still pending finds it finished and sends nothing
             ex.detach()
             if ex.cut_off():
                 reset = True
@@ -842,9 +842,9 @@ class H1Downstream(Downstream):
             # a local response in progress is complete already; nothing to add
             pass
         elif self.queue:
-            self.count_status(503)
-            self.queue[0].status = 503
-            self.write(GOING_AWAY_HEAD if self.queue[0].is_head else GOING_AWAY)
+            first = self.queue[0]
+            first.answer_here(503, len(GOING_AWAY_BODY))
+            self.write(GOING_AWAY_HEAD if first.is_head else GOING_AWAY)
         self.staged_close()
 
     # -- the drain manager's questions --------------------------------------------------------
@@ -900,7 +900,7 @@ class H1Downstream(Downstream):
             return at
         return math.inf
 
-    def _body_timeout(self, ex: Exchange) -> None:
+    def _body_timeout(self, ex: H1Exchange) -> None:
         """No byte of the request body for request_body_timeout (nginx client_body_timeout):
         408 if no response byte was sent yet, else a reset; nothing after it is read."""
         self.stats.downstream_rq_body_timeout += 1

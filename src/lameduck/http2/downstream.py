@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from lameduck.drain import ConnectionDrain, DrainedBy
 from lameduck.drain.tunnel import TunnelKind
@@ -36,7 +36,6 @@ from lameduck.http2.connection import (
     WindowOpened,
 )
 from lameduck.http2.tunnel import H2ConnectTunnel, StreamSide
-from lameduck.proxy.accesslog import keep_for_log
 from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_fields
@@ -76,6 +75,23 @@ def _local_headers(body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()) -> 
     return [(b"content-type", TEXT), (b"content-length", b"%d" % len(body)), *extra]
 
 
+class H2Stream(Exchange):
+    """An exchange with what only an HTTP/2 stream keeps: its request body's clock and the
+    parts of a tunnel (a CONNECT's destination socket, or a WebSocket's relay and this stream
+    as its client side)."""
+
+    # Loop time of the stream's last request-body byte, or of its credit's return
+    # (request_body_timeout; HTTP/1.1 keeps one per connection).
+    body_at = 0.0
+
+    def __init__(self, down: H2Downstream, method: bytes, sid: int) -> None:
+        super().__init__(down, method, HTTP2, sid)
+        # Set here, not as class defaults: mypyc leaves an Any-typed default undefined.
+        self.tunnel: Any = None  # an H2ConnectTunnel
+        self.side: Any = None  # a StreamSide
+        self.relay: Any = None  # a Relay
+
+
 class H2Downstream(Downstream):
     """One client connection speaking HTTP/2 (h2c prior knowledge, or TLS with ALPN h2)."""
 
@@ -84,7 +100,7 @@ class H2Downstream(Downstream):
         self.stats: HttpStats = ctx.stats
         self.h2stats = ctx.h2stats
         self.h2 = H2Server(limits or ctx.h2_limits, self.loop.time())
-        self.streams: dict[int, Exchange] = {}
+        self.streams: dict[int, H2Stream] = {}
         self.corked = 0
         self.goaways = 0  # GOAWAY frames sent for the drain: 0, 1 (2^31-1), 2 (final)
         self.take_limits(ctx)
@@ -159,8 +175,7 @@ class H2Downstream(Downstream):
             tr = cast(TrailersReceived, ev)
             s = self.streams.get(tr.stream_id)
             if s is not None:
-                s.req_trailers = trailer_fields(tr.headers) or None
-                s.request_complete()
+                s.request_complete(trailer_fields(tr.headers) or None)
         elif t is StreamReset:
             self.h2stats.rx_reset += 1
             s = self.streams.get(cast(StreamReset, ev).stream_id)
@@ -168,7 +183,7 @@ class H2Downstream(Downstream):
                 s.side.gone()  # the relay closes the upstream and settles the stream
             elif s is not None:
                 self.stats.downstream_rq_rx_reset += 1
-                s.resp_done = True
+                s.response_over()
                 self._detach(s)
                 self._settle(s, completed=False)
         elif t is WindowOpened:
@@ -197,7 +212,7 @@ class H2Downstream(Downstream):
             for s in list(self.streams.values()):
                 if s.side is not None:
                     s.side.gone()
-                s.resp_done = True
+                s.response_over()
                 self._detach(s)
                 self._settle(s, completed=False)
 
@@ -221,7 +236,7 @@ class H2Downstream(Downstream):
             if h2.outbound_buffered(s.sid) <= OUTBOUND_HIGH:
                 self._room(s)
 
-    def _room(self, s: Exchange) -> None:
+    def _room(self, s: H2Stream) -> None:
         """The client can take more of stream ``s``: its source (upstream, tunnel) goes on."""
         if s.side is not None:
             s.side.window_opened()
@@ -243,56 +258,57 @@ class H2Downstream(Downstream):
             self.transport.write(data)
 
     # -- DownstreamPort: an exchange's decisions, in HTTP/2 ------------------------------------
-    def _request_data(self, s: Exchange, data: bytes, flow_len: int, end: bool) -> None:
+    def _request_data(self, s: H2Stream, data: bytes, flow_len: int, end: bool) -> None:
         s.body_at = self.rx_at  # a field store: the timer is re-armed lazily (``timeouts``)
         if s.side is not None:
             if end:
-                s.req_done = True
+                s.request_cut_short()  # the tunnel's data are no request body
             s.side.received(data, flow_len, end)
             return
         if s.tunnel is not None:
             if end:
-                s.req_done = True
+                s.request_cut_short()
             s.tunnel.from_client(data, flow_len, end)
             return
         s.request_body(data, flow_len)
         if end:
             s.request_complete()
 
-    def _detach(self, s: Exchange) -> None:
+    def _detach(self, s: H2Stream) -> None:
         if s.tunnel is not None:
             s.tunnel.abort()
             self.tunnel_gone(s)
         s.detach()
 
     def answer(self, ex: Exchange, status: int, body: bytes) -> None:
-        self._local(ex, status, body)
+        self.respond(ex, status, body)
+        ex.finish()
 
     def going_away(self, ex: Exchange) -> None:
         """Past the drain time: REFUSED_STREAM tells the client it is safe to retry the stream
         elsewhere (RFC 9113 §8.7), and the final GOAWAY that this connection takes no more: a
         refusal alone would not stop a client from choosing it again (a connection opened
         just before T has had no response to drain it)."""
-        ex.resp_done = True
+        ex.response_over()
         self.h2.unprocess(ex.sid)
         # The GOAWAY first: a client that reads the refusal first may retry on this very
         # connection before it reads the GOAWAY (a gRPC client retries a refused stream once).
         self.final_notice()
-        self.reset_stream(ex, ErrorCode.REFUSED_STREAM)
+        self.reset_stream(cast(H2Stream, ex), ErrorCode.REFUSED_STREAM)
 
     def hold_request(self, ex: Exchange) -> None:
         pass  # not acknowledged until handed on: the stream's window holds the client
 
     def resume_request(self, ex: Exchange) -> None:
-        self._body_clock(ex)
+        self._body_clock(cast(H2Stream, ex))
 
     def release_request(self, ex: Exchange, credit: int) -> None:
         if ex.sid in self.streams:
             self.h2.acknowledge_received_data(ex.sid, credit)
-            self._body_clock(ex)
+            self._body_clock(cast(H2Stream, ex))
             self.kick()
 
-    def _body_clock(self, ex: Exchange) -> None:
+    def _body_clock(self, ex: H2Stream) -> None:
         """Credit given back (or an upstream that takes more): while lameduck held it the
         client could not send, so request_body_timeout starts again from now."""
         if not ex.req_done:
@@ -311,7 +327,7 @@ class H2Downstream(Downstream):
             fields = [*fields, (b"set-cookie", ex.set_cookie)]
         self.h2.send_headers(ex.sid, status, fields, end_stream=bodyless)
         if bodyless:
-            ex.resp_done = True  # the upstream still ends its message; we are done here
+            ex.response_over()  # the upstream still ends its message; we are done here
 
     def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool:
         return False  # HTTP/1.1 bytes as they came: not for HTTP/2
@@ -336,11 +352,12 @@ class H2Downstream(Downstream):
         self.h2.send_headers(ex.sid, 200, fields)
         self.stats.downstream_cx_upgrades_total += 1
         self.stats.downstream_cx_upgrades_active += 1
-        side = StreamSide(self, ex)
-        ex.side = side
+        s = cast(H2Stream, ex)
+        side = StreamSide(self, s)
+        s.side = side
         relay = Relay(self.loop, side, transport, TunnelKind.WEBSOCKET, self.ctx.drain.grace,
-                      lambda cut: self.ws_ended(ex, up, cut), rsv1_allowed=deflate)
-        ex.relay = relay
+                      lambda cut: self.ws_ended(s, up, cut), rsv1_allowed=deflate)
+        s.relay = relay
         relay.start(b"", rest)
         if self.drain.proactive_fired:
             relay.drain_by(DrainedBy.PROACTIVE)  # the moment has passed already
@@ -367,7 +384,7 @@ class H2Downstream(Downstream):
         self.respond(ex, status, body, extra)
 
     def abort(self, ex: Exchange) -> None:
-        self.reset_stream(ex, ErrorCode.INTERNAL_ERROR)
+        self.reset_stream(cast(H2Stream, ex), ErrorCode.INTERNAL_ERROR)
 
     def cork(self) -> None:
         self.corked += 1
@@ -385,8 +402,8 @@ class H2Downstream(Downstream):
             # RFC 9113 §8.1: a complete response may end a request the client is still
             # sending; NO_ERROR tells it to stop without failing the response.
             self.h2.reset_stream(ex.sid, ErrorCode.NO_ERROR)
-            ex.req_done = True
-        self._settle(ex, completed=True)
+            ex.request_cut_short()
+        self._settle(cast(H2Stream, ex), completed=True)
         self.kick()
 
     # -- requests ---------------------------------------------------------------------------
@@ -397,40 +414,34 @@ class H2Downstream(Downstream):
         st.downstream_rq_http2_total += 1
         st.downstream_rq_active += 1
         sid = ev.stream_id
-        s = Exchange(self, ev.method)
-        s.started = self.rx_at
-        s.sid = sid
+        s = H2Stream(self, ev.method, sid)
+        s.head_received(self.rx_at, ev.path or b"", ev.headers, ev.authority)
         self.streams[sid] = s
-        if ctx.access_log is not None:  # what the log line reads at settle
-            s.t0 = self.rx_at
-            s.log_req = (ev.path or b"", ev.headers, None)
-            s.log_host = ev.authority
-            keep_for_log(s, ev.headers)
         self.count_request()  # the last: GOAWAY now; the streams opened meanwhile go on
         if ev.end_stream:
-            s.has_body = False
-            s.req_done = True
+            s.no_request_body()
         else:
             # a body follows: request_body_timeout runs from the head (as nginx's from the
             # body's first read); the connection's one timer, moved earlier if need be
             s.body_at = now = self.rx_at
             self.arm(now + self.body_timeout)
         method = ev.method
-        head = RequestHead(method, ev.authority, ev.path or b"/", ev.headers, HTTP2)
-        head.has_body = not ev.end_stream
         if method == b"CONNECT":
             if ev.protocol != b"websocket":
                 self._connect(s, ev)
                 return
             # RFC 8441: a WebSocket; to the HTTP/1.1 upstream it is a GET with an Upgrade
-            s.has_body = head.has_body = False  # its DATA are frames for the tunnel
-            head.method = b"GET"
-            head.protocol = b"websocket"
+            # (its DATA are frames for the tunnel, no request body)
+            head = RequestHead(b"GET", ev.authority, ev.path or b"/", ev.headers, HTTP2,
+                               False, b"websocket")
+        else:
+            head = RequestHead(method, ev.authority, ev.path or b"/", ev.headers, HTTP2,
+                               not ev.end_stream)
         if s.admit(ctx, head, self.peer):
             s.start()
 
     # -- CONNECT tunnels ------------------------------------------------------------------------
-    def _connect(self, s: Exchange, ev: RequestReceived) -> None:
+    def _connect(self, s: H2Stream, ev: RequestReceived) -> None:
         """A CONNECT stream: relayed to its destination if the listener allows it (else 403)."""
         ctx = self.ctx
         if ev.protocol is not None:
@@ -450,37 +461,34 @@ class H2Downstream(Downstream):
         if self.drain.proactive_fired:
             s.tunnel.drain_by(DrainedBy.PROACTIVE)  # the moment has passed already
 
-    def tunnel_open(self, s: Exchange) -> None:
+    def tunnel_open(self, s: H2Stream) -> None:
         s.tunnel_opened(200)
         self.response_drains(s)  # it may drain the connection; the tunnel itself stays
         self.h2.send_headers(s.sid, 200, [])
 
-    def tunnel_failed(self, s: Exchange) -> None:
+    def tunnel_failed(self, s: H2Stream) -> None:
         self.tunnel_gone(s)
         if s.sid in self.streams:
             body = b"connect error\n"
             s.tunnel_refused(503, body)
-            s.local = b""
-            self.response_drains(s)
-            self.h2.send_headers(s.sid, 503, _local_headers(body))
-            self.h2.send_data(s.sid, body, end_stream=True)
+            self.respond(s, 503, body)
             s.finish()
             self.kick()
 
-    def tunnel_done(self, s: Exchange) -> None:
+    def tunnel_done(self, s: H2Stream) -> None:
         """Both directions ended (END_STREAM and FIN): a completed request."""
         self.tunnel_gone(s)
-        s.req_done = True
+        s.request_cut_short()
         s.finish()
         self.kick()
 
-    def tunnel_reset(self, s: Exchange, code: ErrorCode, cut: bool) -> None:
+    def tunnel_reset(self, s: H2Stream, code: ErrorCode, cut: bool) -> None:
         # Ended by the drain (G after the proactive moment, as in Envoy): counted as cut.
         self.tunnel_gone(s, cut)
         if s.sid in self.streams:
             self.reset_stream(s, code)
 
-    def ws_ended(self, s: Exchange, up: UpstreamConn, cut: bool) -> None:
+    def ws_ended(self, s: H2Stream, up: UpstreamConn, cut: bool) -> None:
         """Both sides of a WebSocket stream's relay are closed: settle the books."""
         relay = s.relay
         if relay is None:
@@ -490,11 +498,11 @@ class H2Downstream(Downstream):
         self._detach(s)
         up.tunnel_closed()  # the pool's and the cluster's bookkeeping
         s.tunnel_closed(cut, relay.rx, relay.tx)
-        s.req_done = True
+        s.request_cut_short()
         self._settle(s, completed=not cut)
         self.kick()
 
-    def tunnel_gone(self, s: Exchange, cut: bool = False) -> None:
+    def tunnel_gone(self, s: H2Stream, cut: bool = False) -> None:
         """The stream no longer has a destination socket (counted once, with the bytes it
         relayed)."""
         tunnel = s.tunnel
@@ -504,8 +512,8 @@ class H2Downstream(Downstream):
             if tunnel.opened:
                 s.tunnel_closed(cut, tunnel.rx, tunnel.tx, settled_here=False)
 
-    def _local(self, s: Exchange, status: int, body: bytes) -> None:
-        s.local = b""
+    def _local(self, s: H2Stream, status: int, body: bytes) -> None:
+        s.answer_here(status, len(body))
         self.respond(s, status, body)
         s.finish()
 
@@ -514,20 +522,17 @@ class H2Downstream(Downstream):
         st.downstream_rq_total += 1
         st.downstream_rq_http2_total += 1
         st.downstream_rq_active += 1
-        s = Exchange(self, b"")
-        s.sid = sid
-        s.req_done = True  # H2Server drops the body and resets the stream after our answer
+        s = H2Stream(self, b"", sid)
+        s.request_cut_short()  # H2Server drops the body and resets the stream after our answer
         self.streams[sid] = s
         self._local(s, 431, b"request header fields too large\n")
 
     def respond(self, s: Exchange, status: int, body: bytes,
                 extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-        """A local answer on stream ``s`` (it drains the connection like any response)."""
-        self.stats.count_status(status)
+        """Send a local answer the exchange booked, on stream ``s`` (it drains the connection
+        like any response)."""
         self.response_drains(s)
-        s.resp_started = True
-        s.status = status
-        s.bytes_tx = 0 if s.is_head else len(body)
+        s.response_begun()
         h2 = self.h2
         if s.grpc:
             # Trailers-only, HTTP 200: the gRPC status says why (counted as the HTTP status).
@@ -538,22 +543,21 @@ class H2Downstream(Downstream):
             h2.send_headers(s.sid, status, _local_headers(body, extra))
             h2.send_data(s.sid, body, end_stream=True)
 
-    def reset_stream(self, s: Exchange, code: ErrorCode) -> None:
+    def reset_stream(self, s: H2Stream, code: ErrorCode) -> None:
         self.h2stats.tx_reset += 1
         self.h2.reset_stream(s.sid, code)
-        s.resp_done = True
+        s.response_over()
         self._detach(s)
         self._settle(s, completed=False)
         self.kick()
 
-    def _settle(self, s: Exchange, completed: bool) -> None:
+    def _settle(self, s: H2Stream, completed: bool) -> None:
         if self.streams.pop(s.sid, None) is None:
             return
         if s.unacked:
             # Request bytes read but never handed upstream (answered, reset or failed before
             # an upstream took them): the connection window gets them back all the same.
-            n, s.unacked = s.unacked, 0
-            self.h2.acknowledge_received_data(s.sid, n)
+            self.h2.acknowledge_received_data(s.sid, s.take_unacked())
         s.settle(completed)
         if not self.streams:
             self.on_idle(self.loop.time())
@@ -599,13 +603,13 @@ class H2Downstream(Downstream):
                     # the client can act on, not a reset.
                     self.h2.send_trailers(s.sid, grpc_fields(
                         GRPC_UNAVAILABLE, b"going away: cut at the drain deadline"))
-                    s.local = b""
                     s.finish()
                 else:
                     self.reset_stream(s, ErrorCode.CANCEL)
             else:
-                s.local = b""
-                self.respond(s, 503, b"going away\n", RETRY_AFTER)
+                body = b"going away\n"
+                s.answer_here(503, len(body))
+                self.respond(s, 503, body, RETRY_AFTER)
                 s.finish()
         self.final_notice()
         self.kick()
@@ -633,7 +637,7 @@ class H2Downstream(Downstream):
         if timeout == math.inf:
             return math.inf
         at = math.inf
-        expired: list[Exchange] | None = None
+        expired: list[H2Stream] | None = None
         for s in self.streams.values():
             if (s.req_done or not s.has_body or s.unacked or s.up_paused or s.held
                     or s.tunnel is not None or s.side is not None):
@@ -653,7 +657,7 @@ class H2Downstream(Downstream):
                 return STOP  # its last stream ended a drained connection: the close is staged
         return at
 
-    def _body_timeout(self, s: Exchange) -> None:
+    def _body_timeout(self, s: H2Stream) -> None:
         """No DATA on ``s`` for request_body_timeout: 408 if no response byte was sent (then
         RST_STREAM(NO_ERROR): a server may answer before the request ends and tell the client
         to stop sending, RFC 9113 §8.1), else RST_STREAM(CANCEL). Its upstream is aborted as
@@ -663,6 +667,7 @@ class H2Downstream(Downstream):
             self.reset_stream(s, ErrorCode.CANCEL)
             return
         self._detach(s)
-        s.local = b""
-        self.respond(s, 408, b"request body timeout\n")
+        body = b"request body timeout\n"
+        s.answer_here(408, len(body))
+        self.respond(s, 408, body)
         s.finish()  # exchange_done: the RST_STREAM(NO_ERROR), the books

@@ -18,8 +18,7 @@ from lameduck.drain.tunnel import TunnelAction, TunnelDrain, TunnelKind
 from lameduck.http2.connection import ErrorCode
 
 if TYPE_CHECKING:
-    from lameduck.http2.downstream import H2Downstream
-    from lameduck.proxy.exchange import Exchange
+    from lameduck.http2.downstream import H2Downstream, H2Stream
 
 OUTBOUND_HIGH = 256 * 1024
 
@@ -27,7 +26,7 @@ OUTBOUND_HIGH = 256 * 1024
 class H2ConnectTunnel(asyncio.Protocol):
     """The destination socket of one CONNECT stream."""
 
-    def __init__(self, conn: H2Downstream, stream: Exchange, host: str, port: int,
+    def __init__(self, conn: H2Downstream, stream: H2Stream, host: str, port: int,
                  grace: float) -> None:
         self.conn = conn
         self.stream = stream
@@ -244,7 +243,7 @@ class StreamSide(asyncio.Transport):
     8441): writes become DATA, the FIN END_STREAM, an abort RST_STREAM(CANCEL); what the client
     sends is fed in by the shell. Reading is paused by holding back WINDOW_UPDATEs."""
 
-    def __init__(self, conn: H2Downstream, stream: Exchange) -> None:
+    def __init__(self, conn: H2Downstream, stream: H2Stream) -> None:
         super().__init__()
         self.conn = conn
         self.stream = stream

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Final
 
+from lameduck.proxy.message import HTTP2, HTTP10
+
 if TYPE_CHECKING:
     from lameduck.proxy.exchange import Exchange
 
@@ -242,7 +244,8 @@ def start_time(ex: Any, now: float, wall: float) -> str:
 
 
 def protocol(ex: Any) -> str:
-    return "HTTP/2" if ex.sid else ("HTTP/1.0" if ex.v10 else "HTTP/1.1")
+    version = ex.version
+    return "HTTP/2" if version == HTTP2 else ("HTTP/1.0" if version == HTTP10 else "HTTP/1.1")
 
 
 def upstream_host(ex: Any) -> str | None:
@@ -348,7 +351,9 @@ def default_line(ex: Exchange, now: float, wall: float) -> bytes:
     agent = ex.log_agent or b"-"
     rid = ex.request_id or b"-"
     stamp = start_stamp(int((wall - (now - ex.t0)) * 1000))
-    proto = b"HTTP/2" if ex.sid else (b"HTTP/1.0" if ex.v10 else b"HTTP/1.1")
+    version = ex.version
+    proto = (b"HTTP/2" if version == HTTP2 else
+             b"HTTP/1.0" if version == HTTP10 else b"HTTP/1.1")
     flags = flag_bytes(ex.flags)
     ms = int((now - ex.t0) * 1000)
     upstream = b"-" if ep is None else ep.address.encode()

@@ -35,10 +35,26 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from lameduck.drain.endpoint import ConnAction, Layer
 from lameduck.drain.retry import Failure, Retry, back_off, decide
-from lameduck.proxy.accesslog import CA, CB, DC, DPE, GA, LR, NR, SV, UC, UF, UH, UR, URX, UT
+from lameduck.proxy.accesslog import (
+    CA,
+    CB,
+    DC,
+    DPE,
+    GA,
+    LR,
+    NR,
+    SV,
+    UC,
+    UF,
+    UH,
+    UR,
+    URX,
+    UT,
+    keep_for_log,
+)
 from lameduck.proxy.admission import persistence_key, prepare, route_path
 from lameduck.proxy.local import RETRY_AFTER
-from lameduck.proxy.message import RequestHead
+from lameduck.proxy.message import HTTP11, RequestHead
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.upstream.connector import Fields, UpstreamConn, UpstreamError
 
@@ -89,7 +105,8 @@ class DownstreamPort(Protocol):
     write_paused: bool
 
     def answer(self, ex: Exchange, status: int, body: bytes) -> None:
-        """Admission refused ``ex`` (no route, health check, ...): answer it from here."""
+        """Admission refused ``ex`` (no route, health check, ...): send this answer (the
+        exchange has booked it)."""
         ...
     def going_away(self, ex: Exchange) -> None:
         """Past the drain time: tell the client to send ``ex`` elsewhere."""
@@ -110,7 +127,9 @@ class DownstreamPort(Protocol):
     def send_body(self, ex: Exchange, data: bytes) -> None: ...
     def send_end(self, ex: Exchange, trailers: list[tuple[bytes, bytes]] | None) -> None: ...
     def send_local(self, ex: Exchange, status: int, body: bytes,
-                   extra: tuple[tuple[bytes, bytes], ...]) -> None: ...
+                   extra: tuple[tuple[bytes, bytes], ...]) -> None:
+        """A local error in place of the upstream's response (booked by the exchange)."""
+        ...
     def abort(self, ex: Exchange) -> None:
         """The upstream failed after the response started: the client can only see a reset."""
         ...
@@ -126,12 +145,8 @@ class Exchange:
     is allocated once per request, on the hot path).
     """
 
-    sid = 0  # the HTTP/2 stream id (0 on HTTP/1.1)
     head: RequestHead | None = None  # the head sent upstream (``admission.prepare``'s)
-    local: bytes | None = None  # answered here: the answer, queued (HTTP/1.1), or b""
-    close = False  # the connection closes after this response (HTTP/1.1)
-    keep_alive = True
-    v10 = False
+    local = False  # answered here (the codec sends it: at once, or queued in turn)
     expect = False  # "Expect: 100-continue": a local answer closes the connection
     admitted = False  # counted in the process ledger
     has_body = True
@@ -141,9 +156,6 @@ class Exchange:
     unacked = 0  # request bytes read and not yet handed on (flow-control credit)
     up_paused = False  # the upstream cannot take the request body faster
     held = False  # the client's request body is paused for this exchange
-    # HTTP/2: loop time of the stream's last request-body byte, or of its credit's return
-    # (request_body_timeout; HTTP/1.1 keeps one per connection)
-    body_at = 0.0
     cluster: Cluster | None = None
     endpoint: Endpoint | None = None
     route_timeout = 0.0
@@ -165,7 +177,6 @@ class Exchange:
     replay_size = 0
     status = 0
     resp_started = False
-    resp_chunked = False
     te_trailers = False  # the client takes trailers (HTTP/1.1 "TE: trailers")
     req_trailers: list[tuple[bytes, bytes]] | None = None
     resp_done = False  # no more response bytes go out
@@ -173,7 +184,6 @@ class Exchange:
     upgrade = False  # a WebSocket: a 101 upstream turns it into a tunnel
     grpc = False  # a gRPC call: local answers are gRPC statuses
     connect: tuple[str, int] | None = None  # a CONNECT's destination (on the allow-list)
-    early = b""  # bytes the client sent after an Upgrade request, before the 101
     # The access log's: Envoy's response flags (``accesslog``'s bits, set where each fact
     # happens), the body bytes each way, the request id, and -- only when the log is on --
     # the loop time of the head (``t0``: also what tells settle to log), the request fields
@@ -195,23 +205,95 @@ class Exchange:
     resp_fields: Fields | None = None
     sent_at = 0.0  # loop time the request went upstream (upstream_rq_time)
 
-    def __init__(self, down: DownstreamPort, method: bytes) -> None:
+    def __init__(self, down: DownstreamPort, method: bytes, version: int = HTTP11,
+                 sid: int = 0) -> None:
+        """``version``: the request's HTTP version (``message.HTTP10`` ...), 0 for a request
+        line that is not HTTP/1.x (answered 400/505: no HEAD semantics); ``sid``: its stream
+        id on a multiplexed connection (0 on HTTP/1.1)."""
         self.down = down
+        self.sid = sid
         # Native references to what every request touches: a native field read instead of a
         # lookup by name on the (protocol-typed) downstream at each use.
         self.stats: HttpStats = down.ctx.stats
         self.method = method
-        self.is_head = method == b"HEAD"
+        self.version = version
+        self.is_head = method == b"HEAD" and version > 0
         # Set here, not as class defaults: mypyc leaves a protocol-typed default undefined.
         self.up: UpstreamConn | None = None
         # The one timer of the slow path: the route timeout while in line or connecting, or
         # the back-off before a retry.
         self.timer: asyncio.TimerHandle | None = None
-        # A tunnel's parts, kept by the codec: a CONNECT stream's destination socket, this
-        # stream as a relay side, the relay.
-        self.tunnel: Any = None
-        self.side: Any = None
-        self.relay: Any = None
+
+    # -- what the codec tells it ----------------------------------------------------------------
+    def head_received(self, at: float, path: bytes, fields: Fields,
+                      authority: bytes | None) -> None:
+        """The request head arrived at loop time ``at`` (downstream_rq_time runs from here);
+        with the access log on, what its line will read is kept."""
+        self.started = at
+        if self.down.ctx.access_log is not None:
+            self.t0 = at
+            self.log_req = (path, fields, None)
+            self.log_host = authority
+            keep_for_log(self, fields)
+
+    def no_request_body(self) -> None:
+        """The head ended the request (HTTP/2 END_STREAM): no body, nothing more to read."""
+        self.has_body = False
+        self.req_done = True
+
+    def request_cut_short(self) -> None:
+        """No more of the request will be read (a broken body, a body timeout, a reset): it
+        counts as read for what waits on its end."""
+        self.req_done = True
+
+    def malformed(self) -> None:
+        """The request broke its protocol (Envoy's DPE)."""
+        self.flags |= DPE
+
+    def answer_here(self, status: int, body_len: int) -> None:
+        """Answered from here with ``status`` and a body of ``body_len`` bytes (none goes out
+        to a HEAD), counted once; the codec sends it, at once or in turn."""
+        self.local = True
+        self.status = status
+        self.bytes_tx = 0 if self.is_head else body_len
+        self.stats.count_status(status)
+
+    def refuse_malformed(self, status: int, body_len: int, at: float) -> None:
+        """An answer to bytes that were no request (none was read whole): the books of a
+        request never begun, its access-log line from ``at``."""
+        self.flags = DPE
+        self.answer_here(status, body_len)
+        self.req_done = True
+        if self.down.ctx.access_log is not None:
+            self.t0 = at
+
+    def log_unbooked(self, now: float) -> None:
+        """The line of an exchange that was never on the books (nothing settles it)."""
+        log: AccessLog | None = self.down.ctx.access_log
+        if log is not None:
+            log.record(self, now)
+
+    def response_begun(self) -> None:
+        """The first byte of its answer went to the client."""
+        self.resp_started = True
+
+    def response_over(self) -> None:
+        """No more response bytes go out (the client reset the stream, or it was answered)."""
+        self.resp_done = True
+
+    def dropped(self) -> None:
+        """Forgotten unanswered (its connection is closing): a late callback finds it over."""
+        self.finished = self.resp_done = True
+
+    def take_unacked(self) -> int:
+        """Flow-control credit read and never handed on: the codec gives it back now."""
+        n, self.unacked = self.unacked, 0
+        return n
+
+    def switched_protocols(self) -> None:
+        """The upstream's 101 went to the client: its status counted, the tunnel begins."""
+        self.answered(101)
+        self.resp_started = True
 
     # -- admission ----------------------------------------------------------------------------
     def admit(self, ctx: ExchangeContext, head: RequestHead, peer: bytes) -> bool:
@@ -220,6 +302,7 @@ class Exchange:
         no route, going away)."""
         up = prepare(head, peer, ctx.scheme, ctx.generate_request_id)
         self.head = up
+        self.has_body = head.has_body  # (a WebSocket's frames are no request body)
         self.request_id = up.request_id
         self.grpc = up.grpc
         self.expect = up.expect
@@ -228,29 +311,28 @@ class Exchange:
         if self.t0:  # the access log is on: X-Forwarded-For as sent, the authority routed by
             self.log_xff = up.forwarded_for
             self.log_host = up.authority
-        down = self.down
         refused = up.refused
         if refused is not None:
             if refused.malformed:
                 self.flags |= DPE
-            down.answer(self, refused.status, refused.body)
+            self._answer(refused.status, refused.body)
             return False
         path = route_path(up.path)
         host = up.authority
         hc = ctx.health_check_path
         if hc is not None and path == hc:
             live = ctx.process.live
-            down.answer(self, 200 if live else 503, b"OK\n" if live else b"DRAINING\n")
+            self._answer(200 if live else 503, b"OK\n" if live else b"DRAINING\n")
             return False
         route = ctx.router.match(host, path)
         if route is None:
             self.flags |= NR
-            down.answer(self, 404, b"no route\n")
+            self._answer(404, b"no route\n")
             return False
         cluster = route.cluster
         if self.upgrade and cluster.connector is not None:
             # an HTTP/2 cluster: a WebSocket would need RFC 8441 upstream, not supported
-            down.answer(self, 501, b"websocket to an HTTP/2 upstream not supported\n")
+            self._answer(501, b"websocket to an HTTP/2 upstream not supported\n")
             return False
         if not self._on_books(ctx):
             return False
@@ -267,12 +349,17 @@ class Exchange:
         """A CONNECT: its destination if the listener allows it (else 403), on the books."""
         target = ctx.connect_target(authority)
         if target is None:
-            self.down.answer(self, 403, b"CONNECT not allowed\n")
+            self._answer(403, b"CONNECT not allowed\n")
             return False
         if not self._on_books(ctx):
             return False
         self.connect = target
         return True
+
+    def _answer(self, status: int, body: bytes) -> None:
+        """Admission refused it: booked here, answered by the codec."""
+        self.answer_here(status, len(body))
+        self.down.answer(self, status, body)
 
     def _on_books(self, ctx: ExchangeContext) -> bool:
         """Counted in flight, or (past the drain time) turned away "going away"."""
@@ -288,7 +375,7 @@ class Exchange:
     def request_body(self, data: bytes, credit: int) -> None:
         """Request body bytes; ``credit``: the flow-control units they took (HTTP/2 counts
         padding; HTTP/1.1 passes their length and has no window to give back)."""
-        if self.local is not None or self.resp_done:
+        if self.local or self.resp_done:
             if credit:
                 self.down.release_request(self, credit)  # answered: read and dropped
             return
@@ -315,10 +402,13 @@ class Exchange:
             self.held = True
             self.down.hold_request(self)
 
-    def request_complete(self) -> None:
+    def request_complete(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
+        """The request ended, with its trailer section (filtered) if it had one."""
         self.req_done = True
-        if self.local is not None or self.resp_done:
-            if self.resp_started and self.local is not None:
+        if trailers:
+            self.req_trailers = trailers
+        if self.local or self.resp_done:
+            if self.resp_started and self.local:
                 self.finish()  # the local answer went out before the request had ended
             return
         timeout = self.route_timeout
@@ -824,10 +914,8 @@ class Exchange:
         down = self.down
         if down.closing or self.resp_done:
             return  # cut at the deadline meanwhile: its answer went out already
-        self.local = b""
+        self.answer_here(status, len(body))
         self.resp_started = True
-        self.status = status
-        self.bytes_tx = len(body)
         down.send_local(self, status, body, extra)
         self.finish()
 

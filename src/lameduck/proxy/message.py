@@ -38,14 +38,14 @@ class RequestHead:
     """
 
     def __init__(self, method: bytes, authority: bytes | None, path: bytes, fields: Fields,
-                 version: int) -> None:
+                 version: int, has_body: bool = False, protocol: bytes | None = None) -> None:
         self.method = method
         self.authority = authority
         self.path = path
         self.fields = fields
         self.version = version  # HTTP10, HTTP11 or HTTP2
-        self.has_body = False
-        self.protocol: bytes | None = None
+        self.has_body = has_body
+        self.protocol = protocol
         self.chunked = False
         self.websocket = False
         self.te_trailers = False
