@@ -104,16 +104,46 @@ def tunnel_fields(line: dict[str, Any]) -> dict[str, Any]:
                                  "bytes_sent")}
 
 
-# -- 1. HTTP/1.1 CONNECT ----------------------------------------------------------------------
-
-
-def test_http1_connect_line_is_200_with_tunnel_bytes_and_503_uf_when_refused(
-        lameduck: Any, destination: Destination, tmp_path: Path) -> None:
+def connect_proxy(lameduck: Any, destination: Destination,
+                  tmp_path: Path) -> tuple[Lameduck, Path, str, str]:
+    """A lameduck whose listener allows CONNECT to ``destination`` and to a port that refuses,
+    logging JSON: (it, the log, the target, the refusing one)."""
     log = tmp_path / "access.jsonl"
     target = f"127.0.0.1:{destination.port}"
     dead = f"127.0.0.1:{refusing_port()}"
     ld: Lameduck = lameduck(**QUICK_EXIT, listener={
         "connect": {"allow": [target, dead]}, "access_log": json_log(log)})
+    return ld, log, target, dead
+
+
+def tunnel_lines(ld: Lameduck, log: Path, key: str, target: str,
+                 dead: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Once every exchange settled and the process is gone: the lines of the CONNECT to
+    ``target`` and of the one to ``dead`` (found by ``key``: path or authority)."""
+    settled(ld)
+    stop(ld)
+    lines = lines_of(log)
+    return (the_line(lines, method="CONNECT", **{key: target}),
+            the_line(lines, method="CONNECT", **{key: dead}))
+
+
+def assert_tunnel_and_refusal(ok: dict[str, Any], refused: dict[str, Any],
+                              reply: bytes) -> None:
+    """The relayed tunnel's line: 200, no flag, the bytes each way; the refused one's: 503 UF."""
+    observed = {"tunnel": tunnel_fields(ok),
+                "refused": (refused["response_code"], "UF" in flags(refused))}
+    expected = {"tunnel": {"response_code": 200, "response_flags": "-",
+                           "bytes_received": len(PAYLOAD), "bytes_sent": len(reply)},
+                "refused": (503, True)}
+    assert observed == expected, (ok, refused)
+
+
+# -- 1. HTTP/1.1 CONNECT ----------------------------------------------------------------------
+
+
+def test_http1_connect_line_is_200_with_tunnel_bytes_and_503_uf_when_refused(
+        lameduck: Any, destination: Destination, tmp_path: Path) -> None:
+    ld, log, target, dead = connect_proxy(lameduck, destination, tmp_path)
 
     sock, head, early = h1_connect(ld.port, target)
     assert head == b"HTTP/1.1 200 Connection Established\r\n\r\n" and early == b""
@@ -128,17 +158,8 @@ def test_http1_connect_line_is_200_with_tunnel_bytes_and_503_uf_when_refused(
     until_eof(sock)  # the 503 closes the connection
     sock.close()
 
-    settled(ld)
-    stop(ld)
-    lines = lines_of(log)
-    ok = the_line(lines, method="CONNECT", path=target)
-    refused = the_line(lines, method="CONNECT", path=dead)
-    observed = {"tunnel": tunnel_fields(ok),
-                "refused": (refused["response_code"], "UF" in flags(refused))}
-    expected = {"tunnel": {"response_code": 200, "response_flags": "-",
-                           "bytes_received": len(PAYLOAD), "bytes_sent": len(reply)},
-                "refused": (503, True)}
-    assert observed == expected, (ok, refused)
+    ok, refused = tunnel_lines(ld, log, "path", target, dead)
+    assert_tunnel_and_refusal(ok, refused, reply)
 
 
 # -- 2. HTTP/2 CONNECT ------------------------------------------------------------------------
@@ -146,11 +167,7 @@ def test_http1_connect_line_is_200_with_tunnel_bytes_and_503_uf_when_refused(
 
 def test_http2_connect_line_is_200_with_tunnel_bytes_and_503_uf_when_refused(
         lameduck: Any, destination: Destination, tmp_path: Path) -> None:
-    log = tmp_path / "access.jsonl"
-    target = f"127.0.0.1:{destination.port}"
-    dead = f"127.0.0.1:{refusing_port()}"
-    ld: Lameduck = lameduck(**QUICK_EXIT, listener={
-        "connect": {"allow": [target, dead]}, "access_log": json_log(log)})
+    ld, log, target, dead = connect_proxy(lameduck, destination, tmp_path)
 
     c = RawH2(ld.port, timeout=WAIT)
     c.connect(1, target)
@@ -167,18 +184,9 @@ def test_http2_connect_line_is_200_with_tunnel_bytes_and_503_uf_when_refused(
     assert c.streams[3].status == 503
     c.close()
 
-    settled(ld)
-    stop(ld)
-    lines = lines_of(log)
-    ok = the_line(lines, method="CONNECT", authority=target)
-    refused = the_line(lines, method="CONNECT", authority=dead)
+    ok, refused = tunnel_lines(ld, log, "authority", target, dead)
     assert ok["protocol"] == refused["protocol"] == "HTTP/2"
-    observed = {"tunnel": tunnel_fields(ok),
-                "refused": (refused["response_code"], "UF" in flags(refused))}
-    expected = {"tunnel": {"response_code": 200, "response_flags": "-",
-                           "bytes_received": len(PAYLOAD), "bytes_sent": len(reply)},
-                "refused": (503, True)}
-    assert observed == expected, (ok, refused)
+    assert_tunnel_and_refusal(ok, refused, reply)
 
 
 # -- 3. WebSocket over HTTP/1.1 ---------------------------------------------------------------

@@ -63,6 +63,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, cast
 
+from lameduck.proxy.fields import HOP_BY_HOP
+
 from .codec import DecodeError, Decoder, Encoder, HeaderBomb, Row
 from .events import (
     ConnectionError,
@@ -148,9 +150,8 @@ _CLOSED_DONE: Final = 3  # both sides ended
 _CLOSED_MEMORY: Final = 4096
 
 # RFC 9113 §8.2.2: connection-specific fields make a request malformed; responses drop them.
-_CONNECTION_SPECIFIC: Final = frozenset({
-    b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade",
-})
+# The hop-by-hop set, but TE, which HTTP/2 allows as "trailers" (checked on its own).
+_CONNECTION_SPECIFIC: Final = HOP_BY_HOP - {b"te"}
 _SPECIAL: Final = _CONNECTION_SPECIFIC | {b"te", b"content-length", b"cookie"}
 
 # bytes.translate(None, delete=OK) leaves only what is not OK: one C pass per field.
