@@ -45,6 +45,21 @@ if TYPE_CHECKING:
 OUTBOUND_HIGH: Final = 256 * 1024
 
 
+def head_fields(head: RequestHead) -> list[tuple[bytes, bytes]]:
+    """``head`` as an HTTP/2 header list, formatted once: pseudo-fields first (RFC 9113 §8.3),
+    no :authority where the request named none (an HTTP/1.0 one without Host, RFC 9113
+    §8.3.1). "te: trailers" is the one TE HTTP/2 allows (gRPC needs it); the connection layer
+    lower-cases the names and leaves out connection-specific fields (RFC 9113 §8.2.2)."""
+    authority = head.authority
+    fields = [(b":method", head.method), (b":scheme", b"http"),
+              (b":authority", authority), (b":path", head.path)] if authority else [
+              (b":method", head.method), (b":scheme", b"http"), (b":path", head.path)]
+    fields.extend(head.fields)
+    if head.te_trailers:
+        fields.append((b"te", b"trailers"))
+    return fields
+
+
 class H2UpstreamStream:
     """One exchange's stream: what an ``H1Upstream`` is to an exchange, on a shared socket."""
 
@@ -88,18 +103,7 @@ class H2UpstreamStream:
             # lost, or GOAWAY came between the hand-out and now: never sent, so refused
             self.refuse()
             return
-        # Pseudo-fields first (RFC 9113 §8.3); no :authority where the request named none
-        # (an HTTP/1.0 one without Host, RFC 9113 §8.3.1). "te: trailers" is the one TE
-        # HTTP/2 allows (gRPC needs it); the connection layer lower-cases names and leaves out
-        # the connection-specific fields (RFC 9113 §8.2.2).
-        authority = head.authority
-        fields = [(b":method", head.method), (b":scheme", b"http"),
-                  (b":authority", authority), (b":path", head.path)] if authority else [
-                  (b":method", head.method), (b":scheme", b"http"), (b":path", head.path)]
-        fields.extend(head.fields)
-        if head.te_trailers:
-            fields.append((b"te", b"trailers"))
-        self.fields = fields
+        self.fields = head_fields(head)
         self.body = head.has_body
         self.no_body = head.method == b"HEAD"
         self.ended = not self.body
