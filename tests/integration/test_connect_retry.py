@@ -133,7 +133,7 @@ def test_an_http2_pool_opens_at_most_max_connecting_connections_at_once() -> Non
         ep = Endpoint("127.0.0.1", refusing_port(), 4, 1, EndpointDrain(), max_connecting=1)
         pool = H2Pool(Cluster("app", [ep], 1.0, 30.0), H2Limits(), 1, loop)
         futs = [pool.connect(ep) for _ in range(3)]
-        assert len(pool.opening[ep]) == 1 and len(pool.waiting[ep]) == 2
+        assert len(pool.opening[ep]) == 1 and len(ep.waiting) == 2  # the endpoint's line
         opened_at_once = 1
         for fut in futs:
             with contextlib.suppress(OSError):
@@ -141,6 +141,6 @@ def test_an_http2_pool_opens_at_most_max_connecting_connections_at_once() -> Non
             opened_at_once = max(opened_at_once, len(pool.opening.get(ep, [])))
         assert opened_at_once == 1
         assert all(isinstance(f.exception(), OSError) for f in futs)
-        assert ep.cx_connect_fail == 3 and not pool.waiting.get(ep)
+        assert ep.cx_connect_fail == 3 and not ep.waiting
 
     asyncio.run(burst())

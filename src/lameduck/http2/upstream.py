@@ -518,9 +518,6 @@ class H2Pool:
         # Connections being opened, per endpoint, with the streams promised on each.
         self.opening: dict[Endpoint, list[tuple[asyncio.Future[H2UpstreamConnection], list[
             asyncio.Future[H2UpstreamStream]]]]] = {}
-        # Streams in line, per endpoint: every connection being opened is full and there are
-        # ``max_connecting`` of them. Placed again when one of those is open (or failed).
-        self.waiting: dict[Endpoint, list[asyncio.Future[H2UpstreamStream]]] = {}
 
     def connect(self, ep: Endpoint) -> asyncio.Future[H2UpstreamStream]:
         """A stream on a connection with room, or on one being opened for it."""
@@ -547,7 +544,10 @@ class H2Pool:
                 waiters.append(fut)
                 return
         if ep.max_connecting and len(pending) >= ep.max_connecting:
-            self.waiting.setdefault(ep, []).append(fut)
+            # Every connection being opened is full and there are ``max_connecting`` of them:
+            # in the endpoint's line (the one HTTP/1.1 requests wait in), placed again when
+            # one of those is open (or failed).
+            ep.waiting.append(lambda: self._place(ep, fut) if not fut.done() else None)
             return
         conn_fut = asyncio.ensure_future(self._open(ep))
         waiters = [fut]
@@ -577,12 +577,9 @@ class H2Pool:
             # and the waiters would then overfill it (one queued behind the limit).
             ep.shared.append(f.result())
         # A connect slot is free (and maybe streams on the new connection): those in line
-        # are placed again, in order.
-        line = self.waiting.pop(ep, None)
-        if line:
-            for w in line:
-                if not w.done():
-                    self._place(ep, w)
+        # are placed again, in order (one that finds no room yet joins the line again).
+        for wake in ep.take_line():
+            wake()
 
     async def _open(self, ep: Endpoint) -> H2UpstreamConnection:
         cluster = self.cluster

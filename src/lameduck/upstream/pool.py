@@ -146,6 +146,13 @@ class Endpoint:
         """A connection became free (connected, or given back): the first in line's wake-up."""
         return self.waiting.popleft() if self.waiting else None
 
+    def take_line(self) -> list[Callable[[], None]]:
+        """Everyone in line, in order, the line emptied (a new connection may have room for
+        several: HTTP/2 places each again)."""
+        line = list(self.waiting)
+        self.waiting.clear()
+        return line
+
     def leave_line(self, wake: Callable[[], None]) -> None:
         """A request in line gave up (timed out, cut, its client gone)."""
         with contextlib.suppress(ValueError):
