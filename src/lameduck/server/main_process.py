@@ -25,7 +25,7 @@ from lameduck.listeners.base import accept_queue
 from lameduck.restart.hot import HasFileno
 from lameduck.server.channel import Message
 from lameduck.server.server import EXIT_FLUSH, Server
-from lameduck.server.views import clusters_view
+from lameduck.server.views import add_cluster_counts, clusters_view
 from lameduck.server.worker import DRAIN_COUNTS, apply_endpoints, endpoint_facts
 from lameduck.server.workers import Worker, WorkerSet
 from lameduck.stats import (
@@ -453,16 +453,7 @@ class MainServer(Server):
         view = clusters_view(self.clusters.values())
         ws = self.workers
         for w in ws.workers if ws is not None else ():
-            for wc in w.clusters:
-                mine = next((c for c in view if c["name"] == wc["name"]), None)
-                if mine is None:
-                    continue
-                for wh in wc["host_statuses"]:
-                    h = next((h for h in mine["host_statuses"]
-                              if h["address"] == wh["address"]), None)
-                    if h is not None:
-                        for k, v in wh["stats"].items():
-                            h["stats"][k] += v
+            add_cluster_counts(view, w.clusters)
         return view
 
     def server_info(self) -> dict[str, Any]:

@@ -21,7 +21,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from lameduck import __version__
 from lameduck.admin import AdminHandlers, start_admin
 from lameduck.admin.control import NotFound
 from lameduck.config import Config, ConfigError, format_duration, load_config
@@ -38,14 +37,16 @@ from lameduck.listeners import Listener, TcpListener
 from lameduck.restart import Notifier
 from lameduck.restart.hot import HasFileno, Inherited, Rendezvous, follow_parent, take_over
 from lameduck.server.build import build
-from lameduck.server.logfile import reopen_log_files
+from lameduck.server.logfile import logger_levels, reopen_log_files, set_log_level
 from lameduck.server.successor import Successor
 from lameduck.server.views import (
     clusters_view,
+    config_dump,
     drain_report_view,
     fmt_addr,
     listener_addresses,
     prestop_view,
+    server_info,
 )
 from lameduck.stats import (
     DrainStats,
@@ -505,63 +506,24 @@ class Server:
         log.info("admin: counters reset to 0")
 
     def config_dump(self) -> dict[str, Any]:
-        """The loaded config, defaults filled in (what ``lameduck run`` serves with)."""
-        return {
-            "config_path": self.config_path or "",
-            "last_updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_wall)),
-            "bootstrap": self.cfg.model_dump(mode="json"),
-        }
+        return config_dump(self.cfg, self.config_path, self.started_wall)
 
     def loggers(self) -> dict[str, str]:
-        names = ["lameduck", *(name for name, lg in logging.root.manager.loggerDict.items()
-                               if name.startswith("lameduck.")
-                               and isinstance(lg, logging.Logger))]
-        return {name: _level_name(logging.getLogger(name).getEffectiveLevel())
-                for name in names}
+        return logger_levels()
 
     def set_log_level(self, name: str | None, level: str) -> None:
-        value = logging.CRITICAL + 1 if level == "off" else getattr(logging, level.upper())
-        for each in [name] if name is not None else list(self.loggers()):
-            logging.getLogger(each).setLevel(value)
-        log.info("admin: log level of %s set to %s", name or "every logger", level)
+        set_log_level(name, level)
 
     def server_info(self) -> dict[str, Any]:
-        now = self.loop.time()
-        uptime = now - self.started_mono
-        d = self.cfg.drain
-        ev = self.process.last_event
-        drain: dict[str, Any] = {"active": self.process.drain_active(now)}
-        if ev is not None:
-            drain.update(
-                cause=ev.cause.value,
-                started=round(self.started_wall + (ev.start - self.started_mono), 3),
-                elapsed=round(now - ev.start, 3),
-                strategy=ev.strategy.value,
-                time=ev.time,
-                connection_grace=ev.grace,
-            )
-            if self.process.shutdown is not None:
-                drain["deadline"] = self.process.exit_after
-        return {
-            "version": f"lameduck/{__version__}",
-            "state": self.process.state.name,
-            "uptime_current_epoch": f"{int(uptime)}s",
-            "uptime_all_epochs": f"{int(time.time() - self.started_all)}s",
-            "hot_restart_epoch": self.epoch,
-            "pid": os.getpid(),
-            "command_line_options": {
-                "config_path": self.config_path or "",
-                "drain_time": format_duration(d.time),
-                "drain_strategy": d.strategy.value.capitalize(),
-            },
-            "drain": drain,
-            "prestop": self.prestop_view(),
-            "listeners": [
+        return server_info(
+            self.process, self.cfg, self.config_path, now=self.loop.time(),
+            started_mono=self.started_mono, started_wall=self.started_wall,
+            started_all=self.started_all, epoch=self.epoch, prestop=self.prestop_view(),
+            listeners=[
                 {"name": ls.name, "address": fmt_addr(ls.sockname), "accepting": ls.accepting,
                  "draining": ls.drain.draining, "connections": len(ls.connections)}
                 for ls in self.listeners
-            ],
-        }
+            ])
 
     def quit(self, why: str = "POST /quitquitquit") -> None:
         """Admin ``/quitquitquit`` (Envoy's: exit at once) and a second SIGINT: exit now,
@@ -865,7 +827,3 @@ class Server:
         self.lm_stats.total_listeners_draining = self.parent_draining + sum(
             1 for ls in self.listeners if ls.drain.draining)
 
-
-def _level_name(level: int) -> str:
-    """Envoy's level words for Python's levels (above critical: off)."""
-    return "off" if level > logging.CRITICAL else logging.getLevelName(level).lower()
