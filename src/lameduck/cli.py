@@ -217,14 +217,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             restart_path=restart_path, config_path=config_path,
             successor_argv=None if demo else _successor_argv(args, config_path))
         count = worker_count(cfg.workers)
-        if count > 1:
-            from lameduck.server.main_process import MainServer
-            worker_argv = _log_argv(args)
-            if args.log_file:
-                worker_argv += ["--log-file", os.path.abspath(args.log_file)]
-            server: Server = MainServer(cfg, count=count, worker_argv=worker_argv, **kw)
-        else:
-            server = Server(cfg, **kw)
+        worker_argv = _log_argv(args)
+        if args.log_file:
+            worker_argv += ["--log-file", os.path.abspath(args.log_file)]
+        server = Server(cfg, workers=count, worker_argv=worker_argv, **kw)
         loop = asyncio.get_running_loop()
         for sig in SIGNALS:
             loop.add_signal_handler(sig, early.append, sig)
