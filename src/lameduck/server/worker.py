@@ -203,6 +203,7 @@ class WorkerProcess:
         if self.process.shutdown is None:
             self._shutdown(self.loop.time(), Cause.HOT_RESTART,
                            self.cfg.hot_restart.parent_shutdown_time, notify=True)
+            log.debug("worker %d: drain started (%s)", self.index, Cause.HOT_RESTART.value)
 
     def _do_shutdown(self, msg: Message) -> None:
         if self.process.shutdown is not None:
@@ -310,7 +311,6 @@ class WorkerProcess:
         """The main process's shutdown (or, the main process gone, this worker's own): the
         same event, from the same start, as every other worker."""
         event, reached = self.process.start_shutdown(start, cause, deadline)
-        log.debug("worker %d: drain started (%s)", self.index, event.cause.value)
         if hand_over:
             self.plane.hand_over()
         self.plane.shutdown(event, reached, notify)
