@@ -3,273 +3,50 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
 import os
 import signal
 import sys
-import tempfile
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 from lameduck import __version__
-from lameduck.config import (
-    Config,
-    ConfigError,
-    HostPort,
-    default_config,
-    format_duration,
-    load_config,
-    parse_duration,
-)
+from lameduck.config import ConfigError, format_duration, parse_duration
 from lameduck.orchestrate.budget import PRESTOP_STRATEGIES
-from lameduck.restart import Notifier, listen_fds, match_listeners
-from lameduck.restart.hot import connect_parent, default_path
+from lameduck.restart import listen_fds, match_listeners
+from lameduck.server.boot import (
+    EXIT_CONFIG,
+    EXIT_LISTEN,
+    DemoOrigin,
+    RunOptions,
+    load_config_or_default,
+    load_or_report,
+    run,
+    run_loop,
+)
 from lameduck.server.logfile import formatter as log_formatter
 from lameduck.server.logfile import open_log_file
-from lameduck.server.workers import worker_count
 from lameduck.upstream.errlog import DEFAULT_INTERVAL as DEFAULT_ERRLOG_INTERVAL
 from lameduck.upstream.errlog import set_interval as set_errlog_interval
 
-EXIT_CONFIG = 2
-EXIT_LISTEN = 1  # an address could not be bound
 EXIT_PIPE = 128 + signal.SIGPIPE  # stdout's reader went away
 
 
-def _run_loop(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
-    """uvloop when present: it is most of the speed of the I/O shell."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main())
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main())
+def cmd_run(args: argparse.Namespace) -> int:
+    from lameduck.demo.origin import serve, shutdown
 
-
-def _load(path: str | None) -> Config:
-    return default_config() if path is None else load_config(path)
-
-
-def _load_or_report(path: str | None) -> Config | None:
-    """The config, or None after saying on stderr why it is invalid (the caller exits 2)."""
-    try:
-        return _load(path)
-    except ConfigError as e:
-        print(f"lameduck: invalid config\n{e}", file=sys.stderr)
-        return None
-
-
-def _banner(cfg: Config, demo: bool, admin: str, bound: dict[str, str], pid: int) -> str:
-    """What to try, at the addresses bound (``bound``: listener name → host:port; a port 0
-    in the config shows as the port the kernel gave)."""
-    lines = ["", "lameduck is running" + (" on its embedded default config" if demo else "")]
-    for ls in cfg.listeners:
-        base = f"http://{bound.get(ls.name, ls.address)}"
-        lines.append(f"  listener {ls.name}: {base}/")
-        if demo:
-            lines.append(f"    try:  curl -i {base}/   |   curl -i '{base}/sleep?ms=3000'"
-                         f"   |   curl -N {base}/stream")
-        if ls.health_check_path:
-            lines.append(f"    health check: {base}{ls.health_check_path}")
-    lines += [
-        f"  admin: http://{admin}/   (stats: http://{admin}/stats, ready: http://{admin}/ready)",
-        "  start a graceful drain:",
-        f"    curl -X POST 'http://{admin}/drain_listeners?graceful&skip_exit'",
-        f"  or stop it the way Kubernetes does: kill -TERM {pid} (drains, then exits)",
-        f"  hot-restart it with the config re-read: kill -HUP {pid}",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-class AddressFile:
-    """Envoy's ``--admin-address-path``: the admin address is written to this file once it is
-    bound, so a config with ``admin.address`` on port 0 can be found. Written atomically (a
-    temporary file in the same directory, then a rename): a reader sees no file or the whole
-    address, never a part. The temporary file is opened before the server starts, so a path
-    that cannot be written fails the start instead of leaving nobody able to find the port."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        d, base = os.path.split(os.path.abspath(path))
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=d)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # as an ordinary file (mkstemp makes it 0600)
-        self.f = os.fdopen(fd, "w", encoding="utf-8")
-        self.written = False
-
-    def write(self, address: str) -> None:
-        with self.f:
-            self.f.write(address + "\n")
-        os.replace(self.tmp, self.path)
-        self.written = True
-
-    def discard(self) -> None:
-        """The temporary file of a start that failed (or of a write that did)."""
-        self.f.close()
-        if not self.written:
-            with contextlib.suppress(OSError):
-                os.unlink(self.tmp)
-
-
-def _successor_argv(args: argparse.Namespace, config: str) -> list[str]:
-    """The command line SIGHUP starts: this one's, with ``--hot-restart``."""
-    argv = [sys.executable, "-m", "lameduck", *_log_argv(args), "run", "-c", config,
-            "--hot-restart"]
-    if args.admin_address_path:
-        argv += ["--admin-address-path", os.path.abspath(args.admin_address_path)]
-    if args.log_file:
-        argv += ["--log-file", os.path.abspath(args.log_file)]
-    return argv
+    return run(RunOptions(args.config, args.hot_restart, args.admin_address_path,
+                          args.log_file, _log_argv(args), DemoOrigin(serve, shutdown)))
 
 
 def _log_argv(args: argparse.Namespace) -> list[str]:
     """The global log options as given, for a process this one starts (a hot-restart
-    successor, a supervised child): it logs the way this one does."""
+    successor, a supervised child, a worker): it logs the way this one does."""
     return ["--log-level", args.log_level, "--log-format", args.log_format,
             "--upstream-error-log-every", format_duration(args.upstream_error_log_every)]
 
 
-def _restart_path(cfg: Config) -> str | None:
-    a = cfg.admin.address
-    return cfg.hot_restart.socket or default_path(a.host, a.port)
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from lameduck.server.running import refusal
-    from lameduck.server.server import SIGNALS
-
-    # What arrives while starting waits for the start to finish (a supervisor's SIGTERM during
-    # a hot restart, a SIGHUP): the default actions would kill the process with connections
-    # it had accepted on sockets it shares with the old one.
-    early: list[signal.Signals] = []
-    previous = {sig: signal.signal(sig, lambda n, _f: early.append(signal.Signals(n)))
-                for sig in SIGNALS}
-    cfg = _load_or_report(args.config)
-    if cfg is None:
-        return EXIT_CONFIG
-    demo = args.config is None
-    config_path = "" if demo else os.path.abspath(args.config)
-    restart_path = None if demo else _restart_path(cfg)
-    if args.hot_restart and demo:
-        print("lameduck: --hot-restart needs -c: the demo (no -c) cannot hand its sockets "
-              "over", file=sys.stderr)
-        return EXIT_CONFIG
-    if args.hot_restart and restart_path is None:
-        print("lameduck: --hot-restart: admin.address is on port 0, so there is no default "
-              "hot-restart socket; set hot_restart.socket", file=sys.stderr)
-        return EXIT_CONFIG
-    if not args.hot_restart:
-        try:
-            refused = refusal(cfg, restart_path)
-        except OSError as e:
-            print(f"lameduck: hot-restart socket {restart_path}: {e}", file=sys.stderr)
-            return EXIT_LISTEN
-        if refused is not None:
-            print(f"lameduck: not started: {refused}", file=sys.stderr)
-            return EXIT_LISTEN
-    address_file = None
-    if args.admin_address_path:
-        try:
-            address_file = AddressFile(args.admin_address_path)
-        except OSError as e:
-            print(f"lameduck: cannot write the admin address to {args.admin_address_path}: "
-                  f"{e}", file=sys.stderr)
-            return EXIT_LISTEN
-    try:
-        sockets = match_listeners(cfg.listeners, listen_fds())
-    except ValueError as e:
-        print(f"lameduck: socket activation: {e}", file=sys.stderr)
-        return EXIT_LISTEN
-
-    async def main() -> int:
-        from lameduck.demo.origin import serve as serve_origin
-        from lameduck.demo.origin import shutdown as shutdown_origin
-        from lameduck.server import Server
-
-        origin = None
-        if demo:
-            ep = cfg.clusters[0].endpoints[0].address
-            try:
-                origin = await serve_origin(ep.host, ep.port)
-            except OSError as e:
-                # A port already taken is an operator's problem, not a traceback.
-                print(f"lameduck: cannot start the demo origin on {ep}: {e}", file=sys.stderr)
-                return EXIT_LISTEN
-            logging.getLogger("lameduck").info("demo origin on %s", ep)
-        inherited = None
-        if args.hot_restart and restart_path is not None:
-            try:
-                inherited = connect_parent(restart_path, config_path)
-            except (OSError, ValueError) as e:
-                print(f"lameduck: hot restart from {restart_path} failed: {e}", file=sys.stderr)
-                return EXIT_LISTEN
-            log = logging.getLogger("lameduck")
-            if inherited is not None:
-                log.info("hot restart: took the sockets of pid %d (epoch %d)",
-                         inherited.parent_pid, inherited.epoch)
-            else:
-                log.info("hot restart: no lameduck serves %s; starting afresh", restart_path)
-        kw: dict[str, Any] = dict(
-            sockets=sockets, notifier=Notifier(), inherited=inherited,
-            restart_path=restart_path, config_path=config_path,
-            successor_argv=None if demo else _successor_argv(args, config_path))
-        count = worker_count(cfg.workers)
-        if count > 1:
-            from lameduck.server.main_process import MainServer
-            worker_argv = _log_argv(args)
-            if args.log_file:
-                worker_argv += ["--log-file", os.path.abspath(args.log_file)]
-            server: Server = MainServer(cfg, count=count, worker_argv=worker_argv, **kw)
-        else:
-            server = Server(cfg, **kw)
-        loop = asyncio.get_running_loop()
-        for sig in SIGNALS:
-            loop.add_signal_handler(sig, early.append, sig)
-
-        def publish() -> None:
-            """The admin address, once bound (after a hot restart's handover, the admin
-            socket is ours) and before readiness is signalled."""
-            if address_file is None:
-                return
-            try:
-                address_file.write(server.admin_address())
-            except OSError as e:
-                logging.getLogger("lameduck").error(
-                    "cannot write the admin address to %s: %s", address_file.path, e)
-
-        try:
-            await server.start(publish)
-        except OSError as e:
-            print(f"lameduck: cannot listen: {e}", file=sys.stderr)
-            if origin is not None:
-                await shutdown_origin(origin, grace=0.0)
-            return EXIT_LISTEN
-        server.install_signal_handlers()
-        admin = server.admin_address()
-        bound = {name: str(HostPort(host, port))
-                 for name, host, port in server.listener_addresses()}
-        print(_banner(cfg, demo, admin, bound, os.getpid()), file=sys.stderr, flush=True)
-        for sig in early:
-            server.handle_signal(sig)
-        code = await server.done
-        if origin is not None:
-            await shutdown_origin(origin, grace=0.2)
-        return code
-
-    try:
-        return _run_loop(main)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if address_file is not None:
-            address_file.discard()
-
-
 def cmd_supervise(args: argparse.Namespace) -> int:
-    cfg = _load_or_report(args.config)
+    cfg = load_or_report(args.config)
     if cfg is None:
         return EXIT_CONFIG
     try:
@@ -280,13 +57,13 @@ def cmd_supervise(args: argparse.Namespace) -> int:
         return EXIT_LISTEN
     from lameduck.restart.supervisor import supervise
 
-    return _run_loop(lambda: supervise(args.config, _log_argv(args), args.admin_address_path,
+    return run_loop(lambda: supervise(args.config, _log_argv(args), args.admin_address_path,
                                        passed))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     try:
-        cfg = _load(args.config)
+        cfg = load_config_or_default(args.config)
     except ConfigError as e:
         print(f"{e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -316,7 +93,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
 
     from lameduck.orchestrate import budget as bud
 
-    cfg = _load_or_report(args.config)
+    cfg = load_or_report(args.config)
     if cfg is None:
         return EXIT_CONFIG
     try:
@@ -369,7 +146,7 @@ def cmd_prestop(args: argparse.Namespace) -> int:
 
     admin = args.admin
     if admin is None:
-        cfg = _load_or_report(args.config)
+        cfg = load_or_report(args.config)
         if cfg is None:
             return EXIT_CONFIG
         admin = str(cfg.admin.address)
@@ -411,7 +188,7 @@ def cmd_top(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return top.EXIT_UNREACHABLE
     elif admin is None:
-        cfg = _load_or_report(args.config)
+        cfg = load_or_report(args.config)
         if cfg is None:
             return EXIT_CONFIG
         admin = str(cfg.admin.address)

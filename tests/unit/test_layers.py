@@ -165,3 +165,27 @@ def test_codec_exchange_subclasses_add_fields_of_their_own() -> None:
         own |= {t.attr for n in ast.walk(cls) for t in _targets(n)
                 if isinstance(t.value, ast.Name) and t.value.id == "self"}
         assert own and not own & fields, (name, own & fields)
+
+
+def test_no_server_class_subclasses_another() -> None:
+    """The process model is composed, not inherited: a worker pool or a worker is not a
+    ``Server`` with methods overridden, but a data plane the one lifecycle drives (a class
+    of ``lameduck.server`` that subclassed another would split one behaviour over two)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import lameduck.server
+
+    found = []
+    for info in pkgutil.iter_modules(lameduck.server.__path__, "lameduck.server."):
+        module = importlib.import_module(info.name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__:
+                continue
+            found.append(cls)
+            for base in cls.__mro__[1:]:
+                assert not base.__module__.startswith("lameduck.server"), (
+                    f"{cls.__module__}.{cls.__qualname__} subclasses "
+                    f"{base.__module__}.{base.__qualname__}")
+    assert len(found) > 10  # the check saw the package's classes

@@ -81,3 +81,25 @@ def reopen_log_files() -> list[str]:
             h.reopen()
             done.append(h.baseFilename)
     return done
+
+
+def level_name(level: int) -> str:
+    """Envoy's level words for Python's levels (above critical: off)."""
+    return "off" if level > logging.CRITICAL else logging.getLevelName(level).lower()
+
+
+def logger_levels() -> dict[str, str]:
+    """Every lameduck logger's name and effective level (admin ``GET /logging``)."""
+    names = ["lameduck", *(name for name, lg in logging.root.manager.loggerDict.items()
+                           if name.startswith("lameduck.") and isinstance(lg, logging.Logger))]
+    return {name: level_name(logging.getLogger(name).getEffectiveLevel()) for name in names}
+
+
+def set_log_level(name: str | None, level: str) -> None:
+    """One logger's level, or every lameduck logger's with ``name`` None (admin
+    ``POST /logging``; a worker applies what its main process was asked)."""
+    value = logging.CRITICAL + 1 if level == "off" else getattr(logging, level.upper())
+    for each in [name] if name is not None else list(logger_levels()):
+        logging.getLogger(each).setLevel(value)
+    logging.getLogger("lameduck").info("admin: log level of %s set to %s",
+                                       name or "every logger", level)

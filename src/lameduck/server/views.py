@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from lameduck.config import HostPort
+from lameduck import __version__
+from lameduck.config import Config, HostPort, format_duration
+from lameduck.drain import ProcessDrain
 from lameduck.drain.prestop import Prestop
 from lameduck.listeners import Listener
 from lameduck.upstream.cluster import Cluster
@@ -76,3 +80,64 @@ def drain_report_view(reports: Sequence[dict[str, Any]], last: int | None) -> di
     ``last`` newest of them if given."""
     newest = list(reversed(reports))
     return {"reports": newest if last is None else newest[:last]}
+
+
+def add_cluster_counts(view: list[dict[str, Any]], other: Iterable[dict[str, Any]]) -> None:
+    """Another process's ``clusters_view`` added into ``view`` (a main process's, whose
+    endpoint states and health are the truth): request and connection counts summed."""
+    for oc in other:
+        mine = next((c for c in view if c["name"] == oc["name"]), None)
+        if mine is None:
+            continue
+        for oh in oc["host_statuses"]:
+            h = next((h for h in mine["host_statuses"] if h["address"] == oh["address"]), None)
+            if h is not None:
+                for k, v in oh["stats"].items():
+                    h["stats"][k] += v
+
+
+def server_info(process: ProcessDrain, cfg: Config, config_path: str | None, *, now: float,
+                started_mono: float, started_wall: float, started_all: float, epoch: int,
+                prestop: dict[str, Any], listeners: list[dict[str, Any]]) -> dict[str, Any]:
+    """Envoy's ``/server_info``, plus the drain under way, the preStop FSM and each
+    listener (``listeners``: from the data plane, which knows who accepts)."""
+    uptime = now - started_mono
+    d = cfg.drain
+    ev = process.last_event
+    drain: dict[str, Any] = {"active": process.drain_active(now)}
+    if ev is not None:
+        drain.update(
+            cause=ev.cause.value,
+            started=round(started_wall + (ev.start - started_mono), 3),
+            elapsed=round(now - ev.start, 3),
+            strategy=ev.strategy.value,
+            time=ev.time,
+            connection_grace=ev.grace,
+        )
+        if process.shutdown is not None:
+            drain["deadline"] = process.exit_after
+    return {
+        "version": f"lameduck/{__version__}",
+        "state": process.state.name,
+        "uptime_current_epoch": f"{int(uptime)}s",
+        "uptime_all_epochs": f"{int(time.time() - started_all)}s",
+        "hot_restart_epoch": epoch,
+        "pid": os.getpid(),
+        "command_line_options": {
+            "config_path": config_path or "",
+            "drain_time": format_duration(d.time),
+            "drain_strategy": d.strategy.value.capitalize(),
+        },
+        "drain": drain,
+        "prestop": prestop,
+        "listeners": listeners,
+    }
+
+
+def config_dump(cfg: Config, config_path: str | None, started_wall: float) -> dict[str, Any]:
+    """The loaded config, defaults filled in (what ``lameduck run`` serves with)."""
+    return {
+        "config_path": config_path or "",
+        "last_updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_wall)),
+        "bootstrap": cfg.model_dump(mode="json"),
+    }

@@ -1,12 +1,13 @@
 """A data-plane worker: listeners, codecs, pools and exchanges on sockets the main process
 holds, doing what the main process says (nginx's worker processes, Envoy's worker threads).
 
-The worker runs the same ``Server`` as a single process does, minus what belongs to the
-process as a whole: no admin API, no signals, no health or agent checkers, no hot-restart
-socket. A drain comes from the main process with its start time (the monotonic clock is
-system-wide), so every worker draws its connections' moments from the same event; the
-deadline cut is each worker's own timer at that same moment; the exit is the main process's
-decision, taken over every worker's requests in flight.
+The worker runs the same data plane as a single process does (``server.local.LocalPlane``),
+without what belongs to the process as a whole: no admin API, no signals, no health or agent
+checkers, no hot-restart socket, no drain decisions of its own. A drain comes from the main
+process with its start time (the monotonic clock is system-wide), so every worker draws its
+connections' moments from the same event; the deadline cut is each worker's own timer at that
+same moment; the exit is the main process's decision, taken over every worker's requests in
+flight (its lifecycle drives the workers through ``server.pool.WorkerPool``).
 
 Started as ``python -m lameduck.server.worker --control-fd N`` with the log options; its
 first message on the control channel is its config and its listening sockets' descriptors.
@@ -20,22 +21,30 @@ import contextlib
 import logging
 import math
 import os
+import random
 import signal
 import socket
 import sys
+from collections.abc import Awaitable
 from typing import Any
 
 from lameduck.config import Config, parse_duration
-from lameduck.drain import Cause, DrainEvent, Step
+from lameduck.drain import Cause, Step
 from lameduck.drain.endpoint import AdminState
 from lameduck.drain.retry import RetryBudget
 from lameduck.listeners import TcpListener
 from lameduck.proxy.accesslog import flush_access_logs
+from lameduck.server.build import build
 from lameduck.server.channel import Channel, Message, encode, open_channel, read_one
 from lameduck.server.inflight import InFlight, SharedLedger
-from lameduck.server.logfile import formatter, open_log_file, reopen_log_files
-from lameduck.server.server import Server
-from lameduck.server.views import clusters_view
+from lameduck.server.lifecycle import EXIT_CUT, EXIT_OK, flush_limit
+from lameduck.server.local import LocalPlane
+from lameduck.server.logfile import (
+    formatter,
+    open_log_file,
+    reopen_log_files,
+    set_log_level,
+)
 from lameduck.stats import Stat
 from lameduck.upstream.cluster import Cluster
 from lameduck.upstream.errlog import set_interval as set_errlog_interval
@@ -49,17 +58,27 @@ DRAIN_COUNTS = ("completed", "refused", "cut", "cut_before_response", "cut_reset
                 "cx_drained_by_response", "cx_drained_proactive", "cx_closed_at_end")
 
 
-class WorkerServer(Server):
-    """One worker's data plane, driven over ``channel``."""
-
-    finish_level = logging.DEBUG
+class WorkerProcess:
+    """One worker: the data plane ``build`` makes, in this process (``LocalPlane``), driven
+    over ``channel`` by the main process's messages."""
 
     def __init__(self, cfg: Config, loop: asyncio.AbstractEventLoop, index: int, count: int,
                  sockets: dict[str, socket.socket]) -> None:
-        super().__init__(cfg, loop, sockets=sockets)
+        self.cfg = cfg
+        self.loop = loop
         self.index = index
+        # listener name → its listening socket (a duplicate of the main process's)
+        self.sockets = sockets
+        built = build(cfg, loop, random.random, self._changed)
+        self.process = built.process
+        self.registry = built.registry
+        self.clusters = built.clusters
+        self.plane = LocalPlane(loop, built)
+        self.done: asyncio.Future[int] = loop.create_future()
         self.channel: Channel | None = None
         self._status_timer: asyncio.TimerHandle | None = None
+        self._housekeeping: asyncio.TimerHandle | None = None
+        self._check_timer: asyncio.TimerHandle | None = None
         self._status_soon = False
         self._applying = False  # endpoint facts from the main process are being applied
         self.parent_gone = False
@@ -69,6 +88,9 @@ class WorkerServer(Server):
         # told to exit while requests were in flight (its status was older than them): no
         # new work, and exit once they are done
         self._exit_when_idle = False
+        self._quit_why: str | None = None
+        self._no_new_work = False
+        self._finishing = False
         for c in self.clusters.values():
             # The retry budget is the process's: each worker holds its share of the minimum
             # (the percentage applies to its own requests, so the shares add up).
@@ -81,8 +103,8 @@ class WorkerServer(Server):
         self._records: dict[str, dict[str, str]] = {}
 
     # -- start ------------------------------------------------------------------------------
-    async def start_worker(self, control: socket.socket) -> None:
-        for listener in self.listeners:
+    async def start(self, control: socket.socket) -> None:
+        for listener in self.plane.listeners:
             sock = self.sockets.pop(listener.name)
             sock.setblocking(False)
             # The main process holds the socket too: closing ours resets nothing; the main
@@ -104,25 +126,29 @@ class WorkerServer(Server):
             self.loop.add_signal_handler(sig, lambda: None)
         self.loop.add_signal_handler(signal.SIGUSR1, reopen_log_files)
 
+    def _housekeep(self) -> None:
+        self.plane.housekeep()
+        self._housekeeping = self.loop.call_later(1.0, self._housekeep)
+
     # -- status -----------------------------------------------------------------------------
     def status(self) -> Message:
         """What the main process decides with: requests and connections in flight (the
         exit), the drain's counts (its report), which listeners accept (its own close)."""
-        r = self._reading()
-        ds = self._sync_drain_counts()
-        ledger = self.process.ledger
+        plane = self.plane
+        r = plane.reading()
+        ds = plane.sync_drain_counts()
         requests = 0
-        for ls in self.listeners:
+        for ls in plane.listeners:
             st = ls.stats  # type: ignore[attr-defined]
             requests += st.downstream_cx_total if isinstance(ls, TcpListener) \
                 else st.downstream_rq_total
         return {
-            "op": "status", "ack": self.ack, "active": ledger.active,
-            "in_flight": self._in_flight(),
-            "connections": self.connections(), "requests": r.requests,
+            "op": "status", "ack": self.ack, "active": self.process.ledger.active,
+            "in_flight": plane.in_flight(),
+            "connections": plane.connections(), "requests": r.requests,
             "upgrades": r.upgrades,
-            "accepting": [ls.name for ls in self.listeners if ls.accepting],
-            "listeners": {ls.name: len(ls.connections) for ls in self.listeners},
+            "accepting": [ls.name for ls in plane.listeners if ls.accepting],
+            "listeners": {ls.name: len(ls.connections) for ls in plane.listeners},
             "rq_total": requests,
             "drain": {key: getattr(ds, key) for key in DRAIN_COUNTS},
         }
@@ -173,32 +199,24 @@ class WorkerServer(Server):
             return
         log.warning("worker %d: the main process is gone: draining, then exiting",
                     self.index)
-        for ls in self.listeners:
-            ls.stop_accepting(handed_over=True)
-        self.begin_shutdown("main process gone", Cause.HOT_RESTART,
-                            self.cfg.hot_restart.parent_shutdown_time)
+        self.plane.hand_over()
+        if self.process.shutdown is None:
+            self._shutdown(self.loop.time(), Cause.HOT_RESTART,
+                           self.cfg.hot_restart.parent_shutdown_time, notify=True)
+            log.debug("worker %d: drain started (%s)", self.index, Cause.HOT_RESTART.value)
 
     def _do_shutdown(self, msg: Message) -> None:
         if self.process.shutdown is not None:
             return
-        start = float(msg["start"])
-        event, reached = self.process.start_shutdown(
-            start, Cause(msg["cause"]), msg.get("deadline"))
-        if msg.get("hand_over"):
-            for ls in self.listeners:
-                ls.stop_accepting(handed_over=True)
-        if msg.get("broadcast", True):
-            self._broadcast(event, reached)
-        for ls in self.listeners:
-            ls.schedule_stop()
-        self._schedule_shutdown_check(self.loop.time())
-        self._changed()
+        self._shutdown(float(msg["start"]), Cause(msg["cause"]), msg.get("deadline"),
+                       notify=bool(msg.get("broadcast", True)),
+                       hand_over=bool(msg.get("hand_over")))
 
     def _do_drain_listeners(self, msg: Message) -> None:
         event, reached = self.process.drain_listeners(
             float(msg["start"]), bool(msg["graceful"]), bool(msg["skip_exit"]),
             bool(msg["inbound_only"]))
-        self._broadcast(event, reached)
+        self.plane.broadcast(event, reached)
 
     def _do_poll(self, msg: Message) -> None:
         """The main process wants a status sent now (the reply to any numbered message)."""
@@ -211,18 +229,15 @@ class WorkerServer(Server):
 
     def _do_finish(self, msg: Message) -> None:
         if msg.get("quit"):
-            self._quitting = True
             self._quit_why = str(msg.get("why", "quit"))
         step = Step(msg["step"])
-        if step is Step.EXIT and not self._quitting and not self.process.ledger.idle:
+        if step is Step.EXIT and self._quit_why is None and not self.process.ledger.idle:
             # what the main process saw is older than a request that came since: it is
             # served to its end (the deadline still cuts), nothing new is taken
             self._exit_when_idle = True
             self.process.ledger.accepting = False
-            for ls in self.listeners:
-                ls.stop_accepting()
-                for conn in list(ls.connections):
-                    conn.no_new_work()
+            self.plane.stop_accepting()
+            self.plane.no_new_work()
             return
         self._finish(step)
 
@@ -240,15 +255,15 @@ class WorkerServer(Server):
         if self.channel is None:
             return
         self.channel.send({"op": "stats",
-                           "stats": [_stat_out(s) for s in self.stats_snapshot()],
-                           "clusters": clusters_view(self.clusters.values()),
+                           "stats": [_stat_out(s) for s in self.plane.stats_snapshot()],
+                           "clusters": self.plane.clusters_view(),
                            "status": self.status()})
 
     def _do_reset_counters(self, msg: Message) -> None:
         self.registry.reset_counters()
 
     def _do_log_level(self, msg: Message) -> None:
-        self.set_log_level(msg.get("name"), msg["level"])
+        set_log_level(msg.get("name"), msg["level"])
 
     def _do_reopen(self, msg: Message) -> None:
         reopen_log_files()
@@ -290,33 +305,82 @@ class WorkerServer(Server):
                 table.record(key, ep, now)
         cluster.stats.lb_persistence_records = len(table)
 
-    # -- what the main process does instead -------------------------------------------------
-    def _step(self, step: Step, now: float) -> None:
-        """Only the deadline is this worker's to act on (its timer fires with every other
-        worker's); an idle worker says so and waits for the main process, which exits when
-        every worker is idle (unless the main process is gone)."""
+    # -- this worker's part of the drain ----------------------------------------------------
+    def _shutdown(self, start: float, cause: Cause, deadline: float | None, notify: bool,
+                  hand_over: bool = False) -> None:
+        """The main process's shutdown (or, the main process gone, this worker's own): the
+        same event, from the same start, as every other worker."""
+        event, reached = self.process.start_shutdown(start, cause, deadline)
+        if hand_over:
+            self.plane.hand_over()
+        self.plane.shutdown(event, reached, notify)
+        self._schedule_check(self.loop.time())
+        self._changed()
+
+    def _schedule_check(self, now: float) -> None:
+        nxt = self.process.next_deadline(now)
+        if self._check_timer is not None:
+            self._check_timer.cancel()
+            self._check_timer = None
+        if nxt is not None:
+            self._check_timer = self.loop.call_at(nxt, self._check)
+
+    def _check(self) -> None:
+        """At the drain's marks (T, the deadline): from T no new work; at the deadline this
+        worker cuts, at the same moment as every other (the same start, the same timer). An
+        idle worker says so and waits for the main process, which exits when every worker is
+        idle — unless the main process is gone."""
+        self._check_timer = None
+        if self._finishing or self.done.done():
+            return
+        now = self.loop.time()
+        ev = self.process.shutdown
+        if ev is not None and now >= ev.ends_at and not self._no_new_work:
+            self._no_new_work = True
+            log.debug("drain time reached: no new work; %d requests in flight, "
+                      "%d connections", self.process.ledger.active, self.plane.connections())
+            self.plane.no_new_work()
+        step = self.process.shutdown_step(now, self.plane.connections() + self.plane.queued())
         if step is Step.CUT or (step is Step.EXIT and self.parent_gone):
             self._finish(step)
             return
         self._send_status()
-        self._schedule_shutdown_check(now)
+        self._schedule_check(now)
 
-    def _record_start(self, event: DrainEvent) -> None:
-        """The main process records the drain (over every worker)."""
+    def _finish(self, step: Step) -> None:
+        if self._finishing or self.done.done():
+            return
+        self._finishing = True
+        if self._check_timer is not None:
+            self._check_timer.cancel()
+        quitting = self._quit_why is not None
+        if step is Step.CUT:
+            log.warning("%s: cutting %d requests still in flight",
+                        self._quit_why if quitting else "deadline",
+                        self.process.ledger.active)
+        elif quitting:
+            log.debug("%s: no request in flight", self._quit_why)
+        else:
+            log.debug("drain complete: no request in flight")
+        limit = flush_limit(step, self.loop.time(), self.process.deadline, quitting)
+        self.loop.create_task(self._end(self.plane.finish(step, self._quit_why, limit)))
 
-    def _log_event(self, event: DrainEvent, detail: str) -> None:
-        log.debug("worker %d: drain started (%s)", self.index, event.cause.value)
+    async def _end(self, closed: Awaitable[None]) -> None:
+        await closed
+        ds = self.plane.sync_drain_counts()
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+        if not self.done.done():
+            self.done.set_result(EXIT_CUT if ds.cut else EXIT_OK)
 
-    def drain_report_line(self) -> None:
-        """The main process logs the drain report, summed over the workers."""
-
-    def _exited(self, code: int) -> None:
+    def exited(self, code: int) -> None:
+        """The last numbers: the main process keeps them."""
         if self._status_timer is not None:
             self._status_timer.cancel()
-        if self.channel is not None:  # the last numbers: the main process keeps them
+        if self.channel is not None:
             self.channel.send(self.status() | {
                 "op": "exiting", "code": code,
-                "stats": [_stat_out(s) for s in self.stats_snapshot()]})
+                "stats": [_stat_out(s) for s in self.plane.stats_snapshot()]})
 
 
 def endpoint_facts(cluster: Cluster) -> list[dict[str, Any]]:
@@ -358,7 +422,7 @@ async def serve(control: socket.socket) -> int:
     cfg = Config.model_validate(first["config"])
     count = int(first["count"])
     loop = asyncio.get_running_loop()
-    server = WorkerServer(cfg, loop, -1, count, {})
+    server = WorkerProcess(cfg, loop, -1, count, {})
     if first["index"] is None:
         # a spare: loaded and built; it says so, then waits (nothing runs on its loop yet)
         # to be told which worker it replaces
@@ -381,10 +445,10 @@ async def serve(control: socket.socket) -> int:
                 os.close(fd)  # the other workers' sockets of the group
         server.sockets[name] = socket.socket(fileno=keep)
     server.install_signal_handlers()
-    await server.start_worker(control)
+    await server.start(control)
     log.info("worker %d (pid %d) serving", index, os.getpid())
     code = await server.done
-    server._exited(code)
+    server.exited(code)
     # The last status must reach the main process before this one ends. Not a close: a Unix
     # socket closed with unread data in it (the main process's "finish", sent as this worker
     # cut at its own deadline) resets the peer, which then drops what it had not read yet —

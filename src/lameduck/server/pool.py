@@ -1,31 +1,32 @@
-"""The main process of ``workers: N`` (N > 1): control for a set of data-plane workers.
+"""The data plane of ``workers: N`` (N > 1): N worker processes, driven over their control
+channels; the main process runs no connection.
 
-It owns what belongs to the process as a whole — the listening sockets (bound once, a
-duplicate handed to each worker), the admin API, signals, hot restart, health and agent checks
-(one checker per cluster, not per worker), the preStop FSM, the drain decisions and the drain
-report — and no connection. Its ``ProcessDrain`` is the one the operator sees: a drain starts
-here and is sent to every worker with its start time, so each worker's connections draw their
-moments from the same event; the exit waits until the requests in flight, summed over the
-workers, are none (or the deadline), and its code and drain report cover every worker.
+The main process keeps what belongs to the process as a whole — the listening sockets (bound
+once, a duplicate handed to each worker), the admin API, signals, hot restart, health and agent
+checks (one checker per cluster, not per worker), the preStop FSM, the drain decisions and the
+drain report — and its lifecycle drives this pool as it would drive its own listeners. A drain
+is sent to every worker with its start time, so each worker's connections draw their moments
+from the same event; the counts the exit is decided on are the workers' statuses, summed, and
+the exit code and the drain report cover every worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from lameduck.drain import Cause, ListenerDrain, Step
+from lameduck.config import Config
+from lameduck.drain import Cause, DrainEvent, ListenerDrain, Step
 from lameduck.drain.timeline import Reading
 from lameduck.listeners import Listener
 from lameduck.listeners.base import accept_queue
-from lameduck.restart.hot import HasFileno
+from lameduck.restart.hot import HasFileno, Inherited
+from lameduck.server.build import Built
 from lameduck.server.channel import Message
-from lameduck.server.server import EXIT_FLUSH, Server
-from lameduck.server.views import clusters_view
+from lameduck.server.views import add_cluster_counts, clusters_view, fmt_addr
 from lameduck.server.worker import DRAIN_COUNTS, apply_endpoints, endpoint_facts
 from lameduck.server.workers import Worker, WorkerSet
 from lameduck.stats import (
@@ -52,13 +53,28 @@ SHARED_GAUGES = ("membership_total", "membership_healthy", "membership_excluded"
 CLOSE_WAIT = 1.0
 
 
-class MainServer(Server):
-    """``Server`` with its data plane in ``count`` worker processes."""
+class WorkerPool:
+    """The listeners ``build`` made (here: their configs, drains and sockets, never a
+    connection), served by ``count`` worker processes. ``on_change``: a worker's status came
+    (maybe the drain is over)."""
 
-    def __init__(self, *args: Any, count: int, worker_argv: list[str], **kw: Any) -> None:
-        super().__init__(*args, **kw)
+    cut_where = " in the workers"
+    idle_where = " in any worker"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, cfg: Config, built: Built, count: int,
+                 worker_argv: list[str], inherited: Inherited | None,
+                 on_change: Callable[[], None]) -> None:
+        self.loop = loop
+        self.cfg = cfg
         self.count = count
         self.worker_argv = worker_argv
+        self.inherited = inherited
+        self.on_change = on_change
+        self.process = built.process
+        self.listeners = built.listeners
+        self.clusters = built.clusters
+        self.registry = built.registry
+        self.drain_stats = built.drain_stats
         # listener name → its listening sockets: one every worker accepts on, or one per
         # worker in an SO_REUSEPORT group (worker i takes the i-th)
         self.held: dict[str, list[socket.socket]] = {}
@@ -70,7 +86,6 @@ class MainServer(Server):
         self._close_timers: dict[str, asyncio.TimerHandle] = {}
         self._closing: set[str] = set()
         self.seq = 0  # drain messages sent; a worker's status acknowledges the last it saw
-        self._polled = False  # asked every worker for a fresh status before an early exit
         for c in self.clusters.values():
             c.on_change = self._cluster_changed(c)
         self.registry.add_gauge_fn("server.workers", lambda: self.count)
@@ -79,10 +94,10 @@ class MainServer(Server):
         self.registry.add_counter_fn("server.worker_lost_requests", lambda: self.lost_requests)
 
     # -- start ------------------------------------------------------------------------------
-    def _bind(self, listener: Listener) -> socket.socket:
+    def bind(self, listener: Listener) -> socket.socket:
         return listener.bind(reuse_port=listener.cfg.reuse_port)
 
-    async def _serve(self, listener: Listener, sock: socket.socket) -> None:
+    async def serve(self, listener: Listener, sock: socket.socket) -> None:
         """Held here; with ``reuse_port``, the rest of the group too (taken over from the
         previous process, else bound now, beside the first socket)."""
         socks = [sock]
@@ -113,7 +128,8 @@ class MainServer(Server):
                     raise
             socks.append(extra)
 
-    async def _serving(self) -> None:
+    async def serving(self) -> None:
+        """The workers start, each with its sockets, and serve."""
         self.workers = WorkerSet(self.loop, self.count, self.cfg.model_dump(mode="json"),
                                  self.held, self.worker_argv, self._status, self._lost,
                                  self._endpoints_found)
@@ -128,6 +144,11 @@ class MainServer(Server):
             raise
         log.info("%d workers serving (pids %s)", self.count,
                  " ".join(str(w.pid) for w in self.workers.workers))
+
+    def handover_sockets(self) -> list[tuple[str, str, HasFileno]]:
+        return [(ls.name if i == 0 else f"{ls.name}@{i}", str(ls.cfg.address), sock)
+                for ls in self.listeners if ls.name in self.held
+                for i, sock in enumerate(self.held[ls.name])]
 
     def _cluster_changed(self, cluster: Cluster) -> Any:
         def changed() -> None:
@@ -161,7 +182,7 @@ class MainServer(Server):
         """A worker's status: the ledger here is the sum of theirs (the exit decision)."""
         self.process.ledger.active = self._sum("active")
         self._check_closing()
-        self._changed()
+        self.on_change()
 
     def _lost(self, w: Worker, last: Message, lost: int) -> None:
         """A worker died: its requests in flight are lost (read from the page it shared),
@@ -171,7 +192,7 @@ class MainServer(Server):
         for key, value in last.get("drain", {}).items():
             self.gone_drain[key] = self.gone_drain.get(key, 0) + int(value)
         gone = self.gone_counters
-        for stat in self._stats_of(w):
+        for stat in _stats_of(w):
             if stat.kind == COUNTER:
                 gone[stat.name] = gone.get(stat.name, 0) + stat.value
         w.stats = []
@@ -180,53 +201,66 @@ class MainServer(Server):
     def connections(self) -> int:
         return self._sum("connections")
 
-    def _in_flight(self) -> int:
+    def queued(self) -> int:
+        return sum(accept_queue(s) for name, socks in self.held.items()
+                   if name not in self._closing for s in socks)
+
+    def in_flight(self) -> int:
         return self._sum("in_flight")
 
     def draining_listeners(self) -> int:
         return len(self.listeners) if self.connections() else 0
 
+    def accepting_listeners(self) -> int:
+        return len(self.held)
+
+    def current(self) -> bool:
+        """Every serving worker's status acknowledges the last drain message."""
+        ws = self.workers
+        return ws is None or all(int(w.status.get("ack", 0)) >= self.seq
+                                 for w in ws.workers if w.ready and not w.exiting)
+
+    def poll(self) -> bool:
+        """Numbered like a drain message (a worker started later answers it too, so only the
+        newest poll is kept for replay); each worker answers with a status."""
+        ws = self.workers
+        if ws is None:
+            return False
+        self.seq += 1
+        ws.replay = [m for m in ws.replay if m.get("op") != "poll"]
+        ws.broadcast({"op": "poll", "seq": self.seq}, replay=True)
+        return True
+
     def _drain_sum(self, key: str) -> int:
         return self.gone_drain.get(key, 0) + sum(int(s.get("drain", {}).get(key, 0))
                                                  for s in self._statuses())
 
-    def _sync_drain_counts(self) -> DrainStats:
+    def sync_drain_counts(self) -> DrainStats:
         ds, ledger = self.drain_stats, self.process.ledger
         for key in DRAIN_COUNTS:
             setattr(ds, key, self._drain_sum(key))
         ledger.completed, ledger.refused, ledger.cut = ds.completed, ds.refused, ds.cut
         return ds
 
-    def _reading(self) -> Reading:
-        ds = self._sync_drain_counts()
+    def reading(self) -> Reading:
+        ds = self.sync_drain_counts()
         return Reading(self._sum("requests"), self.connections(), self._sum("upgrades"),
                        ds.cx_drained_by_response, ds.cx_drained_proactive,
                        ds.cx_closed_at_end, ds.refused, ds.cut)
 
     # -- drains: decided here, carried out in every worker ----------------------------------
-    def _broadcast(self, event: Any, reached: list[ListenerDrain]) -> None:
-        self._schedule_closes()
-
-    def drain_listeners(self, graceful: bool, skip_exit: bool, inbound_only: bool) -> None:
-        super().drain_listeners(graceful, skip_exit, inbound_only)
-        ev = self.process.last_event
-        assert ev is not None and self.workers is not None
-        self._drain_message({"op": "drain_listeners", "start": ev.start,
+    def drain_listeners(self, event: DrainEvent, reached: list[ListenerDrain], graceful: bool,
+                        skip_exit: bool, inbound_only: bool) -> None:
+        self._drain_message({"op": "drain_listeners", "start": event.start,
                              "graceful": graceful, "skip_exit": skip_exit,
                              "inbound_only": inbound_only})
         self._schedule_closes()
 
-    def begin_shutdown(self, why: str = "SIGTERM", cause: Cause = Cause.SHUTDOWN,
-                       deadline: float | None = None, start: float | None = None) -> None:
-        if self.process.shutdown is not None:
-            return
-        super().begin_shutdown(why, cause, deadline, start)
-        ev = self.process.shutdown
-        assert ev is not None and self.workers is not None
-        self._drain_message({"op": "shutdown", "start": ev.start, "cause": ev.cause.value,
-                             "deadline": self.process.exit_after,
-                             "broadcast": start is None,
-                             "hand_over": cause is Cause.HOT_RESTART})
+    def shutdown(self, event: DrainEvent, reached: list[ListenerDrain], notify: bool) -> None:
+        self._drain_message({"op": "shutdown", "start": event.start,
+                             "cause": event.cause.value, "deadline": self.process.exit_after,
+                             "broadcast": notify,
+                             "hand_over": event.cause is Cause.HOT_RESTART})
         self._schedule_closes()
 
     def _drain_message(self, msg: Message) -> None:
@@ -236,59 +270,16 @@ class MainServer(Server):
         self.seq += 1
         self.workers.broadcast(msg | {"seq": self.seq}, replay=True)
 
-    def _poll(self) -> None:
-        """Numbered like a drain message (a worker started later answers it too, so only the
-        newest poll is kept for replay); each worker answers with a status."""
-        assert self.workers is not None
-        self.seq += 1
-        ws = self.workers
-        ws.replay = [m for m in ws.replay if m.get("op") != "poll"]
-        ws.broadcast({"op": "poll", "seq": self.seq}, replay=True)
-
-    def _acked(self) -> bool:
-        ws = self.workers
-        return ws is None or all(int(w.status.get("ack", 0)) >= self.seq
-                                 for w in ws.workers if w.ready and not w.exiting)
-
-    def _shutdown_check(self) -> None:
-        """As one process decides, on statuses the workers sent after the drain began (a
-        request a worker took just before is in them); the deadline waits for nothing."""
-        deadline = self.process.deadline
-        if not self._acked() and (deadline is None or self.loop.time() < deadline):
-            self._check_pending = False
-            self.loop.call_later(0.05, self._changed)  # or at the next status
-            return
-        super()._shutdown_check()
-
-    def _step(self, step: Step, now: float) -> None:
-        """An exit before T because no worker has a connection is decided again on a status
-        each worker sends after being asked: one that took a connection since its last
-        status (it reports on a tick) has it then."""
-        ev = self.process.shutdown
-        if (step is Step.EXIT and not self._polled and not self._quitting
-                and self.workers is not None and ev is not None and now < ev.ends_at):
-            self._polled = True
-            self._poll()
-            # decided again on the answers (each status checks); or, with no worker left
-            # to answer, at once
-            self.loop.call_later(0.05, self._changed)
-            return
-        self._polled = False
-        super()._step(step, now)
-
-    def _queued(self) -> int:
-        return sum(accept_queue(s) for name, socks in self.held.items()
-                   if name not in self._closing for s in socks)
-
-    def healthcheck_fail(self) -> None:
-        super().healthcheck_fail()
+    def healthcheck(self, failed: bool) -> None:
         if self.workers is not None:
-            self.workers.broadcast({"op": "healthcheck", "failed": True}, replay=True)
+            self.workers.broadcast({"op": "healthcheck", "failed": failed}, replay=True)
 
-    def healthcheck_ok(self) -> None:
-        super().healthcheck_ok()
-        if self.workers is not None:
-            self.workers.broadcast({"op": "healthcheck", "failed": False}, replay=True)
+    def no_new_work(self) -> None:
+        """Nothing to do here: each worker's own timer reaches T at the same moment."""
+
+    def hand_over(self) -> None:
+        for name in list(self.held):
+            self._close_held(name, handed_over=True)
 
     # -- the listening sockets held here ----------------------------------------------------
     def _schedule_closes(self) -> None:
@@ -333,64 +324,29 @@ class MainServer(Server):
             log.warning("listener %s closed with %d connection(s) not yet accepted: reset",
                         name, queued)
         log.info("listener %s stopped accepting", name)
-        self._changed()
-
-    def handover_sockets(self) -> tuple[list[tuple[str, str, HasFileno]],
-                                        tuple[str, HasFileno] | None]:
-        listeners = [(ls.name if i == 0 else f"{ls.name}@{i}", str(ls.cfg.address), sock)
-                     for ls in self.listeners if ls.name in self.held
-                     for i, sock in enumerate(self.held[ls.name])]
-        admin = (None if self.admin is None
-                 else (str(self.cfg.admin.address), self.admin.sockets[0]))
-        return listeners, admin  # type: ignore[return-value]
-
-    def hand_over(self) -> None:
-        for name in list(self.held):
-            self._close_held(name, handed_over=True)
-        super().hand_over()
+        self.on_change()
 
     # -- the end ----------------------------------------------------------------------------
-    def _finish(self, step: Step) -> None:
-        if not self._finishing_now():
-            return
-        if step is Step.CUT:
-            log.warning("%s: cutting %d requests still in flight in the workers",
-                        self._quit_why if self._quitting else "deadline",
-                        self.process.ledger.active)
-        elif self._quitting:
-            log.info("%s: no request in flight", self._quit_why)
-        else:
-            log.info("drain complete: no request in flight in any worker")
+    def finish(self, step: Step, quit_why: str | None, limit: float) -> Awaitable[None]:
         assert self.workers is not None
-        self.workers.finish(step.value, self._quit_why if self._quitting else None)
-        limit = self.loop.time() + EXIT_FLUSH
-        deadline = self.process.deadline
-        if step is Step.EXIT and deadline is not None and not self._quitting:
-            limit = max(limit, deadline)
-        self.loop.create_task(self._exit_when_workers_have(limit))
+        self.workers.finish(step.value, quit_why)
+        return self._closed_when_workers_have(limit)
 
-    async def _exit_when_workers_have(self, limit: float) -> None:
+    async def _closed_when_workers_have(self, limit: float) -> None:
         assert self.workers is not None
         await self.workers.wait_exited(limit - self.loop.time() + 2.0)
         for name in list(self.held):
             self._close_held(name)
-        self._close_down()
 
-    def _housekeep(self) -> None:
-        super()._housekeep()
-        if self.workers is not None:  # counters for a successor, gauges for the timeline
-            self.loop.create_task(self.workers.gather_stats())
-
-    def handle_signal(self, sig: signal.Signals) -> None:
-        super().handle_signal(sig)
-        if sig is signal.SIGUSR1 and self.workers is not None:
-            self.workers.broadcast({"op": "reopen"})
-
-    # -- views ------------------------------------------------------------------------------
+    # -- admin ------------------------------------------------------------------------------
     def refresh(self) -> Awaitable[None] | None:
         """Before an admin answer made of the workers' numbers: ask them (a poll sees a
         request that began a millisecond ago, as with one process)."""
         return None if self.workers is None else self.workers.gather_stats()
+
+    def housekeep(self) -> None:
+        if self.workers is not None:  # counters for a successor, gauges for the timeline
+            self.loop.create_task(self.workers.gather_stats())
 
     def _worker_stats(self) -> list[list[Stat]]:
         out = []
@@ -403,7 +359,7 @@ class MainServer(Server):
         if shared:
             out.append([Stat(name, value, "gauge") for name, value in shared.items()])
         for w in ws.workers if ws is not None else ():
-            stats = [s for s in self._stats_of(w) if not s.name.endswith(SHARED_GAUGES)
+            stats = [s for s in _stats_of(w) if not s.name.endswith(SHARED_GAUGES)
                      or s.kind == COUNTER]  # the same in every worker (above)
             # the spread over the workers (Envoy's per-worker listener stats, summed over
             # the listeners): what each one took
@@ -416,23 +372,11 @@ class MainServer(Server):
             out.append(stats)
         return out
 
-    @staticmethod
-    def _stats_of(w: Worker) -> list[Stat]:
-        """A worker's data-plane stats as it last sent them (not the main process's)."""
-        stats = []
-        for row in w.stats:
-            name = row[0]
-            if _main_stat(name):
-                continue
-            if len(row) > 3:
-                stats.append(Stat(name, row[1], row[2],
-                                  HistogramValue(tuple(row[3]), float(row[4]))))
-            else:
-                stats.append(Stat(name, row[1], row[2]))
-        return stats
-
     def stats_snapshot(self) -> list[Stat]:
-        own = [s for s in super().stats_snapshot() if _main_stat(s.name)]
+        """This process's own stats (server state, listener manager, active health checks)
+        and the workers' (summed, merged), with what dead workers and a previous process
+        counted."""
+        own = [s for s in self.registry.snapshot() if _main_stat(s.name)]
         merged = merge([own, *self._worker_stats()])
         carried = self.registry.carried
         gone = self.gone_counters
@@ -447,58 +391,65 @@ class MainServer(Server):
     def counters(self) -> dict[str, int]:
         return {s.name: s.value for s in self.stats_snapshot() if s.kind == COUNTER}
 
+    def reset_counters(self) -> None:
+        self.gone_counters.clear()  # counted by workers that died: 0 from now on too
+        if self.workers is not None:
+            self.workers.broadcast({"op": "reset_counters"})
+
+    def set_log_level(self, name: str | None, level: str) -> None:
+        if self.workers is not None:
+            self.workers.broadcast({"op": "log_level", "name": name, "level": level})
+
+    def reopen_logs(self) -> None:
+        if self.workers is not None:
+            self.workers.broadcast({"op": "reopen"})
+
     def clusters_view(self) -> list[dict[str, Any]]:
         """Endpoint states and health from here; request and connection counts summed over
         the workers."""
         view = clusters_view(self.clusters.values())
         ws = self.workers
         for w in ws.workers if ws is not None else ():
-            for wc in w.clusters:
-                mine = next((c for c in view if c["name"] == wc["name"]), None)
-                if mine is None:
-                    continue
-                for wh in wc["host_statuses"]:
-                    h = next((h for h in mine["host_statuses"]
-                              if h["address"] == wh["address"]), None)
-                    if h is not None:
-                        for k, v in wh["stats"].items():
-                            h["stats"][k] += v
+            add_cluster_counts(view, w.clusters)
         return view
 
-    def server_info(self) -> dict[str, Any]:
-        info = super().server_info()
+    def listeners_info(self) -> list[dict[str, Any]]:
         statuses = self._statuses()
-        for entry in info["listeners"]:
-            entry["accepting"] = any(entry["name"] in s.get("accepting", ())
-                                     for s in statuses)
-            entry["connections"] = sum(int(s.get("listeners", {}).get(entry["name"], 0))
-                                       for s in statuses)
+        return [{"name": ls.name, "address": fmt_addr(ls.sockname),
+                 "accepting": any(ls.name in s.get("accepting", ()) for s in statuses),
+                 "draining": ls.drain.draining,
+                 "connections": sum(int(s.get("listeners", {}).get(ls.name, 0))
+                                    for s in statuses)}
+                for ls in self.listeners]
+
+    def workers_info(self) -> dict[str, Any]:
         ws = self.workers
-        info["workers"] = [
-            {"index": w.index, "pid": w.pid, "ready": w.ready,
-             "connections": int(w.status.get("connections", 0)),
-             "requests_in_flight": int(w.status.get("active", 0)),
-             "rq_total": int(w.status.get("rq_total", 0))}
-            for w in (ws.workers if ws is not None else ())]
         spare = ws.spare if ws is not None else None
-        info["spare_worker"] = (None if spare is None
-                                else {"pid": spare.pid, "loaded": spare.loaded})
-        return info
+        return {
+            "workers": [
+                {"index": w.index, "pid": w.pid, "ready": w.ready,
+                 "connections": int(w.status.get("connections", 0)),
+                 "requests_in_flight": int(w.status.get("active", 0)),
+                 "rq_total": int(w.status.get("rq_total", 0))}
+                for w in (ws.workers if ws is not None else ())],
+            "spare_worker": None if spare is None else {"pid": spare.pid,
+                                                        "loaded": spare.loaded},
+        }
 
-    def reset_counters(self) -> None:
-        super().reset_counters()
-        self.gone_counters.clear()  # counted by workers that died: 0 from now on too
-        if self.workers is not None:
-            self.workers.broadcast({"op": "reset_counters"})
 
-    def set_log_level(self, name: str | None, level: str) -> None:
-        super().set_log_level(name, level)
-        if self.workers is not None:
-            self.workers.broadcast({"op": "log_level", "name": name, "level": level})
-
-    def _refresh_gauges(self) -> None:
-        super()._refresh_gauges()
-        self.lm_stats.total_listeners_active = len(self.held)
+def _stats_of(w: Worker) -> list[Stat]:
+    """A worker's data-plane stats as it last sent them (not the main process's)."""
+    stats = []
+    for row in w.stats:
+        name = row[0]
+        if _main_stat(name):
+            continue
+        if len(row) > 3:
+            stats.append(Stat(name, row[1], row[2],
+                              HistogramValue(tuple(row[3]), float(row[4]))))
+        else:
+            stats.append(Stat(name, row[1], row[2]))
+    return stats
 
 
 def _main_stat(name: str) -> bool:
