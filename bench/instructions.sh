@@ -4,7 +4,7 @@
 # tens of percent between runs; instruction counts by a few percent). Kernel time (the
 # socket calls, about half of the bench's CPU per request) is not counted.
 #
-#   bench/instructions.sh [--log] [SECONDS]
+#   bench/instructions.sh [--log] [--h2] [SECONDS]
 #
 # From the repository (its .venv's python, or PYTHON=...; PYTHONPATH=src to measure a clone).
 #
@@ -12,9 +12,16 @@
 # lameduck-log. lameduck runs under callgrind on CPU 0, the demo origin and wrk -c10 on CPU 1;
 # the counters are zeroed after a warm-up and dumped after SECONDS (8) of load, and the requests
 # in between are read from the admin's stats. Every process started is stopped by pid.
+# --h2: h2c prior-knowledge clients (h2load -c5 -m10) instead of wrk's HTTP/1.1 ones, to the same
+# HTTP/1.1 origin. CG_OUT=FILE keeps callgrind's dump there, for callgrind_annotate (where the instructions go).
 set -euo pipefail
 LOG=0
-if [ "${1:-}" = --log ]; then LOG=1; shift; fi
+H2=0
+while [ "${1:-}" = --log ] || [ "${1:-}" = --h2 ]; do
+  [ "$1" = --log ] && LOG=1
+  [ "$1" = --h2 ] && H2=1
+  shift
+done
 SECS=${1:-8}
 PY=${PYTHON:-$(dirname "$0")/../.venv/bin/python}
 [ -x "$PY" ] || PY=python3
@@ -60,10 +67,17 @@ if [ "$READY" != 1 ]; then
   exit 1
 fi
 requests() { curl -s "http://127.0.0.1:$ADMIN/stats" | grep -o 'http.ingress.downstream_rq_total: [0-9]*' | grep -o '[0-9]*$'; }
-taskset -c 1 wrk -t1 -c10 -d3s "http://127.0.0.1:$PORT/" > /dev/null
+load() {
+  if [ "$H2" = 1 ]; then
+    taskset -c 1 h2load -t1 -c5 -m10 -D "$1" "http://127.0.0.1:$PORT/" > /dev/null
+  else
+    taskset -c 1 wrk -t1 -c10 -d"${1}s" "http://127.0.0.1:$PORT/" > /dev/null
+  fi
+}
+load 3
 N0=$(requests || true)
 callgrind_control -z "$LD" > /dev/null 2>&1
-taskset -c 1 wrk -t1 -c10 -d"${SECS}s" "http://127.0.0.1:$PORT/" > /dev/null
+load "$SECS"
 callgrind_control -d "$LD" > /dev/null 2>&1
 N1=$(requests || true)
 N=$(( ${N1:-0} - ${N0:-0} ))
@@ -74,4 +88,5 @@ if [ -z "$N0" ] || [ -z "$N1" ] || [ "$N" -le 0 ]; then
   exit 1
 fi
 IR=$(grep -h -m1 '^summary:' "$W"/cg.out.* | awk '{print $2}')
-echo "access log $([ "$LOG" = 1 ] && echo on || echo off): $N requests, $IR instructions, $(( IR / N )) per request"
+[ -z "${CG_OUT:-}" ] || cp "$(ls "$W"/cg.out.* | head -n 1)" "$CG_OUT"
+echo "$([ "$H2" = 1 ] && echo "h2c 5x10, ")access log $([ "$LOG" = 1 ] && echo on || echo off): $N requests, $IR instructions, $(( IR / N )) per request"

@@ -137,6 +137,7 @@ class Side:
         self.connections: set[Any] = set()
         self.idle_timeout = math.inf  # the codecs' own timeouts are test_downstream_playbook's
         self.scheme = b"http"
+        self.generate_request_id = False
         self.closed: list[Any] = []
 
     def on_connection_closed(self, conn: Any) -> None:

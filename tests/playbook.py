@@ -18,6 +18,7 @@ from lameduck.drain import ListenerDrain, ProcessDrain
 from lameduck.drain.endpoint import EndpointDrain
 from lameduck.http1.upstream import H1Upstream
 from lameduck.http2.connection import H2Limits
+from lameduck.proxy.admission import Client
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.message import HTTP11, RequestHead
 from lameduck.stats import DrainStats, Http2Stats, HttpStats
@@ -399,7 +400,7 @@ def request(ctx: Context, method: bytes = b"GET", retryable: bool | None = None,
         head.has_body = True  # of unknown length: an HTTP/1.1 upstream gets it chunked
     else:
         ex.no_request_body()
-    if ex.admit(ctx, head, b"10.0.0.1"):
+    if ex.admit(ctx, head, Client(b"10.0.0.1", b"http", False)):
         ex.start()
     return ex, down
 

@@ -9,10 +9,11 @@ import pytest
 
 from lameduck.http1.upstream import request_head
 from lameduck.http2.upstream import head_fields
-from lameduck.proxy.admission import persistence_key, prepare, route_path
+from lameduck.proxy.admission import Client, persistence_key, prepare, route_path
 from lameduck.proxy.message import HTTP2, HTTP10, HTTP11, RequestHead
 
 PEER = b"10.0.0.7"
+CLIENT = Client(PEER, b"http", False)
 
 
 def head(fields: list[tuple[bytes, bytes]], method: bytes = b"GET", authority: bytes | None
@@ -100,7 +101,7 @@ def test_prepare(what: str, fields: list[tuple[bytes, bytes]], want: dict[str, A
         fields = [(n.lower(), v) for n, v in fields]
     h = head(fields, method=want.get("method", b"GET"), version=version,
              has_body=want.get("has_body", False))
-    up = prepare(h, PEER, b"http", generate_request_id=False)
+    up = prepare(h, CLIENT)
     refused = want.get("refused")
     if refused is not None:
         assert up.refused is not None
@@ -119,14 +120,14 @@ def test_prepare(what: str, fields: list[tuple[bytes, bytes]], want: dict[str, A
 
 
 def test_request_line_authority_wins_over_host_and_http10_needs_none() -> None:
-    up = prepare(head([(b"Host", b"other")], authority=b"target:81"), PEER, b"http", False)
+    up = prepare(head([(b"Host", b"other")], authority=b"target:81"), CLIENT)
     assert up.authority == b"target:81" and b"host" not in names(up)
-    up = prepare(head([], version=HTTP10), PEER, b"http", False)
+    up = prepare(head([], version=HTTP10), CLIENT)
     assert up.refused is None and up.authority == b""
 
 
 def test_generated_request_id_is_sent_and_booked() -> None:
-    up = prepare(head([(b"host", b"h")]), PEER, b"https", generate_request_id=True)
+    up = prepare(head([(b"host", b"h")]), Client(PEER, b"https", True))
     assert len(up.request_id) == 32 and (b"x-request-id", up.request_id) in up.fields
     assert up.fields[-1] == (b"x-forwarded-proto", b"https")
 
@@ -134,7 +135,7 @@ def test_generated_request_id_is_sent_and_booked() -> None:
 def test_extended_connect_is_a_websocket() -> None:
     h = head([(b"sec-websocket-version", b"13")], authority=b"h", version=HTTP2)
     h.protocol = b"websocket"
-    up = prepare(h, PEER, b"http", False)
+    up = prepare(h, CLIENT)
     assert up.websocket and up.protocol == b"websocket"
 
 
@@ -159,7 +160,7 @@ def _h2_fields(up: RequestHead) -> tuple[list[tuple[bytes, bytes]], bool]:
 def test_each_upstream_formats_the_prepared_head_once() -> None:
     h = head([(b"Host", b"app"), (b"Accept", b"*/*"), (b"TE", b"trailers")],
              method=b"POST", has_body=True)
-    up = prepare(h, PEER, b"http", False)
+    up = prepare(h, CLIENT)
     assert _h1_text(up) == (
         b"POST /a?b=1 HTTP/1.1\r\nhost: app\r\n"
         b"te: trailers\r\nconnection: te\r\ntransfer-encoding: chunked\r\n"
@@ -173,7 +174,7 @@ def test_each_upstream_formats_the_prepared_head_once() -> None:
 
 
 def test_http10_without_host_has_no_authority_upstream() -> None:
-    up = prepare(head([], path=b"*", method=b"OPTIONS", version=HTTP10), PEER, b"http", False)
+    up = prepare(head([], path=b"*", method=b"OPTIONS", version=HTTP10), CLIENT)
     assert _h1_text(up).startswith(b"OPTIONS * HTTP/1.1\r\nhost: \r\n")
     fields, body = _h2_fields(up)
     assert [n for n, _ in fields[:3]] == [b":method", b":scheme", b":path"] and body is False
@@ -182,9 +183,9 @@ def test_http10_without_host_has_no_authority_upstream() -> None:
 def test_a_websocket_from_http2_gets_a_key_of_its_own_upstream() -> None:
     h = head([(b"sec-websocket-version", b"13")], authority=b"h", version=HTTP2)
     h.protocol = b"websocket"
-    text = _h1_text(prepare(h, PEER, b"http", False))
+    text = _h1_text(prepare(h, CLIENT))
     assert b"connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: " in text
     h1 = head([(b"Host", b"h"), (b"Connection", b"upgrade"), (b"Upgrade", b"websocket"),
                (b"Sec-WebSocket-Key", b"k==")])
-    text = _h1_text(prepare(h1, PEER, b"http", False))
+    text = _h1_text(prepare(h1, CLIENT))
     assert text.count(b"ec-WebSocket-Key") + text.count(b"ec-websocket-key") == 1

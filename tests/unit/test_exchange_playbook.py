@@ -14,11 +14,14 @@ import pytest
 
 from lameduck.drain.endpoint import AdminState, PersistenceTable
 from lameduck.drain.retry import RetryBudget
+from lameduck.proxy.admission import Client
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.message import HTTP11, RequestHead
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.upstream.connector import UpstreamError
 from tests.playbook import Context, Downstream, Upstream, pooled, request
+
+CLIENT = Client(b"10.0.0.1", b"http", False)
 
 
 @dataclass
@@ -173,13 +176,13 @@ def test_admission_health_check_route_and_going_away() -> None:
     # the health-check path is answered here, never routed
     d = Downstream(ctx)
     assert not Exchange(d, b"GET").admit(ctx, RequestHead(b"GET", b"app", b"/healthz", [],
-                                                          HTTP11), b"10.0.0.1")
+                                                          HTTP11), CLIENT)
     assert d.log == [("answer", 200), ("done",)]
     # past the drain time the ledger takes no more: the codec says going away
     ctx.process.ledger.accepting = False
     d = Downstream(ctx)
     assert not Exchange(d, b"GET").admit(ctx, RequestHead(b"GET", b"app", b"/x", [], HTTP11),
-                                         b"10.0.0.1")
+                                         CLIENT)
     assert d.log == [("going_away",)]
     assert ctx.stats.downstream_rq_going_away == 1
     assert ctx.process.ledger.active == 1  # the refused one was never counted in flight

@@ -423,7 +423,7 @@ class H1Downstream(Downstream):
         # so neither is a HEAD whose answer has no content: the 400/505 carries its body, as it
         # does when the line is refused before its fields (``_http09``).
         ex = H1Exchange(self, method, HTTP10 if v10 else HTTP11 if version == "1.1" else 0)
-        ex.head_received(self.req_started, self.url, self.fields, None)
+        ex.head_received(self.req_started, self.url, self.fields, None, self.log_on)
         if not parser.should_keep_alive():
             ex.keep_alive = False
         self.reading = ex
@@ -503,7 +503,7 @@ class H1Downstream(Downstream):
             # the upstream gets the origin form.
             authority, url = absolute
         head = RequestHead(method, authority, url, self.fields, ex.version, has_body)
-        if ex.admit(ctx, head, self.peer) and ex.upgrade:
+        if ex.admit(ctx, head, self.client) and ex.upgrade:
             ex.close = True  # answered without a 101, the connection cannot be reused
 
     def on_body(self, body: bytes) -> None:

@@ -43,9 +43,24 @@ def request_head(head: RequestHead) -> bytes:
             out.append(b"sec-websocket-key: %s\r\n" % base64.b64encode(os.urandom(16)))
     elif head.chunked:
         out.append(b"transfer-encoding: chunked\r\n")
-    for field in head.fields:
-        out.append(b"%s: %s\r\n" % field)
-    out.append(b"\r\n")
+    fields = head.fields
+    client = head.client
+    # The connection's own X-Forwarded-For and -Proto end the fields: formatted once for it.
+    n = len(fields) - 2 if client is not None else len(fields)
+    for i in range(n):  # one join of every piece: no bytes made per field
+        name, value = fields[i]
+        out.append(name)
+        out.append(b": ")
+        out.append(value)
+        out.append(b"\r\n")
+    if client is not None:  # the pair and the head's end
+        end = client.formatted
+        if not end:
+            end = client.formatted = b"%s: %s\r\n%s: %s\r\n\r\n" % (
+                *client.for_field, *client.proto_field)
+        out.append(end)
+    else:
+        out.append(b"\r\n")
     return b"".join(out)
 
 

@@ -104,6 +104,7 @@ class H2Downstream(Downstream):
         self.corked = 0
         self.goaways = 0  # GOAWAY frames sent for the drain: 0, 1 (2^31-1), 2 (final)
         self.take_limits(ctx)
+        self.log_on = ctx.access_log is not None
         self.rx_at = 0.0  # loop time of the last read: the DATA it carried is that recent
 
     # -- asyncio ----------------------------------------------------------------------------
@@ -415,7 +416,7 @@ class H2Downstream(Downstream):
         st.downstream_rq_active += 1
         sid = ev.stream_id
         s = H2Stream(self, ev.method, sid)
-        s.head_received(self.rx_at, ev.path or b"", ev.headers, ev.authority)
+        s.head_received(self.rx_at, ev.path or b"", ev.headers, ev.authority, self.log_on)
         self.streams[sid] = s
         self.count_request()  # the last: GOAWAY now; the streams opened meanwhile go on
         if ev.end_stream:
@@ -437,7 +438,7 @@ class H2Downstream(Downstream):
         else:
             head = RequestHead(method, ev.authority, ev.path or b"/", ev.headers, HTTP2,
                                not ev.end_stream)
-        if s.admit(ctx, head, self.peer):
+        if s.admit(ctx, head, self.client):
             s.start()
 
     # -- CONNECT tunnels ------------------------------------------------------------------------

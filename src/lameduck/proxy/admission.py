@@ -52,15 +52,30 @@ MISSING_HOST: Final = b"missing or repeated host\n"
 BAD_AUTHORITY: Final = b"bad authority\n"
 
 
-def prepare(head: RequestHead, peer: bytes, scheme: bytes,
-            generate_request_id: bool) -> RequestHead:
-    """The head to send upstream for ``head`` from client ``peer`` on a listener of
-    ``scheme``; its ``refused`` is set when the request is answered here instead (the facts
-    it carries, such as ``grpc``, still shape that answer)."""
+class Client:
+    """What admission adds for one downstream connection, made once per connection: its
+    peer's address, the X-Forwarded-For and -Proto fields that name it and the listener's
+    scheme, and whether the listener makes request ids."""
+
+    def __init__(self, peer: bytes, scheme: bytes, generate_request_id: bool) -> None:
+        self.peer = peer
+        self.for_field = (b"x-forwarded-for", peer)
+        self.proto_field = (b"x-forwarded-proto", scheme)
+        self.generate_request_id = generate_request_id  # (Envoy's default: when absent)
+        # The two fields as an upstream codec that writes text formats them (and the head's
+        # end after them), kept here by that codec at its first use: every request of the
+        # connection sends the same pair, last.
+        self.formatted = b""
+
+
+def prepare(head: RequestHead, client: Client) -> RequestHead:
+    """The head to send upstream for ``head`` from ``client``: ``head`` itself, prepared in
+    place (a codec hands each head over once; the list of fields it read is left as read, for
+    the access log). Its ``refused`` is set when the request is answered here instead (the
+    facts it carries, such as ``grpc``, still shape that answer)."""
     method = head.method
     out: Fields = []
-    up = RequestHead(method, head.authority, head.path, out, head.version)
-    up.protocol = head.protocol
+    up = head
     has_body = head.has_body
     keep_length = has_body or method not in _NO_CONTENT_METHODS
     length_seen = False
@@ -70,7 +85,7 @@ def prepare(head: RequestHead, peer: bytes, scheme: bytes,
     tokens = b""
     upgrade: bytes | None = None
     retryable = method in IDEMPOTENT_METHODS
-    for field in head.fields:
+    for field in head.fields:  # the fields as read: ``out`` replaces them below
         n = field[0].lower()
         if n not in SPECIAL:
             out.append(field)
@@ -104,8 +119,8 @@ def prepare(head: RequestHead, peer: bytes, scheme: bytes,
             elif n == b"content-type":
                 up.grpc = is_grpc(value)
             out.append(field)
+    up.fields = out
     up.chunked = has_body and not length_seen
-    up.has_body = has_body
     if head.protocol is not None:
         up.websocket = head.protocol == b"websocket"
     elif (upgrade is not None and method == b"GET" and upgrade.strip().lower() == b"websocket"
@@ -119,12 +134,18 @@ def prepare(head: RequestHead, peer: bytes, scheme: bytes,
     if authority is None:  # not in the request line / :authority: the Host field names it
         authority = host
     up.authority = authority
-    if not up.request_id and generate_request_id:
+    if not up.request_id and client.generate_request_id:
         up.request_id = rid = new_request_id()
         out.append((b"x-request-id", rid))
-    up.forwarded_for = sent = xff + b", " + peer if xff else peer
-    out.append((b"x-forwarded-for", sent))
-    out.append((b"x-forwarded-proto", scheme))
+    if xff:
+        up.forwarded_for = sent = xff + b", " + client.peer
+        out.append((b"x-forwarded-for", sent))
+        out.append(client.proto_field)
+    else:
+        up.forwarded_for = client.peer
+        up.client = client  # the last two fields are the connection's own pair
+        out.append(client.for_field)
+        out.append(client.proto_field)
     if hosts > 1:
         up.refused = LocalAnswer(400, MISSING_HOST, malformed=True)
     elif authority is None:

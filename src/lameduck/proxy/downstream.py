@@ -37,6 +37,7 @@ from mypy_extensions import mypyc_attr
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain
 from lameduck.proxy.accesslog import PD, RD
+from lameduck.proxy.admission import Client
 from lameduck.proxy.exchange import ExchangeContext
 from lameduck.stats import ConnectionStats, DrainStats
 from lameduck.tunnel.relay import abort_with_rst
@@ -85,7 +86,7 @@ class Downstream(asyncio.Protocol):
         self.cx_stats: ConnectionStats = ctx.stats  # the codec keeps its own, typed
         self.transport: asyncio.Transport | None = None
         self.peer = b""
-        self.forwarded = b""  # X-Forwarded-For and -Proto for this peer, formatted once
+        self.client: Client = None  # type: ignore[assignment]  # set once connected
         self.closing = False
         self.gone = False
         self.aborted = False  # we reset the connection (not the client)
@@ -110,8 +111,8 @@ class Downstream(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = peer[0].encode() if peer else b""
-        self.forwarded = b"x-forwarded-for: %s\r\nx-forwarded-proto: %s\r\n\r\n" % (
-            self.peer, self.ctx.scheme)
+        ctx = self.ctx
+        self.client = Client(self.peer, ctx.scheme, ctx.generate_request_id)
         self.unseen = True
         self.ctx.process.ledger.fresh += 1
 

@@ -52,7 +52,7 @@ from lameduck.proxy.accesslog import (
     UT,
     keep_for_log,
 )
-from lameduck.proxy.admission import persistence_key, prepare, route_path
+from lameduck.proxy.admission import Client, persistence_key, prepare, route_path
 from lameduck.proxy.local import RETRY_AFTER
 from lameduck.proxy.message import HTTP11, RequestHead
 from lameduck.proxy.replay import REPLAY_LIMIT
@@ -225,12 +225,12 @@ class Exchange:
         self.timer: asyncio.TimerHandle | None = None
 
     # -- what the codec tells it ----------------------------------------------------------------
-    def head_received(self, at: float, path: bytes, fields: Fields,
-                      authority: bytes | None) -> None:
+    def head_received(self, at: float, path: bytes, fields: Fields, authority: bytes | None,
+                      log: bool) -> None:
         """The request head arrived at loop time ``at`` (downstream_rq_time runs from here);
-        with the access log on, what its line will read is kept."""
+        with the access log on (``log``), what its line will read is kept."""
         self.started = at
-        if self.down.ctx.access_log is not None:
+        if log:
             self.t0 = at
             self.log_req = (path, fields, None)
             self.log_host = authority
@@ -296,11 +296,11 @@ class Exchange:
         self.resp_started = True
 
     # -- admission ----------------------------------------------------------------------------
-    def admit(self, ctx: ExchangeContext, head: RequestHead, peer: bytes) -> bool:
+    def admit(self, ctx: ExchangeContext, head: RequestHead, client: Client) -> bool:
         """Prepare the head sent upstream (``admission.prepare``), route the request and take
         it on the books; False: the downstream was told to answer it (malformed, health check,
         no route, going away)."""
-        up = prepare(head, peer, ctx.scheme, ctx.generate_request_id)
+        up = prepare(head, client)
         self.head = up
         self.has_body = head.has_body  # (a WebSocket's frames are no request body)
         self.request_id = up.request_id
@@ -339,7 +339,8 @@ class Exchange:
         self.retryable = up.retryable
         self.cluster = cluster
         if cluster.persistence is not None:
-            self.pkey = persistence_key(up.fields, peer, cluster.by_cookie, cluster.cookie_name)
+            self.pkey = persistence_key(up.fields, client.peer, cluster.by_cookie,
+                                        cluster.cookie_name)
         self.route_timeout = route.timeout
         if route.per_try_idle_timeout:
             self.idle_timeout = route.per_try_idle_timeout

@@ -10,7 +10,12 @@ so does h11's ``Request``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lameduck.upstream.connector import Fields
+
+if TYPE_CHECKING:
+    from lameduck.proxy.admission import Client
 
 HTTP10 = 10
 HTTP11 = 11
@@ -54,6 +59,9 @@ class RequestHead:
         self.grpc = False
         self.request_id = b""
         self.forwarded_for = b""
+        # The connection whose X-Forwarded-For and -Proto pair ends ``fields`` (an
+        # ``admission.Client``; None when the client sent an X-Forwarded-For of its own).
+        self.client: Client | None = None
         self.refused: LocalAnswer | None = None
 
 
