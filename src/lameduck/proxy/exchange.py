@@ -87,7 +87,6 @@ class ExchangeContext(Protocol):
     rng: Callable[[], float]  # uniform in [0, 1): the retry back-off's jitter
     access_log: AccessLog | None  # None: off (nothing is formatted)
     generate_request_id: bool  # x-request-id when the client sent none (Envoy's default)
-    scheme: bytes  # X-Forwarded-Proto
 
     def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
     def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]: ...
