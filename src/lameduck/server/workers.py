@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,10 @@ class Worker:
         self.stats: list[Any] = []  # its last stats reply
         self.clusters: list[dict[str, Any]] = []
         self.waiting: asyncio.Future[None] | None = None
+        # Stats requests sent and not yet answered, in order (the channel keeps it): each
+        # reply answers the oldest, so a caller waits for the reply to its own request, one
+        # that reflects every message sent to the worker before it.
+        self.stats_asked: deque[asyncio.Future[None]] = deque()
         self.loaded = False  # a spare: its modules loaded, its config built
         self.inflight: InFlight | None = None  # its requests in flight, shared with it
 
@@ -197,8 +202,10 @@ class WorkerSet:
             w.clusters = msg["clusters"]
             w.status = msg["status"]  # as fresh as the numbers
             self.on_status(w)
-            if w.waiting is not None and not w.waiting.done():
-                w.waiting.set_result(None)
+            if w.stats_asked:
+                answered = w.stats_asked.popleft()
+                if not answered.done():
+                    answered.set_result(None)
         elif op == "endpoints":
             self.on_endpoints(msg)
         elif op == "persist":  # to every other worker (the main process keeps no table)
@@ -216,6 +223,10 @@ class WorkerSet:
         code = proc.wait() if proc is not None else 0
         if w.waiting is not None and not w.waiting.done():
             w.waiting.set_result(None)
+        while w.stats_asked:  # no reply will come: its last numbers stand
+            asked = w.stats_asked.popleft()
+            if not asked.done():
+                asked.set_result(None)
         pid = w.pid
         lost = w.lost()
         if w is self.spare or (w.index < 0 and w.exiting):
@@ -284,13 +295,16 @@ class WorkerSet:
                 w.channel.send(msg)
 
     async def gather_stats(self) -> None:
-        """Each worker's stats and cluster view, fresh (or its last, past STATS_TIMEOUT)."""
+        """Each worker's stats and cluster view, fresh (or its last, past STATS_TIMEOUT):
+        asked anew even while an earlier request is unanswered, whose reply may predate a
+        message sent since (an endpoint's new state, say)."""
         asked = []
         for w in self.workers:
-            if w.channel is not None and w.ready and not (w.waiting and not w.waiting.done()):
-                w.waiting = self.loop.create_future()
+            if w.channel is not None and w.ready:
+                fut: asyncio.Future[None] = self.loop.create_future()
+                w.stats_asked.append(fut)
                 w.channel.send({"op": "stats"})
-                asked.append(w.waiting)
+                asked.append(fut)
         if asked:
             await asyncio.wait(asked, timeout=STATS_TIMEOUT)
 
