@@ -7,7 +7,7 @@ import pytest
 
 from lameduck.proxy.fields import (
     accepts_trailers,
-    drop_nominated,
+    drop_nominated_fields,
     nominated,
     trailer_block,
     trailer_fields,
@@ -16,9 +16,9 @@ from lameduck.proxy.fields import (
 
 
 def test_connection_nominated_fields_are_dropped() -> None:
-    lines = [b"Foo: 1\r\n", b"Bar: 2\r\n", b"X-Keep: 3\r\n"]
-    assert drop_nominated(lines, b",foo, close") == [b"Bar: 2\r\n", b"X-Keep: 3\r\n"]
-    assert drop_nominated(lines, b",close") == lines
+    fields = [(b"Foo", b"1"), (b"Bar", b"2"), (b"X-Keep", b"3")]
+    assert drop_nominated_fields(fields, b",foo, close") == [(b"Bar", b"2"), (b"X-Keep", b"3")]
+    assert drop_nominated_fields(fields, b",close") == fields
 
 
 @pytest.mark.parametrize("name", [
@@ -27,10 +27,10 @@ def test_connection_nominated_fields_are_dropped() -> None:
 ])
 def test_framing_routing_and_retry_fields_are_never_nominated(name: bytes) -> None:
     """A Connection header cannot take away what lameduck framed, routed or retried by."""
-    lines = [b"Host: a\r\n", b"Content-Length: 3\r\n", b"Transfer-Encoding: chunked\r\n",
-             b"Idempotency-Key: k\r\n", b"Resume-Seq: 2\r\n", b"Cookie: a=1\r\n",
-             b"X-Forwarded-For: 1.2.3.4\r\n"]
-    assert drop_nominated(lines, b"close, " + name) == lines
+    fields = [(b"Host", b"a"), (b"Content-Length", b"3"), (b"Transfer-Encoding", b"chunked"),
+              (b"Idempotency-Key", b"k"), (b"Resume-Seq", b"2"), (b"Cookie", b"a=1"),
+              (b"X-Forwarded-For", b"1.2.3.4")]
+    assert drop_nominated_fields(fields, b"close, " + name) == fields
     assert nominated(b"keep-alive, " + name + b" , foo") == frozenset({b"foo"})
 
 

@@ -75,7 +75,6 @@ def prepare(head: RequestHead, client: Client) -> RequestHead:
     facts it carries, such as ``grpc``, still shape that answer)."""
     method = head.method
     out: Fields = []
-    up = head
     has_body = head.has_body
     keep_length = has_body or method not in _NO_CONTENT_METHODS
     length_seen = False
@@ -97,7 +96,7 @@ def prepare(head: RequestHead, client: Client) -> RequestHead:
             elif n == b"upgrade":
                 upgrade = value
             elif n == b"te" and accepts_trailers(value):
-                up.te_trailers = True
+                head.te_trailers = True
             # keep-alive, proxy-connection, transfer-encoding: this hop's own
         elif n == b"host":
             hosts += 1
@@ -113,50 +112,50 @@ def prepare(head: RequestHead, client: Client) -> RequestHead:
             if n in REPLAY_SAFE_FIELDS:
                 retryable = True
             elif n == b"expect":
-                up.expect = True
+                head.expect = True
             elif n == b"x-request-id":
-                up.request_id = value
+                head.request_id = value
             elif n == b"content-type":
-                up.grpc = is_grpc(value)
+                head.grpc = is_grpc(value)
             out.append(field)
-    up.fields = out
-    up.chunked = has_body and not length_seen
+    head.fields = out
+    head.chunked = has_body and not length_seen
     if head.protocol is not None:
-        up.websocket = head.protocol == b"websocket"
+        head.websocket = head.protocol == b"websocket"
     elif (upgrade is not None and method == b"GET" and upgrade.strip().lower() == b"websocket"
           and b"upgrade" in [t.strip() for t in tokens.split(b",")]):
-        up.websocket = True
+        head.websocket = True
     if tokens:
-        out = up.fields = drop_nominated_fields(out, tokens)
+        out = head.fields = drop_nominated_fields(out, tokens)
     # A WebSocket is not sent twice: its 101 hands the connection over.
-    up.retryable = retryable and not up.websocket
+    head.retryable = retryable and not head.websocket
     authority = head.authority
     if authority is None:  # not in the request line / :authority: the Host field names it
         authority = host
-    up.authority = authority
-    if not up.request_id and client.generate_request_id:
-        up.request_id = rid = new_request_id()
+    head.authority = authority
+    if not head.request_id and client.generate_request_id:
+        head.request_id = rid = new_request_id()
         out.append((b"x-request-id", rid))
     if xff:
-        up.forwarded_for = sent = xff + b", " + client.peer
+        head.forwarded_for = sent = xff + b", " + client.peer
         out.append((b"x-forwarded-for", sent))
         out.append(client.proto_field)
     else:
-        up.forwarded_for = client.peer
-        up.client = client  # the last two fields are the connection's own pair
+        head.forwarded_for = client.peer
+        head.client = client  # the last two fields are the connection's own pair
         out.append(client.for_field)
         out.append(client.proto_field)
     if hosts > 1:
-        up.refused = LocalAnswer(400, MISSING_HOST, malformed=True)
+        head.refused = LocalAnswer(400, MISSING_HOST, malformed=True)
     elif authority is None:
         if head.version == HTTP10:
-            up.authority = b""  # RFC 9112 §3.2: an empty Host where no authority was named
+            head.authority = b""  # RFC 9112 §3.2: an empty Host where no authority was named
         else:
-            up.refused = LocalAnswer(400, MISSING_HOST, malformed=True)
+            head.refused = LocalAnswer(400, MISSING_HOST, malformed=True)
     elif not valid_authority(authority):
         # routed and forwarded by it: one that could mean two things is refused
-        up.refused = LocalAnswer(400, BAD_AUTHORITY, malformed=True)
-    return up
+        head.refused = LocalAnswer(400, BAD_AUTHORITY, malformed=True)
+    return head
 
 
 def route_path(path: bytes) -> bytes:

@@ -52,14 +52,6 @@ def drop_nominated_fields(fields: list[tuple[bytes, bytes]],
     return [f for f in fields if f[0].lower() not in drop]
 
 
-def drop_nominated(lines: list[bytes], tokens: bytes) -> list[bytes]:
-    """``lines`` (formatted ``Name: value\\r\\n``) without the fields ``tokens`` nominate."""
-    drop = nominated(tokens)
-    if not drop:
-        return lines
-    return [h for h in lines if h.split(b":", 1)[0].strip().lower() not in drop]
-
-
 # RFC 9110 §4.2.3 / RFC 3986 §3.2.2: uri-host [ ":" port ]; uri-host is an IP-literal in
 # brackets, or a reg-name / IPv4 address (unreserved, pct-encoded, sub-delims). No userinfo:
 # RFC 9110 §4.2.4 forbids it in http(s) URIs, and it has no place in Host. Empty as a whole
