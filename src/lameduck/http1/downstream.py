@@ -716,7 +716,7 @@ class H1Downstream(Downstream):
         queue = self.queue
         while queue:
             ex = queue.pop(0)
-            ex.dropped()  # a late callback finds it finished
+            ex.settled_here()
             ex.detach()
             ex.settle(True)
 
@@ -817,6 +817,7 @@ class H1Downstream(Downstream):
         if up is not None:
             up.tunnel_closed()  # the pool's and the cluster's bookkeeping
         ex.tunnel_closed(cut, relay.rx if relay else 0, relay.tx if relay else 0)
+        ex.settled_here()
         if self.queue and self.queue[0] is ex:
             self.queue.pop(0)
             ex.settle(not cut)
@@ -831,7 +832,7 @@ class H1Downstream(Downstream):
         for ex in list(self.queue):
             if not ex.admitted:
                 continue
-            ex.dropped()  # a connect still pending finds it finished and sends nothing
+            ex.settled_here()  # a connect still pending finds it over and sends nothing
             ex.detach()
             if ex.cut_off():
                 reset = True

@@ -499,6 +499,7 @@ class H2Downstream(Downstream):
         self._detach(s)
         up.tunnel_closed()  # the pool's and the cluster's bookkeeping
         s.tunnel_closed(cut, relay.rx, relay.tx)
+        s.settled_here()
         s.request_cut_short()
         self._settle(s, completed=not cut)
         self.kick()
@@ -511,7 +512,7 @@ class H2Downstream(Downstream):
             s.tunnel = None
             self.stats.downstream_cx_upgrades_active -= 1
             if tunnel.opened:
-                s.tunnel_closed(cut, tunnel.rx, tunnel.tx, settled_here=False)
+                s.tunnel_closed(cut, tunnel.rx, tunnel.tx)
 
     def _local(self, s: H2Stream, status: int, body: bytes) -> None:
         s.answer_here(status, len(body))

@@ -280,8 +280,9 @@ class Exchange:
         """No more response bytes go out (the client reset the stream, or it was answered)."""
         self.resp_done = True
 
-    def dropped(self) -> None:
-        """Forgotten unanswered (its connection is closing): a late callback finds it over."""
+    def settled_here(self) -> None:
+        """The codec settles it itself, not through ``finish`` (dropped unanswered as its
+        connection closes, a tunnel that ended): a late callback finds it over."""
         self.finished = self.resp_done = True
 
     def take_unacked(self) -> int:
@@ -956,16 +957,13 @@ class Exchange:
         self.bytes_tx = len(body)
         self.stats.count_status(status)
 
-    def tunnel_closed(self, cut: bool, rx: int, tx: int, settled_here: bool = True) -> None:
+    def tunnel_closed(self, cut: bool, rx: int, tx: int) -> None:
         """Both ends of the tunnel are closed: the bytes relayed each way (``rx`` from the
         client) are the request's and the response's; a tunnel the drain ended is off the
-        books as cut (CA). ``settled_here``: the codec settles it now, so a late ``finish``
-        is a no-op (else ``finish`` still reports it done)."""
+        books as cut (CA)."""
         self.bytes_rx += rx
         self.bytes_tx += tx
         self.resp_done = True
-        if settled_here:
-            self.finished = True
         if cut and self.admitted:
             self.cut_off()
 
