@@ -23,6 +23,10 @@ while [ "${1:-}" = --log ] || [ "${1:-}" = --h2 ]; do
   shift
 done
 SECS=${1:-8}
+[ $# -le 1 ] || { echo "usage: bench/instructions.sh [--log] [--h2] [SECONDS]" >&2; exit 2; }
+if [ "$H2" = 1 ] && ! command -v h2load > /dev/null; then
+  echo "--h2 needs h2load (Debian package nghttp2-client)" >&2; exit 2
+fi
 PY=${PYTHON:-$(dirname "$0")/../.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 W=$(mktemp -d)
@@ -88,5 +92,5 @@ if [ -z "$N0" ] || [ -z "$N1" ] || [ "$N" -le 0 ]; then
   exit 1
 fi
 IR=$(grep -h -m1 '^summary:' "$W"/cg.out.* | awk '{print $2}')
-[ -z "${CG_OUT:-}" ] || cp "$(ls "$W"/cg.out.* | head -n 1)" "$CG_OUT"
 echo "$([ "$H2" = 1 ] && echo "h2c 5x10, ")access log $([ "$LOG" = 1 ] && echo on || echo off): $N requests, $IR instructions, $(( IR / N )) per request"
+[ -z "${CG_OUT:-}" ] || cp "$W"/cg.out.1 "$CG_OUT"

@@ -16,7 +16,7 @@ was the limit; a ratio to HAProxy is printed only when both rows' proxies were s
 
 Run with ``make bench`` (or ``.venv/bin/python bench/run.py --help``). Everything listens on
 127.0.0.1, every process it starts is stopped by pid before it returns (also on Ctrl-C and
-SIGTERM), and the default run takes under three minutes. See bench/README.md.
+SIGTERM), and the default run takes about four minutes. See bench/README.md.
 
 Layout on a 2-core machine:
     CPU 0 (--proxy-cpu): the proxy under test (one of three, all pinned there)
@@ -1121,7 +1121,7 @@ def _versions(args: argparse.Namespace) -> dict[str, str]:
         m = re.search(r"^model name\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
         cpu = m.group(1) if m else "?"
     return {
-        "lameduck": args.builds.get("lameduck") or lameduck_build(lameduck_bin()),
+        "lameduck": args.builds.get("lameduck", "-"),
         **({BASE: args.builds[BASE]} if BASE in args.builds else {}),
         "python": platform.python_version(),
         "haproxy": first_line(["haproxy", "-v"]),
@@ -1147,14 +1147,27 @@ def saturated(m: dict[str, float]) -> bool:
     return m["proxy_cpu_pct"] >= PROXY_SATURATED
 
 
+def rps_ratio(a: dict[str, float], b: dict[str, float]) -> float | None:
+    """``a``'s req/s over ``b``'s: only when both proxies were the limit of their rows (and
+    ``b`` served any); None stands for "n/s". Every req/s ratio the bench prints is this one."""
+    if not (saturated(a) and saturated(b)) or not b["rps"]:
+        return None
+    return a["rps"] / b["rps"]
+
+
+def change(new: float, old: float) -> str:
+    """``new`` against ``old`` as a signed percentage ("n/a" where ``old`` is 0: a row that
+    used no measurable CPU)."""
+    return f"{new / old - 1:+.1%}" if old else "n/a"
+
+
 def ratio_cell(m: dict[str, float], ha: dict[str, float] | None) -> str:
     """req/s over HAProxy's: "n/a" without an HAProxy row, "n/s" (not saturated) unless both
     proxies were the limit of their rows."""
     if ha is None:
         return "n/a"
-    if not (saturated(m) and saturated(ha)):
-        return "n/s"
-    return f"{m['rps'] / ha['rps']:.2f}x"
+    ratio = rps_ratio(m, ha)
+    return "n/s" if ratio is None else f"{ratio:.2f}x"
 
 
 def saturation_notes(med: dict[str, dict[str, float]], has_ha: bool) -> list[str]:
@@ -1183,18 +1196,16 @@ def base_notes(samples: list[Sample] | list[H2Sample], med: dict[str, dict[str, 
     for s in samples:
         if s.proxy in by_round and not getattr(s, "failed", ""):
             by_round[s.proxy][s.round] = s.cpu_us_per_req
-    paired = [by_round["lameduck"][r] / b - 1 for r, b in sorted(by_round[BASE].items())
-              if r in by_round["lameduck"] and b]
-    line = (f"{label}lameduck vs {BASE} (same config, same rounds): CPU "
+    paired = [change(by_round["lameduck"][r], b) for r, b in sorted(by_round[BASE].items())
+              if r in by_round["lameduck"]]
+    ratio = rps_ratio(new, old)
+    return [f"{label}lameduck vs {BASE} (same config, same rounds): CPU "
             f"{new['cpu_us_per_req']:.1f} vs {old['cpu_us_per_req']:.1f} µs/req "
-            f"({new['cpu_us_per_req'] / old['cpu_us_per_req'] - 1:+.1%}"
-            + (f"; round by round {', '.join(f'{x:+.1%}' for x in paired)}" if paired else "")
-            + f"); req/s {new['rps']:,.0f} vs {old['rps']:,.0f} ")
-    if saturated(new) and saturated(old):
-        line += f"({new['rps'] / old['rps']:.2f}x)"
-    else:
-        line += "(n/s: no ratio, one of them was not saturated)"
-    return [line]
+            f"({change(new['cpu_us_per_req'], old['cpu_us_per_req'])}"
+            + (f"; round by round {', '.join(paired)}" if paired else "")
+            + f"); req/s {new['rps']:,.0f} vs {old['rps']:,.0f} "
+            + ("(n/s: no ratio, one of them was not saturated)" if ratio is None
+               else f"({ratio:.2f}x)")]
 
 
 def _medians(ss: list[Sample], load_cpu: int) -> dict[str, float]:
@@ -1251,10 +1262,9 @@ def _not_saturated(m: dict[str, float], ha: dict[str, float]) -> str:
 
 def _ratio_verdict(m: dict[str, float], ha: dict[str, float], target: float) -> str:
     """The req/s ratio target: judged only when both proxies were saturated."""
-    why = _not_saturated(m, ha)
-    if why:
-        return why.replace("no ratio:", "not judged:")
-    ratio = m["rps"] / ha["rps"]
+    ratio = rps_ratio(m, ha)
+    if ratio is None:
+        return _not_saturated(m, ha).replace("no ratio:", "not judged:")
     return f"{ratio:.2f}x ({'met' if ratio >= target else 'NOT met'}: >= {target:g}x)"
 
 
@@ -1356,8 +1366,9 @@ def _ratio_info(summary: Summary, what: str) -> list[str]:
     if "lameduck" not in med or "haproxy" not in med:
         return []
     m, ha = med["lameduck"], med["haproxy"]
+    ratio = rps_ratio(m, ha)
     return [f"lameduck req/s vs HAProxy {what}: "
-            + (_not_saturated(m, ha) or f"{m['rps'] / ha['rps']:.2f}x")]
+            + (_not_saturated(m, ha) if ratio is None else f"{ratio:.2f}x")]
 
 
 def summarize_h2up(samples: list[Sample], names: list[str], load_cpu: int,
@@ -1374,7 +1385,7 @@ def summarize_h2up(samples: list[Sample], names: list[str], load_cpu: int,
         line = f"{n}: {cpu:.1f} µs CPU/request with the h2c upstream"
         if h1 is not None:
             line += (f", {h1:.1f} with the HTTP/1.1 upstream in this run's first table "
-                     f"({cpu - h1:+.1f} µs, {cpu / h1:.2f}x)")
+                     f"({cpu - h1:+.1f} µs, {cpu / h1:.2f}x)" if h1 else "")
         info.append(line)
     info += _ratio_info(summary, "with an h2c upstream")
     return rows, [*info, *summary.notes], failures
@@ -1391,11 +1402,13 @@ def summarize_pool(samples: list[Sample], names: list[str], load_cpu: int,
     for n in good:
         cpu, h1 = _median(samples, "cpu_us_per_req", n), _median(h1_samples, "cpu_us_per_req", n)
         line = f"{n}: {cpu:.1f} µs CPU/request through the pool of {POOL_SIZE}"
-        if h1 is not None:
-            rps, h1_rps = _median(samples, "rps", n), _median(h1_samples, "rps", n)
+        if h1:
+            ratio = rps_ratio(summary.med[n],
+                              _medians([s for s in h1_samples if s.proxy == n], load_cpu))
             line += (f", {h1:.1f} with the single endpoint in this run's first table "
-                     f"({cpu - h1:+.1f} µs, {cpu / h1:.2f}x); req/s {rps:,.0f} vs "
-                     f"{h1_rps:,.0f} ({rps / h1_rps:.2f}x)")
+                     f"({cpu - h1:+.1f} µs, {cpu / h1:.2f}x); req/s "
+                     + ("n/s (one of the two rows not saturated)" if ratio is None
+                        else f"{ratio:.2f}x that row's"))
         info.append(line)
     info += _ratio_info(summary, "through the pool")
     return rows, [*info, *summary.notes], failures
@@ -2475,12 +2488,14 @@ def main(argv: list[str] | None = None) -> int:
             f"cpu{c} {pct:.0f}% busy" for c, pct in idle.items())
             + " (other jobs were running; expect noisy numbers)")
         print(f"bench: warning: {notes[-1]}", file=sys.stderr)
-    args.builds["lameduck"] = lameduck_build(lameduck_bin())
-    if args.lameduck_base:
-        args.builds[BASE] = lameduck_build(args.lameduck_base)
-    for name, build in args.builds.items():
-        print(f"{name}: {build}")
     try:
+        # What each lameduck measured is (inside the try: a missing one fails as bench: ...)
+        if "lameduck" in args.names or args.worker_counts:
+            args.builds["lameduck"] = lameduck_build(lameduck_bin())
+        if args.lameduck_base:
+            args.builds[BASE] = lameduck_build(args.lameduck_base)
+        for name, build in args.builds.items():
+            print(f"{name}: {build}")
         origin, origin_port = start_main_origin(procs, args, workdir)
         args.origin_info = origin_headers(origin_port)
         print(f"origin ({args.origin}): pid {origin.pid} on 127.0.0.1:{origin_port} "
