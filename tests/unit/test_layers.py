@@ -168,9 +168,10 @@ def test_codec_exchange_subclasses_add_fields_of_their_own() -> None:
 
 
 def test_no_server_class_subclasses_another() -> None:
-    """The process model is composed, not inherited: a worker pool or a worker is not a
-    ``Server`` with methods overridden, but a data plane the one lifecycle drives (a class
-    of ``lameduck.server`` that subclassed another would split one behaviour over two)."""
+    """The process model is composed, not inherited: the worker pool is a data plane the
+    one lifecycle drives, and a worker composes the in-process plane, never a ``Server``
+    with methods overridden (a class of ``lameduck.server`` that subclassed another would
+    split one behaviour over two)."""
     import importlib
     import inspect
     import pkgutil

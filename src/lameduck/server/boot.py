@@ -17,13 +17,14 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lameduck.config import Config, ConfigError, HostPort, default_config, load_config
 from lameduck.restart import Notifier, listen_fds, match_listeners
 from lameduck.restart.hot import connect_parent, default_path
+from lameduck.server.lifecycle import run_loop
 from lameduck.server.running import refusal
 from lameduck.server.server import SIGNALS, Server
 from lameduck.server.workers import worker_count
@@ -69,16 +70,6 @@ class _Start:
     @property
     def demo(self) -> bool:
         return self.config_path == ""
-
-
-def run_loop(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
-    """uvloop when present: it is most of the speed of the I/O shell."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main())
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main())
 
 
 def load_config_or_default(path: str | None) -> Config:

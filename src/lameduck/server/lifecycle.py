@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from lameduck.config import Config, format_duration
@@ -513,3 +513,14 @@ def _write_report(where: str, report: dict[str, Any]) -> None:
         log.error("drain report: cannot write %s: %s", path, e)
         return
     log.info("drain report written to %s", path)
+
+
+def run_loop(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """A process's event loop, for the main process and each worker alike: uvloop when
+    present (it is most of the speed of the I/O shell)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main())
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main())

@@ -37,7 +37,7 @@ from lameduck.proxy.accesslog import flush_access_logs
 from lameduck.server.build import build
 from lameduck.server.channel import Channel, Message, encode, open_channel, read_one
 from lameduck.server.inflight import InFlight, SharedLedger
-from lameduck.server.lifecycle import EXIT_CUT, EXIT_OK, flush_limit
+from lameduck.server.lifecycle import EXIT_CUT, EXIT_OK, flush_limit, run_loop
 from lameduck.server.local import LocalPlane
 from lameduck.server.logfile import (
     formatter,
@@ -497,12 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     handler.addFilter(_PREFIX)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), handlers=[handler])
     control = socket.socket(fileno=args.control_fd)
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(serve(control))
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(serve(control))
+    return run_loop(lambda: serve(control))
 
 
 def exit_now(code: int) -> None:
