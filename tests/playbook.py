@@ -55,6 +55,9 @@ class Loop(asyncio.AbstractEventLoop):
         """Due now: run by the next ``advance`` (or ``run_soon``)."""
         return self.call_at(self.now, callback, *args)
 
+    def create_future(self) -> asyncio.Future[Any]:
+        return asyncio.Future(loop=self)
+
     def run_soon(self) -> None:
         self.advance(self.now)
 

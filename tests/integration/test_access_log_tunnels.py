@@ -8,12 +8,16 @@ for an HTTP/1.1 WebSocket, 200 for an HTTP/2 one: Envoy logs the downstream resp
 its tunnelled bytes each way, and no flag when it ended cleanly; a CONNECT whose destination
 refuses is 503 with UF (upstream connection failure).
 
+A TCP listener's connection is logged as Envoy's TCP proxy logs it: "- - -", response code 0,
+the flags and the bytes each way.
+
 Each lameduck drains at once (T = 0) on SIGTERM, so its lines are all written (at exit) when
 the test reads them; every exchange has settled before (its stats say so).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,7 +30,7 @@ from websockets.sync.client import connect as ws_connect
 
 from tests.h2raw import RawH2
 from tests.peers import Destination, answer
-from tests.procs import AdminPoller, Lameduck, refusing_port, wait_until
+from tests.procs import AdminPoller, Lameduck, base_config, refusing_port, wait_until
 
 # Drained at once on SIGTERM: the process exits as soon as nothing is in flight.
 QUICK_EXIT: dict[str, Any] = {
@@ -262,3 +266,48 @@ def test_http2_websocket_line_is_200_the_status_the_client_saw(
         "CONNECT", "HTTP/2", "app")
     assert (line["response_code"], line["response_flags"]) == (200, "-"), line
 
+
+
+# -- 5. A TCP listener's connections ----------------------------------------------------------
+
+
+def test_tcp_line_is_envoys_tcp_proxy_line_and_uf_when_no_endpoint_answers(
+        origin_port: int, lameduck: Any, destination: Destination, tmp_path: Path) -> None:
+    """Envoy's TCP proxy writes "- - -", response code 0 and the bytes each way; an upstream
+    that cannot be reached is UF (the client is reset)."""
+    ok_log, dead_log = tmp_path / "tcp.jsonl", tmp_path / "dead.jsonl"
+    cfg = base_config(origin_port, **QUICK_EXIT)
+    cfg["clusters"] += [{"name": "dest", "endpoints": [f"127.0.0.1:{destination.port}"]},
+                        {"name": "dead", "endpoints": [f"127.0.0.1:{refusing_port()}"]}]
+    cfg["listeners"] += [
+        {"name": "l4", "address": "127.0.0.1:0", "protocol": "tcp", "cluster": "dest",
+         "access_log": json_log(ok_log)},
+        {"name": "l4dead", "address": "127.0.0.1:0", "protocol": "tcp", "cluster": "dead",
+         "access_log": json_log(dead_log)}]
+    ld: Lameduck = lameduck(cfg)
+
+    sock = socket.create_connection(("127.0.0.1", ld.port_of("l4")), timeout=WAIT)
+    sock.sendall(PAYLOAD)
+    sock.shutdown(socket.SHUT_WR)  # the destination answers once it has our FIN
+    reply = until_eof(sock)
+    sock.close()
+    assert reply == answer(PAYLOAD)
+
+    dead = socket.create_connection(("127.0.0.1", ld.port_of("l4dead")), timeout=WAIT)
+    with contextlib.suppress(ConnectionResetError):  # reset: nothing could be relayed
+        assert until_eof(dead) == b""
+    dead.close()
+
+    admin = AdminPoller(ld.admin_addr)
+    try:
+        assert wait_until(lambda: admin.stat("tcp.l4.downstream_cx_active") == 0
+                          and admin.stat("tcp.l4dead.downstream_cx_active") == 0, WAIT, 0.01)
+    finally:
+        admin.close()
+    stop(ld)
+    (ok,) = lines_of(ok_log)
+    (refused,) = lines_of(dead_log)
+    assert (ok["method"], ok["protocol"], ok["upstream_cluster"]) == (None, "-", "dest")
+    assert tunnel_fields(ok) == {"response_code": 0, "response_flags": "-",
+                                 "bytes_received": len(PAYLOAD), "bytes_sent": len(reply)}
+    assert (refused["response_code"], "UF" in flags(refused)) == (0, True), refused

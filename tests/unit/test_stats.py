@@ -470,6 +470,20 @@ def test_histograms_are_a_third_kind_and_never_carried_over() -> None:
     assert "http.ingress.downstream_rq_time" not in registry.counters()
 
 
+def test_a_tcp_scope_publishes_only_envoy_tcp_proxy_names() -> None:
+    """A TCP connection is one exchange (its books are an HttpStats), but /stats shows only
+    the names of Envoy's tcp_proxy and of a connection."""
+    registry = StatsRegistry()
+    tcp = registry.add("tcp.db", TcpStats())
+    tcp.downstream_rq_active = 1  # the exchange's books: counted, not published
+    names = {s.name for s in registry.snapshot()}
+    assert {n for n in names if n.startswith("tcp.db.")} == {
+        "tcp.db.downstream_cx_total", "tcp.db.downstream_cx_active",
+        "tcp.db.downstream_cx_drain_close", "tcp.db.downstream_cx_drain_time",
+        "tcp.db.downstream_cx_no_route", "tcp.db.downstream_cx_cut",
+        "tcp.db.upstream_connect_fail"}
+
+
 def test_merge_sums_histograms_bucket_by_bucket() -> None:
     a, _, _ = histogram_registry()
     b, _, _ = histogram_registry()

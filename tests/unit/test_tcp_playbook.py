@@ -10,13 +10,17 @@ byte has passed for that long.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lameduck.config import ListenerConfig
 from lameduck.drain import DrainEvent, ListenerDrain, Strategy
+from lameduck.drain.endpoint import AdminState
 from lameduck.listeners.tcp import TcpDownstream, TcpListener
+from lameduck.proxy.accesslog import AccessLog, LogFile
 from lameduck.stats import DrainStats, TcpStats
 from lameduck.tunnel.relay import Pending
 from tests.drainplay import ScriptedRng
@@ -27,9 +31,11 @@ EV = DrainEvent(START, Strategy.GRADUAL, T, G)
 
 
 class Dial:
-    """What ``TcpListener.connect`` returns: a connect the script completes or fails."""
+    """What ``TcpListener.open`` returns: a connect the script completes or fails (what it
+    reports is delivered at once, as the loop would next)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
         self.callbacks: list[Any] = []
         self.error: Exception | None = None
         self.value: tuple[Transport, Pending] | None = None
@@ -55,12 +61,14 @@ class Dial:
         self.value = (up, pending)
         for cb in self.callbacks:
             cb(self)
+        self.ctx.loop.run_soon()
         return up
 
     def fail(self) -> None:
         self.error = ConnectionRefusedError()
         for cb in self.callbacks:
             cb(self)
+        self.ctx.loop.run_soon()
 
 
 class Play(Context):
@@ -74,10 +82,10 @@ class Play(Context):
             self.loop, self.process, ListenerDrain("l4", grace=G), self.cluster, TcpStats(),
             DrainStats(), lambda: None, ScriptedRng(*rng))
         self.dials: list[Dial] = []
-        self.tcp.connect = self.dial  # type: ignore[method-assign]
+        self.tcp.open = self.dial  # type: ignore[method-assign]
 
-    def dial(self, ep: Any) -> Dial:
-        d = Dial()
+    def dial(self, cluster: Any, ep: Any) -> Dial:
+        d = Dial(self)
         self.dials.append(d)
         return d
 
@@ -192,3 +200,112 @@ def test_no_endpoint_reachable_resets_and_is_not_a_cut() -> None:
     st = p.tcp.stats
     assert st.downstream_cx_cut == 0 and st.downstream_cx_active == 0
     assert p.process.ledger.active == 0
+
+
+# -- the access log: Envoy's TCP proxy line, from the exchange's books -----------------------
+
+
+def logged(p: Play, tmp_path: Path) -> LogFile:
+    """JSON access-log lines for the TCP listener, from loop time 5 (0 reads as "off")."""
+    logfile = LogFile(str(tmp_path / "access.log"), p.loop)  # type: ignore[arg-type]
+    p.tcp.access_log = AccessLog(logfile, "json", p.loop)  # type: ignore[arg-type]
+    p.loop.advance(5.0)
+    return logfile
+
+
+def the_line(logfile: LogFile, tmp_path: Path) -> dict[str, Any]:
+    logfile.flush()
+    (line,) = [json.loads(x) for x in (tmp_path / "access.log").read_text().splitlines()]
+    return line
+
+
+def books(line: dict[str, Any]) -> tuple[Any, ...]:
+    return (line["method"], line["protocol"], line["response_code"], line["response_flags"],
+            line["bytes_received"], line["bytes_sent"])
+
+
+def test_relayed_connection_line_is_0_no_flag_with_the_bytes_each_way(tmp_path: Path) -> None:
+    p = Play()
+    logfile = logged(p, tmp_path)
+    _, client = p.accept()
+    send(client, b"early")  # held by the exchange until the upstream is connected
+    up = p.dials[-1].succeed(p)
+    assert up.out == b"early"
+    send(client, b"ping")
+    send(up, b"pong!")
+    up.close()
+    line = the_line(logfile, tmp_path)
+    assert books(line) == (None, "-", 0, "-", 9, 5)
+    assert line["upstream_cluster"] == "app" and line["upstream_host"] == p.eps[0].address
+    assert p.process.ledger.active == 0 and p.tcp.stats.downstream_rq_active == 0
+
+
+def test_no_healthy_endpoint_line_is_uh_and_the_client_is_reset(tmp_path: Path) -> None:
+    p = Play()
+    logfile = logged(p, tmp_path)
+    for ep in p.eps:
+        p.cluster.set_state(ep, AdminState.MAINT, p.loop.time())
+    _, client = p.accept()
+    assert client.ended == ("rst", 5.0) and p.dials == []
+    assert books(the_line(logfile, tmp_path)) == (None, "-", 0, "UH", 0, 0)
+    assert p.tcp.stats.downstream_cx_no_route == 1
+    assert p.cluster.stats.upstream_cx_none_healthy == 1 and p.process.ledger.active == 0
+
+
+def test_no_endpoint_reachable_line_is_uf(tmp_path: Path) -> None:
+    p = Play()
+    logfile = logged(p, tmp_path)
+    _, client = p.accept()
+    while not p.dials[-1].callbacks or p.dials[-1].error is None:
+        p.dials[-1].fail()
+    assert client.ended is not None and client.ended[0] == "rst"
+    line = the_line(logfile, tmp_path)
+    assert books(line)[3] in ("UF", "UF,URX"), line  # retried, then no more allowed
+    assert "UF" in line["response_flags"].split(",")
+
+
+def test_client_gone_while_connecting_line_is_dc(tmp_path: Path) -> None:
+    p = Play()
+    logfile = logged(p, tmp_path)
+    conn, client = p.accept()
+    send(client, b"abc")
+    conn.connection_lost(None)  # the client went away before the upstream answered
+    up = p.dials[-1].succeed(p)
+    assert up.ended is not None  # the late connection is closed, nothing relayed
+    assert books(the_line(logfile, tmp_path)) == (None, "-", 0, "DC", 3, 0)
+    assert p.process.ledger.active == 0 and p.eps[0].cx_active == 0
+
+
+def test_deadline_cut_lines_are_ca_relayed_and_cb_connecting(tmp_path: Path) -> None:
+    p = Play(0.0, 0.0)
+    logfile = logged(p, tmp_path)
+    relayed, client, _up = p.relayed()
+    connecting, client2 = p.accept()
+    p.drain_starts(relayed, connecting)
+    for i in range(20):
+        p.loop.advance(17.1 + 0.2 * i)
+        send(client, b"x")  # never quiet for 0.3 s: still relaying at the deadline
+    p.loop.advance(21.0)
+    relayed.cut()
+    connecting.cut()
+    assert client.ended == ("rst", 21.0) and client2.ended == ("rst", 21.0)
+    logfile.flush()
+    lines = [json.loads(x) for x in (tmp_path / "access.log").read_text().splitlines()]
+    assert sorted(ln["response_flags"] for ln in lines) == ["CA", "CB"], lines
+    ds = p.tcp.drain_stats
+    assert (ds.cut_reset, ds.cut_before_response) == (1, 1)
+    assert p.process.ledger.active == 0 and p.tcp.stats.downstream_cx_cut == 2
+
+
+def test_default_format_line_is_envoys_tcp_line(tmp_path: Path) -> None:
+    p = Play()
+    logfile = LogFile(str(tmp_path / "access.log"), p.loop)  # type: ignore[arg-type]
+    p.tcp.access_log = AccessLog(logfile, None, p.loop)  # type: ignore[arg-type]
+    p.loop.advance(5.0)
+    _, client = p.accept()
+    up = p.dials[-1].succeed(p)
+    send(client, b"ab")
+    up.close()
+    logfile.flush()
+    line = (tmp_path / "access.log").read_text()
+    assert '"- - -" 0 - 2 0 ' in line, line

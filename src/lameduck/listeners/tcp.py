@@ -1,39 +1,123 @@
 """A TCP (Layer-4) listener: bytes relayed to an endpoint of one cluster.
 
-Persistence is by source IP and the Layer-4 drain-stop rule holds: a record for a DRAIN endpoint is
-discarded at once (drain stop does not apply). The drain is the one connection drain manager of
-the HTTP listeners (``proxy.downstream``): each connection draws its proactive moment like an
-HTTP one; a TCP connection has no request to finish, so from that moment it is closed (FIN both
-ways) as soon as it has carried no byte for ``quiet_period``; what is left at the deadline is
-reset. Each relayed connection counts as in flight, so the process waits for
-it up to the deadline. A connect failure is retried on another endpoint (nothing was sent).
+Each connection is one ``Exchange`` with no head (``message.STREAM``): admitted to the
+process ledger, given an endpoint (persistence by source IP, and the Layer-4 drain-stop rule: a
+record for a DRAIN endpoint is discarded at once), connected, retried after a connect failure
+(nothing was sent: another endpoint, or the same one after a back-off, under the cluster's
+retry policy and budget) and settled and logged as an HTTP request is. Its access-log line is
+Envoy's TCP proxy line: ``"- - -"``, response code 0, the flags (UH no healthy upstream, UF
+connect failure, CA/CB cut by the drain, DC the client went away first) and the bytes each way.
+
+The drain is the one connection drain manager of the HTTP listeners (``proxy.downstream``):
+each connection draws its proactive moment like an HTTP one; a TCP connection has no request
+to finish, so from that moment it is closed (FIN both ways) as soon as it has carried no byte
+for ``quiet_period``; what is left at the deadline is reset. Each relayed connection counts as
+in flight, so the process waits for it up to the deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import random
 import socket
 from collections.abc import Callable
+from typing import Any
 
 from lameduck.config import ListenerConfig
 from lameduck.drain import ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
-from lameduck.drain.endpoint import Layer
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.listeners.base import BACKLOG, Listener, Overflow
+from lameduck.proxy.accesslog import UH, open_access_log
+from lameduck.proxy.admission import persistence_key
 from lameduck.proxy.downstream import STOP, Downstream, no_delay
+from lameduck.proxy.exchange import Exchange
+from lameduck.proxy.message import STREAM
 from lameduck.stats import DrainStats, TcpStats
 from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
 from lameduck.upstream.cluster import Cluster
+from lameduck.upstream.connector import Fields
 from lameduck.upstream.pool import Endpoint
 
-log = logging.getLogger("lameduck.tcp")
+
+class TcpUpstream:
+    """The upstream socket of one relayed connection, as an exchange holds an upstream
+    connection (``connector.UpstreamConn``): ``start`` hands it to the downstream's relay,
+    ``sever`` is its endpoint's drain stop. Never pooled."""
+
+    alive = True
+    read_paused = False
+    got_bytes = False
+    multiplexed = False
+    idle_since = 0.0
+    reusable = False
+
+    def __init__(self, listener: TcpListener, ep: Endpoint, transport: asyncio.Transport,
+                 pending: Pending) -> None:
+        self.listener = listener
+        self.endpoint = ep
+        self.transport = transport
+        self.pending = pending
+        self.sink: Any = None
+        self.relay: Relay | None = None
+        self.closed = False
+        cs = listener.cluster.stats
+        cs.upstream_cx_total += 1
+        cs.upstream_cx_active += 1
+        ep.cx_total += 1
+        ep.cx_active += 1
+        ep.conns.add(self)
+
+    def start(self, sink: Exchange, head: object) -> None:
+        """The exchange attached: its downstream relays both sockets from now on."""
+        self.sink = sink
+        down = sink.down
+        assert isinstance(down, TcpDownstream)
+        down.relay_to(self)
+
+    def write(self, data: bytes) -> None:
+        """Client bytes read before the relay began (the exchange held and counted them)."""
+        self.transport.write(data)
+
+    def end(self, trailers: object, timeout: float, idle_timeout: float) -> None:
+        """The client shut down writing before the relay began: the FIN goes on."""
+        if self.relay is not None:
+            self.relay.eof(Flow.TO_UPSTREAM)
+
+    def pause_reading(self) -> None:
+        self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.transport.resume_reading()
+
+    def close(self) -> None:
+        """Off the endpoint's books; a socket the relay never took is closed."""
+        if self.closed:
+            return
+        self.closed = True
+        ep = self.endpoint
+        ep.conns.discard(self)
+        ep.cx_active -= 1
+        self.listener.cluster.stats.upstream_cx_active -= 1
+        if self.relay is None:
+            self.transport.abort()
+
+    def sever(self) -> None:
+        """Its endpoint's drain stop: the relay is reset."""
+        if self.relay is not None:
+            self.relay.end(reset=True)
+        elif self.sink is not None:
+            self.sink.down.reset()
+
+    def take_over(self) -> asyncio.Transport | None:
+        return None
+
+    def tunnel_closed(self) -> None:
+        self.close()
 
 
 class TcpDownstream(Downstream):
-    """One client connection of a TCP listener, then its relay.
+    """One client connection of a TCP listener: its exchange, then its relay.
 
     The connection drain manager (``Downstream``) carries out the drain as for HTTP; what a
     byte stream changes: nobody can be told to go away, so being drained means "close once
@@ -44,19 +128,12 @@ class TcpDownstream(Downstream):
     def __init__(self, ctx: TcpListener) -> None:
         super().__init__(ctx)
         self.tcp: TcpListener = ctx
+        self.ex: Exchange | None = None
         self.relay: Relay | None = None
-        self.endpoint: Endpoint | None = None
-        self.early: list[bytes] = []  # client bytes before the upstream answered
-        self.early_eof = False
-        self.admitted = False
         self.quiet_close = False  # drained: close once no byte has passed for quiet_period
         self.deadline_cut = False  # reset by the shutdown deadline (a drain cut)
-        self.relay_cut = False  # the relay ended with a reset
-        self.tries = 0
-        self.retrying = False  # holds a slot in the cluster's retry budget
-        self.pkey: str | None = None  # the source IP, with persistence
 
-    # -- accept, pick, connect ------------------------------------------------------------------
+    # -- accept: the exchange admits, picks and connects -------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         ctx = self.tcp
         self.transport = t = transport  # type: ignore[assignment]
@@ -68,86 +145,129 @@ class TcpDownstream(Downstream):
         now = self.loop.time()
         self.drain = ConnectionDrain(ctx.drain, now, ctx.rng)
         cluster = ctx.cluster
+        pkey = None
         if cluster.persistence is not None:
             peer = t.get_extra_info("peername")
-            self.pkey = peer[0] if peer else ""
-            ep, _ = cluster.pick_sticky(self.pkey, Layer.L4, now, cookie=False)
-        else:
-            ep = cluster.pick()
-        if ep is None:
-            cluster.stats.upstream_cx_none_healthy += 1
-            st.downstream_cx_no_route += 1
-            self.reset()
+            pkey = persistence_key([], peer[0].encode() if peer else b"", False, b"")
+        self.ex = ex = Exchange(self, b"", STREAM)
+        st.downstream_rq_active += 1  # (the exchange's books; not published for TCP)
+        if not ex.admit_stream(cluster, pkey, now, ctx.access_log is not None):
+            st.downstream_rq_active -= 1
+            ex.log_unbooked(now)
+            self.ex = None
             return
-        if not ctx.process.ledger.begin():
-            self.closing = True
-            t.close()  # past the drain time: going away
-            return
-        self.admitted = True
-        self._connect(ep)
         self.arm_drain()
+        ex.start()
 
-    def _connect(self, ep: Endpoint) -> None:
-        self.endpoint = ep
-        self.tcp.connect(ep).add_done_callback(self._connected)
-
-    def _connected(self, fut: asyncio.Future[tuple[asyncio.Transport, Pending]]) -> None:
-        ep = self.endpoint
-        cluster = self.tcp.cluster
-        assert ep is not None
-        wanted = not self.closing
-        got = destination(fut, wanted)
-        if not wanted:
-            return
-        if got is None:
-            ep.cx_connect_fail += 1
-            cluster.connect_failed(ep)
-            self.tcp.stats.upstream_connect_fail += 1
-            # The same policy and budget as an HTTP request's retry (retry_policy).
-            other = cluster.retry_target(ep, self.tries, self.retrying)
-            if other is not None:
-                self.tries += 1
-                self.retrying = cluster.retry_started(self.retrying)
-                if self.pkey is not None:  # the record follows the endpoint that answers
-                    cluster.rebind(self.pkey, other, self.loop.time())
-                self._connect(other)
-                return
-            self.reset()  # nothing reachable: not a drain cut (abandoned)
-            return
-        ut, pending = got
+    def relay_to(self, up: TcpUpstream) -> None:
+        """The upstream is connected: both sockets are relayed from now on."""
+        ex = self.ex
         t = self.transport
-        assert t is not None
-        cs = cluster.stats
-        cs.upstream_cx_total += 1
-        cs.upstream_cx_active += 1
-        ep.cx_total += 1
-        ep.cx_active += 1
-        ep.rq_total += 1
-        ep.rq_active += 1
-        ep.conns.add(self)
-        self.relay = relay = Relay(self.loop, t, ut, TunnelKind.OPAQUE, 0.0, self._ended)
-        relay.start(b"".join(self.early), pending.buf)
-        self.early = []
-        if self.early_eof:
-            relay.eof(Flow.TO_UPSTREAM)
+        assert ex is not None and t is not None
+        pending = up.pending
+        self.relay = relay = Relay(self.loop, t, up.transport, TunnelKind.OPAQUE, 0.0,
+                                   self._ended)
+        up.relay = relay
+        ex.tunnel_opened(0)
+        relay.start(b"", pending.buf)
         if pending.eof:
             relay.eof(Flow.TO_CLIENT)
         if self.quiet_close:
             self.arm(relay.last_activity + self.tcp.quiet_period)  # drained while connecting
 
-    # -- before the relay takes the sockets -----------------------------------------------------
+    # -- before the relay takes the sockets: the exchange holds what the client sends ------------
     def data_received(self, data: bytes) -> None:
-        self.early.append(data)
-        if sum(map(len, self.early)) > 256 * 1024 and self.transport is not None:
-            self.transport.pause_reading()  # Relay.start resumes it
+        if self.ex is not None:
+            self.ex.request_body(data, 0)
 
     def eof_received(self) -> bool:
-        self.early_eof = True
+        if self.ex is not None:
+            self.ex.request_complete()
         return True
+
+    # -- what the exchange asks (``DownstreamPort``) ---------------------------------------------
+    def going_away(self, ex: Exchange) -> None:
+        """Past the drain time: a byte stream can only be closed."""
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def send_local(self, ex: Exchange, status: int, body: bytes,
+                   extra: tuple[tuple[bytes, bytes], ...]) -> None:
+        """No endpoint could take it (no healthy one, or none reachable): reset."""
+        if ex.flags & UH:
+            self.tcp.stats.downstream_cx_no_route += 1
+        self.reset()
+
+    def hold_request(self, ex: Exchange) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()  # the relay resumes it when it starts
+
+    def resume_request(self, ex: Exchange) -> None:
+        if self.transport is not None and self.relay is None:
+            self.transport.resume_reading()
+
+    def release_request(self, ex: Exchange, credit: int) -> None:
+        """No window to give back."""
+
+    def exchange_done(self, ex: Exchange) -> None:
+        """Answered from here (``send_local`` reset it): off the books as not completed."""
+        ex.settle(False)
+        self.ex = None
+
+    def abort(self, ex: Exchange) -> None:
+        self.reset()
+
+    # A byte stream has no HTTP head, body or answer: its exchange never asks for them (its
+    # upstream reports no response; admission has no head to refuse).
+    def answer(self, ex: Exchange, status: int, body: bytes) -> None:
+        raise AssertionError("a TCP connection has no HTTP answer")
+
+    def send_informational(self, ex: Exchange, status: int, fields: Fields) -> None:
+        raise AssertionError("a TCP connection has no HTTP response")
+
+    def send_head(self, ex: Exchange, status: int, fields: Fields, length: int | None) -> None:
+        raise AssertionError("a TCP connection has no HTTP response")
+
+    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool:
+        raise AssertionError("a TCP connection has no HTTP response")
+
+    def send_upgrade(self, ex: Exchange, fields: Fields, upgrade: bytes, rest: bytes) -> bool:
+        raise AssertionError("a TCP connection has no HTTP response")
+
+    def send_body(self, ex: Exchange, data: bytes) -> None:
+        raise AssertionError("a TCP connection has no HTTP response")
+
+    def send_end(self, ex: Exchange, trailers: list[tuple[bytes, bytes]] | None) -> None:
+        raise AssertionError("a TCP connection has no HTTP response")
+
+    def cork(self) -> None:
+        """Nothing to batch: the relay writes as bytes come."""
+
+    def uncork(self) -> None:
+        """See ``cork``."""
 
     def _ended(self, cut: bool) -> None:
         """The relay closed both sides (its protocols read the sockets, not this one)."""
-        self.relay_cut = cut
+        relay = self.relay
+        ex = self.ex
+        assert relay is not None
+        ep = ex.endpoint if ex is not None else None
+        if ep is not None:
+            if cut:
+                ep.rq_error += 1
+            else:
+                ep.rq_success += 1
+        if cut:
+            self.tcp.stats.downstream_cx_cut += 1
+        if ex is not None:
+            self.ex = None
+            ex.detach()  # the upstream's books (``TcpUpstream.close``)
+            # a tunnel the deadline reset is cut (CA); one its endpoint's drain stop severed,
+            # or lameduck reset otherwise, is off the books unfinished
+            ex.tunnel_closed(self.deadline_cut, relay.rx, relay.tx)
+            ex.settled_here()
+            ex.settle(not cut)
         self.connection_lost(None)
 
     # -- what the drain manager asks --------------------------------------------------------------
@@ -210,46 +330,31 @@ class TcpDownstream(Downstream):
             super().reset()
             return
         self.closing = True
+        self.aborted = True
         relay.end(reset=True)
 
     def abandon_all(self) -> None:
-        """Settle the ledger, the endpoint and the retry budget, however it ended."""
-        ctx = self.tcp
-        cut = self.relay_cut
-        if self.retrying:  # its retry slot is given back
-            self.retrying = False
-            ctx.cluster.retry_ended(self.relay is not None)
-        ep = self.endpoint
-        if self.relay is not None and ep is not None:
-            ep.conns.discard(self)
-            ep.cx_active -= 1
-            ep.rq_active -= 1
-            ctx.cluster.stats.upstream_cx_active -= 1
-            if cut:
-                ep.rq_error += 1
-            else:
-                ep.rq_success += 1
-        if cut or (self.deadline_cut and self.relay is None):
-            ctx.stats.downstream_cx_cut += 1
-        if self.admitted:
-            ledger = ctx.process.ledger
-            if self.deadline_cut:
-                ledger.cut_one()
-            elif cut or self.relay is None:
-                ledger.abandon()  # severed by a drain stop, or never relayed
-            else:
-                ledger.end()
+        """The client connection is gone before its exchange settled (the client left while
+        it connected, the deadline cut it): off the books."""
+        ex = self.ex
+        if ex is None:
+            return
+        self.ex = None
+        ex.settled_here()  # a connect still under way finds it over
+        ex.detach()
+        ex.settle(False)
 
-    # -- from outside: an endpoint's drain stop, the shutdown deadline ----------------------------
-    def sever(self) -> None:
-        """Its endpoint's drain stop severs it (the endpoint's ``conns``)."""
-        self.reset()
-
+    # -- from outside: the shutdown deadline ------------------------------------------------------
     def cut(self) -> None:
         """The shutdown deadline: reset what is left."""
-        if not self.gone:
-            self.deadline_cut = True
-            self.reset()
+        if self.gone:
+            return
+        self.deadline_cut = True
+        ex = self.ex
+        if self.relay is None and ex is not None and ex.admitted:
+            ex.cut_off()  # still connecting: cut before it was relayed (CB)
+            self.tcp.stats.downstream_cx_cut += 1
+        self.reset()
 
 
 class TcpListener(Listener):
@@ -265,11 +370,36 @@ class TcpListener(Listener):
         self.drain_stats = drain_stats
         self.rng = rng
         self.quiet_period = cfg.quiet_period
+        al = cfg.access_log
+        self.access_log = None if al is None else open_access_log(al.path, al.format, loop)
         self.connections: set[TcpDownstream] = set()  # type: ignore[assignment]
 
-    def connect(self, ep: Endpoint) -> asyncio.Future[tuple[asyncio.Transport, Pending]]:
-        """A socket to ``ep``, with what it sends before the relay starts."""
-        return open_destination(self.loop, ep.host, ep.port, self.cluster.connect_timeout)
+    def connect(self, cluster: Cluster, ep: Endpoint) -> asyncio.Future[TcpUpstream]:
+        """A socket to ``ep``, with what it sends before the relay starts; a failure is the
+        future's exception (the exchange retries or answers)."""
+        out: asyncio.Future[TcpUpstream] = self.loop.create_future()
+        opening = self.open(cluster, ep)
+
+        def opened(fut: asyncio.Future[tuple[asyncio.Transport, Pending]]) -> None:
+            got = destination(fut, not out.done())
+            if got is None:
+                if not out.done():
+                    ep.cx_connect_fail += 1
+                    self.stats.upstream_connect_fail += 1
+                    out.set_exception(ConnectionError(f"connect to {ep.address} failed"))
+                return
+            out.set_result(TcpUpstream(self, ep, *got))
+
+        opening.add_done_callback(opened)
+        return out
+
+    def open(self, cluster: Cluster,
+             ep: Endpoint) -> asyncio.Future[tuple[asyncio.Transport, Pending]]:
+        """The socket itself (``Pending`` keeps what the endpoint sends meanwhile)."""
+        return open_destination(self.loop, ep.host, ep.port, cluster.connect_timeout)
+
+    def on_request_done(self) -> None:
+        self._on_change()
 
     def on_connection_closed(self, conn: TcpDownstream) -> None:
         self._on_change()

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Final
 
-from lameduck.proxy.message import HTTP2, HTTP10
+from lameduck.proxy.message import HTTP2, HTTP10, HTTP11, STREAM
 
 if TYPE_CHECKING:
     from lameduck.proxy.exchange import Exchange
@@ -243,9 +243,20 @@ def start_time(ex: Any, now: float, wall: float) -> str:
     return start_stamp(int((wall - (now - ex.t0)) * 1000)).decode()
 
 
+def protocol_bytes(version: int) -> bytes:
+    """%PROTOCOL%: "-" for a TCP connection, as Envoy writes it; a request line that was no
+    HTTP/1.x (answered 400/505, version 0) reads HTTP/1.1."""
+    if version == HTTP11:
+        return b"HTTP/1.1"
+    if version == HTTP2:
+        return b"HTTP/2"
+    if version == HTTP10:
+        return b"HTTP/1.0"
+    return b"-" if version == STREAM else b"HTTP/1.1"
+
+
 def protocol(ex: Any) -> str:
-    version = ex.version
-    return "HTTP/2" if version == HTTP2 else ("HTTP/1.0" if version == HTTP10 else "HTTP/1.1")
+    return protocol_bytes(ex.version).decode()
 
 
 def upstream_host(ex: Any) -> str | None:
@@ -351,9 +362,7 @@ def default_line(ex: Exchange, now: float, wall: float) -> bytes:
     agent = ex.log_agent or b"-"
     rid = ex.request_id or b"-"
     stamp = start_stamp(int((wall - (now - ex.t0)) * 1000))
-    version = ex.version
-    proto = (b"HTTP/2" if version == HTTP2 else
-             b"HTTP/1.0" if version == HTTP10 else b"HTTP/1.1")
+    proto = protocol_bytes(ex.version)
     flags = flag_bytes(ex.flags)
     ms = int((now - ex.t0) * 1000)
     upstream = b"-" if ep is None else ep.address.encode()

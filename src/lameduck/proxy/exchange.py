@@ -54,7 +54,7 @@ from lameduck.proxy.accesslog import (
 )
 from lameduck.proxy.admission import Client, persistence_key, prepare, route_path
 from lameduck.proxy.local import RETRY_AFTER
-from lameduck.proxy.message import HTTP11, RequestHead
+from lameduck.proxy.message import HTTP11, STREAM, RequestHead
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.upstream.connector import Fields, UpstreamConn, UpstreamError
 
@@ -251,8 +251,11 @@ class Exchange:
 
     def answer_here(self, status: int, body_len: int) -> None:
         """Answered from here with ``status`` and a body of ``body_len`` bytes (none goes out
-        to a HEAD), counted once; the codec sends it, at once or in turn."""
+        to a HEAD), counted once; the codec sends it, at once or in turn. A byte stream has no
+        status: its codec ends the connection, and its line reads 0 with the flag."""
         self.local = True
+        if self.version == STREAM:
+            return
         self.status = status
         self.bytes_tx = 0 if self.is_head else body_len
         self.stats.count_status(status)
@@ -357,6 +360,20 @@ class Exchange:
         self.connect = target
         return True
 
+    def admit_stream(self, cluster: Cluster, pkey: str | None, at: float, log: bool) -> bool:
+        """An opaque byte stream (a TCP listener's connection, ``version`` STREAM) from loop
+        time ``at``: no head to prepare or route, on the books for ``cluster`` (``pkey``: the
+        source IP, with persistence), then picked, connected, retried and settled as a request
+        is. False: past the drain time, the downstream was told to go away."""
+        self.started = at
+        if log:
+            self.t0 = at
+        if not self._on_books(self.down.ctx):
+            return False
+        self.cluster = cluster
+        self.pkey = pkey
+        return True
+
     def _answer(self, status: int, body: bytes) -> None:
         """Admission refused it: booked here, answered by the codec."""
         self.answer_here(status, len(body))
@@ -448,7 +465,8 @@ class Exchange:
             self.local_error(503, b"no healthy upstream\n", RETRY_AFTER)
             return
         self.endpoint = ep
-        conn = ep.acquire()
+        # (a byte stream never takes a pooled HTTP connection of a cluster it shares)
+        conn = ep.acquire() if self.head is not None else None
         if conn is not None:
             self.reused = True
             self.attach(conn)  # type: ignore[arg-type]
@@ -459,6 +477,8 @@ class Exchange:
     def _sticky(self, cluster: Cluster) -> Endpoint | None:
         """The drain-stop persistence decision; a new record under a cookie sets the cookie."""
         key = self.pkey
+        if self.version == STREAM:  # by source IP, and a Layer-4 record ends with the drain
+            return cluster.pick_sticky(key, Layer.L4, cluster.clock(), False)[0]
         ep, now_key = cluster.pick_sticky(key, Layer.L7, cluster.clock(), cluster.by_cookie)
         if now_key is not None and now_key != key:
             self.pkey = now_key
@@ -531,7 +551,7 @@ class Exchange:
             self._left_line()
             self._wake_next(ep)
             return
-        conn = ep.acquire()
+        conn = ep.acquire() if self.head is not None else None
         if conn is not None:
             self._left_line()
             self._stop_timer()  # the upstream keeps what is left of the route timeout
@@ -685,9 +705,7 @@ class Exchange:
         if down.write_paused:
             up.pause_reading()  # the client is behind: this response waits for it too
         self.sent_at = down.ctx.loop.time()
-        head = self.head
-        assert head is not None
-        up.start(self, head)
+        up.start(self, self.head)  # None for a byte stream: its relay starts
         if self.up is not up:
             return  # refused at once (an HTTP/2 connection that went away): retried or answered
         if self.buffered:
@@ -978,7 +996,9 @@ class Exchange:
         if self.retrying:  # every way an exchange ends comes here: its retry slot is given back
             self.retrying = False
             assert self.cluster is not None
-            self.cluster.retry_ended(0 < self.status < 500)
+            # answered below 500, or (a byte stream) relayed
+            self.cluster.retry_ended(0 < self.status < 500
+                                     or (self.version == STREAM and self.sent_at > 0))
         done = completed and self.resp_started
         if self.admitted:
             self.admitted = False

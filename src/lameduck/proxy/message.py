@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 HTTP10 = 10
 HTTP11 = 11
 HTTP2 = 20
+# An opaque byte stream (a TCP listener's connection): no HTTP version, method or status; the
+# access log writes "-" for its protocol, as Envoy's does for a TCP proxy.
+STREAM = 1
 
 
 class RequestHead:

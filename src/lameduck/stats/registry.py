@@ -8,7 +8,7 @@ of several worker processes can be summed by name (`merge`) before rendering. A 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import Final, Literal, NamedTuple, TypeVar
 
 from lameduck.stats.histogram import Histogram, HistogramValue
@@ -63,10 +63,11 @@ class StatsRegistry:
         attrs = stat_fields(scope)
         gauges: frozenset[str] = getattr(scope, "GAUGES", frozenset())
         histograms: frozenset[str] = getattr(scope, "HISTOGRAMS", frozenset())
+        known = {f.name for f in fields(scope)}  # (published or not: see ``stat_fields``)
         for what, names in (("GAUGES", gauges), ("HISTOGRAMS", histograms)):
-            if not names <= set(attrs):
+            if not names <= known:
                 raise ValueError(
-                    f"{type(scope).__name__}.{what} names unknown fields: {names - set(attrs)}"
+                    f"{type(scope).__name__}.{what} names unknown fields: {names - known}"
                 )
         entries: tuple[tuple[str, str, StatKind], ...] = tuple(
             (f"{prefix}.{attr}", attr,

@@ -45,8 +45,10 @@ def name_histograms(cls: type, names: set[str]) -> None:
 
 
 def stat_fields(scope: Any) -> tuple[str, ...]:
-    """The stat names of a scope instance or class, in declaration order."""
-    return tuple(f.name for f in fields(scope))
+    """The stat names of a scope instance or class, in declaration order: those it
+    ``PUBLISHED`` when it names them (see ``TcpStats``), else every field."""
+    published: frozenset[str] | None = getattr(scope, "PUBLISHED", None)
+    return tuple(f.name for f in fields(scope) if published is None or f.name in published)
 
 
 @dataclass(slots=True)
@@ -192,18 +194,26 @@ name_histograms(ClusterStats, {"upstream_rq_time", "upstream_cx_connect_ms"})
 
 
 @dataclass(slots=True)
-class TcpStats(ConnectionStats):
+class TcpStats(HttpStats):
     """One per `protocol: tcp` listener, rendered under `tcp.<listener>.` (Envoy tcp_proxy).
     Its ``downstream_cx_drain_close`` counts connections closed once quiet, from their
-    proactive drain moment."""
+    proactive drain moment.
+
+    Each relayed connection is one exchange (admitted, routed, retried, settled and logged by
+    the same ``proxy.exchange.Exchange`` as an HTTP request), so this is an ``HttpStats`` for the
+    exchange's books; only Envoy tcp_proxy's names are ``PUBLISHED``."""
 
     downstream_cx_no_route: int = 0  # closed at once: no READY, healthy endpoint to relay to
     downstream_cx_cut: int = 0  # reset: the shutdown deadline, or its endpoint's drain stop
     upstream_connect_fail: int = 0  # an endpoint that could not be reached (then the next)
 
 
-name_gauges(TcpStats, {"downstream_cx_active"})
-name_histograms(TcpStats, {"downstream_cx_drain_time"})
+setattr(TcpStats, "PUBLISHED", frozenset({  # noqa: B010  (after the class: see name_gauges)
+    "downstream_cx_total", "downstream_cx_active", "downstream_cx_drain_close",
+    "downstream_cx_drain_time", "downstream_cx_no_route", "downstream_cx_cut",
+    "upstream_connect_fail"}))
+name_gauges(TcpStats, set(HttpStats.GAUGES))  # type: ignore[attr-defined]
+name_histograms(TcpStats, set(HttpStats.HISTOGRAMS))  # type: ignore[attr-defined]
 
 
 @dataclass(slots=True)
