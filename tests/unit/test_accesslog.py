@@ -4,6 +4,8 @@ default format on a real exchange, as the codecs leave it."""
 from __future__ import annotations
 
 import json
+import os
+import re
 from types import SimpleNamespace
 
 from lameduck.proxy.accesslog import (
@@ -22,6 +24,7 @@ from lameduck.proxy.accesslog import (
     flag_bytes,
     flag_string,
     json_line,
+    new_request_id,
 )
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.message import HTTP2, HTTP10, HTTP11
@@ -129,3 +132,23 @@ def test_unknown_operator_is_refused() -> None:
         assert "NOPE" in str(e)
     else:
         raise AssertionError("an unknown operator was accepted")
+
+
+def test_request_ids_are_128_random_bits_each_and_a_forked_child_draws_its_own() -> None:
+    """Made in batches (one draw, one format): each id is still 32 lower-case hex digits of
+    its own, across batch boundaries, and a forked worker does not repeat its parent's."""
+    ids = [new_request_id() for _ in range(200)]  # more than three batches
+    assert all(len(i) == 32 and re.fullmatch(rb"[0-9a-f]{32}", i) for i in ids)
+    assert len(set(ids)) == len(ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, to the parent
+        try:
+            os.write(write, new_request_id())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 64)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(child) == 32 and child != new_request_id()

@@ -3,9 +3,13 @@ authorities lameduck routes by."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from lameduck.proxy.fields import (
+    _AUTHORITY,
+    _scan_authority,
     accepts_trailers,
     drop_nominated_fields,
     nominated,
@@ -44,6 +48,24 @@ def test_framing_routing_and_retry_fields_are_never_nominated(name: bytes) -> No
 ])
 def test_valid_authority(value: bytes, ok: bool) -> None:
     assert valid_authority(value) is ok
+
+
+def test_the_authority_scan_and_the_regex_agree() -> None:
+    """The compiled scan and the interpreted regex are one grammar: every short string over
+    the bytes that matter (and random longer ones) gets the same answer from both."""
+    alphabet = b"a0.:[]%F@ -_~!"
+    cases = [b""] + [bytes([c]) for c in range(256)]
+    for a in alphabet:
+        for b in alphabet:
+            cases.append(bytes([a, b]))
+            for c in alphabet:
+                cases.append(bytes([a, b, c]))
+    rng = random.Random(7)
+    cases += [bytes(rng.choice(alphabet) for _ in range(rng.randint(4, 12)))
+              for _ in range(20000)]
+    cases += [b"[::1]:80", b"[::1]x", b"a%2", b"a%2g", b"%41%42:9", b"[]", b"[:]:", b"a:"]
+    for v in cases:
+        assert _scan_authority(v) is (_AUTHORITY.fullmatch(v) is not None), v
 
 
 def test_trailer_fields_drop_what_a_trailer_may_not_carry() -> None:

@@ -65,8 +65,68 @@ _AUTHORITY: Final = re.compile(
 def valid_authority(value: bytes) -> bool:
     """``value`` may stand as a Host field or an ``:authority``: the name lameduck routes by
     and forwards, so one that could mean two things (spaces, ``@``, a second colon) is
-    refused rather than guessed at."""
+    refused rather than guessed at.
+
+    Two implementations of the one grammar (``_AUTHORITY``; a test holds them to the same
+    answers): compiled, a scan over byte tables (the regex's per-byte alternation cost 6,000
+    instructions for ``127.0.0.1:8080``, an eighth of a keep-alive GET); interpreted, the regex.
+    """
+    if COMPILED:
+        return _scan_authority(value)
     return _AUTHORITY.fullmatch(value) is not None
+
+
+# True when this module runs compiled by mypyc (its file is then the extension module).
+COMPILED: Final = not __file__.endswith(".py")
+# 1 at a byte's index where ``_AUTHORITY`` allows it: a reg-name's unreserved and sub-delims
+# (RFC 3986 §3.2.2), an IP literal's hex digits, colons and dots, and hex digits.
+_REG_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;="
+_REG_NAME: Final = bytes(1 if bytes([c]) in _REG_CHARS else 0 for c in range(256))
+_IP_LITERAL: Final = bytes(1 if bytes([c]) in b"0123456789ABCDEFabcdef:." else 0
+                           for c in range(256))
+_HEX: Final = bytes(1 if bytes([c]) in b"0123456789ABCDEFabcdef" else 0 for c in range(256))
+
+
+def _scan_authority(value: bytes) -> bool:
+    """``_AUTHORITY.fullmatch`` as one pass over the bytes: empty, or a host (an IP literal in
+    brackets, or a reg-name of allowed bytes and %XX escapes) and an optional ``:`` port of
+    digits."""
+    n = len(value)
+    if n == 0:
+        return True
+    i = 0
+    if value[0] == 91:  # "[": an IP literal
+        i = 1
+        while i < n and _IP_LITERAL[value[i]]:
+            i += 1
+        if i == 1 or i >= n or value[i] != 93:  # "]"
+            return False
+        i += 1
+    else:
+        while i < n:
+            c = value[i]
+            if _REG_NAME[c]:
+                i += 1
+            elif c == 37:  # "%": two hex digits follow
+                if i + 2 < n and _HEX[value[i + 1]] and _HEX[value[i + 2]]:
+                    i += 3
+                else:
+                    return False
+            else:
+                break
+        if i == 0:
+            return False  # a port with no host
+    if i == n:
+        return True
+    if value[i] != 58:  # ":"
+        return False
+    i += 1
+    while i < n:
+        c = value[i]
+        if c < 48 or c > 57:
+            return False
+        i += 1
+    return True
 
 
 def cookie_value(header: bytes, name: bytes) -> str | None:

@@ -56,8 +56,9 @@ class Endpoint:
     """One upstream address: its drain state and health, its pool of idle connections and its
     shared (HTTP/2) ones, every connection open to it (to sever them), and its counters."""
 
-    __slots__ = ("address", "agent_port", "agent_said", "agent_up", "connecting", "conns",
-                 "cx_active", "cx_connect_fail", "cx_total", "drain", "ejected", "hc_ok", "host",
+    __slots__ = ("address", "address_bytes", "agent_port", "agent_said", "agent_up", "connecting",
+                 "conns", "cx_active", "cx_connect_fail", "cx_total", "drain", "ejected", "hc_ok",
+                 "host",
                  "idle", "max_connecting", "max_idle", "maxconn", "port", "rq_active",
                  "rq_error", "rq_success", "rq_timeout", "rq_total", "shared", "waiting",
                  "weight", "weight_config")
@@ -68,6 +69,7 @@ class Endpoint:
         self.host = host
         self.port = port
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.address_bytes = self.address.encode()  # as each access-log line writes it
         self.max_idle = max_idle
         self.idle: list[PooledConnection] = []
         self.shared: list[SharedConnection] = []  # open, in the order they were opened
