@@ -40,9 +40,11 @@ from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, n
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_fields
 from lameduck.proxy.local import (
-    GRPC_UNAVAILABLE,
+    CUT_ANSWER,
+    CUT_GRPC_TRAILERS,
+    CUT_STATUS,
+    GOING_AWAY_BODY,
     RETRY_AFTER,
-    grpc_fields,
     grpc_local_reply,
 )
 from lameduck.proxy.message import HTTP2, RequestHead
@@ -591,28 +593,24 @@ class H2Downstream(Downstream):
                 s.relay.drain_by(by)  # a WebSocket: its close handshake, up to G
 
     def cut(self) -> None:
-        """The shutdown deadline: a 503 on streams with no response byte sent, else a reset."""
+        """The shutdown deadline, as ``Exchange.deadline_cut`` decides it for each stream on
+        the books, in frames; then the final GOAWAY."""
         for s in list(self.streams.values()):
             if s.relay is not None:
                 s.relay.drain_by(DrainedBy.END)  # reset; counted when both sides are gone
                 continue
             if not s.admitted:
                 continue
-            self._detach(s)
-            if s.cut_off():
-                if s.grpc and not s.resp_done:
-                    # A call whose response started (a server stream) ends with a status
-                    # the client can act on, not a reset.
-                    self.h2.send_trailers(s.sid, grpc_fields(
-                        GRPC_UNAVAILABLE, b"going away: cut at the drain deadline"))
-                    s.finish()
-                else:
-                    self.reset_stream(s, ErrorCode.CANCEL)
-            else:
-                body = b"going away\n"
-                s.answer_here(503, len(body))
-                self.respond(s, 503, body, RETRY_AFTER)
+            self._detach(s)  # (a CONNECT's destination socket too)
+            what = s.deadline_cut()
+            if what == CUT_ANSWER:
+                self.respond(s, 503, GOING_AWAY_BODY, RETRY_AFTER)
                 s.finish()
+            elif what == CUT_STATUS:
+                self.h2.send_trailers(s.sid, CUT_GRPC_TRAILERS)
+                s.finish()
+            else:
+                self.reset_stream(s, ErrorCode.CANCEL)
         self.final_notice()
         self.kick()
         if not self.streams:
