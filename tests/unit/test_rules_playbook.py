@@ -222,6 +222,11 @@ ENDINGS = [
     Ending("the deadline cuts a gRPC response under way: UNAVAILABLE, CA", "cut", True, 200,
            "CA", _books({"2xx": 1, "cut_reset": 1, "ledger_cut": 1}), 3, grpc=True,
            differ={"http2": {"completed": 1}}),
+    Ending("a body that stops coming before any response byte: 408", "body", False, 408, "-",
+           _books({"4xx": 1, "completed": 1, "body_timeout": 1}),
+           len(b"request body timeout\n")),
+    Ending("a body that stops coming once the response began: a reset", "body", True, 200, "-",
+           _books({"2xx": 1, "body_timeout": 1}), 3),
 ]
 ENDING_CASES = [(e, p) for e in ENDINGS for p in ("http1", "http2")]
 

@@ -898,10 +898,10 @@ class H1Downstream(Downstream):
         return math.inf
 
     def _body_timeout(self, ex: H1Exchange) -> None:
-        """No byte of the request body for request_body_timeout (nginx client_body_timeout):
-        408 if no response byte was sent yet, else a reset; nothing after it is read."""
-        self.stats.downstream_rq_body_timeout += 1
+        """request_body_timeout (``Exchange.body_timed_out`` decides): a 408 that closes the
+        connection, or a reset; nothing after it is read."""
         self.reading = None
         self.last_read = True
         self.pause(PAUSE_CLOSING)
-        self._broken_body(ex, 408, b"request body timeout\n")
+        if ex.body_timed_out():
+            self.abort_with_active_request()

@@ -658,16 +658,9 @@ class H2Downstream(Downstream):
         return at
 
     def _body_timeout(self, s: H2Stream) -> None:
-        """No DATA on ``s`` for request_body_timeout: 408 if no response byte was sent (then
-        RST_STREAM(NO_ERROR): a server may answer before the request ends and tell the client
-        to stop sending, RFC 9113 §8.1), else RST_STREAM(CANCEL). Its upstream is aborted as
-        for a client reset; the connection's other streams go on."""
-        self.stats.downstream_rq_body_timeout += 1
-        if s.resp_started:
+        """request_body_timeout on ``s``, as ``Exchange.body_timed_out`` decides it: its 408
+        (then ``exchange_done``'s RST_STREAM(NO_ERROR): a server may answer before the request
+        ends and tell the client to stop sending, RFC 9113 §8.1), or RST_STREAM(CANCEL). The
+        connection's other streams go on."""
+        if s.body_timed_out():
             self.reset_stream(s, ErrorCode.CANCEL)
-            return
-        self._detach(s)
-        body = b"request body timeout\n"
-        s.answer_here(408, len(body))
-        self.respond(s, 408, body)
-        s.finish()  # exchange_done: the RST_STREAM(NO_ERROR), the books

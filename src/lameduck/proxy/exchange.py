@@ -54,6 +54,7 @@ from lameduck.proxy.accesslog import (
 )
 from lameduck.proxy.admission import Client, persistence_key, prepare, route_path
 from lameduck.proxy.local import (
+    BODY_TIMEOUT_BODY,
     CUT_ANSWER,
     CUT_DROPPED,
     CUT_RESET,
@@ -1045,7 +1046,7 @@ class Exchange:
         self.resp_done = True
         self.down.exchange_done(self)
 
-    # -- the shutdown deadline: decided here, the codec sends ----------------------------------
+    # -- the shutdown deadline and the request body timeout: decided here, the codec sends ------
     def deadline_cut(self, answerable: bool = True) -> int:
         """The shutdown deadline cut this request on the books (what a drain leaves is cut
         then, as Envoy's parent shutdown time ends a draining process): its upstream let go,
@@ -1065,3 +1066,17 @@ class Exchange:
             return CUT_DROPPED
         self.answer_here(503, len(GOING_AWAY_BODY))
         return CUT_ANSWER
+
+    def body_timed_out(self) -> bool:
+        """No byte of its request body for request_body_timeout (nginx
+        ``client_body_timeout``), counted as downstream_rq_body_timeout; its upstream let go,
+        and the codec reads no more of it. True: a response byte had gone out, so the client
+        can only see a reset (the codec resets); else it was answered 408 (RFC 9110
+        §15.5.9) ``BODY_TIMEOUT_BODY`` from here (``local_error``: the codec's
+        ``send_local``)."""
+        self.stats.downstream_rq_body_timeout += 1
+        self.detach()
+        if self.resp_started:
+            return True
+        self.local_error(408, BODY_TIMEOUT_BODY)
+        return False

@@ -10,6 +10,8 @@ RETRY_AFTER: Final = ((b"retry-after", b"1"),)
 # The body of that 503 past the drain time, or at the shutdown deadline before any response
 # byte went out (Envoy's drain answers "going away" too).
 GOING_AWAY_BODY: Final = b"going away\n"
+# A request body that stopped coming for request_body_timeout (nginx client_body_timeout): 408.
+BODY_TIMEOUT_BODY: Final = b"request body timeout\n"
 
 # What a codec sends for a request the shutdown deadline cut (``Exchange.deadline_cut``).
 CUT_ANSWER: Final = 0  # 503 GOING_AWAY_BODY with RETRY_AFTER (booked by the exchange)
