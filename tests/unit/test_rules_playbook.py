@@ -315,3 +315,24 @@ def test_ending_rule(e: Ending, proto: str, tmp_path: Path) -> None:
     assert (line["bytes_received"], line["bytes_sent"]) == (3 if e.rule == "body" else 0,
                                                             e.bytes_sent)
     assert _counts(ls) == e.counts | e.differ.get(proto, {})
+
+
+@pytest.mark.parametrize("proto", ["http1", "http2"])
+def test_idle_timeout_closes_the_connection(proto: str, tmp_path: Path) -> None:
+    """The listener's idle_timeout (Envoy's), from the last response's end: the connection
+    closes, counted as downstream_cx_idle_timeout on both (HTTP/2 says GOAWAY(NO_ERROR)
+    first)."""
+    ls, _ = _listener(tmp_path)
+    _conn, t = (_h1 if proto == "http1" else _h2)(ls, Rule("idle"))
+    up = ls.connects[0].succeed()
+    up.sink.on_response_head(200, [(b"content-length", b"2")], 2, False)
+    up.sink.on_response_body(b"ok")
+    up.sink.on_response_complete()
+    t.take()
+    ls.loop.advance(104.99)  # idle from 5.0, for the listener's 100 s
+    assert t.eof_at is None and ls.stats.downstream_cx_idle_timeout == 0
+    ls.loop.advance(105.0)
+    assert t.eof_at == 105.0 and ls.stats.downstream_cx_idle_timeout == 1
+    goaways = [p for typ, _, _, p in _h2_frames(t.take()) if typ == 7]
+    # GOAWAY: last stream 1, NO_ERROR
+    assert goaways == ([] if proto == "http1" else [b"\0\0\0\x01\0\0\0\0"])

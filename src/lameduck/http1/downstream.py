@@ -881,12 +881,7 @@ class H1Downstream(Downstream):
                 return STOP
             return at
         if not self.busy():
-            at = self.idle_since + ctx.idle_timeout
-            if now >= at:
-                self.stats.downstream_cx_idle_timeout += 1
-                self.staged_close()
-                return STOP
-            return at
+            return self.idle_timeouts(now)
         ex = self.reading
         if ex is not None and not self.paused:
             # the client's part: paused by us (the upstream is slow), the wait is not its

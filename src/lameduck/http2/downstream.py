@@ -620,13 +620,11 @@ class H2Downstream(Downstream):
     def timeouts(self, now: float) -> float:
         if self.streams:
             return self._body_timeouts(now)
-        at = self.idle_since + self.ctx.idle_timeout
-        if now >= at:
-            self.stats.downstream_cx_idle_timeout += 1
-            self.h2.close(ErrorCode.NO_ERROR)
-            self.staged_close()
-            return STOP
-        return at
+        return self.idle_timeouts(now)
+
+    def idle_close(self) -> None:
+        self.h2.close(ErrorCode.NO_ERROR)  # GOAWAY(NO_ERROR) before the close (RFC 9113 §6.8)
+        self.staged_close()
 
     def _body_timeouts(self, now: float) -> float:
         """request_body_timeout per stream (nginx ``client_body_timeout``): the next expiry
