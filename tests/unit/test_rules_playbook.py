@@ -75,7 +75,9 @@ RULES = [
 ]
 
 
-def _h1(ls: Listener, rule: Rule) -> tuple[Any, Transport]:
+def _h1(ls: Listener, rule: Rule, body: bytes | None = None) -> tuple[Any, Transport]:
+    """The rule's request on a new HTTP/1.1 connection; with ``body``, the first bytes of a
+    body of 10 (the rest never comes)."""
     conn = H1Downstream(ls)
     t = Transport(ls.loop)
     conn.connection_made(t)
@@ -83,11 +85,14 @@ def _h1(ls: Listener, rule: Rule) -> tuple[Any, Transport]:
         ls.process.ledger.accepting = False
     lines = [b"%s %s HTTP/1.1" % (rule.method, rule.path), b"Host: " + rule.authority]
     lines += [b"%s: %s" % f for f in rule.fields]
-    conn.data_received(b"\r\n".join(lines) + b"\r\n\r\n")
+    if body is not None:
+        lines.append(b"Content-Length: 10")
+    conn.data_received(b"\r\n".join(lines) + b"\r\n\r\n" + (body or b""))
     return conn, t
 
 
-def _h2(ls: Listener, rule: Rule) -> tuple[Any, Transport]:
+def _h2(ls: Listener, rule: Rule, body: bytes | None = None) -> tuple[Any, Transport]:
+    """The same on HTTP/2 (stream 1): ``body`` in a DATA frame without END_STREAM."""
     from lameduck.http2.downstream import H2Downstream
     conn = H2Downstream(ls)
     t = Transport(ls.loop)
@@ -98,10 +103,32 @@ def _h2(ls: Listener, rule: Rule) -> tuple[Any, Transport]:
     block = hpack.Encoder().encode([
         (b":method", rule.method), (b":scheme", b"http"), (b":authority", rule.authority),
         (b":path", rule.path), *rule.fields])
-    # HEADERS with END_STREAM and END_HEADERS on stream 1
-    conn.data_received(len(block).to_bytes(3, "big") + b"\x01\x05" + (1).to_bytes(4, "big")
+    # HEADERS with END_HEADERS (and END_STREAM when no body follows) on stream 1
+    flags = b"\x05" if body is None else b"\x04"
+    conn.data_received(len(block).to_bytes(3, "big") + b"\x01" + flags + (1).to_bytes(4, "big")
                        + block)
+    if body is not None:
+        conn.data_received(len(body).to_bytes(3, "big") + b"\x00\x00" + (1).to_bytes(4, "big")
+                           + body)
     return conn, t
+
+
+def _listener(tmp_path: Path) -> tuple[Listener, LogFile]:
+    """A listener routing /x to its cluster, with a JSON access log (and a request id made)."""
+    ls = Listener(ScriptedRng())
+    ls.router = Router([Route("/x", ls.cluster, None, 30.0)])
+    ls.generate_request_id = True
+    logfile = LogFile(str(tmp_path / "access.log"), ls.loop)  # type: ignore[arg-type]
+    ls.access_log = AccessLog(logfile, "json", ls.loop)  # type: ignore[arg-type, assignment]
+    ls.loop.advance(5.0)  # (loop time 0 reads as "no log line" to the exchange)
+    return ls, logfile
+
+
+def _logged(tmp_path: Path, logfile: LogFile) -> dict[str, Any]:
+    """The one access-log line written."""
+    logfile.flush()
+    (line,) = [json.loads(x) for x in (tmp_path / "access.log").read_text().splitlines()]
+    return line  # type: ignore[no-any-return]
 
 
 # HTTP/2 has no connection-specific fields (RFC 9113 §8.2.2): those rules are HTTP/1.1's.
@@ -110,12 +137,7 @@ CASES = [(r, p) for r in RULES for p in ("http1", "http2") if p == "http1" or no
 
 @pytest.mark.parametrize(("rule", "proto"), CASES, ids=[f"{r.name}-{p}" for r, p in CASES])
 def test_shared_rule(rule: Rule, proto: str, tmp_path: Path) -> None:
-    ls = Listener(ScriptedRng())
-    ls.router = Router([Route("/x", ls.cluster, None, 30.0)])
-    ls.generate_request_id = True
-    logfile = LogFile(str(tmp_path / "access.log"), ls.loop)  # type: ignore[arg-type]
-    ls.access_log = AccessLog(logfile, "json", ls.loop)  # type: ignore[arg-type, assignment]
-    ls.loop.advance(5.0)  # (loop time 0 reads as "no log line" to the exchange)
+    ls, logfile = _listener(tmp_path)
     _conn, _t = (_h1 if proto == "http1" else _h2)(ls, rule)
 
     if rule.upstream:
@@ -139,8 +161,7 @@ def test_shared_rule(rule: Rule, proto: str, tmp_path: Path) -> None:
     else:
         assert ls.connects == []
 
-    logfile.flush()
-    (line,) = [json.loads(x) for x in (tmp_path / "access.log").read_text().splitlines()]
+    line = _logged(tmp_path, logfile)
     assert (line["response_code"], line["response_flags"]) == (rule.status[proto], rule.flags)
     assert line["protocol"] == ("HTTP/1.1" if proto == "http1" else "HTTP/2")
     for key, value in rule.log.items():
@@ -151,3 +172,167 @@ def test_shared_rule(rule: Rule, proto: str, tmp_path: Path) -> None:
     assert counted == {k: int(status // 100 == k) for k in counted}
     assert st.downstream_rq_going_away == int(rule.going_away)
     assert ls.process.ledger.active == 0
+
+
+# -- rules that end a request in flight: the shutdown deadline's cut and request_body_timeout --
+# The exchange decides (``deadline_cut``, ``body_timed_out``) and books; each codec only sends
+# what it was told. The books below are the same through both codecs; the bytes are each
+# protocol's own.
+
+GRPC = [(b"content-type", b"application/grpc"), (b"te", b"trailers")]
+
+
+@dataclass
+class Ending:
+    name: str
+    rule: str  # "cut": the shutdown deadline; "body": request_body_timeout
+    started: bool  # the upstream's response head (and 3 body bytes) went out first
+    status: int
+    flags: str
+    counts: dict[str, int]  # see ``_counts``
+    bytes_sent: int
+    grpc: bool = False
+    differ: dict[str, dict[str, int]] = field(default_factory=dict)  # a protocol's own counts
+
+
+def _counts(ls: Listener) -> dict[str, int]:
+    st, ds, ledger = ls.stats, ls.drain_stats, ls.process.ledger
+    return {"2xx": st.downstream_rq_2xx, "4xx": st.downstream_rq_4xx,
+            "5xx": st.downstream_rq_5xx, "completed": st.downstream_rq_completed,
+            "body_timeout": st.downstream_rq_body_timeout,
+            "cut_before_response": ds.cut_before_response, "cut_reset": ds.cut_reset,
+            "ledger_cut": ledger.cut, "ledger_active": ledger.active}
+
+
+def _books(counts: dict[str, int]) -> dict[str, int]:
+    """``_counts`` as ``counts`` has them, 0 for the rest."""
+    base = dict.fromkeys(("2xx", "4xx", "5xx", "completed", "body_timeout",
+                          "cut_before_response", "cut_reset", "ledger_cut", "ledger_active"), 0)
+    return base | counts
+
+
+ENDINGS = [
+    Ending("the deadline cuts a request before its response: 503 going away, CB", "cut", False,
+           503, "CB", _books({"5xx": 1, "completed": 1, "cut_before_response": 1,
+                              "ledger_cut": 1}), len(b"going away\n")),
+    Ending("the deadline cuts a response under way: a reset, CA", "cut", True, 200, "CA",
+           _books({"2xx": 1, "cut_reset": 1, "ledger_cut": 1}), 3),
+    # gRPC is HTTP/2's: there the call ends with its status (a response in full, so completed);
+    # an HTTP/1.1 connection can only be reset
+    Ending("the deadline cuts a gRPC response under way: UNAVAILABLE, CA", "cut", True, 200,
+           "CA", _books({"2xx": 1, "cut_reset": 1, "ledger_cut": 1}), 3, grpc=True,
+           differ={"http2": {"completed": 1}}),
+    Ending("a body that stops coming before any response byte: 408", "body", False, 408, "-",
+           _books({"4xx": 1, "completed": 1, "body_timeout": 1}),
+           len(b"request body timeout\n")),
+    Ending("a body that stops coming once the response began: a reset", "body", True, 200, "-",
+           _books({"2xx": 1, "body_timeout": 1}), 3),
+]
+ENDING_CASES = [(e, p) for e in ENDINGS for p in ("http1", "http2")]
+
+
+def _h2_frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    """(type, flags, stream id, payload) of each HTTP/2 frame in ``data``."""
+    out = []
+    while len(data) >= 9:
+        n = int.from_bytes(data[:3], "big")
+        out.append((data[3], data[4], int.from_bytes(data[5:9], "big"), data[9:9 + n]))
+        data = data[9 + n:]
+    return out
+
+
+def _wire(e: Ending, proto: str, out: bytes, t: Transport, dec: hpack.Decoder) -> None:
+    """What went to the client: each protocol's bytes for what the exchange decided."""
+    answer = e.status in (408, 503)
+    body = b"going away\n" if e.status == 503 else b"request body timeout\n"
+    if proto == "http1":
+        if answer:
+            assert out.startswith(b"HTTP/1.1 %d " % e.status), out
+            assert b"connection: close\r\n" in out and out.endswith(b"\r\n\r\n" + body)
+            assert (b"retry-after: 1\r\n" in out) == (e.status == 503)
+            assert t.eof_at is not None and not t.reset  # a FIN after the answer
+        else:
+            assert out == b"" and t.reset  # a response under way ends with a reset
+        return
+    frames = _h2_frames(out)
+    # a cut ends with the final GOAWAY and a staged close; a body timeout ends one stream
+    assert (7 in [typ for typ, _, _, _ in frames]) == (t.eof_at is not None) == (e.rule == "cut")
+    assert t.ended is None
+    got = [(typ, flags, sid, p) for typ, flags, sid, p in frames
+           if typ != 8 and typ != 7]  # not WINDOW_UPDATE, GOAWAY
+    if answer:
+        (h, _, _, block), (d, df, _, data), *rest = got
+        fields = dict(dec.decode(block))
+        assert (h, d, data, df & 1) == (1, 0, body, 1)
+        assert fields[":status"] == str(e.status)
+        assert (fields.get("retry-after") == "1") == (e.status == 503)
+        # the 408 ends a request still coming: RST_STREAM(NO_ERROR), RFC 9113 §8.1
+        assert [(typ, p) for typ, _, _, p in rest] == ([] if e.status == 503 else
+                                                       [(3, b"\0\0\0\0")])
+    elif e.grpc:
+        ((typ, flags, sid, block),) = got  # trailers that end the stream
+        assert (typ, flags & 1, sid) == (1, 1, 1)
+        assert dict(dec.decode(block)) == {
+            "grpc-status": "14", "grpc-message": "going away: cut at the drain deadline"}
+    else:
+        assert [(typ, sid, p) for typ, _, sid, p in got] == [(3, 1, b"\0\0\0\x08")]  # CANCEL
+
+
+@pytest.mark.parametrize(("e", "proto"), ENDING_CASES,
+                         ids=[f"{e.name}-{p}" for e, p in ENDING_CASES])
+def test_ending_rule(e: Ending, proto: str, tmp_path: Path) -> None:
+    ls, logfile = _listener(tmp_path)
+    rule = Rule(e.name, GRPC if e.grpc else [], b"POST" if e.rule == "body" else b"GET")
+    conn, t = (_h1 if proto == "http1" else _h2)(ls, rule,
+                                                 b"abc" if e.rule == "body" else None)
+    up = ls.connects[0].succeed()
+    dec = hpack.Decoder()
+    if e.started:
+        fields = [(b"content-type", b"application/grpc")] if e.grpc else [
+            (b"content-length", b"9")]
+        up.sink.cork()  # as a real upstream reports a read
+        up.sink.on_response_head(200, fields, None if e.grpc else 9, False)
+        up.sink.on_response_body(b"par")
+        up.sink.uncork()
+    if proto == "http2":  # the response's HEADERS so far: the decoder's table follows them
+        for typ, _, sid, block in _h2_frames(t.take()):
+            if typ == 1 and sid == 1:
+                dec.decode(block)
+    else:
+        t.take()
+    if e.rule == "cut":
+        conn.cut()
+    else:
+        ls.loop.advance(19.99)
+        assert ls.stats.downstream_rq_body_timeout == 0
+        ls.loop.advance(20.0)  # 15 s after the body's last byte
+    _wire(e, proto, t.take(), t, dec)
+    assert up.closed  # the upstream let go
+    conn.connection_lost(None)  # (asyncio's, once the socket is closed)
+
+    line = _logged(tmp_path, logfile)
+    assert (line["response_code"], line["response_flags"]) == (e.status, e.flags)
+    assert (line["bytes_received"], line["bytes_sent"]) == (3 if e.rule == "body" else 0,
+                                                            e.bytes_sent)
+    assert _counts(ls) == e.counts | e.differ.get(proto, {})
+
+
+@pytest.mark.parametrize("proto", ["http1", "http2"])
+def test_idle_timeout_closes_the_connection(proto: str, tmp_path: Path) -> None:
+    """The listener's idle_timeout (Envoy's), from the last response's end: the connection
+    closes, counted as downstream_cx_idle_timeout on both (HTTP/2 says GOAWAY(NO_ERROR)
+    first)."""
+    ls, _ = _listener(tmp_path)
+    _conn, t = (_h1 if proto == "http1" else _h2)(ls, Rule("idle"))
+    up = ls.connects[0].succeed()
+    up.sink.on_response_head(200, [(b"content-length", b"2")], 2, False)
+    up.sink.on_response_body(b"ok")
+    up.sink.on_response_complete()
+    t.take()
+    ls.loop.advance(104.99)  # idle from 5.0, for the listener's 100 s
+    assert t.eof_at is None and ls.stats.downstream_cx_idle_timeout == 0
+    ls.loop.advance(105.0)
+    assert t.eof_at == 105.0 and ls.stats.downstream_cx_idle_timeout == 1
+    goaways = [p for typ, _, _, p in _h2_frames(t.take()) if typ == 7]
+    # GOAWAY: last stream 1, NO_ERROR
+    assert goaways == ([] if proto == "http1" else [b"\0\0\0\x01\0\0\0\0"])

@@ -37,7 +37,7 @@ from lameduck.proxy.accesslog import DPE
 from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_block, trailer_fields
-from lameduck.proxy.local import RETRY_AFTER
+from lameduck.proxy.local import CUT_ANSWER, CUT_DROPPED, GOING_AWAY_BODY, RETRY_AFTER
 from lameduck.proxy.message import HTTP10, HTTP11, RequestHead
 from lameduck.stats import HttpStats
 from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
@@ -51,7 +51,6 @@ PAUSE_BODY = 2  # the upstream cannot take the request body faster, or is not th
 PAUSE_CLOSING = 8
 PAUSE_UPGRADE = 16  # an Upgrade request waits for the upstream's answer
 
-GOING_AWAY_BODY: Final = b"going away\n"
 GOING_AWAY = simple_response(503, GOING_AWAY_BODY, close=True, extra=RETRY_AFTER)
 GOING_AWAY_HEAD = simple_response(503, GOING_AWAY_BODY, close=True, extra=RETRY_AFTER,
                                   head_only=True)
@@ -824,28 +823,25 @@ class H1Downstream(Downstream):
         self.connection_lost(None)
 
     def cut(self) -> None:
-        """The shutdown deadline: a 503 where no response byte was sent, else a reset."""
+        """The shutdown deadline (``Exchange.deadline_cut`` decides): the first request's 503,
+        or a reset; those pipelined behind it are dropped unanswered."""
         if self.relay is not None:
             self.relay.drain_by(DrainedBy.END)  # reset both sides; counted when they are gone
             return
-        reset = False
-        for ex in list(self.queue):
-            if not ex.admitted:
-                continue
-            ex.settled_here()  # a connect still pending finds it over and sends nothing
-            ex.detach()
-            if ex.cut_off():
-                reset = True
-        if reset or self.transport is None:
-            self.reset()
-            return
-        if self.queue and self.queue[0].resp_started:
-            # a local response in progress is complete already; nothing to add
-            pass
-        elif self.queue:
-            first = self.queue[0]
-            first.answer_here(503, len(GOING_AWAY_BODY))
+        queue = self.queue
+        send = queue[0].deadline_cut() if queue and queue[0].admitted else CUT_DROPPED
+        for ex in queue[1:]:
+            if ex.admitted:
+                ex.deadline_cut(answerable=False)
+        if send == CUT_ANSWER:
+            first = queue[0]
+            first.close = True
             self.write(GOING_AWAY_HEAD if first.is_head else GOING_AWAY)
+            first.response_begun()
+            first.finish()  # settled; the requests behind it dropped, the close staged
+        elif send != CUT_DROPPED:
+            self.reset()  # (a gRPC call too: gRPC is HTTP/2's, no status can end it here)
+            return
         self.staged_close()
 
     # -- the drain manager's questions --------------------------------------------------------
@@ -885,12 +881,7 @@ class H1Downstream(Downstream):
                 return STOP
             return at
         if not self.busy():
-            at = self.idle_since + ctx.idle_timeout
-            if now >= at:
-                self.stats.downstream_cx_idle_timeout += 1
-                self.staged_close()
-                return STOP
-            return at
+            return self.idle_timeouts(now)
         ex = self.reading
         if ex is not None and not self.paused:
             # the client's part: paused by us (the upstream is slow), the wait is not its
@@ -902,10 +893,10 @@ class H1Downstream(Downstream):
         return math.inf
 
     def _body_timeout(self, ex: H1Exchange) -> None:
-        """No byte of the request body for request_body_timeout (nginx client_body_timeout):
-        408 if no response byte was sent yet, else a reset; nothing after it is read."""
-        self.stats.downstream_rq_body_timeout += 1
+        """request_body_timeout (``Exchange.body_timed_out`` decides): a 408 that closes the
+        connection, or a reset; nothing after it is read."""
         self.reading = None
         self.last_read = True
         self.pause(PAUSE_CLOSING)
-        self._broken_body(ex, 408, b"request body timeout\n")
+        if ex.body_timed_out():
+            self.abort_with_active_request()

@@ -40,9 +40,11 @@ from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, n
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_fields
 from lameduck.proxy.local import (
-    GRPC_UNAVAILABLE,
+    CUT_ANSWER,
+    CUT_GRPC_TRAILERS,
+    CUT_STATUS,
+    GOING_AWAY_BODY,
     RETRY_AFTER,
-    grpc_fields,
     grpc_local_reply,
 )
 from lameduck.proxy.message import HTTP2, RequestHead
@@ -591,28 +593,24 @@ class H2Downstream(Downstream):
                 s.relay.drain_by(by)  # a WebSocket: its close handshake, up to G
 
     def cut(self) -> None:
-        """The shutdown deadline: a 503 on streams with no response byte sent, else a reset."""
+        """The shutdown deadline, as ``Exchange.deadline_cut`` decides it for each stream on
+        the books, in frames; then the final GOAWAY."""
         for s in list(self.streams.values()):
             if s.relay is not None:
                 s.relay.drain_by(DrainedBy.END)  # reset; counted when both sides are gone
                 continue
             if not s.admitted:
                 continue
-            self._detach(s)
-            if s.cut_off():
-                if s.grpc and not s.resp_done:
-                    # A call whose response started (a server stream) ends with a status
-                    # the client can act on, not a reset.
-                    self.h2.send_trailers(s.sid, grpc_fields(
-                        GRPC_UNAVAILABLE, b"going away: cut at the drain deadline"))
-                    s.finish()
-                else:
-                    self.reset_stream(s, ErrorCode.CANCEL)
-            else:
-                body = b"going away\n"
-                s.answer_here(503, len(body))
-                self.respond(s, 503, body, RETRY_AFTER)
+            self._detach(s)  # (a CONNECT's destination socket too)
+            what = s.deadline_cut()
+            if what == CUT_ANSWER:
+                self.respond(s, 503, GOING_AWAY_BODY, RETRY_AFTER)
                 s.finish()
+            elif what == CUT_STATUS:
+                self.h2.send_trailers(s.sid, CUT_GRPC_TRAILERS)
+                s.finish()
+            else:
+                self.reset_stream(s, ErrorCode.CANCEL)
         self.final_notice()
         self.kick()
         if not self.streams:
@@ -622,13 +620,11 @@ class H2Downstream(Downstream):
     def timeouts(self, now: float) -> float:
         if self.streams:
             return self._body_timeouts(now)
-        at = self.idle_since + self.ctx.idle_timeout
-        if now >= at:
-            self.stats.downstream_cx_idle_timeout += 1
-            self.h2.close(ErrorCode.NO_ERROR)
-            self.staged_close()
-            return STOP
-        return at
+        return self.idle_timeouts(now)
+
+    def idle_close(self) -> None:
+        self.h2.close(ErrorCode.NO_ERROR)  # GOAWAY(NO_ERROR) before the close (RFC 9113 §6.8)
+        self.staged_close()
 
     def _body_timeouts(self, now: float) -> float:
         """request_body_timeout per stream (nginx ``client_body_timeout``): the next expiry
@@ -660,16 +656,9 @@ class H2Downstream(Downstream):
         return at
 
     def _body_timeout(self, s: H2Stream) -> None:
-        """No DATA on ``s`` for request_body_timeout: 408 if no response byte was sent (then
-        RST_STREAM(NO_ERROR): a server may answer before the request ends and tell the client
-        to stop sending, RFC 9113 §8.1), else RST_STREAM(CANCEL). Its upstream is aborted as
-        for a client reset; the connection's other streams go on."""
-        self.stats.downstream_rq_body_timeout += 1
-        if s.resp_started:
+        """request_body_timeout on ``s``, as ``Exchange.body_timed_out`` decides it: its 408
+        (then ``exchange_done``'s RST_STREAM(NO_ERROR): a server may answer before the request
+        ends and tell the client to stop sending, RFC 9113 §8.1), or RST_STREAM(CANCEL). The
+        connection's other streams go on."""
+        if s.body_timed_out():
             self.reset_stream(s, ErrorCode.CANCEL)
-            return
-        self._detach(s)
-        body = b"request body timeout\n"
-        s.answer_here(408, len(body))
-        self.respond(s, 408, body)
-        s.finish()  # exchange_done: the RST_STREAM(NO_ERROR), the books

@@ -287,6 +287,21 @@ class Downstream(asyncio.Protocol):
                                and d.on_idle(now) is ConnAction.CLOSE):
             self.staged_close()
 
+    def idle_timeouts(self, now: float) -> float:
+        """Nothing in flight (an HTTP codec's ``timeouts``): idle for the listener's
+        idle_timeout (Envoy's connection idle_timeout) since ``on_idle``, the connection closes
+        (``idle_close``), counted as downstream_cx_idle_timeout: ``STOP``; else when it will."""
+        at = self.idle_since + self.ctx.idle_timeout
+        if now < at:
+            return at
+        self.ctx.stats.downstream_cx_idle_timeout += 1
+        self.idle_close()
+        return STOP
+
+    def idle_close(self) -> None:
+        """The idle timeout closes the connection (HTTP/2 sends GOAWAY first)."""
+        self.staged_close()
+
     def no_new_work(self) -> None:
         """T has passed: the process takes no new request. HTTP/2 says so now (the final
         GOAWAY), rather than G after a drain that may have begun just before T; HTTP/1.1 has no

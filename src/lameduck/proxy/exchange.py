@@ -53,7 +53,15 @@ from lameduck.proxy.accesslog import (
     keep_for_log,
 )
 from lameduck.proxy.admission import Client, persistence_key, prepare, route_path
-from lameduck.proxy.local import RETRY_AFTER
+from lameduck.proxy.local import (
+    BODY_TIMEOUT_BODY,
+    CUT_ANSWER,
+    CUT_DROPPED,
+    CUT_RESET,
+    CUT_STATUS,
+    GOING_AWAY_BODY,
+    RETRY_AFTER,
+)
 from lameduck.proxy.message import HTTP11, STREAM, RequestHead
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.upstream.connector import Fields, UpstreamConn, UpstreamError
@@ -1037,7 +1045,7 @@ class Exchange:
     def cut_off(self) -> bool:
         """The shutdown deadline (or a drain's end for a tunnel) cut this request: off the
         books as cut, flagged CB or CA. True when its response had started (the client sees a
-        reset); False: the codec answers it 503 going away."""
+        reset); False: none had (``deadline_cut`` answers it 503 going away)."""
         ctx = self.down.ctx
         ctx.process.ledger.cut_one()
         self.admitted = False
@@ -1057,3 +1065,38 @@ class Exchange:
         self.finished = True
         self.resp_done = True
         self.down.exchange_done(self)
+
+    # -- the shutdown deadline and the request body timeout: decided here, the codec sends ------
+    def deadline_cut(self, answerable: bool = True) -> int:
+        """The shutdown deadline cut this request on the books (what a drain leaves is cut
+        then, as Envoy's parent shutdown time ends a draining process): its upstream let go,
+        no more response bytes from there (a connect still pending finds it over), off the
+        books as cut (``cut_off``: CA or CB). What the codec sends: ``CUT_RESET`` once its
+        response had started (the client can only see a reset), or ``CUT_STATUS`` for a gRPC
+        call whose response is still open (trailers with UNAVAILABLE); before any response
+        byte, ``CUT_ANSWER``: 503 ``GOING_AWAY_BODY`` with Retry-After (RFC 9110 §15.6.4),
+        booked here; or ``CUT_DROPPED`` when it cannot be answered (``answerable`` False:
+        HTTP/1.1 pipelined behind another, RFC 9112 §9.3.2)."""
+        status = self.grpc and not self.resp_done
+        self.detach()
+        self.resp_done = True
+        if self.cut_off():
+            return CUT_STATUS if status else CUT_RESET
+        if not answerable:
+            return CUT_DROPPED
+        self.answer_here(503, len(GOING_AWAY_BODY))
+        return CUT_ANSWER
+
+    def body_timed_out(self) -> bool:
+        """No byte of its request body for request_body_timeout (nginx
+        ``client_body_timeout``), counted as downstream_rq_body_timeout; its upstream let go,
+        and the codec reads no more of it. True: a response byte had gone out, so the client
+        can only see a reset (the codec resets); else it was answered 408 (RFC 9110
+        §15.5.9) ``BODY_TIMEOUT_BODY`` from here (``local_error``: the codec's
+        ``send_local``)."""
+        self.stats.downstream_rq_body_timeout += 1
+        self.detach()
+        if self.resp_started:
+            return True
+        self.local_error(408, BODY_TIMEOUT_BODY)
+        return False

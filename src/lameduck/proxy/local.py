@@ -7,6 +7,17 @@ from typing import Final
 # On a 503 that another instance could serve now (no healthy upstream, going away): a client
 # may try again after a second (RFC 9110 §10.2.3), by then on another endpoint.
 RETRY_AFTER: Final = ((b"retry-after", b"1"),)
+# The body of that 503 past the drain time, or at the shutdown deadline before any response
+# byte went out (Envoy's drain answers "going away" too).
+GOING_AWAY_BODY: Final = b"going away\n"
+# A request body that stopped coming for request_body_timeout (nginx client_body_timeout): 408.
+BODY_TIMEOUT_BODY: Final = b"request body timeout\n"
+
+# What a codec sends for a request the shutdown deadline cut (``Exchange.deadline_cut``).
+CUT_ANSWER: Final = 0  # 503 GOING_AWAY_BODY with RETRY_AFTER (booked by the exchange)
+CUT_RESET: Final = 1  # its response had started: the client can only see a reset
+CUT_STATUS: Final = 2  # a gRPC call's response had started: CUT_GRPC_TRAILERS end it
+CUT_DROPPED: Final = 3  # nothing: it could not be answered (pipelined behind another)
 
 
 # gRPC (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md): a request whose
@@ -56,3 +67,8 @@ def grpc_local_reply(http_status: int, message: bytes) -> list[tuple[bytes, byte
     answers itself."""
     return [(b"content-type", GRPC_CONTENT_TYPE),
             *grpc_fields(grpc_status(http_status), message)]
+
+
+# A call cut at the shutdown deadline after its response began ends with a status the client
+# can act on (UNAVAILABLE: try elsewhere), not a reset, where the protocol carries trailers.
+CUT_GRPC_TRAILERS: Final = grpc_fields(GRPC_UNAVAILABLE, b"going away: cut at the drain deadline")
