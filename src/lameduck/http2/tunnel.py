@@ -239,9 +239,13 @@ class H2ConnectTunnel(asyncio.Protocol):
 
 
 class StreamSide(asyncio.Transport):
-    """An HTTP/2 stream as one side of a ``Relay`` (WebSocket over an extended CONNECT, RFC
-    8441): writes become DATA, the FIN END_STREAM, an abort RST_STREAM(CANCEL); what the client
-    sends is fed in by the shell. Reading is paused by holding back WINDOW_UPDATEs."""
+    """An HTTP/2 stream as the client side of a ``Relay``: writes become DATA, the FIN
+    END_STREAM, an abort RST_STREAM(CANCEL); what the client sends is fed in by the shell.
+    Reading is paused by holding back WINDOW_UPDATEs. Until the relay takes it (a CONNECT's
+    destination is still connecting), what the client sends is held, its credit with it.
+
+    On a CONNECT stream, a close before the destination's FIN went out as END_STREAM means the
+    destination's TCP connection broke: RST_STREAM(CONNECT_ERROR) (RFC 9113 §8.5)."""
 
     def __init__(self, conn: H2Downstream, stream: H2Stream) -> None:
         super().__init__()
@@ -250,9 +254,12 @@ class StreamSide(asyncio.Transport):
         self.end: asyncio.Protocol | None = None  # the relay's end reading this side
         self.closing = False
         self.eof_sent = False
+        self.reset = False  # it ended with our RST_STREAM
         self.paused = False
         self.unacked = 0
         self.lost = False
+        self.early: list[bytes] = []  # what the client sent before the relay took it
+        self.early_eof = False
 
     # -- what the relay calls -----------------------------------------------------------------
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
@@ -289,50 +296,70 @@ class StreamSide(asyncio.Transport):
     def close(self) -> None:
         if self.closing:
             return
+        if self.stream.connect is not None and not self.eof_sent:
+            self._reset(ErrorCode.CONNECT_ERROR)  # the destination is gone without its FIN
+            return
         self.write_eof()
         self.closing = True
         self.conn.loop.call_soon(self.gone)
 
     def abort(self) -> None:
-        if self.closing:
-            return
-        self.closing = True
-        self.conn.h2.reset_stream(self.stream.sid, ErrorCode.CANCEL)
-        self.conn.h2stats.tx_reset += 1
-        self.conn.kick()
-        self.conn.loop.call_soon(self.gone)
+        if not self.closing:
+            self._reset(ErrorCode.CANCEL)
+
+    def _reset(self, code: ErrorCode) -> None:
+        self.closing = self.reset = True
+        conn = self.conn
+        conn.h2.reset_stream(self.stream.sid, code)
+        conn.h2stats.tx_reset += 1
+        conn.kick()
+        conn.loop.call_soon(self.gone)
 
     def pause_reading(self) -> None:
         self.paused = True
 
     def resume_reading(self) -> None:
         self.paused = False
-        if self.unacked:
+        end = self.end
+        if self.early and end is not None:
+            early, self.early = self.early, []
+            for data in early:
+                end.data_received(data)
+        if self.early_eof and end is not None:
+            self.early_eof = False
+            end.eof_received()
+        if self.unacked and not self.paused:
             n, self.unacked = self.unacked, 0
             self.conn.h2.acknowledge_received_data(self.stream.sid, n)
             self.conn.kick()
 
     # -- what the shell calls ---------------------------------------------------------------------
     def received(self, data: bytes, flow_len: int, end_stream: bool) -> None:
-        end = self.end
-        if end is None or self.lost:
+        if self.lost:
             self.conn.h2.acknowledge_received_data(self.stream.sid, flow_len)
             return
+        end = self.end
+        if end is None:  # held until the relay starts reading (``resume_reading``)
+            if data:
+                self.early.append(data)
+            self.unacked += flow_len
+            self.early_eof = self.early_eof or end_stream
+            return
         if data:
-            end.data_received(data)  # type: ignore[attr-defined]
+            end.data_received(data)
         if self.paused:
             self.unacked += flow_len
         else:
             self.conn.h2.acknowledge_received_data(self.stream.sid, flow_len)
         if end_stream:
-            end.eof_received()  # type: ignore[attr-defined]
+            end.eof_received()
 
     def window_opened(self) -> None:
         if self.end is not None and not self.lost:
             self.end.resume_writing()  # type: ignore[attr-defined]
 
     def pause_source(self) -> None:
-        """The client's socket is full: stop reading the upstream."""
+        """The client's socket is full: stop reading the other side."""
         if self.end is not None and not self.lost:
             self.end.pause_writing()  # type: ignore[attr-defined]
 
@@ -342,6 +369,7 @@ class StreamSide(asyncio.Transport):
             return
         self.lost = True
         self.closing = True
+        self.early = []
         if self.unacked:
             n, self.unacked = self.unacked, 0
             self.conn.h2.acknowledge_received_data(self.stream.sid, n)
