@@ -564,6 +564,34 @@ def test_h2_connect_client_reset_drops_destination(lameduck, destination):
     c.close()
 
 
+def test_h2_client_reset_of_a_tunnel_stream_is_a_reset_stream(lameduck, destination, wsecho):
+    """A client's RST_STREAM ends a tunnel stream (a CONNECT, an RFC 8441 WebSocket) as it ends
+    any stream: counted in downstream_rq_rx_reset, no completed request, and the relay lets go
+    of the other side (the destination, the upstream, see their connections end)."""
+    ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{destination.port}"]}},
+                  cluster={"endpoints": [f"127.0.0.1:{wsecho.port}"]})
+    c = H2(ld.port)
+    c.connect(1, f"127.0.0.1:{destination.port}")
+    c.open(3, "/chat", method="CONNECT",
+           extra=[(":protocol", "websocket"), ("sec-websocket-version", "13")])
+    assert c.wait(lambda: c.streams[1].status == 200 and c.streams[3].status == 200)
+    assert ld.stat("http.ingress.downstream_cx_upgrades_active") == 2
+    c.data(1, b"partial")
+    c.rst(1, CANCEL)
+    c.rst(3, CANCEL)
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_cx_upgrades_active") == 0)
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 0)
+    assert ld.stat("http.ingress.downstream_rq_rx_reset") == 2
+    assert ld.stat("http.ingress.downstream_rq_completed") == 0
+    assert ld.stat("http.ingress.downstream_cx_upgrades_total") == 2
+    assert wait_until(lambda: destination.received == [b"partial"], 3)
+    assert wsecho.closes(1) == ["closed none"]  # its connection ended, no close frame came
+    c.request(5, "/")  # the connection goes on (the WebSocket server answers a plain GET 426)
+    assert c.wait(lambda: c.done(5))
+    assert c.streams[5].status == 426
+    c.close()
+
+
 def test_h2_connect_with_end_stream_on_headers(lameduck, destination):
     """END_STREAM on the CONNECT's HEADERS: the client has nothing to send (half-closed from the
     start). The destination must get its FIN at once, and the tunnel end once it answers."""
