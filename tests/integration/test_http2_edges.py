@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from tests.procs import rss_kb, wait_until
 
 MAX_ID = 2**31 - 1
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, REFUSED_STREAM, CANCEL = 0, 1, 2, 7, 8
+CONNECT_ERROR = 10
 FRAME = 16384
 
 
@@ -562,6 +564,34 @@ def test_h2_connect_client_reset_drops_destination(lameduck, destination):
     c.close()
 
 
+def test_h2_client_reset_of_a_tunnel_stream_is_a_reset_stream(lameduck, destination, wsecho):
+    """A client's RST_STREAM ends a tunnel stream (a CONNECT, an RFC 8441 WebSocket) as it ends
+    any stream: counted in downstream_rq_rx_reset, no completed request, and the relay lets go
+    of the other side (the destination, the upstream, see their connections end)."""
+    ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{destination.port}"]}},
+                  cluster={"endpoints": [f"127.0.0.1:{wsecho.port}"]})
+    c = H2(ld.port)
+    c.connect(1, f"127.0.0.1:{destination.port}")
+    c.open(3, "/chat", method="CONNECT",
+           extra=[(":protocol", "websocket"), ("sec-websocket-version", "13")])
+    assert c.wait(lambda: c.streams[1].status == 200 and c.streams[3].status == 200)
+    assert ld.stat("http.ingress.downstream_cx_upgrades_active") == 2
+    c.data(1, b"partial")
+    c.rst(1, CANCEL)
+    c.rst(3, CANCEL)
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_cx_upgrades_active") == 0)
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 0)
+    assert ld.stat("http.ingress.downstream_rq_rx_reset") == 2
+    assert ld.stat("http.ingress.downstream_rq_completed") == 0
+    assert ld.stat("http.ingress.downstream_cx_upgrades_total") == 2
+    assert wait_until(lambda: destination.received == [b"partial"], 3)
+    assert wsecho.closes(1) == ["closed none"]  # its connection ended, no close frame came
+    c.request(5, "/")  # the connection goes on (the WebSocket server answers a plain GET 426)
+    assert c.wait(lambda: c.done(5))
+    assert c.streams[5].status == 426
+    c.close()
+
+
 def test_h2_connect_with_end_stream_on_headers(lameduck, destination):
     """END_STREAM on the CONNECT's HEADERS: the client has nothing to send (half-closed from the
     start). The destination must get its FIN at once, and the tunnel end once it answers."""
@@ -731,3 +761,107 @@ def test_h2_connect_destination_that_speaks_first_gets_headers_first(lameduck):
         c.close()
     finally:
         b.close()
+
+
+class Resetter:
+    """A destination (in a thread) that reads the first bytes it gets, then resets the
+    connection (SO_LINGER 0: a TCP RST, not a FIN)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.settimeout(10)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with contextlib.suppress(OSError):
+                conn.settimeout(10)
+                conn.recv(65536)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_h2_connect_destination_reset_is_connect_error(lameduck):
+    """RFC 9113 §8.5: a TCP error on the destination (a RST) resets the stream with
+    CONNECT_ERROR, never a clean END_STREAM; the tunnel is off the books, not completed."""
+    r = Resetter()
+    try:
+        ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{r.port}"]}})
+        c = H2(ld.port)
+        c.connect(1, f"127.0.0.1:{r.port}")
+        assert c.wait(lambda: c.streams[1].status == 200)
+        c.data(1, b"hello")
+        assert c.wait(lambda: c.done(1), 5)
+        assert c.streams[1].reset == CONNECT_ERROR and not c.streams[1].ended
+        assert wait_until(lambda: ld.stat("http.ingress.downstream_cx_upgrades_active") == 0)
+        assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 0)
+        assert ld.stat("http.ingress.downstream_rq_completed") == 0
+        assert ld.stat("http.ingress.http2.tx_reset") == 1
+        c.request(3, "/")  # the connection goes on
+        assert c.wait(lambda: c.done(3))
+        assert c.streams[3].status == 200
+        c.close()
+    finally:
+        r.close()
+
+
+
+def test_h2_connect_reset_while_connecting(lameduck, blackhole):
+    """Reset by its client before the destination answered: off the books at once, and
+    nothing is sent on the stream when the connect gives up later."""
+    ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{blackhole}"],
+                                        "connect_timeout": "1s"}})
+    c = H2(ld.port)
+    c.connect(1, f"127.0.0.1:{blackhole}")
+    c.data(1, b"held until connected")
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_cx_upgrades_active") == 1)
+    c.rst(1, CANCEL)
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_cx_upgrades_active") == 0)
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 0)
+    assert ld.stat("http.ingress.downstream_rq_rx_reset") == 1
+    time.sleep(1.3)  # past connect_timeout
+    c.request(3, "/")
+    assert c.wait(lambda: c.done(3))
+    assert c.streams[3].status == 200
+    assert c.streams[1].status is None
+    c.close()
+
+
+def test_h2_connect_timeout_is_503_and_gives_held_credit_back(lameduck, blackhole):
+    ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{blackhole}"],
+                                        "connect_timeout": "500ms"}})
+    c = H2(ld.port)
+    c.connect(1, f"127.0.0.1:{blackhole}")
+    c.data(1, b"x" * 1000)  # held for the destination, its credit with it
+    assert c.wait(lambda: c.done(1), 3)
+    assert c.streams[1].status == 503
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_cx_upgrades_active") == 0)
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 0)
+    assert c.wait(lambda: c.conn_credit >= 65535)  # the held bytes' credit came back
+    c.close()
+
+
+def test_h2_connect_still_connecting_at_the_deadline_gets_503(lameduck, blackhole):
+    ld = lameduck(listener={"connect": {"allow": [f"127.0.0.1:{blackhole}"],
+                                        "connect_timeout": "5s"}},
+                  drain={"time": "300ms", "strategy": "gradual", "connection_grace": "200ms"},
+                  shutdown={"deadline": "800ms"})
+    c = H2(ld.port)
+    c.connect(1, f"127.0.0.1:{blackhole}")
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_cx_upgrades_active") == 1)
+    ld.signal(signal.SIGTERM)
+    assert c.wait(lambda: c.done(1), 4)
+    assert c.streams[1].status == 503 and c.streams[1].body == b"going away\n"
+    assert ld.wait(5) == 3
+    c.close()
+    assert "cut=1 (503=1 reset=0)" in ld.log(), ld.log()

@@ -20,7 +20,7 @@ import math
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from lameduck.drain import ConnectionDrain, DrainedBy
-from lameduck.drain.tunnel import TunnelKind
+from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http2.connection import (
     ConnectionError as H2ConnectionError,
 )
@@ -35,7 +35,7 @@ from lameduck.http2.connection import (
     TrailersReceived,
     WindowOpened,
 )
-from lameduck.http2.tunnel import H2ConnectTunnel, StreamSide
+from lameduck.http2.tunnel import StreamSide
 from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_fields
@@ -49,7 +49,7 @@ from lameduck.proxy.local import (
 )
 from lameduck.proxy.message import HTTP2, RequestHead
 from lameduck.stats import HttpStats
-from lameduck.tunnel.relay import Relay
+from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
 from lameduck.upstream.connector import Fields, UpstreamConn
 
 if TYPE_CHECKING:
@@ -79,8 +79,7 @@ def _local_headers(body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()) -> 
 
 class H2Stream(Exchange):
     """An exchange with what only an HTTP/2 stream keeps: its request body's clock and the
-    parts of a tunnel (a CONNECT's destination socket, or a WebSocket's relay and this stream
-    as its client side)."""
+    parts of a tunnel (a CONNECT or a WebSocket): this stream as the client side of its relay."""
 
     # Loop time of the stream's last request-body byte, or of its credit's return
     # (request_body_timeout; HTTP/1.1 keeps one per connection).
@@ -89,8 +88,7 @@ class H2Stream(Exchange):
     def __init__(self, down: H2Downstream, method: bytes, sid: int) -> None:
         super().__init__(down, method, HTTP2, sid)
         # Set here, not as class defaults: mypyc leaves an Any-typed default undefined.
-        self.tunnel: Any = None  # an H2ConnectTunnel
-        self.side: Any = None  # a StreamSide
+        self.side: Any = None  # a StreamSide (from the CONNECT, or the upstream's 101)
         self.relay: Any = None  # a Relay
 
 
@@ -182,9 +180,7 @@ class H2Downstream(Downstream):
         elif t is StreamReset:
             self.h2stats.rx_reset += 1
             s = self.streams.get(cast(StreamReset, ev).stream_id)
-            if s is not None and s.side is not None:
-                s.side.gone()  # the relay closes the upstream and settles the stream
-            elif s is not None:
+            if s is not None:
                 self.stats.downstream_rq_rx_reset += 1
                 s.response_over()
                 self._detach(s)
@@ -213,8 +209,6 @@ class H2Downstream(Downstream):
             if not self.aborted:
                 self.stats.downstream_cx_destroy_remote_active_rq += 1
             for s in list(self.streams.values()):
-                if s.side is not None:
-                    s.side.gone()
                 s.response_over()
                 self._detach(s)
                 self._settle(s, completed=False)
@@ -229,8 +223,6 @@ class H2Downstream(Downstream):
                 s.side.pause_source()
             elif s.up is not None:
                 s.up.pause_reading()
-            elif s.tunnel is not None:
-                s.tunnel.pause_reading()
 
     def resume_writing(self) -> None:
         self.write_paused = False
@@ -245,8 +237,6 @@ class H2Downstream(Downstream):
             s.side.window_opened()
         elif s.up is not None:
             s.up.resume_reading()
-        elif s.tunnel is not None:
-            s.tunnel.window_opened()
 
     def kick(self) -> None:
         """Write what the HTTP/2 layer queued, unless corked (one write per read)."""
@@ -268,19 +258,22 @@ class H2Downstream(Downstream):
                 s.request_cut_short()  # the tunnel's data are no request body
             s.side.received(data, flow_len, end)
             return
-        if s.tunnel is not None:
-            if end:
-                s.request_cut_short()
-            s.tunnel.from_client(data, flow_len, end)
-            return
         s.request_body(data, flow_len)
         if end:
             s.request_complete()
 
-    def _detach(self, s: H2Stream) -> None:
-        if s.tunnel is not None:
-            s.tunnel.abort()
-            self.tunnel_gone(s)
+    def _detach(self, s: H2Stream, cut: bool = False) -> None:
+        """``s`` ends without its upstream, and without its tunnel: that is booked with the
+        bytes it relayed (``cut`` by the drain) and its relay let go of this stream."""
+        side = s.side
+        if side is not None:
+            relay = s.relay
+            s.side = None
+            s.relay = None
+            self.stats.downstream_cx_upgrades_active -= 1
+            if relay is not None:
+                s.tunnel_closed(cut, relay.rx, relay.tx)
+            side.gone()
         s.detach()
 
     def answer(self, ex: Exchange, status: int, body: bytes) -> None:
@@ -353,18 +346,8 @@ class H2Downstream(Downstream):
         deflate = any(n == b"sec-websocket-extensions" and b"permessage-deflate" in v.lower()
                       for n, v in fields)
         self.h2.send_headers(ex.sid, 200, fields)
-        self.stats.downstream_cx_upgrades_total += 1
-        self.stats.downstream_cx_upgrades_active += 1
         s = cast(H2Stream, ex)
-        side = StreamSide(self, s)
-        s.side = side
-        relay = Relay(self.loop, side, transport, TunnelKind.WEBSOCKET, self.ctx.drain.grace,
-                      lambda cut: self.ws_ended(s, up, cut), rsv1_allowed=deflate)
-        s.relay = relay
-        relay.start(b"", rest)
-        if self.drain.proactive_fired:
-            relay.drain_by(DrainedBy.PROACTIVE)  # the moment has passed already
-        self.kick()
+        self._relay(s, self._tunnel(s), transport, TunnelKind.WEBSOCKET, up, deflate, rest)
         return True
 
     def send_body(self, ex: Exchange, data: bytes) -> None:
@@ -443,7 +426,7 @@ class H2Downstream(Downstream):
         if s.admit(ctx, head, self.client):
             s.start()
 
-    # -- CONNECT tunnels ------------------------------------------------------------------------
+    # -- tunnels (CONNECT, WebSocket) ---------------------------------------------------------
     def _connect(self, s: H2Stream, ev: RequestReceived) -> None:
         """A CONNECT stream: relayed to its destination if the listener allows it (else 403)."""
         ctx = self.ctx
@@ -454,67 +437,73 @@ class H2Downstream(Downstream):
         if not s.admit_connect(ctx, ev.authority):
             return
         assert s.connect is not None
-        target = s.connect
-        self.stats.downstream_cx_upgrades_total += 1
-        self.stats.downstream_cx_upgrades_active += 1
-        s.tunnel = H2ConnectTunnel(self, s, target[0], target[1], ctx.drain.grace)
-        s.tunnel.open(ctx.connect_timeout)
+        host, port = s.connect
+        side = self._tunnel(s)
         if ev.end_stream:
-            s.tunnel.from_client(b"", 0, True)  # nothing to send: FIN once connected
-        if self.drain.proactive_fired:
-            s.tunnel.drain_by(DrainedBy.PROACTIVE)  # the moment has passed already
+            side.received(b"", 0, True)  # nothing to send: FIN once connected
+        open_destination(self.loop, host, port, ctx.connect_timeout).add_done_callback(
+            lambda fut: self._destination(s, side, fut))
 
-    def tunnel_open(self, s: H2Stream) -> None:
-        s.tunnel_opened(200)
-        self.response_drains(s)  # it may drain the connection; the tunnel itself stays
-        self.h2.send_headers(s.sid, 200, [])
-
-    def tunnel_failed(self, s: H2Stream) -> None:
-        self.tunnel_gone(s)
-        if s.sid in self.streams:
+    def _destination(self, s: H2Stream, side: StreamSide,
+                     fut: asyncio.Future[tuple[asyncio.Transport, Pending]]) -> None:
+        """A CONNECT's destination answered (or not): 200 and the relay, or a 503."""
+        wanted = s.side is side  # not reset, cut or lost meanwhile
+        got = destination(fut, wanted)
+        if not wanted:
+            return
+        if got is None:
+            self._detach(s)
             body = b"connect error\n"
             s.tunnel_refused(503, body)
             self.respond(s, 503, body)
             s.finish()
             self.kick()
-
-    def tunnel_done(self, s: H2Stream) -> None:
-        """Both directions ended (END_STREAM and FIN): a completed request."""
-        self.tunnel_gone(s)
-        s.request_cut_short()
-        s.finish()
-        self.kick()
-
-    def tunnel_reset(self, s: H2Stream, code: ErrorCode, cut: bool) -> None:
-        # Ended by the drain (G after the proactive moment, as in Envoy): counted as cut.
-        self.tunnel_gone(s, cut)
-        if s.sid in self.streams:
-            self.reset_stream(s, code)
-
-    def ws_ended(self, s: H2Stream, up: UpstreamConn, cut: bool) -> None:
-        """Both sides of a WebSocket stream's relay are closed: settle the books."""
-        relay = s.relay
-        if relay is None:
             return
-        s.relay = None
-        self.stats.downstream_cx_upgrades_active -= 1
-        self._detach(s)
-        up.tunnel_closed()  # the pool's and the cluster's bookkeeping
-        s.tunnel_closed(cut, relay.rx, relay.tx)
-        s.settled_here()
-        s.request_cut_short()
-        self._settle(s, completed=not cut)
-        self.kick()
+        t, pending = got
+        s.tunnel_opened(200)
+        self.response_drains(s)  # it may drain the connection; the tunnel itself stays
+        self.h2.send_headers(s.sid, 200, [])  # before any byte of the destination's
+        relay = self._relay(s, side, t, TunnelKind.OPAQUE, None, False, pending.buf)
+        if pending.eof:
+            relay.eof(Flow.TO_CLIENT)  # the destination half-closed before the relay began
 
-    def tunnel_gone(self, s: H2Stream, cut: bool = False) -> None:
-        """The stream no longer has a destination socket (counted once, with the bytes it
-        relayed)."""
-        tunnel = s.tunnel
-        if tunnel is not None:
-            s.tunnel = None
-            self.stats.downstream_cx_upgrades_active -= 1
-            if tunnel.opened:
-                s.tunnel_closed(cut, tunnel.rx, tunnel.tx)
+    def _tunnel(self, s: H2Stream) -> StreamSide:
+        """Stream ``s`` becomes a tunnel: its DATA are no request body but bytes to relay."""
+        self.stats.downstream_cx_upgrades_total += 1
+        self.stats.downstream_cx_upgrades_active += 1
+        side = StreamSide(self, s)
+        s.side = side
+        return side
+
+    def _relay(self, s: H2Stream, side: StreamSide, t: asyncio.Transport, kind: TunnelKind,
+               up: UpstreamConn | None, deflate: bool, to_client: bytes) -> Relay:
+        """Relay stream ``s`` and ``t`` (the upstream that switched protocols, ``up``, or a
+        CONNECT's destination), its 200 sent; ``to_client``: what ``t`` sent before."""
+        relay = Relay(self.loop, side, t, kind, self.ctx.drain.grace,
+                      lambda cut: self._relay_ended(s, up, cut), rsv1_allowed=deflate,
+                      http2=True)
+        s.relay = relay
+        relay.start(b"", to_client)
+        if self.drain.proactive_fired:
+            relay.drain_by(DrainedBy.PROACTIVE)  # the moment has passed already
+        self.kick()
+        return relay
+
+    def _relay_ended(self, s: H2Stream, up: UpstreamConn | None, cut: bool) -> None:
+        """Both sides of a stream's relay are closed: settle the books (unless the stream went
+        first, reset by the client or its connection lost: booked then). A stream we reset
+        (cut by the drain, a CONNECT's destination broken) is no completed request."""
+        relay = s.relay
+        reset = relay is not None and s.side.reset
+        if relay is not None:
+            self._detach(s, cut)
+        if up is not None:
+            up.tunnel_closed()  # the pool's and the cluster's bookkeeping
+        if relay is not None:
+            s.settled_here()
+            s.request_cut_short()
+            self._settle(s, completed=not reset)
+            self.kick()
 
     def _local(self, s: H2Stream, status: int, body: bytes) -> None:
         s.answer_here(status, len(body))
@@ -587,10 +576,11 @@ class H2Downstream(Downstream):
 
     def drain_tunnels(self, by: DrainedBy) -> None:
         for s in list(self.streams.values()):
-            if s.tunnel is not None:
-                s.tunnel.drain_by(by)
-            elif s.relay is not None:
-                s.relay.drain_by(by)  # a WebSocket: its close handshake, up to G
+            if s.relay is not None:
+                # by its own rules: a WebSocket's close handshake, a CONNECT reset G later
+                s.relay.drain_by(by)
+            elif s.side is not None and by is DrainedBy.END:
+                self.reset_stream(s, ErrorCode.CANCEL)  # a CONNECT still connecting
 
     def cut(self) -> None:
         """The shutdown deadline, as ``Exchange.deadline_cut`` decides it for each stream on
@@ -638,7 +628,7 @@ class H2Downstream(Downstream):
         expired: list[H2Stream] | None = None
         for s in self.streams.values():
             if (s.req_done or not s.has_body or s.unacked or s.up_paused or s.held
-                    or s.tunnel is not None or s.side is not None):
+                    or s.side is not None):
                 continue
             end = s.body_at + timeout
             if now >= end:

@@ -104,7 +104,11 @@ def destination(fut: asyncio.Future[tuple[asyncio.Transport, Pending]],
 
 
 class Relay:
-    """Both sockets of one tunnel. ``on_end(cut)`` runs once, when both are closed."""
+    """Both sockets of one tunnel. ``on_end(cut)`` runs once, when both are closed.
+
+    The client side is a socket, or an HTTP/2 stream (``http2``: its transport facade,
+    ``http2.tunnel.StreamSide``), where an opaque tunnel drained proactively is reset only once
+    G has elapsed (Envoy's draining docs)."""
 
     def __init__(
         self,
@@ -115,11 +119,12 @@ class Relay:
         grace: float,
         on_end: Callable[[bool], None],
         rsv1_allowed: bool = False,
+        http2: bool = False,
     ) -> None:
         self.loop = loop
         self.kind = kind
         self.dest = {TO_UPSTREAM: upstream, TO_CLIENT: client}
-        self.drain = TunnelDrain(kind, grace)
+        self.drain = TunnelDrain(kind, grace, http2)
         self.trackers: dict[Flow, FrameTracker] | None = None
         if kind is TunnelKind.WEBSOCKET:
             # RSV1 marks a compressed message when permessage-deflate was negotiated
