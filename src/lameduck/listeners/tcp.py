@@ -352,7 +352,8 @@ class TcpDownstream(Downstream):
         self.deadline_cut = True
         ex = self.ex
         if self.relay is None and ex is not None and ex.admitted:
-            ex.cut_off()  # still connecting: cut before it was relayed (CB)
+            # still connecting: cut before it was relayed (CB); a byte stream has no answer
+            ex.deadline_cut(answerable=False)
             self.tcp.stats.downstream_cx_cut += 1
         self.reset()
 
