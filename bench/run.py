@@ -928,8 +928,7 @@ NGINX_SHAPES_CFG = """\
         location = /keep-alive {{
             return 200 "hello\\n";
         }}
-{chunked}
-        location = /16k {{
+{chunked}        location = /16k {{
             alias {tmp}/16k.txt;
         }}
         location = /30-fields {{
