@@ -9,18 +9,24 @@ connections x 10 streams, 50 connections x 1 stream); the origin stays HTTP/1.1 
 HTTP/2-upstream rows (--h2-upstream, the default): wrk (HTTP/1.1) against lameduck and HAProxy,
 each forwarding to an nginx origin that speaks only h2c (HTTP/2 prior knowledge). Pool rows
 (--pool, the default): wrk against lameduck and HAProxy, each spreading requests round robin
-over three origins (as --origin) with active health checks on. --lameduck-base PATH adds a
+over three origins (as --origin) with active health checks on. Response-shape rows (--shapes,
+the default), in the HTTP/1.1 rounds: wrk against lameduck and HAProxy for each of five
+response shapes (plain: no Connection header, from an HAProxy origin; keep-alive, chunked, a
+16 KiB static file, 30 header fields: from one nginx origin), and against a minimal uvloop +
+httptools relay (bench/floor_relay.py, "the floor") for keep-alive. --lameduck-base PATH adds a
 second lameduck build (lameduck-base) to the HTTP/1.1, h2 and h2-upstream rounds, for a
 before/after comparison in the same run. Every row shows the proxy's CPU, the load CPU and which
 was the limit; a ratio to HAProxy is printed only when both rows' proxies were saturated.
 
 Run with ``make bench`` (or ``.venv/bin/python bench/run.py --help``). Everything listens on
 127.0.0.1, every process it starts is stopped by pid before it returns (also on Ctrl-C and
-SIGTERM), and the default run takes about four minutes. See bench/README.md.
+SIGTERM), and the default run takes about six minutes (two of them the shape rows). See
+bench/README.md.
 
 Layout on a 2-core machine:
-    CPU 0 (--proxy-cpu): the proxy under test (one of three, all pinned there)
-    CPU 1 (--load-cpu):  the origins (nginx or demo), the nginx h2c origin and wrk / h2load
+    CPU 0 (--proxy-cpu): the proxy under test (one of three, all pinned there; the floor relay)
+    CPU 1 (--load-cpu):  the origins (nginx or demo), the nginx h2c origin, the shape origins
+                         (nginx, HAProxy) and wrk / h2load
 """
 
 from __future__ import annotations
@@ -103,6 +109,75 @@ POOL_LISTENER, POOL_CLUSTER = "ingress-pool", "origin-pool"
 POOL_HAPROXY_BACKEND = "origin_pool"
 POOL_HEALTH_CHECK = {"path": "/health", "interval": "1s", "timeout": "1s", "rise": 2, "fall": 3}
 
+# The response-shape matrix (--shapes): keep-alive GETs through lameduck and HAProxy, measured
+# in the HTTP/1.1 rounds, to origins answering in the shapes real origins send, one path each;
+# and the floor relay (bench/floor_relay.py: uvloop + httptools, nothing else) against the
+# keep-alive shape. Two listeners (lameduck) / frontends (HAProxy) of the same processes: one
+# to the nginx shapes origin, one to the HAProxy origin of the `plain` shape.
+SHAPES_PROXIES = ("lameduck", "haproxy")
+FLOOR = "floor"
+SHAPES_LISTENER, SHAPES_CLUSTER = "ingress-shapes", "origin-shapes"
+PLAIN_LISTENER, PLAIN_CLUSTER = "ingress-plain", "origin-plain"
+SHAPE_HELLO = b"hello\n"
+SHAPE_16K = b"".join(b"%04d " % i + b"x" * 58 + b"\n" for i in range(256))  # 16,384 bytes
+# The `30 fields` shape's add_header fields: with the 5 nginx always sends (Server, Date,
+# Content-Type, Content-Length, Connection), 30 header fields in all. Values as a web
+# application's answer carries them (no `$`: nginx would read a variable).
+SHAPE_FIELDS = (
+    ("Set-Cookie", "session=6f1c0a9e2b7d4c38a5e1f0b2d9c84a17; Path=/; HttpOnly; Secure; "
+                   "SameSite=Lax"),
+    ("Set-Cookie", "csrftoken=Zq3vX8kR1mN6pL0tY4wB7cD2fH9jS5aE; Path=/; Secure; SameSite=Strict"),
+    ("Set-Cookie", "prefs=lang%3Den%26tz%3DUTC; Path=/; Max-Age=31536000"),
+    ("Vary", "Accept-Encoding, Cookie"),
+    ("Cache-Control", "private, no-cache, no-store, max-age=0, must-revalidate"),
+    ("Pragma", "no-cache"),
+    ("Expires", "Thu, 01 Jan 1970 00:00:00 GMT"),
+    ("ETag", '"33a64df551425fcc55e4d42a148795d9f25f89d4"'),
+    ("Last-Modified", "Wed, 21 Oct 2026 07:28:00 GMT"),
+    ("Strict-Transport-Security", "max-age=63072000; includeSubDomains; preload"),
+    ("Content-Security-Policy", "default-src 'self'; script-src 'self' https://cdn.example.com; "
+                                "img-src 'self' data: https:; frame-ancestors 'none'"),
+    ("X-Frame-Options", "DENY"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-XSS-Protection", "0"),
+    ("Referrer-Policy", "strict-origin-when-cross-origin"),
+    ("Permissions-Policy", "geolocation=(), microphone=(), camera=()"),
+    ("Cross-Origin-Opener-Policy", "same-origin"),
+    ("Cross-Origin-Resource-Policy", "same-origin"),
+    ("Access-Control-Allow-Origin", "https://app.example.com"),
+    ("Access-Control-Allow-Credentials", "true"),
+    ("Access-Control-Expose-Headers", "X-Request-Id, X-RateLimit-Remaining"),
+    ("X-Request-Id", "0f8fad5b-d9cb-469f-a165-70867728950e"),
+    ("X-RateLimit-Limit", "1000"),
+    ("X-RateLimit-Remaining", "998"),
+    ("Server-Timing", "app;dur=12.3, db;dur=4.1, cache;desc=miss"),
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A response shape of the matrix: its row label, the path wrk asks for, which origin
+    answers it (``plain``: the HAProxy origin; ``nginx``: the shapes origin), the body, and
+    what the origin's raw answer must show (``wire_problems``)."""
+    label: str
+    path: str
+    origin: str
+    body: bytes
+    connection: str | None  # the Connection header's value; None: no Connection header
+    chunked: bool = False  # Transfer-Encoding: chunked (no Content-Length) or Content-Length
+    fields: int = 0  # how many header fields, when it matters (0: not checked)
+
+
+SHAPES = (
+    Shape("plain", "/plain", "plain", SHAPE_HELLO, connection=None),
+    Shape("keep-alive", "/keep-alive", "nginx", SHAPE_HELLO, connection="keep-alive"),
+    Shape("chunked", "/chunked", "nginx", SHAPE_HELLO, connection="keep-alive", chunked=True),
+    Shape("16k", "/16k", "nginx", SHAPE_16K, connection="keep-alive"),
+    Shape("30 fields", "/30-fields", "nginx", SHAPE_HELLO, connection="keep-alive",
+          fields=5 + len(SHAPE_FIELDS)),
+)
+FLOOR_SHAPE = SHAPES[1]  # the floor relay is measured against keep-alive
+
 
 # --------------------------------------------------------------------------------------------
 # Processes: started pinned, tracked, stopped by pid.
@@ -129,6 +204,8 @@ class Proc:
     h2up_port: int = 0  # HTTP/1.1 listener whose upstream is the h2c origin (0: none)
     h2h2_port: int = 0  # h2c prior knowledge in front of the h2c origin (0: none)
     pool_port: int = 0  # HTTP/1.1 listener whose upstream is the pool of origins (0: none)
+    shapes_port: int = 0  # HTTP/1.1 listener whose upstream is the nginx shapes origin
+    plain_port: int = 0  # HTTP/1.1 listener whose upstream is the `plain` (HAProxy) origin
     stats_socket: Path | None = None  # HAProxy's stats socket (for the pool's server counts)
 
     @property
@@ -282,7 +359,21 @@ def busy_pct(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int
 # --------------------------------------------------------------------------------------------
 
 def start_origin(procs: Procs, cpu: int, name: str = "origin") -> tuple[Proc, int]:
-    proc = procs.start(name, cpu, [sys.executable, "-m", "lameduck.demo", "--port", "0"])
+    return start_reporting(procs, name, cpu, [sys.executable, "-m", "lameduck.demo",
+                                              "--port", "0"])
+
+
+def start_floor(procs: Procs, cpu: int, upstream_port: int) -> tuple[Proc, int]:
+    """The floor relay of the shape matrix (bench/floor_relay.py), pinned like the proxies."""
+    return start_reporting(procs, FLOOR, cpu, [
+        sys.executable, str(REPO / "bench" / "floor_relay.py"),
+        "--upstream", f"127.0.0.1:{upstream_port}"])
+
+
+def start_reporting(procs: Procs, name: str, cpu: int, argv: list[str]) -> tuple[Proc, int]:
+    """A process that prints ``listening on 127.0.0.1:<port>`` once it accepts (the demo
+    origin, the floor relay): started, and its port read from that line."""
+    proc = procs.start(name, cpu, argv)
     port: list[int] = []
 
     def reported() -> bool:
@@ -311,14 +402,19 @@ def lameduck_bin() -> str:
 def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int,
                    h2: bool = False, h2up_origin_port: int = 0,
                    pool_origin_ports: tuple[int, ...] = (),
+                   shapes_origin_port: int = 0, plain_origin_port: int = 0,
                    access_log: bool = False, workers: int = 1,
                    name: str | None = None, binary: str | None = None) -> tuple[Proc, int]:
     """``workers`` > 1: lameduck's multi-process mode (a main process and that many worker
     processes, its children: pinned with it); ``name`` names its config, log and process;
-    ``binary``: another lameduck executable (--lameduck-base), given the same config."""
+    ``binary``: another lameduck executable (--lameduck-base), given the same config.
+    ``shapes_origin_port``, ``plain_origin_port``: a listener (and cluster) for each, as the
+    first one, for the response-shape matrix."""
     port, admin = free_port(), free_port()
     h2up_port = free_port() if h2up_origin_port else 0
     pool_port = free_port() if pool_origin_ports else 0
+    shapes_port = free_port() if shapes_origin_port else 0
+    plain_port = free_port() if plain_origin_port else 0
     cfg = {
         "admin": {"address": f"127.0.0.1:{admin}"},
         # Short drain so the SIGTERM at the end exits fast (no traffic is left by then anyway).
@@ -366,6 +462,21 @@ def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int
             "lb_policy": "round_robin", "health_check": dict(POOL_HEALTH_CHECK),
             "outlier_detection": {},
         })
+    for listener, cluster, lport, oport in ((SHAPES_LISTENER, SHAPES_CLUSTER, shapes_port,
+                                             shapes_origin_port),
+                                            (PLAIN_LISTENER, PLAIN_CLUSTER, plain_port,
+                                             plain_origin_port)):
+        if oport:  # the response-shape matrix: the first listener and cluster, another origin
+            cfg["listeners"].append({
+                "name": listener,
+                "address": f"127.0.0.1:{lport}",
+                "health_check_path": None,
+                "idle_timeout": "60s",
+                "routes": [{"prefix": "/", "cluster": cluster, "timeout": "30s"}],
+            })
+            cfg["clusters"].append({"name": cluster, "endpoints": [f"127.0.0.1:{oport}"],
+                                    "connect_timeout": "5s", "max_idle_connections": 256,
+                                    "idle_timeout": "60s"})
     if access_log:  # Envoy's default format, JSON off: the common case, written to a file
         cfg["listeners"][0]["access_log"] = {"path": str(workdir / "access.log")}
     if workers != 1:
@@ -389,6 +500,7 @@ def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int
     # its h2c-upstream listener takes h2c prior knowledge too: HTTP/2 in, HTTP/2 upstream
     proc.h2h2_port = h2up_port if h2 else 0
     proc.pool_port = pool_port
+    proc.shapes_port, proc.plain_port = shapes_port, plain_port
     return proc, port
 
 
@@ -407,6 +519,8 @@ LAMEDUCK_POOL_STATS = re.compile(
     r"(health_check\.(attempt|success|failure|network_failure)|ejections_enforced_total"
     r"|upstream_cx_none_healthy|upstream_rq_2xx|downstream_rq_2xx)$")
 _POOL_SCOPES = (f"http.{POOL_LISTENER}.", f"cluster.{POOL_CLUSTER}.")
+_SHAPES_SCOPES = (f"http.{SHAPES_LISTENER}.", f"cluster.{SHAPES_CLUSTER}.",
+                  f"http.{PLAIN_LISTENER}.", f"cluster.{PLAIN_CLUSTER}.")
 
 
 def lameduck_admin(proc: Proc, path: str) -> dict:
@@ -417,10 +531,12 @@ def lameduck_admin(proc: Proc, path: str) -> dict:
     return json.loads(body)
 
 
-def lameduck_counters(proc: Proc, h2up: bool = False, pool: bool = False) -> dict[str, int]:
+def lameduck_counters(proc: Proc, h2up: bool = False, pool: bool = False,
+                      shapes: bool = False) -> dict[str, int]:
     """Connection and request counters from lameduck's admin API (pool churn, errors): those
     of the HTTP/1.1 rows' listener and cluster, with ``h2up`` those of the h2c upstream's, with
-    ``pool`` those of the pool's. Empty unless GET /stats answers 200."""
+    ``pool`` those of the pool's, with ``shapes`` those of the shape matrix's. Empty unless
+    GET /stats answers 200."""
     try:
         stats = lameduck_admin(proc, "/stats?format=json")["stats"]
     except BenchError:
@@ -430,10 +546,11 @@ def lameduck_counters(proc: Proc, h2up: bool = False, pool: bool = False) -> dic
         if "name" not in st:
             continue  # the histograms' element (Envoy's shape)
         name = st["name"]
-        if h2up or pool:
-            if not name.startswith(_H2UP_SCOPES if h2up else _POOL_SCOPES):
+        if h2up or pool or shapes:
+            if not name.startswith(_H2UP_SCOPES if h2up else _POOL_SCOPES if pool
+                                   else _SHAPES_SCOPES):
                 continue
-        elif name.startswith(_H2UP_SCOPES + _POOL_SCOPES):
+        elif name.startswith(_H2UP_SCOPES + _POOL_SCOPES + _SHAPES_SCOPES):
             continue
         if (LAMEDUCK_STATS.search(name) or (h2up and LAMEDUCK_H2UP_STATS.search(name))
                 or (pool and LAMEDUCK_POOL_STATS.search(name))):
@@ -503,7 +620,7 @@ frontend fe
 {h2_frontend}
 backend origin
     server origin 127.0.0.1:{origin_port}
-{h2up}{pool}"""
+{h2up}{pool}{shapes}"""
 
 
 HAPROXY_H2_FRONTEND = """
@@ -548,18 +665,32 @@ backend {backend}
     http-reuse always
 {servers}"""
 
+HAPROXY_SHAPES = """
+# The response-shape matrix: a frontend per shape origin, each as the first one (keep-alive,
+# reuse and forwardfor from the defaults).
+frontend fe_{name}
+    bind 127.0.0.1:{port}
+    default_backend {name}
+
+backend {name}
+    server s1 127.0.0.1:{origin_port}
+"""
+
 # level operator: "show stat" then fills the servers' addr column.
 HAPROXY_STATS_SOCKET = "    stats socket {path} mode 600 level operator  # pool server counts\n"
 
 
 def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
                   h2: bool = False, h2up_origin_port: int = 0,
-                  pool_origin_ports: tuple[int, ...] = ()) -> tuple[Proc, int]:
+                  pool_origin_ports: tuple[int, ...] = (), shapes_origin_port: int = 0,
+                  plain_origin_port: int = 0) -> tuple[Proc, int]:
     port = free_port()
     h2_port = free_port() if h2 else 0
     h2up_port = free_port() if h2up_origin_port else 0
     h2h2_port = free_port() if h2up_origin_port and h2 else 0
     pool_port = free_port() if pool_origin_ports else 0
+    shapes_port = free_port() if shapes_origin_port else 0
+    plain_port = free_port() if plain_origin_port else 0
     sock = workdir / "haproxy.sock" if pool_origin_ports else None
     servers = "".join(f"    server p{i} 127.0.0.1:{p} check inter 1s rise 2 fall 3\n"
                       for i, p in enumerate(pool_origin_ports, 1))
@@ -572,7 +703,10 @@ def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
         + (HAPROXY_H2H2.format(h2h2_port=h2h2_port) if h2h2_port else "")
         if h2up_origin_port else "",
         pool=HAPROXY_POOL.format(pool_port=pool_port, backend=POOL_HAPROXY_BACKEND,
-                                 servers=servers) if pool_origin_ports else ""))
+                                 servers=servers) if pool_origin_ports else "",
+        shapes="".join(HAPROXY_SHAPES.format(name=name, port=p, origin_port=o)
+                       for name, p, o in (("shapes", shapes_port, shapes_origin_port),
+                                          ("plain", plain_port, plain_origin_port)) if o)))
     check = subprocess.run(["haproxy", "-c", "-q", "-f", str(cfg)], capture_output=True,
                            text=True)
     if check.returncode != 0:
@@ -583,6 +717,7 @@ def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
     proc.h2up_port = h2up_port
     proc.h2h2_port = h2h2_port
     proc.pool_port = pool_port
+    proc.shapes_port, proc.plain_port = shapes_port, plain_port
     proc.stats_socket = sock
     return proc, port
 
@@ -774,6 +909,266 @@ def origin_headers(port: int) -> str:
     return f"{r.status}, {len(body)}-byte body, headers " + ", ".join(shown)
 
 
+# --------------------------------------------------------------------------------------------
+# The response-shape matrix's origins, and what they send on the wire.
+# --------------------------------------------------------------------------------------------
+
+# One nginx process (as the main origin), a location per shape. /chunked: the sub module
+# (sub_filter) clears the Content-Length of every response it filters, even when its string
+# never occurs, so nginx frames the same body chunked (HTTP/1.1). /16k: a static file.
+NGINX_SHAPES_CFG = """\
+# Generated by bench/run.py: nginx as the origin of the response-shape matrix, no logs.
+""" + NGINX_PREAMBLE + """\
+    default_type text/plain;
+    keepalive_timeout 60s;
+    keepalive_requests 100000000;   # default 1000 would reconnect mid-round
+
+    server {{
+        listen 127.0.0.1:{port};
+        location = /keep-alive {{
+            return 200 "hello\\n";
+        }}
+{chunked}        location = /16k {{
+            alias {tmp}/16k.txt;
+        }}
+        location = /30-fields {{
+{fields}
+            return 200 "hello\\n";
+        }}
+    }}
+}}
+"""
+
+NGINX_SHAPES_CHUNKED = """\
+        location = /chunked {
+            sub_filter_types text/plain;
+            sub_filter "never-in-the-body" "";
+            return 200 "hello\\n";
+        }
+"""
+
+# The `plain` shape: HTTP/1.1 keep-alive with no Connection header (it is the default there,
+# RFC 9112 §9.3), which nginx cannot send. HAProxy answering by itself does: `http-request
+# return` sends the status line, content-length and content-type (lower-case names) and the
+# body, no Connection, Server or Date. One thread, pinned like the other origins.
+PLAIN_ORIGIN_CFG = """\
+# Generated by bench/run.py: HAProxy as the origin of the `plain` shape, one thread, no logs.
+global
+    nbthread 1
+    maxconn 4096
+
+defaults
+    mode http
+    option http-keep-alive
+    timeout client 60s
+    timeout http-request 10s
+    timeout http-keep-alive 60s
+
+frontend plain
+    bind 127.0.0.1:{port}
+    http-request return status 200 content-type text/plain string "hello\\n"
+"""
+
+
+def nginx_shapes_cfg(port: int, tmp: Path, temp_paths: str, chunked: bool = True) -> str:
+    """The shapes origin's nginx.conf (``chunked``: with the /chunked location, which needs
+    the sub module)."""
+    fields = "\n".join(f"            add_header {name} {_nginx_quote(value)};"
+                       for name, value in SHAPE_FIELDS)
+    return NGINX_SHAPES_CFG.format(
+        port=port, tmp=tmp, processes=1, master="off", temp_paths=temp_paths,
+        chunked=NGINX_SHAPES_CHUNKED if chunked else "", fields=fields)
+
+
+def _nginx_quote(value: str) -> str:
+    if "$" in value:
+        raise ValueError(f"{value!r}: nginx would read a variable")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def start_shapes_origin(procs: Procs, cpu: int, workdir: Path) -> tuple[Proc, int, bool]:
+    """The nginx origin of the shape matrix: (process, port, whether it serves /chunked:
+    only when nginx -V shows the sub module)."""
+    build = subprocess.run(["nginx", "-V"], capture_output=True, text=True).stderr
+    chunked = "--with-http_sub_module" in build
+    port = free_port()
+    tmp = workdir / "shapes-origin"
+    tmp.mkdir(exist_ok=True)
+    (tmp / "16k.txt").write_bytes(SHAPE_16K)
+    cfg = tmp / "nginx.conf"
+    cfg.write_text(nginx_shapes_cfg(port, tmp, _nginx_temp_paths(tmp), chunked))
+    body = SHAPES[1].body
+
+    def ready() -> bool:
+        status, got = http_get(f"http://127.0.0.1:{port}{SHAPES[1].path}")
+        return status == 200 and got == body
+
+    return _run_nginx(procs, "shapes-origin", cpu, tmp, cfg, port, ready=ready), port, chunked
+
+
+def start_plain_origin(procs: Procs, cpu: int, workdir: Path) -> tuple[Proc, int]:
+    """HAProxy answering the `plain` shape itself (``http-request return``)."""
+    port = free_port()
+    tmp = workdir / "plain-origin"
+    tmp.mkdir(exist_ok=True)
+    cfg = tmp / "haproxy.cfg"
+    cfg.write_text(PLAIN_ORIGIN_CFG.format(port=port))
+    check = subprocess.run(["haproxy", "-c", "-q", "-f", str(cfg)], capture_output=True,
+                           text=True)
+    if check.returncode != 0:
+        raise BenchError(f"haproxy rejected {cfg}:\n{check.stdout}{check.stderr}")
+    proc = procs.start("plain-origin", cpu, ["haproxy", "-f", str(cfg), "-db"])
+
+    def ready() -> bool:
+        return http_get(f"http://127.0.0.1:{port}{SHAPES[0].path}") == (200, SHAPES[0].body)
+
+    try:
+        wait_until(proc, "GET /plain == 200", ready)
+    except BenchError:
+        procs.stop(proc)
+        raise
+    return proc, port
+
+
+@dataclass
+class WireResponse:
+    """One HTTP/1.1 response as it came off the socket."""
+    status: int
+    fields: list[tuple[str, str]]  # header fields in order, names as sent
+    body: bytes  # chunked: the chunks' data joined
+    chunked: bool
+    size: int  # its bytes on the wire, head included
+
+    def values(self, name: str) -> list[str]:
+        return [v for n, v in self.fields if n.lower() == name.lower()]
+
+
+def parse_wire_response(raw: bytes) -> WireResponse | None:
+    """The HTTP/1.1 response at the start of ``raw``: None while it is incomplete. Framed by
+    chunked transfer coding or Content-Length (RFC 9112 §6.3); a response framed by the
+    connection's close, or malformed, is a BenchError (no keep-alive shape sends one)."""
+    end = raw.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    status_line, *lines = raw[:end].decode("latin-1").split("\r\n")
+    m = re.fullmatch(r"HTTP/1\.1 (\d{3})(?: .*)?", status_line)
+    if not m:
+        raise BenchError(f"not an HTTP/1.1 status line: {status_line!r}")
+    fields = []
+    for line in lines:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip():
+            raise BenchError(f"malformed header line {line!r}")
+        fields.append((name, value.strip()))
+    r = WireResponse(int(m.group(1)), fields, b"", False, 0)
+    pos = end + 4
+    if any("chunked" in v.lower() for v in r.values("Transfer-Encoding")):
+        r.chunked = True
+        chunks = []
+        while True:
+            eol = raw.find(b"\r\n", pos)
+            if eol < 0:
+                return None
+            try:
+                size = int(raw[pos:eol].split(b";")[0], 16)
+            except ValueError:
+                raise BenchError(f"bad chunk size line {raw[pos:eol][:40]!r}") from None
+            pos = eol + 2
+            if size == 0:
+                if len(raw) < pos + 2:
+                    return None
+                if raw[pos:pos + 2] != b"\r\n":
+                    raise BenchError("a trailer section after the last chunk (not expected)")
+                pos += 2
+                break
+            if len(raw) < pos + size + 2:
+                return None
+            if raw[pos + size:pos + size + 2] != b"\r\n":
+                raise BenchError(f"chunk of {size} bytes not followed by CRLF")
+            chunks.append(raw[pos:pos + size])
+            pos += size + 2
+        r.body = b"".join(chunks)
+    elif r.values("Content-Length"):
+        length = int(r.values("Content-Length")[0])
+        if len(raw) < pos + length:
+            return None
+        r.body, pos = raw[pos:pos + length], pos + length
+    else:
+        raise BenchError("neither Content-Length nor chunked: the body ends at the close")
+    r.size = pos
+    return r
+
+
+def wire_get(port: int, path: str, requests: int = 2, timeout: float = 3.0,
+             ) -> list[WireResponse]:
+    """``requests`` GETs of ``path`` on one connection, over a raw socket: what the origin
+    sends, byte for byte (http.client would hide the framing)."""
+    out = []
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        buf = b""
+        for _ in range(requests):
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            while (r := parse_wire_response(buf)) is None:
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise BenchError(f"GET {path}: connection closed after {len(buf)} bytes "
+                                     f"of response {len(out) + 1}")
+                buf += chunk
+            out.append(r)
+            buf = buf[r.size:]
+    return out
+
+
+def wire_problems(shape: Shape, r: WireResponse) -> list[str]:
+    """How the origin's answer differs from what ``shape`` stands for (none: it is that
+    shape)."""
+    problems = []
+    if r.status != 200 or r.body != shape.body:
+        problems.append(f"status {r.status}, {len(r.body)}-byte body {r.body[:40]!r}, "
+                        f"expected 200 and {len(shape.body)} bytes {shape.body[:40]!r}")
+    conn = r.values("Connection")
+    if shape.connection is None and conn:
+        problems.append(f"Connection: {', '.join(conn)} (expected no Connection header)")
+    elif shape.connection is not None and [c.lower() for c in conn] != [shape.connection]:
+        problems.append(f"Connection: {', '.join(conn) or '(none)'} "
+                        f"(expected {shape.connection})")
+    if shape.chunked != r.chunked:
+        problems.append("Content-Length framing, expected chunked" if shape.chunked
+                        else "chunked, expected Content-Length")
+    if r.chunked and r.values("Content-Length"):
+        problems.append("both chunked and Content-Length")
+    if shape.fields and len(r.fields) != shape.fields:
+        problems.append(f"{len(r.fields)} header fields, expected {shape.fields}")
+    return problems
+
+
+def wire_summary(r: WireResponse) -> str:
+    """Status, body, framing and header names (the values of Connection, Server and
+    Transfer-Encoding) as the origin sent them: the results say what each shape was."""
+    shown = [f"{n}: {v}" if n.lower() in ("connection", "server", "transfer-encoding") else n
+             for n, v in r.fields]
+    if not r.values("Connection"):
+        shown.append("(no Connection header)")
+    framing = "chunked" if r.chunked else "Content-Length"
+    return (f"{r.status}, {len(r.body)}-byte body ({framing}), {len(r.fields)} header fields: "
+            + ", ".join(shown))
+
+
+def shape_origin_check(port: int, shape: Shape) -> str:
+    """Two GETs of the shape's path on one connection, raw: the summary of the first answer;
+    BenchError unless both are that shape."""
+    try:
+        answers = wire_get(port, shape.path)
+    except (OSError, ValueError) as e:
+        raise BenchError(f"GET {shape.path}: {type(e).__name__}: {e}") from None
+    for i, r in enumerate(answers, 1):
+        problems = wire_problems(shape, r)
+        if problems:
+            raise BenchError(f"GET {shape.path} (request {i} on one connection): "
+                             + "; ".join(problems))
+    return wire_summary(answers[0])
+
+
 def run_short(procs: Procs, cpu: int | str, name: str, argv: list[str],
               timeout: float) -> tuple[int | None, str]:
     """A short-lived tool (curl), tracked and stopped by pid like everything else; (exit code,
@@ -802,7 +1197,7 @@ def h2c_check(procs: Procs, cpu: int | str, port: int, expect: bytes) -> str | N
 
 
 def keepalive_check(port: int, requests: int = 3, timeout: float = 3.0,
-                    expect: bytes = HELLO) -> str | None:
+                    expect: bytes = HELLO, path: str = "/") -> str | None:
     """Several GETs on one connection, as wrk sends them. None when all are answered with the
     origin's body on the same connection, else what went wrong: a proxy that stalls on the
     second request of a connection would otherwise show up only as a tiny req/s figure."""
@@ -810,7 +1205,7 @@ def keepalive_check(port: int, requests: int = 3, timeout: float = 3.0,
     try:
         for i in range(1, requests + 1):
             try:
-                conn.request("GET", "/")
+                conn.request("GET", path)
                 r = conn.getresponse()
                 body = r.read()
             except (OSError, http.client.HTTPException) as e:
@@ -845,6 +1240,7 @@ class Sample:
     cpu_us_per_req: float
     proxy_cpu_pct: float
     cpu_pct: dict[int, float] = field(default_factory=dict)
+    shape: str = ""  # the shape matrix's row ("" in the other parts)
 
 
 _UNIT = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
@@ -881,9 +1277,9 @@ def parse_wrk(out: str) -> dict[str, float]:
 
 
 def run_wrk(procs: Procs, cpu: int | str, port: int, seconds: float, conns: int,
-            threads: int) -> str:
+            threads: int, path: str = "/") -> str:
     argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds:g}s", "--latency",
-            f"http://127.0.0.1:{port}/"]
+            f"http://127.0.0.1:{port}{path}"]
     proc = procs.start("wrk", cpu, argv)
     try:
         proc.popen.wait(timeout=seconds + 30)
@@ -896,10 +1292,11 @@ def run_wrk(procs: Procs, cpu: int | str, port: int, seconds: float, conns: int,
 
 
 def measure(procs: Procs, name: str, proxy: Proc, port: int, args: argparse.Namespace,
-            rnd: int, duration: float | None = None) -> Sample:
+            rnd: int, duration: float | None = None, shape: Shape | None = None) -> Sample:
+    """One wrk round against ``port`` (``shape``: GET its path, a row of the shape matrix)."""
     busy0, ticks0, t0 = cpu_busy(), cpu_ticks(proxy.pid), time.monotonic()
     out = run_wrk(procs, args.load_cpu, port, duration or args.duration, args.connections,
-                  args.threads)
+                  args.threads, shape.path if shape else "/")
     busy1, ticks1, wall = cpu_busy(), cpu_ticks(proxy.pid), time.monotonic() - t0
     if not proxy.alive():
         raise BenchError(f"{name} died during round {rnd}; log tail ({proxy.log}):\n"
@@ -911,7 +1308,7 @@ def measure(procs: Procs, name: str, proxy: Proc, port: int, args: argparse.Name
         proxy=name, round=rnd, requests=int(w["requests"]), rps=w["rps"],
         p50_ms=w["p50_ms"], p99_ms=w["p99_ms"], errors=int(w["errors"]),
         cpu_us_per_req=cpu_s * 1e6 / max(1, w["requests"]),
-        proxy_cpu_pct=100.0 * cpu_s / wall, cpu_pct=pct,
+        proxy_cpu_pct=100.0 * cpu_s / wall, cpu_pct=pct, shape=shape.label if shape else "",
     )
 
 
@@ -1598,7 +1995,8 @@ def pool_markdown(pool, args) -> list[str]:
 
 
 def write_markdown(path: Path, summary: Summary, samples, args, command: str,
-                   notes: list[str], h2=None, h2up=None, pool=None, workers=None) -> None:
+                   notes: list[str], h2=None, h2up=None, pool=None, workers=None,
+                   shapes=None) -> None:
     v = _versions(args)
     lines = [
         "# lameduck benchmark results",
@@ -1629,6 +2027,7 @@ def write_markdown(path: Path, summary: Summary, samples, args, command: str,
         *[f"Note: {n}.\n" for n in notes],
         *(["## Rounds", "", md_table(round_rows(samples, args), round_headers(args)), ""]
           if args.names else []),
+        *(shapes_markdown(*shapes, args) if shapes else []),
         *(h2_markdown(h2, args) if h2 else []),
         *(h2up_markdown(h2up, args) if h2up else []),
         *(pool_markdown(pool, args) if pool else []),
@@ -1697,6 +2096,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pool-warmup", type=float, default=None,
                    help="wrk warm-up seconds per proxy before those rounds (default: "
                    "--warmup, at most 1; 0 = none)")
+    p.add_argument("--shapes", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the response-shape matrix in the HTTP/1.1 rounds: wrk "
+                   "against lameduck and haproxy (those of --proxies) for each shape (plain, "
+                   "keep-alive, chunked, 16k, 30 fields: one nginx origin and one HAProxy "
+                   "origin) and against the floor relay (bench/floor_relay.py) for keep-alive "
+                   "(default on)")
+    p.add_argument("--shapes-duration", type=float, default=None,
+                   help="seconds per proxy, shape and round (default: --duration, at most 3)")
+    p.add_argument("--shapes-warmup", type=float, default=None,
+                   help="wrk warm-up seconds per proxy and shape before the rounds (default: "
+                   "--warmup, at most 1; 0 = none)")
     p.add_argument("--workers", default=None, metavar="N[,N...]",
                    help="also measure lameduck with `workers: N` (a main process and N worker "
                    "processes) against `workers: 1`: CPU per request with both pinned to "
@@ -1739,7 +2149,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--workers-duration and --workers-threads must be positive and "
                 "--workers-warmup not negative")
     if args.workers_only:  # the other parts and proxies off: --proxies is not read
-        args.h2, args.h2_upstream, args.pool = False, False, False
+        args.h2, args.h2_upstream, args.pool, args.shapes = False, False, False, False
         names = []
     else:
         names = [n.strip() for n in args.proxies.split(",") if n.strip()]
@@ -1784,6 +2194,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.pool_duration <= 0 or args.pool_warmup < 0:
         p.error("--pool-duration must be positive and --pool-warmup not negative")
     args.pool_names = [n for n in names if n in POOL_PROXIES] if args.pool else []
+    args.shapes_duration = (min(args.duration, 3.0) if args.shapes_duration is None
+                            else args.shapes_duration)
+    args.shapes_warmup = (max(0.0, min(args.warmup, 1.0)) if args.shapes_warmup is None
+                          else args.shapes_warmup)
+    if args.shapes_duration <= 0 or args.shapes_warmup < 0:
+        p.error("--shapes-duration must be positive and --shapes-warmup not negative")
+    args.shapes_names = [n for n in names if n in SHAPES_PROXIES] if args.shapes else []
     cpus = os.sched_getaffinity(0)
     for flag, cpu in (("--proxy-cpu", args.proxy_cpu), ("--load-cpu", args.load_cpu)):
         if cpu not in cpus:
@@ -1991,6 +2408,290 @@ def pool_checks(proxies: dict[str, tuple[Proc, int]], args: argparse.Namespace,
         notes.append("checked: every pool origin served requests through "
                      f"{' and '.join(args.pool_names)}, 0 errors")
     return notes, ok
+
+
+# --------------------------------------------------------------------------------------------
+# The response-shape matrix (--shapes): lameduck and HAProxy (and the floor relay, against the
+# keep-alive shape) measured by wrk inside the HTTP/1.1 rounds, one row per shape.
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class ShapesPart:
+    """The shape matrix through the run: the origins (by Shape.origin), what each origin sent
+    for each shape (raw), the floor relay, the units measured (proxy, shape, process, port),
+    their samples, and the units that failed ((proxy, shape label): why)."""
+    origins: dict[str, tuple[Proc, int]] = field(default_factory=dict)
+    wire: dict[str, str] = field(default_factory=dict)
+    floor: tuple[Proc, int] | None = None
+    units: list[tuple[str, Shape, Proc, int]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    skipped: dict[tuple[str, str], str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def names(self, shape: Shape, args: argparse.Namespace) -> list[str]:
+        """Who is measured on ``shape``: the proxies, and the floor relay on keep-alive."""
+        return [*args.shapes_names, *([FLOOR] if shape is FLOOR_SHAPE else [])]
+
+    def fail(self, name: str, shape: Shape, why: str) -> None:
+        self.skipped.setdefault((name, shape.label), why)
+
+
+def start_shapes(procs: Procs, args: argparse.Namespace, workdir: Path) -> ShapesPart:
+    """The matrix's two origins on the load CPU, each shape checked on the wire, and the
+    floor relay on the proxy CPU. What fails marks its rows FAILED; the rest still runs."""
+    part = ShapesPart()
+    starters = {"plain": lambda: start_plain_origin(procs, args.load_cpu, workdir),
+                "nginx": lambda: start_shapes_origin(procs, args.load_cpu, workdir)}
+    for kind, start in starters.items():
+        shapes = [s for s in SHAPES if s.origin == kind]
+        try:
+            proc, port, *rest = start()
+        except BenchError as e:
+            for shape in shapes:
+                for n in part.names(shape, args):
+                    part.fail(n, shape, f"no {kind} origin: {e}")
+            print(f"bench: warning: no {kind} shapes origin: {e}", file=sys.stderr)
+            continue
+        part.origins[kind] = (proc, port)
+        has_sub_module = rest[0] if rest else True  # start_shapes_origin's third value
+        for shape in shapes:
+            try:
+                if shape.chunked and not has_sub_module:
+                    raise BenchError("this nginx has no sub module (nginx -V): no chunked "
+                                     "shape")
+                part.wire[shape.label] = shape_origin_check(port, shape)
+            except BenchError as e:
+                for n in part.names(shape, args):
+                    part.fail(n, shape, f"origin: {e}")
+                print(f"bench: warning: shape {shape.label}: {e}", file=sys.stderr)
+    if "nginx" in part.origins:
+        try:
+            part.floor = start_floor(procs, args.proxy_cpu, part.origins["nginx"][1])
+        except BenchError as e:
+            part.fail(FLOOR, FLOOR_SHAPE, f"floor relay: {e}")
+            print(f"bench: warning: no floor relay: {e}", file=sys.stderr)
+            for proc in procs.procs:
+                if proc.name == FLOOR:
+                    procs.stop(proc)
+                    break
+    return part
+
+
+def prepare_shapes(procs: Procs, proxies: dict[str, tuple[Proc, int]],
+                   args: argparse.Namespace, part: ShapesPart) -> None:
+    """Once the proxies run: a keep-alive pre-check per proxy and shape (3 GETs of its path on
+    one connection must return its body), then a wrk warm-up of ``--shapes-warmup`` each."""
+    for shape in SHAPES:
+        for name in part.names(shape, args):
+            if (name, shape.label) in part.skipped:
+                continue
+            if name == FLOOR:
+                assert part.floor is not None
+                proc, port = part.floor
+            else:
+                proc = proxies[name][0]
+                port = proc.plain_port if shape.origin == "plain" else proc.shapes_port
+            problem = keepalive_check(port, expect=shape.body, path=shape.path)
+            if problem:
+                part.fail(name, shape, f"pre-check: {problem}; no rounds")
+                print(f"bench: warning: {name} shape {shape.label}: {problem}\n{name} log tail "
+                      f"({proc.log}):\n{proc.tail(15)}", file=sys.stderr)
+                continue
+            part.units.append((name, shape, proc, port))
+    if args.shapes_warmup > 0:
+        for name, shape, _, port in part.units:
+            print(f"warm-up {name} shape {shape.label} {args.shapes_warmup:g}s", flush=True)
+            try:
+                run_wrk(procs, args.load_cpu, port, args.shapes_warmup, args.connections,
+                        args.threads, shape.path)
+            except BenchError as e:
+                part.fail(name, shape, f"warm-up: {e}")
+
+
+def run_shapes_round(procs: Procs, args: argparse.Namespace, part: ShapesPart,
+                     rnd: int) -> bool:
+    """The matrix's units of round ``rnd`` (after the HTTP/1.1 rows of that round): shape by
+    shape, the shapes' order and each shape's proxy order rotating with the round. A unit
+    that fails gets a FAILED cell, never an exception; so do all of an origin's when it exits.
+    False when anything failed or had errors."""
+    ok = True
+    k = (rnd - 1) % len(SHAPES)
+    for shape in SHAPES[k:] + SHAPES[:k]:
+        units = [u for u in part.units if u[1] is shape]
+        j = (rnd - 1) % max(1, len(units))
+        for name, _, proc, port in units[j:] + units[:j]:
+            if (name, shape.label) in part.skipped:
+                continue
+            try:
+                s = measure(procs, name, proc, port, args, rnd, args.shapes_duration, shape)
+            except BenchError as e:
+                part.fail(name, shape, f"round {rnd}: {e}")
+                print(f"round {rnd} shape {shape.label:10} {name:9} FAILED: {e}", flush=True)
+                ok = False
+                continue
+            part.samples.append(s)
+            ok = ok and s.errors == 0
+            print(f"round {rnd} shape {shape.label:10} {name:9} {s.rps:>10,.0f} req/s  "
+                  f"p50 {s.p50_ms:6.2f} ms  p99 {s.p99_ms:6.2f} ms  "
+                  f"{s.cpu_us_per_req:6.1f} µs/req  proxy CPU {s.proxy_cpu_pct:3.0f}%  "
+                  f"cpu{args.load_cpu} {s.cpu_pct[args.load_cpu]:3.0f}%  errors {s.errors}",
+                  flush=True)
+            origin = part.origins[shape.origin][0]
+            if not origin.alive():
+                why = (f"the {shape.origin} shapes origin exited (code "
+                       f"{origin.popen.returncode}) in round {rnd}; its log tail "
+                       f"({origin.log}):\n{origin.tail(15)}")
+                for n, sh, _, _ in part.units:
+                    if sh.origin == shape.origin:
+                        part.fail(n, sh, why)
+                return False
+    return ok
+
+
+def _shape_cells(m: dict[str, float] | None, failed: bool) -> tuple[str, str, str]:
+    """CPU µs/req, proxy CPU and req/s of one proxy's medians in a shape row."""
+    if failed:
+        return "FAILED", "-", "-"
+    if m is None:
+        return "-", "-", "-"
+    return f"{m['cpu_us_per_req']:.1f}", f"{m['proxy_cpu_pct']:.0f}%", f"{m['rps']:,.0f}"
+
+
+SHAPES_HEADERS = ["shape", "proxy", "µs/req", "HAProxy µs/req", "proxy CPU", "HAProxy CPU",
+                  "req/s", "HAProxy req/s", "vs HAProxy req/s", "errors", "load CPU",
+                  "limit (proxy / HAProxy)"]
+
+
+def summarize_shapes(part: ShapesPart, args: argparse.Namespace,
+                     ) -> tuple[list[list[str]], list[str], list[str], list[str]]:
+    """One row per shape and proxy other than HAProxy (lameduck; the floor relay on
+    keep-alive), beside HAProxy's figures for the same shape: medians of the rounds, the
+    req/s ratio only where both were saturated. Also informational lines (each shape's CPU per
+    request next to keep-alive's, the floor's next to lameduck's), the footnotes (saturation)
+    and one line per failed cell."""
+    rows, info, notes, failures = [], [], [], []
+    med: dict[str, dict[str, dict[str, float]]] = {}
+    for shape in SHAPES:
+        med[shape.label] = {}
+        for n in part.names(shape, args):
+            ss = [s for s in part.samples if s.proxy == n and s.shape == shape.label]
+            why = part.skipped.get((n, shape.label))
+            if why:
+                failures.append(f"{n} shape {shape.label}: {why}")
+            elif ss:
+                med[shape.label][n] = _medians(ss, args.load_cpu)
+    for shape in SHAPES:
+        m_shape = med[shape.label]
+        ha = m_shape.get("haproxy")
+        ha_failed = ("haproxy", shape.label) in part.skipped
+        subjects = [n for n in part.names(shape, args) if n != "haproxy"] or ["-"]
+        for n in subjects:
+            m = m_shape.get(n)
+            failed = n != "-" and (n, shape.label) in part.skipped
+            us, cpu, rps = _shape_cells(m, failed)
+            ha_us, ha_cpu, ha_rps = _shape_cells(ha, ha_failed)
+            errors = "/".join(str(sum(s.errors for s in part.samples
+                                      if s.proxy == p and s.shape == shape.label))
+                              for p in (n, "haproxy") if p in part.names(shape, args))
+            load = " / ".join(f"{x['load_pct']:.0f}%" for x in (m, ha) if x)
+            limit = " / ".join(bound_by(x["proxy_cpu_pct"], x["load_pct"], args.load_cpu)
+                               for x in (m, ha) if x)
+            rows.append([shape.label, n, us, ha_us, cpu, ha_cpu, rps, ha_rps,
+                         ratio_cell(m, ha) if m else "n/a", errors or "-", load or "-",
+                         limit or "-"])
+        notes += [f"{shape.label}: {x}" for x in saturation_notes(m_shape, ha is not None)]
+    base = med[FLOOR_SHAPE.label]
+    for shape in SHAPES:
+        if shape is FLOOR_SHAPE:
+            continue
+        parts = []
+        for n, m in med[shape.label].items():
+            k = base.get(n)
+            if k:
+                d = m["cpu_us_per_req"] - k["cpu_us_per_req"]
+                parts.append(f"{n} {m['cpu_us_per_req']:.1f} µs/req, {d:+.1f} µs "
+                             f"({change(m['cpu_us_per_req'], k['cpu_us_per_req'])})")
+        if parts:
+            info.append(f"{shape.label} next to {FLOOR_SHAPE.label}: " + "; ".join(parts))
+    floor, lame = base.get(FLOOR), base.get("lameduck")
+    if floor:
+        line = (f"floor relay (uvloop + httptools, no X-Forwarded-For) on "
+                f"{FLOOR_SHAPE.label}: {floor['cpu_us_per_req']:.1f} µs/req")
+        if lame and floor["cpu_us_per_req"]:
+            line += (f"; lameduck {lame['cpu_us_per_req']:.1f} µs/req, "
+                     f"{lame['cpu_us_per_req'] - floor['cpu_us_per_req']:+.1f} µs over the "
+                     f"floor ({lame['cpu_us_per_req'] / floor['cpu_us_per_req']:.2f}x); req/s "
+                     + ("n/s (not both saturated)" if (r := rps_ratio(lame, floor)) is None
+                        else f"{r:.2f}x the floor's"))
+        info.append(line)
+    return rows, info, notes, failures
+
+
+def shapes_intro(args: argparse.Namespace) -> str:
+    warm = (f", after a {args.shapes_warmup:g} s warm-up each" if args.shapes_warmup > 0
+            else "")
+    return (
+        f"wrk -t{args.threads} -c{args.connections} keep-alive GET <shape's path> against "
+        f"{', '.join(args.shapes_names)} and the floor relay (keep-alive only), "
+        f"{args.shapes_duration:g} s per proxy and shape in each of the {args.rounds} HTTP/1.1 "
+        f"rounds (after that round's first-table rows, shapes and proxies in rotating "
+        f"order){warm}. Proxies and the floor relay on CPU {args.proxy_cpu}; the origins and "
+        f"wrk on CPU {args.load_cpu}: `plain` from HAProxy answering by itself (`http-request "
+        "return`, one thread), the other shapes from one nginx process. Each proxy reaches "
+        "each origin through a listener/frontend of its own configured as the first table's "
+        "(both add X-Forwarded-For); the floor relay (bench/floor_relay.py) forwards bytes on "
+        "one upstream connection per client connection and adds nothing.")
+
+
+def print_shapes(shapes, args: argparse.Namespace) -> None:
+    rows, info, notes, failures = shapes
+    print()
+    print(f"HTTP/1.1 response shapes (wrk -t{args.threads} -c{args.connections}; "
+          f"{args.shapes_duration:g} s per row in each HTTP/1.1 round)")
+    print(text_table(rows, SHAPES_HEADERS, left=2))
+    for x in notes:
+        print("  " + x)
+    print()
+    print("no target for the shapes (informational):")
+    for x in info:
+        print("  " + x)
+    for f in failures:
+        print("  failed: " + f)
+
+
+def shapes_markdown(shapes, part: ShapesPart, args: argparse.Namespace) -> list[str]:
+    rows, info, notes, failures = shapes
+    return [
+        "## HTTP/1.1 response shapes",
+        "",
+        shapes_intro(args),
+        "",
+        "What each origin sent (a raw socket, two GETs on one connection):",
+        "",
+        *[f"- `{s.label}` (`GET {s.path}`): {part.wire.get(s.label, 'not checked')}"
+          for s in SHAPES],
+        "",
+        md_table(rows, SHAPES_HEADERS),
+        "",
+        *[f"{x}.\n" for x in notes],
+        "No target is set for the shapes; for information:",
+        "",
+        *[f"- {x}" for x in info],
+        "",
+        *[f"Failed: {f}\n" for f in failures],
+        *[f"Note: {n}.\n" for n in part.notes],
+        "Each row is one proxy (lameduck, or the floor relay) beside HAProxy on the same "
+        "shape: medians over the rounds, CPU µs/req = the proxy's utime+stime over the round / "
+        "requests wrk completed; *errors*, *load CPU* and *limit* read proxy / HAProxy. "
+        + limit_text(args),
+        "",
+        "### Shape rounds",
+        "",
+        md_table([[r[0], s.shape, *r[1:]] for s, r in
+                  zip(part.samples, round_rows(part.samples, args), strict=True)],
+                 [round_headers(args)[0], "shape", *round_headers(args)[1:]]),
+        "",
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -2447,15 +3148,18 @@ def _on_sigterm(signum, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for tool in ("taskset", "wrk", *(["haproxy"] if "haproxy" in args.names else []),
-                 *(["nginx"] if "nginx" in args.names or args.h2up_names
+    for tool in ("taskset", "wrk",
+                 *(["haproxy"] if "haproxy" in args.names or args.shapes_names else []),
+                 *(["nginx"] if "nginx" in args.names or args.h2up_names or args.shapes_names
                    or args.worker_counts or args.origin == "nginx" else []),
                  *(["h2load"] if args.h2_names else []),
                  *(["curl"] if args.h2up_names or args.h2_names else [])):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             print(f"bench: {tool} not found (make bench installs wrk, haproxy, nginx-light, "
                   "nghttp2-client; --no-h2 skips the h2load rows, --no-h2-upstream the rows "
-                  "through the nginx h2c origin, which need curl as the h2 rows do)",
+                  "through the nginx h2c origin, which need curl as the h2 rows do; "
+                  "--no-shapes the response-shape matrix, whose origins are nginx and "
+                  "HAProxy)",
                   file=sys.stderr)
             return 2
     os.environ["PATH"] += os.pathsep + "/usr/sbin:/sbin"
@@ -2480,6 +3184,7 @@ def main(argv: list[str] | None = None) -> int:
     pool_samples: list[Sample] = []
     pool_skipped: dict[str, str] = {}  # proxy -> why its pool row is FAILED
     pool_notes: list[str] = []
+    shapes_part: ShapesPart | None = None
     workers: WorkersResult | None = None
     idle = background_load((args.proxy_cpu, args.load_cpu))
     notes = []
@@ -2532,6 +3237,19 @@ def main(argv: list[str] | None = None) -> int:
                 for n in args.pool_names:
                     pool_skipped[n] = f"no pool origins: {e}"
                 print(f"bench: warning: no pool origins, no pool rounds: {e}", file=sys.stderr)
+        if args.shapes_names:
+            shapes_part = start_shapes(procs, args, workdir)
+            if shapes_part.skipped:
+                keep = True
+            for kind, (o, o_port) in shapes_part.origins.items():
+                print(f"shapes origin ({kind}): pid {o.pid} on 127.0.0.1:{o_port} "
+                      f"(CPU {args.load_cpu})")
+            for shape in SHAPES:
+                print(f"  {shape.label:10} GET {shape.path:11} -> "
+                      f"{shapes_part.wire.get(shape.label, 'FAILED')}")
+            if shapes_part.floor:
+                print(f"floor relay: pid {shapes_part.floor[0].pid} on "
+                      f"127.0.0.1:{shapes_part.floor[1]} (CPU {args.proxy_cpu})")
         proxies: dict[str, tuple[Proc, int]] = {}
         for name in args.names:
             kw: dict = {"h2": True} if name in args.h2_names else {}
@@ -2542,6 +3260,9 @@ def main(argv: list[str] | None = None) -> int:
             if pool_ports and (name in args.pool_names
                                or (name == BASE and "lameduck" in args.pool_names)):
                 kw["pool_origin_ports"] = pool_ports
+            if shapes_part and name in args.shapes_names:
+                kw["shapes_origin_port"] = shapes_part.origins.get("nginx", (None, 0))[1]
+                kw["plain_origin_port"] = shapes_part.origins.get("plain", (None, 0))[1]
             if name == BASE:
                 kw.update(name=BASE, binary=args.lameduck_base)
             starter = STARTERS[name if name != BASE else "lameduck"]
@@ -2551,7 +3272,10 @@ def main(argv: list[str] | None = None) -> int:
                   + (f", h2c on :{proc.h2_port}" if proc.h2_port else "")
                   + (f", h2c-upstream listener on :{proc.h2up_port}" if proc.h2up_port
                      else "")
-                  + (f", pool listener on :{proc.pool_port}" if proc.pool_port else ""))
+                  + (f", pool listener on :{proc.pool_port}" if proc.pool_port else "")
+                  + (f", shapes listener on :{proc.shapes_port}" if proc.shapes_port else "")
+                  + (f", plain shape listener on :{proc.plain_port}" if proc.plain_port
+                     else ""))
         for name, (proc, port) in proxies.items():
             problem = keepalive_check(port)
             if problem:
@@ -2564,6 +3288,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, (_, port) in proxies.items():
                 print(f"warm-up {name} {args.warmup:g}s", flush=True)
                 run_wrk(procs, args.load_cpu, port, args.warmup, args.connections, args.threads)
+        if shapes_part:
+            prepare_shapes(procs, proxies, args, shapes_part)
+            keep = keep or bool(shapes_part.skipped)
         for rnd in range(1, args.rounds + 1):
             k = (rnd - 1) % max(1, len(args.names))
             order = args.names[k:] + args.names[:k]  # rotate so no proxy always goes first
@@ -2575,6 +3302,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"p99 {s.p99_ms:6.2f} ms  {s.cpu_us_per_req:6.1f} µs/req  "
                       f"proxy CPU {s.proxy_cpu_pct:3.0f}%  cpu{args.load_cpu} "
                       f"{s.cpu_pct[args.load_cpu]:3.0f}%  errors {s.errors}", flush=True)
+            if shapes_part and not run_shapes_round(procs, args, shapes_part, rnd):
+                keep = True
         for name, (proc, _) in proxies.items():
             if not proc.alive():
                 raise BenchError(f"{name} exited; log tail:\n{proc.tail()}")
@@ -2582,6 +3311,13 @@ def main(argv: list[str] | None = None) -> int:
         if lameduck:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 counters = lameduck_counters(lameduck[0])
+            if shapes_part and "lameduck" in args.shapes_names:
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    c = lameduck_counters(lameduck[0], shapes=True)
+                    shapes_part.notes.append(
+                        "lameduck counters of its shape listeners and clusters after the "
+                        "rounds (warm-up and pre-checks included): "
+                        + ", ".join(f"{k}={v}" for k, v in c.items()))
         if args.h2_names and not run_h2_rounds(procs, proxies, args, workdir, h2_samples,
                                                h2_skipped):
             keep = True
@@ -2644,6 +3380,14 @@ def main(argv: list[str] | None = None) -> int:
         print(TARGET_LINE)
         for v in summary.verdict:
             print("  " + v)
+    shapes = None
+    if shapes_part:
+        shapes = summarize_shapes(shapes_part, args)
+        print_shapes(shapes, args)
+        for n in shapes_part.notes:
+            print("note: " + n)
+    elif args.shapes:
+        notes.append("no response-shape rows: --proxies has neither lameduck nor haproxy")
     best = max((statistics.median(x.rps for x in samples if x.proxy == n) for n in args.names),
                default=0.0)
     for n in args.names:
@@ -2715,7 +3459,8 @@ def main(argv: list[str] | None = None) -> int:
             print("note: " + n)
     if workers is not None:
         print_workers(workers, args)
-    write_markdown(args.out, summary, samples, args, command, notes, h2, h2up, pool, workers)
+    write_markdown(args.out, summary, samples, args, command, notes, h2, h2up, pool, workers,
+                   (shapes, shapes_part) if shapes and shapes_part else None)
     print(f"\nwritten {args.out}")
     return 0
 
