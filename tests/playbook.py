@@ -19,10 +19,12 @@ from lameduck.drain.endpoint import EndpointDrain
 from lameduck.http1.upstream import H1Upstream
 from lameduck.http2.connection import H2Limits
 from lameduck.proxy.admission import Client
+from lameduck.proxy.downstream import Downstream as ConnectionDownstream
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.message import HTTP11, RequestHead
 from lameduck.stats import DrainStats, Http2Stats, HttpStats
 from lameduck.upstream.cluster import Cluster
+from lameduck.upstream.connector import Fields
 from lameduck.upstream.pool import Endpoint
 from lameduck.upstream.router import Route, Router
 
@@ -323,14 +325,12 @@ class Listener(Context):
         return False
 
 
-class Downstream:
-    """The ``DownstreamPort``: what the exchange asked the client's codec to do, in order."""
+class Downstream(ConnectionDownstream):
+    """A client connection as the exchange sees it (``proxy.downstream.Downstream``): what
+    the exchange asked the client's codec to do, in order."""
 
     def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.gone = False
-        self.closing = False
-        self.write_paused = False
+        super().__init__(ctx)
         self.log: list[tuple[Any, ...]] = []
         self.held = False
 
@@ -351,18 +351,16 @@ class Downstream:
     def release_request(self, ex: Exchange, credit: int) -> None:
         self.log.append(("release", credit))
 
-    def send_informational(self, ex: Exchange, status: int, lines: list[bytes]) -> None:
+    def send_informational(self, ex: Exchange, status: int, fields: Fields) -> None:
         self.log.append(("informational", status))
 
-    def send_head(self, ex: Exchange, status: int, lines: list[bytes],
-                  length: int | None) -> None:
+    def send_head(self, ex: Exchange, status: int, fields: Fields, length: int | None) -> None:
         self.log.append(("head", status))
 
     def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool:
         return False
 
-    def send_upgrade(self, ex: Exchange, lines: list[bytes], upgrade: bytes,
-                     rest: bytes) -> bool:
+    def send_upgrade(self, ex: Exchange, fields: Fields, upgrade: bytes, rest: bytes) -> bool:
         return False
 
     def send_body(self, ex: Exchange, data: bytes) -> None:

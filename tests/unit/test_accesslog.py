@@ -8,6 +8,7 @@ import os
 import re
 from types import SimpleNamespace
 
+from lameduck.drain import ProcessDrain
 from lameduck.proxy.accesslog import (
     CB,
     DEFAULT_FORMAT,
@@ -26,10 +27,12 @@ from lameduck.proxy.accesslog import (
     json_line,
     new_request_id,
 )
+from lameduck.proxy.downstream import Downstream
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.message import HTTP2, HTTP10, HTTP11
 from lameduck.stats import HttpStats
 from lameduck.upstream.pool import Endpoint
+from tests.playbook import Loop
 
 
 def record(**over: object) -> SimpleNamespace:
@@ -48,7 +51,8 @@ def record(**over: object) -> SimpleNamespace:
 def exchange(method: bytes = b"POST", **over: object) -> Exchange:
     """A real exchange (the compiled formatter reads its fields natively) as an HTTP/1.1 codec
     with the log on leaves it at settle."""
-    ex = Exchange(SimpleNamespace(ctx=SimpleNamespace(stats=HttpStats())), method)  # type: ignore[arg-type]
+    ex = Exchange(Downstream(SimpleNamespace(loop=Loop(), stats=HttpStats(),
+                                             process=ProcessDrain())), method)
     ex.request_id = b"r-1"
     ex.t0 = 100.0
     ex.status = 204

@@ -35,12 +35,13 @@ from typing import Any, Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
-from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain
+from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, Ledger, ListenerDrain
 from lameduck.proxy.accesslog import PD, RD
 from lameduck.proxy.admission import Client
-from lameduck.proxy.exchange import ExchangeContext
+from lameduck.proxy.exchange import Exchange, ExchangeContext
 from lameduck.stats import ConnectionStats, DrainStats
 from lameduck.tunnel.relay import abort_with_rst
+from lameduck.upstream.connector import Fields
 
 LINGER: Final = 2.0  # seconds a staged close keeps reading before it closes
 STOP: Final = -1.0  # ``timeouts``: the codec closed the connection, nothing to re-arm
@@ -84,6 +85,9 @@ class Downstream(asyncio.Protocol):
         self.ctx = ctx
         self.loop: asyncio.AbstractEventLoop = ctx.loop
         self.cx_stats: ConnectionStats = ctx.stats  # the codec keeps its own, typed
+        # The process's in-flight ledger, read once a connection (not through two lookups by
+        # name per request); a worker's is in place before it accepts.
+        self.ledger: Ledger = ctx.process.ledger
         self.transport: asyncio.Transport | None = None
         self.peer = b""
         self.client: Client = None  # type: ignore[assignment]  # set once connected
@@ -114,7 +118,7 @@ class Downstream(asyncio.Protocol):
         ctx = self.ctx
         self.client = Client(self.peer, ctx.scheme, ctx.generate_request_id)
         self.unseen = True
-        self.ctx.process.ledger.fresh += 1
+        self.ledger.fresh += 1
 
     # -- what the codec says ----------------------------------------------------------------
     def busy(self) -> bool:
@@ -205,7 +209,7 @@ class Downstream(asyncio.Protocol):
     def _heard(self) -> None:
         """Its first request began, or it closed unheard: no longer the ledger's ``fresh``."""
         self.unseen = False
-        self.ctx.process.ledger.fresh -= 1
+        self.ledger.fresh -= 1
 
     def last_request(self) -> None:
         """The request that used up max_requests_per_connection (Envoy's): the connection drains
@@ -319,6 +323,65 @@ class Downstream(asyncio.Protocol):
         self.final_notice()
         if not self.busy():
             self.staged_close()
+
+    # -- what an exchange asks of its connection: the codec carries it out ----------------------
+    # (The exchange holds its connection as this native class: its reads of ``closing`` or
+    # ``loop`` and these calls are direct, not lookups by name through a protocol.)
+    def answer(self, ex: Exchange, status: int, body: bytes) -> None:
+        """Admission refused ``ex`` (no route, health check, ...): send this answer (the
+        exchange has booked it)."""
+        raise NotImplementedError
+
+    def going_away(self, ex: Exchange) -> None:
+        """Past the drain time: tell the client to send ``ex`` elsewhere."""
+        raise NotImplementedError
+
+    def hold_request(self, ex: Exchange) -> None:
+        """Stop reading ``ex``'s body for now (HTTP/2: its window already bounds it)."""
+        raise NotImplementedError
+
+    def resume_request(self, ex: Exchange) -> None:
+        raise NotImplementedError
+
+    def release_request(self, ex: Exchange, credit: int) -> None:
+        """``credit`` flow-controlled request bytes were handed on (HTTP/2: WINDOW_UPDATE)."""
+        raise NotImplementedError
+
+    def send_informational(self, ex: Exchange, status: int, fields: Fields) -> None:
+        raise NotImplementedError
+
+    def send_head(self, ex: Exchange, status: int, fields: Fields, length: int | None) -> None:
+        raise NotImplementedError
+
+    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool:
+        raise NotImplementedError
+
+    def send_upgrade(self, ex: Exchange, fields: Fields, upgrade: bytes, rest: bytes) -> bool:
+        raise NotImplementedError
+
+    def send_body(self, ex: Exchange, data: bytes) -> None:
+        raise NotImplementedError
+
+    def send_end(self, ex: Exchange, trailers: list[tuple[bytes, bytes]] | None) -> None:
+        raise NotImplementedError
+
+    def send_local(self, ex: Exchange, status: int, body: bytes,
+                   extra: tuple[tuple[bytes, bytes], ...]) -> None:
+        """A local error in place of the upstream's response (booked by the exchange)."""
+        raise NotImplementedError
+
+    def abort(self, ex: Exchange) -> None:
+        """The upstream failed after the response started: the client can only see a reset."""
+        raise NotImplementedError
+
+    def cork(self) -> None:
+        raise NotImplementedError
+
+    def uncork(self) -> None:
+        raise NotImplementedError
+
+    def exchange_done(self, ex: Exchange) -> None:
+        raise NotImplementedError
 
     # -- closing ------------------------------------------------------------------------------
     def staged_close(self) -> None:

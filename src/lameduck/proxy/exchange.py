@@ -3,7 +3,7 @@
 The ``Exchange`` decides: admission (health-check path, route, ledger), persistence, the endpoint,
 connect or reuse, the request body (held, kept for a replay, flow-controlled), the retry after a
 failure, local errors and the books. It never touches bytes of a protocol: the downstream codec
-connection carries its decisions out through ``DownstreamPort`` (HTTP/1.1 formats a status line,
+connection carries its decisions out through ``Downstream`` (HTTP/1.1 formats a status line,
 HTTP/2 sends HEADERS), and the upstream connection reports through ``ExchangeSink``. Envoy splits
 its router filter from the codecs the same way; hypercorn drives both of its codecs through one
 ``HTTPStream``.
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from lameduck.drain.endpoint import ConnAction, Layer
 from lameduck.drain.retry import Failure, Retry, back_off, decide
@@ -69,6 +69,7 @@ from lameduck.upstream.connector import Fields, UpstreamConn, UpstreamError
 if TYPE_CHECKING:
     from lameduck.drain import ProcessDrain
     from lameduck.proxy.accesslog import AccessLog
+    from lameduck.proxy.downstream import Downstream
     from lameduck.stats import HttpStats
     from lameduck.upstream.cluster import Cluster
     from lameduck.upstream.pool import Endpoint
@@ -99,50 +100,6 @@ class ExchangeContext(Protocol):
     def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
     def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]: ...
     def on_request_done(self) -> None: ...
-
-
-class DownstreamPort(Protocol):
-    """What an exchange asks of its downstream connection: the codec carries it out."""
-
-    ctx: Any  # an ExchangeContext (Any: each codec's context protocol is wider)
-    gone: bool
-    aborted: bool  # lameduck reset the connection (not the client)
-    closing: bool
-    drain_flags: int  # the access log's drain facts of the connection (PD)
-    write_paused: bool
-
-    def answer(self, ex: Exchange, status: int, body: bytes) -> None:
-        """Admission refused ``ex`` (no route, health check, ...): send this answer (the
-        exchange has booked it)."""
-        ...
-    def going_away(self, ex: Exchange) -> None:
-        """Past the drain time: tell the client to send ``ex`` elsewhere."""
-        ...
-    def hold_request(self, ex: Exchange) -> None:
-        """Stop reading ``ex``'s body for now (HTTP/2: its window already bounds it)."""
-        ...
-    def resume_request(self, ex: Exchange) -> None: ...
-    def release_request(self, ex: Exchange, credit: int) -> None:
-        """``credit`` flow-controlled request bytes were handed on (HTTP/2: WINDOW_UPDATE)."""
-        ...
-    def send_informational(self, ex: Exchange, status: int, fields: Fields) -> None: ...
-    def send_head(self, ex: Exchange, status: int, fields: Fields,
-                  length: int | None) -> None: ...
-    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool: ...
-    def send_upgrade(self, ex: Exchange, fields: Fields, upgrade: bytes,
-                     rest: bytes) -> bool: ...
-    def send_body(self, ex: Exchange, data: bytes) -> None: ...
-    def send_end(self, ex: Exchange, trailers: list[tuple[bytes, bytes]] | None) -> None: ...
-    def send_local(self, ex: Exchange, status: int, body: bytes,
-                   extra: tuple[tuple[bytes, bytes], ...]) -> None:
-        """A local error in place of the upstream's response (booked by the exchange)."""
-        ...
-    def abort(self, ex: Exchange) -> None:
-        """The upstream failed after the response started: the client can only see a reset."""
-        ...
-    def cork(self) -> None: ...
-    def uncork(self) -> None: ...
-    def exchange_done(self, ex: Exchange) -> None: ...
 
 
 class Exchange:
@@ -212,7 +169,7 @@ class Exchange:
     resp_fields: Fields | None = None
     sent_at = 0.0  # loop time the request went upstream (upstream_rq_time)
 
-    def __init__(self, down: DownstreamPort, method: bytes, version: int = HTTP11,
+    def __init__(self, down: Downstream, method: bytes, version: int = HTTP11,
                  sid: int = 0) -> None:
         """``version``: the request's HTTP version (``message.HTTP10`` ...), 0 for a request
         line that is not HTTP/1.x (answered 400/505: no HEAD semantics); ``sid``: its stream
@@ -389,7 +346,7 @@ class Exchange:
 
     def _on_books(self, ctx: ExchangeContext) -> bool:
         """Counted in flight, or (past the drain time) turned away "going away"."""
-        if not ctx.process.ledger.begin():
+        if not self.down.ledger.begin():
             self.stats.downstream_rq_going_away += 1
             self.flags |= GA
             self.down.going_away(self)
@@ -441,7 +398,7 @@ class Exchange:
         if timeout > 0:
             # The route timeout runs from here (Envoy); an upload may take as long as the
             # listener's body idle timeout lets it.
-            self.deadline = self.down.ctx.loop.time() + timeout
+            self.deadline = self.down.loop.time() + timeout
         up = self.up
         if up is not None and up.sink is self:
             up.end(self.req_trailers, timeout, self.idle_timeout)
@@ -501,7 +458,7 @@ class Exchange:
         cluster = self.cluster
         assert cluster is not None
         if not self.deadline and self.route_timeout > 0:
-            self.deadline = self.down.ctx.loop.time() + self.route_timeout
+            self.deadline = self.down.loop.time() + self.route_timeout
         if cluster.connector is None and not ep.may_connect():
             self.queued = True
             ep.waiting.append(self._woken)
@@ -525,12 +482,12 @@ class Exchange:
 
     def _arm_deadline(self) -> None:
         if self.deadline and self.timer is None:
-            self.timer = self.down.ctx.loop.call_at(self.deadline, self._no_upstream_in_time)
+            self.timer = self.down.loop.call_at(self.deadline, self._no_upstream_in_time)
 
     def _no_upstream_in_time(self) -> None:
         """The route timeout ended in line or while connecting: 504, as Envoy answers it."""
         self.timer = None
-        if self.down.ctx.loop.time() < self.deadline:  # the request ended meanwhile
+        if self.down.loop.time() < self.deadline:  # the request ended meanwhile
             self._arm_deadline()
             return
         ep = self.endpoint
@@ -576,7 +533,7 @@ class Exchange:
         from inside the codec callback that freed it)."""
         wake = ep.next_waiting()
         if wake is not None:
-            self.down.ctx.loop.call_soon(wake)
+            self.down.loop.call_soon(wake)
 
     def _left_line(self) -> None:
         self.queued = False
@@ -668,7 +625,7 @@ class Exchange:
         cluster = self.cluster
         assert cluster is not None
         ctx = self.down.ctx
-        loop = ctx.loop
+        loop = self.down.loop
         at = loop.time() + back_off(self.tries + 1, cluster.back_off_base,
                                     cluster.back_off_max, ctx.rng)
         if self.deadline and at >= self.deadline:
@@ -712,7 +669,7 @@ class Exchange:
             return
         if down.write_paused:
             up.pause_reading()  # the client is behind: this response waits for it too
-        self.sent_at = down.ctx.loop.time()
+        self.sent_at = down.loop.time()
         up.start(self, self.head)  # None for a byte stream: its relay starts
         if self.up is not up:
             return  # refused at once (an HTTP/2 connection that went away): retried or answered
@@ -730,7 +687,7 @@ class Exchange:
         if self.req_done and up.sink is self:
             timeout = self.route_timeout
             if self.deadline:  # what is left of it after the line, the connect, the retries
-                timeout = max(self.deadline - down.ctx.loop.time(), 0.001)
+                timeout = max(self.deadline - down.loop.time(), 0.001)
             up.end(self.req_trailers, timeout, self.idle_timeout)
         if self.unacked and not self.up_paused:
             n, self.unacked = self.unacked, 0
@@ -1010,18 +967,17 @@ class Exchange:
         done = completed and self.resp_started
         if self.admitted:
             self.admitted = False
-            ctx = self.down.ctx
-            ledger = ctx.process.ledger
+            ledger = self.down.ledger
             if done:
                 ledger.end()
             else:
                 ledger.abandon()
             if ledger.draining:  # a shutdown is waiting for the ledger to empty
-                ctx.on_request_done()
+                self.down.ctx.on_request_done()
         now = 0.0
         if done:
             st.downstream_rq_completed += 1
-            now = self.down.ctx.loop.time()
+            now = self.down.loop.time()
             if self.started:
                 st.downstream_rq_time.record((now - self.started) * 1000.0)
             if self.status and self.sent_at and self.cluster is not None:  # answered upstream
@@ -1040,14 +996,14 @@ class Exchange:
         ctx = down.ctx
         log: AccessLog | None = ctx.access_log  # typed: a native call, ``now`` unboxed
         if log is not None:
-            log.record(self, now or ctx.loop.time())
+            log.record(self, now or down.loop.time())
 
     def cut_off(self) -> bool:
         """The shutdown deadline (or a drain's end for a tunnel) cut this request: off the
         books as cut, flagged CB or CA. True when its response had started (the client sees a
         reset); False: none had (``deadline_cut`` answers it 503 going away)."""
         ctx = self.down.ctx
-        ctx.process.ledger.cut_one()
+        self.down.ledger.cut_one()
         self.admitted = False
         ds = ctx.drain_stats
         if self.resp_started:
