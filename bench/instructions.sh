@@ -4,7 +4,7 @@
 # tens of percent between runs; instruction counts by a few percent). Kernel time (the
 # socket calls, about half of the bench's CPU per request) is not counted.
 #
-#   bench/instructions.sh [--log] [--h2] [SECONDS]
+#   bench/instructions.sh [--log] [--h2] [--nginx] [SECONDS]
 #
 # From the repository (its .venv's python, or PYTHON=...; PYTHONPATH=src to measure a clone).
 #
@@ -13,19 +13,28 @@
 # the counters are zeroed after a warm-up and dumped after SECONDS (8) of load, and the requests
 # in between are read from the admin's stats. Every process started is stopped by pid.
 # --h2: h2c prior-knowledge clients (h2load -c5 -m10) instead of wrk's HTTP/1.1 ones, to the same
-# HTTP/1.1 origin. CG_OUT=FILE keeps callgrind's dump there, for callgrind_annotate (where the instructions go).
+# HTTP/1.1 origin. --nginx: an nginx origin (one process, `return 200` with the demo origin's
+# body) instead of the demo one: its responses carry Connection: keep-alive, Date and Server, as
+# real origins' do (the demo origin sends no Connection field). CG_OUT=FILE keeps callgrind's
+# dump there, for callgrind_annotate (where the instructions go).
 set -euo pipefail
 LOG=0
 H2=0
-while [ "${1:-}" = --log ] || [ "${1:-}" = --h2 ]; do
+NGINX=0
+while [ "${1:-}" = --log ] || [ "${1:-}" = --h2 ] || [ "${1:-}" = --nginx ]; do
   [ "$1" = --log ] && LOG=1
   [ "$1" = --h2 ] && H2=1
+  [ "$1" = --nginx ] && NGINX=1
   shift
 done
 SECS=${1:-8}
-[ $# -le 1 ] || { echo "usage: bench/instructions.sh [--log] [--h2] [SECONDS]" >&2; exit 2; }
+[ $# -le 1 ] || {
+  echo "usage: bench/instructions.sh [--log] [--h2] [--nginx] [SECONDS]" >&2; exit 2; }
 if [ "$H2" = 1 ] && ! command -v h2load > /dev/null; then
   echo "--h2 needs h2load (Debian package nghttp2-client)" >&2; exit 2
+fi
+if [ "$NGINX" = 1 ] && ! command -v nginx > /dev/null; then
+  echo "--nginx needs nginx (Debian package nginx-light)" >&2; exit 2
 fi
 PY=${PYTHON:-$(dirname "$0")/../.venv/bin/python}
 [ -x "$PY" ] || PY=python3
@@ -35,11 +44,50 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2
 trap cleanup EXIT
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-taskset -c 1 "$PY" -m lameduck.demo --port 0 > "$W/origin.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do grep -q "listening on" "$W/origin.log" && break; sleep 0.1; done
-ORIGIN=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$W/origin.log" | cut -d: -f2 || true)
-[ -n "$ORIGIN" ] || { echo "the demo origin did not start ($PY):" >&2; cat "$W/origin.log" >&2; exit 1; }
+if [ "$NGINX" = 1 ]; then
+  ORIGIN=$(free_port)
+  mkdir "$W/nginx"
+  # One process, no logs, every temp path in $W (as bench/run.py's nginx origin).
+  cat > "$W/nginx/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+master_process off;
+pid $W/nginx/nginx.pid;
+error_log $W/nginx/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path $W/nginx/client_body;
+    proxy_temp_path $W/nginx/proxy;
+    fastcgi_temp_path $W/nginx/fastcgi;
+    uwsgi_temp_path $W/nginx/uwsgi;
+    scgi_temp_path $W/nginx/scgi;
+    default_type text/plain;
+    keepalive_timeout 60s;
+    keepalive_requests 100000000;
+    server {
+        listen 127.0.0.1:$ORIGIN;
+        location / { return 200 "hello from the lameduck demo origin\\n"; }
+    }
+}
+EOF
+  taskset -c 1 nginx -p "$W/nginx" -e "$W/nginx/error.log" -c "$W/nginx/nginx.conf" \
+    > "$W/origin.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 100); do
+    curl -sf -o /dev/null -m 1 "http://127.0.0.1:$ORIGIN/" && break
+    sleep 0.1
+  done
+  curl -sf -o /dev/null -m 1 "http://127.0.0.1:$ORIGIN/" || {
+    echo "the nginx origin did not start:" >&2; cat "$W/origin.log" "$W/nginx/error.log" >&2
+    exit 1; }
+else
+  taskset -c 1 "$PY" -m lameduck.demo --port 0 > "$W/origin.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 100); do grep -q "listening on" "$W/origin.log" && break; sleep 0.1; done
+  ORIGIN=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$W/origin.log" | cut -d: -f2 || true)
+  [ -n "$ORIGIN" ] || { echo "the demo origin did not start ($PY):" >&2; cat "$W/origin.log" >&2; exit 1; }
+fi
 PORT=$(free_port)
 ADMIN=$(free_port)
 {
@@ -92,5 +140,5 @@ if [ -z "$N0" ] || [ -z "$N1" ] || [ "$N" -le 0 ]; then
   exit 1
 fi
 IR=$(grep -h -m1 '^summary:' "$W"/cg.out.* | awk '{print $2}')
-echo "$([ "$H2" = 1 ] && echo "h2c 5x10, ")access log $([ "$LOG" = 1 ] && echo on || echo off): $N requests, $IR instructions, $(( IR / N )) per request"
+echo "$([ "$NGINX" = 1 ] && echo "nginx origin, ")$([ "$H2" = 1 ] && echo "h2c 5x10, ")access log $([ "$LOG" = 1 ] && echo on || echo off): $N requests, $IR instructions, $(( IR / N )) per request"
 [ -z "${CG_OUT:-}" ] || cp "$W"/cg.out.1 "$CG_OUT"

@@ -101,10 +101,13 @@ class H1Upstream(asyncio.Protocol):
         self.upgrade = b""  # its Upgrade field
         # The last response ``whole_response`` passed, kept to skip its scan when the next one
         # repeats it: its verdict depends only on the head's bytes and the total size, and a
-        # keep-alive origin often sends the same head (and length) again.
+        # keep-alive origin often sends the same head (and length) again. ``whole_out``: the
+        # head as forwarded, without its Connection and Keep-Alive lines (b"" when it had
+        # none: forwarded as it came); ``whole_end``: where that head's blank line starts.
         self.whole_head = b""
         self.whole_size = -1
         self.whole_end = 0
+        self.whole_out = b""
         # timeouts: one lazily re-armed timer for both
         self.timeouts = ResponseTimeouts()  # the route and per-try idle timeouts
         self.timer: asyncio.TimerHandle | None = None
@@ -224,16 +227,27 @@ class H1Upstream(asyncio.Protocol):
             self.timeouts.touch(self.loop.time())
         if self.fresh:
             self.fresh = False
+            out = data  # what is forwarded: the response less its Connection / Keep-Alive
             if len(data) == self.whole_size and data.startswith(self.whole_head):
                 end = self.whole_end  # the head of the last whole response, byte for byte
+                if self.whole_out:
+                    out = self.whole_out + data[len(self.whole_head):]
             else:
-                end = whole_response(data)
+                end, cut, cut_to, cut2, cut2_to = whole_response(data)
                 if end:
                     self.whole_head = data[:end + 4]
                     self.whole_size = len(data)
+                    self.whole_out = b""
+                    if cut:  # the lines the parser's path would not forward either
+                        if cut2:
+                            out = b"".join((data[:cut], data[cut_to:cut2], data[cut2_to:]))
+                        else:
+                            out = data[:cut] + data[cut_to:]
+                        end -= cut_to - cut + cut2_to - cut2
+                        self.whole_out = out[:end + 4]
                     self.whole_end = end
-            if end and sink.on_whole_response(status_code(data), data, end):
-                return  # forwarded as it came; the exchange is complete and let go of us
+            if end and sink.on_whole_response(status_code(data), out, end):
+                return  # forwarded in one piece; the exchange is complete and let go of us
         # What one read produces downstream (head, body, end) leaves in one write: one
         # syscall instead of three for a small response.
         sink.cork()

@@ -26,13 +26,27 @@ LOWER: Final = 32  # or'ed into an ASCII letter, makes it lower case
 ZERO: Final = 48
 
 
-def whole_response(data: bytes) -> int:
+# What ``whole_response`` answers: the end of the head (0: not a whole response), then the
+# byte spans of up to two lines to leave out of what is forwarded, in order ([0, 0): none).
+Whole = tuple[int, int, int, int, int]
+NOT_WHOLE: Final = (0, 0, 0, 0, 0)
+
+
+def whole_response(data: bytes) -> Whole:
     """The end of the head of a complete, plain 2xx/3xx/4xx/5xx response that fills ``data``
     exactly: HTTP/1.1, one Content-Length that matches the bytes after the head, CRLF line
-    ends only, nothing hop-by-hop, and every byte of the head one the parser takes (token
-    names, no control byte, no obs-fold). Such a response can be forwarded as it came, without
-    the parser (the common keep-alive case). Returns 0 for anything else: the parser judges it,
-    so an upstream head gets the same validation whichever path carries it.
+    ends only, and every byte of the head one the parser takes (token names, no control byte,
+    no obs-fold). Such a response can be forwarded as it came, without the parser (the common
+    keep-alive case). ``(0, ...)`` for anything else: the parser judges it, so an upstream head
+    gets the same validation whichever path carries it.
+
+    Nothing hop-by-hop but what every keep-alive origin sends (nginx, Apache, Node, gunicorn):
+    one ``Connection`` field whose value is the token ``keep-alive`` alone (any case, optional
+    whitespace) and one ``Keep-Alive`` field. Those lines are the spans returned after the end
+    (``[start, stop)``, CR LF included, the earlier first): the forwarded bytes leave them out,
+    as the parser's path leaves out every hop-by-hop field (RFC 9110 §7.6.1). A ``Connection``
+    naming anything else (close, a field, a list), a second one, or any other hop-by-hop field
+    takes the parser's path.
 
     Two implementations with the same answer (a test holds them to it): the one that is
     cheaper where this module runs, compiled or interpreted.
@@ -40,6 +54,13 @@ def whole_response(data: bytes) -> int:
     if COMPILED:
         return _scan_whole_response(data)
     return _split_whole_response(data)
+
+
+def _spans(end: int, a: int, a_to: int, b: int, b_to: int) -> Whole:
+    """``whole_response``'s answer with the two spans (either may be empty) in order."""
+    if b and (not a or b < a):
+        return end, b, b_to, a, a_to
+    return end, a, a_to, b, b_to
 
 
 # True when this module runs compiled by mypyc (its file is then the extension module).
@@ -56,20 +77,22 @@ _PLAIN_HEAD: Final = re.compile(
     rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t -~\x80-\xff]*\r\n)*\r\n")
 
 
-def _split_whole_response(data: bytes) -> int:
+def _split_whole_response(data: bytes) -> Whole:
     """``whole_response`` for the interpreter: one ``split`` and a few C calls a line beat a
     bytes loop there (3 µs against 17 µs a response)."""
     if data[:9] != b"HTTP/1.1 ":
-        return 0
+        return NOT_WHOLE
     end = data.find(b"\r\n\r\n")
     if end < 13 or data[12] != SP:
-        return 0
+        return NOT_WHOLE
     code = status_code(data)
     if code < 200 or code > 599 or code == 204 or code == 304:
-        return 0
+        return NOT_WHOLE
     if _PLAIN_HEAD.fullmatch(data, 0, end + 4) is None:
-        return 0  # a byte the parser refuses, or a line it would read otherwise
+        return NOT_WHOLE  # a byte the parser refuses, or a line it would read otherwise
     length = -1
+    connection = b""  # the Connection line, and the Keep-Alive line, to leave out
+    keep_alive = b""
     for line in data[:end].split(b"\r\n"):
         # Field names compared lower-cased; only the first letter is looked at for most lines.
         # A name that merely starts with a hop-by-hop one (or with "t": te, trailer,
@@ -79,36 +102,54 @@ def _split_whole_response(data: bytes) -> int:
             if line[:15].lower() == b"content-length:":
                 value = line[15:].strip()
                 if length >= 0 or not value.isdigit():
-                    return 0  # repeated, or not a plain decimal
+                    return NOT_WHOLE  # repeated, or not a plain decimal
                 length = int(value)
             elif line[:10].lower() == b"connection":
-                return 0
+                if (connection or line[10:11] != b":"
+                        or line[11:].strip(b" \t").lower() != b"keep-alive"):
+                    return NOT_WHOLE  # a second one, or more than keep-alive
+                connection = line
         elif c == 116:  # t
-            return 0
+            return NOT_WHOLE
         elif c == 107:  # k
             if line[:10].lower() == b"keep-alive":
-                return 0
+                if keep_alive or line[10:11] != b":":
+                    return NOT_WHOLE
+                keep_alive = line
         elif c == 112:  # p
             if line[:16].lower() == b"proxy-connection":
-                return 0
+                return NOT_WHOLE
         elif c == 117 and line[:7].lower() == b"upgrade":  # u
-            return 0
+            return NOT_WHOLE
     if length != len(data) - end - 4:
-        return 0
-    return end
+        return NOT_WHOLE
+    if not connection and not keep_alive:
+        return end, 0, 0, 0, 0
+    # Each line where it stands: after a CR LF (the status line is never one of them), and
+    # only once (a second one was refused above).
+    a = a_to = b = b_to = 0
+    if connection:
+        a = data.find(b"\r\n%s\r\n" % connection, 0, end + 4) + 2
+        a_to = a + len(connection) + 2
+    if keep_alive:
+        b = data.find(b"\r\n%s\r\n" % keep_alive, 0, end + 4) + 2
+        b_to = b + len(keep_alive) + 2
+    return _spans(end, a, a_to, b, b_to)
 
 
-def _scan_whole_response(data: bytes) -> int:
+def _scan_whole_response(data: bytes) -> Whole:
     """``whole_response`` compiled: one pass over the head's bytes with no
     method call (compiled, a bytes loop is a few instructions a byte; each ``find``, ``split``
     or ``lower`` it replaced cost hundreds).
     """
     if not data.startswith(b"HTTP/1.1 ") or len(data) < 17 or data[12] != SP:
-        return 0
+        return NOT_WHOLE
     code = status_code(data)
     if code < 200 or code > 599 or code == 204 or code == 304:
-        return 0
+        return NOT_WHOLE
     length = -1
+    # The Connection and Keep-Alive lines to leave out: [start, stop), 0 while none was seen.
+    connection = connection_to = keep_alive = keep_alive_to = 0
     state = _IN_VALUE  # the reason phrase takes what a field value takes
     size = len(data)
     i = 13  # "HTTP/1.1 NNN " checked above
@@ -118,21 +159,21 @@ def _scan_whole_response(data: bytes) -> int:
             if c == CR:
                 state = _CR
             elif not VALUE[c]:
-                return 0  # a bare LF, NUL or another control byte: let the parser judge it
+                return NOT_WHOLE  # a bare LF, NUL or another control byte: the parser's
         elif state == _IN_NAME:
             if c == 58:  # ":"
                 state = _IN_VALUE
             elif not TOKEN[c]:
-                return 0  # a space before the colon, or a byte no name holds
+                return NOT_WHOLE  # a space before the colon, or a byte no name holds
         elif state == _CR:
             if c != LF:
-                return 0  # a bare CR
+                return NOT_WHOLE  # a bare CR
             state = _LINE_START
         elif state == _LINE_START:
             if c == CR:
                 state = _BLANK_CR
             elif not TOKEN[c]:
-                return 0  # obs-fold (SP or HT), a bare LF, an empty name
+                return NOT_WHOLE  # obs-fold (SP or HT), a bare LF, an empty name
             else:
                 state = _IN_NAME
                 # Field names compared lower-cased; only the first letter is looked at for
@@ -142,28 +183,42 @@ def _scan_whole_response(data: bytes) -> int:
                 if c == 99:  # c
                     if _named(data, i, b"content-length:"):
                         if length >= 0:
-                            return 0  # repeated
+                            return NOT_WHOLE  # repeated
                         length = _decimal(data, i + 15)
                         if length < 0:
-                            return 0  # not a plain decimal
+                            return NOT_WHOLE  # not a plain decimal
                     elif _named(data, i, b"connection"):
-                        return 0
+                        if connection or not _named(data, i, b"connection:"):
+                            return NOT_WHOLE  # a second one, or a longer name
+                        cr = _keep_alive_value(data, i + 11)
+                        if cr < 0:
+                            return NOT_WHOLE  # close, a field name, a list: the parser's to read
+                        connection = i
+                        connection_to = cr + 2  # the scan checks the LF
                 elif c == 116:  # t
-                    return 0
+                    return NOT_WHOLE
                 elif c == 107:  # k
                     if _named(data, i, b"keep-alive"):
-                        return 0
+                        if keep_alive or not _named(data, i, b"keep-alive:"):
+                            return NOT_WHOLE
+                        cr = _line_end(data, i + 11)
+                        if cr < 0:
+                            return NOT_WHOLE
+                        keep_alive = i
+                        keep_alive_to = cr + 2
                 elif c == 112:  # p
                     if _named(data, i, b"proxy-connection"):
-                        return 0
+                        return NOT_WHOLE
                 elif c == 117 and _named(data, i, b"upgrade"):  # u
-                    return 0
+                    return NOT_WHOLE
         else:  # _BLANK_CR: the head ends at CR LF CR LF
             if c != LF or length != size - i - 1:
-                return 0
-            return i - 3
+                return NOT_WHOLE
+            if connection or keep_alive:
+                return _spans(i - 3, connection, connection_to, keep_alive, keep_alive_to)
+            return i - 3, 0, 0, 0, 0
         i += 1
-    return 0  # no blank line: the head is not all here
+    return NOT_WHOLE  # no blank line: the head is not all here
 
 
 # States of the scan in ``whole_response``.
@@ -188,6 +243,34 @@ def _named(data: bytes, at: int, name: bytes) -> bool:
             return False
         k += 1
     return True
+
+
+def _keep_alive_value(data: bytes, at: int) -> int:
+    """The index of the CR ending a field value at ``at`` that is the one token
+    ``keep-alive`` (any ASCII case) between optional whitespace (SP, HT), else -1."""
+    size = len(data)
+    i = at
+    while i < size and (data[i] == SP or data[i] == 9):
+        i += 1
+    if not _named(data, i, b"keep-alive"):
+        return -1
+    i += 10
+    while i < size and (data[i] == SP or data[i] == 9):
+        i += 1
+    if i >= size or data[i] != CR:
+        return -1
+    return i
+
+
+def _line_end(data: bytes, at: int) -> int:
+    """The index of the first CR at or after ``at``, -1 if none."""
+    size = len(data)
+    i = at
+    while i < size:
+        if data[i] == CR:
+            return i
+        i += 1
+    return -1
 
 
 def _blank(c: int) -> bool:
