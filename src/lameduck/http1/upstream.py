@@ -18,7 +18,7 @@ import httptools
 
 from lameduck.http1.wire import LAST_CHUNK, chunk, status_code, whole_response
 from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated_fields, trailer_block, trailer_fields
-from lameduck.proxy.message import RequestHead
+from lameduck.proxy.message import HTTP11, RequestHead
 from lameduck.upstream.connector import ExchangeSink, ResponseTimeouts, UpstreamError
 
 if TYPE_CHECKING:
@@ -167,7 +167,10 @@ class H1Upstream(asyncio.Protocol):
         self.sink = sink
         self.chunked_req = head.chunked
         self.requests += 1
-        self.fresh = True  # no byte of this response read yet: the parser is at a boundary
+        # No byte of this response read yet (the parser is at a boundary): a whole response
+        # may go as it came, to an HTTP/1.1 client only (an HTTP/2 one gets it as frames, an
+        # HTTP/1.0 one reframed), so for no other the fast path's scan is spent.
+        self.fresh = head.version == HTTP11
         self.head_seen = False
         self.got_bytes = False
         self.no_body = head.method == b"HEAD"
