@@ -7,9 +7,9 @@ FAST  := $(VENV)/.compiled
 # The per-request path, compiled with mypyc from the same typed Python source; the pure-Python
 # modules are the fallback when no compiler works. Compiled together, the codec reaches the
 # stats, the connection drain state, the router and the pools as native classes (struct fields
-# and direct calls instead of attribute lookups by name). Not drain/ledger.py: a test subclasses
-# Ledger to spy on it, and interpreted classes cannot inherit from compiled ones — which is also
-# why http2/client.py (H2Client subclasses connection.py's H2Connection) must be here with it.
+# and direct calls instead of attribute lookups by name). Interpreted classes cannot inherit
+# from compiled ones, which is why http2/client.py (H2Client subclasses connection.py's
+# H2Connection) must be here with it.
 HOT   := lameduck/http1/wire.py lameduck/http1/upstream.py lameduck/http1/downstream.py \
          lameduck/upstream/router.py lameduck/upstream/pool.py lameduck/upstream/cluster.py \
          lameduck/upstream/balancer.py \
@@ -19,7 +19,7 @@ HOT   := lameduck/http1/wire.py lameduck/http1/upstream.py lameduck/http1/downst
          lameduck/http2/upstream.py lameduck/proxy/fields.py lameduck/proxy/local.py \
          lameduck/proxy/replay.py lameduck/proxy/exchange.py lameduck/proxy/downstream.py \
          lameduck/upstream/connector.py lameduck/stats/histogram.py lameduck/proxy/accesslog.py \
-         lameduck/proxy/message.py lameduck/proxy/admission.py
+         lameduck/proxy/message.py lameduck/proxy/admission.py lameduck/drain/ledger.py
 # Every compiled module (also those of an older HOT list).
 BUILT := src/*__mypyc*.so $$(find src/lameduck -name '*.so')
 

@@ -4,6 +4,9 @@ A request increments the count before it tests whether new work is still taken; 
 that race takes itself back out and is answered "going away". So the drain loop, which waits for
 the count to reach zero, can never miss a request that slipped in, and no request is both counted
 and refused.
+
+Compiled with the hot path (every request begins and ends here). A worker process keeps its
+counts in a page its main process reads after a SIGKILL too (``share``, ``server.inflight``).
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 class Ledger:
     """Requests in flight across the process, and what a drain did with them."""
 
-    __slots__ = ("accepting", "active", "completed", "cut", "draining", "fresh", "refused")
+    __slots__ = ("accepting", "active", "completed", "cut", "draining", "fresh", "refused",
+                 "slots")
 
     def __init__(self) -> None:
         self.active = 0
@@ -24,11 +28,22 @@ class Ledger:
         self.completed = 0
         self.refused = 0
         self.cut = 0
+        # A worker's page shared with its main process: [active, fresh] written at each change
+        # (None: a single process, nobody else reads them).
+        self.slots: memoryview | None = None
+
+    def share(self, slots: memoryview) -> None:
+        """From now on every change of ``active`` and ``fresh`` is written to ``slots`` too."""
+        self.slots = slots
+        slots[0] = self.active
+        slots[1] = self.fresh
 
     def begin(self) -> bool:
         """Admit a request. False: it was refused and must be answered "going away"."""
         self.active += 1
         if self.accepting:
+            if self.slots is not None:
+                self.slots[0] = self.active
             return True
         self.active -= 1
         self.refused += 1
@@ -39,15 +54,33 @@ class Ledger:
         self.active -= 1
         if self.draining:
             self.completed += 1
+        if self.slots is not None:
+            self.slots[0] = self.active
 
     def abandon(self) -> None:
         """A request admitted by ``begin`` ended without completing: its client went away."""
         self.active -= 1
+        if self.slots is not None:
+            self.slots[0] = self.active
 
     def cut_one(self) -> None:
         """A request admitted by ``begin`` was cut at the deadline."""
         self.active -= 1
         self.cut += 1
+        if self.slots is not None:
+            self.slots[0] = self.active
+
+    def accepted(self) -> None:
+        """A connection was accepted: in flight for its client until its first request."""
+        self.fresh += 1
+        if self.slots is not None:
+            self.slots[1] = self.fresh
+
+    def heard(self) -> None:
+        """A fresh connection's first request began (or it closed without one)."""
+        self.fresh -= 1
+        if self.slots is not None:
+            self.slots[1] = self.fresh
 
     @property
     def idle(self) -> bool:

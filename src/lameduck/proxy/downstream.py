@@ -118,7 +118,7 @@ class Downstream(asyncio.Protocol):
         ctx = self.ctx
         self.client = Client(self.peer, ctx.scheme, ctx.generate_request_id)
         self.unseen = True
-        self.ledger.fresh += 1
+        self.ledger.accepted()
 
     # -- what the codec says ----------------------------------------------------------------
     def busy(self) -> bool:
@@ -209,7 +209,7 @@ class Downstream(asyncio.Protocol):
     def _heard(self) -> None:
         """Its first request began, or it closed unheard: no longer the ledger's ``fresh``."""
         self.unseen = False
-        self.ledger.fresh -= 1
+        self.ledger.heard()
 
     def last_request(self) -> None:
         """The request that used up max_requests_per_connection (Envoy's): the connection drains

@@ -4,15 +4,14 @@ A status message is up to 100 ms old when a worker dies; the requests it took si
 all the same. So a worker keeps its ledger's in-flight counts in a page shared with the main
 process (a memfd both map): what the main process reads there after the worker died is
 exactly what its clients lost — the requests it had begun and not finished, and the
-connections it had accepted whose first request it had not yet read.
+connections it had accepted whose first request it had not yet read. The worker's ledger
+writes both there at each change (``Ledger.share``).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-
-from lameduck.drain.ledger import Ledger
 
 _SIZE = 16  # two signed 64-bit counts: requests in flight, fresh connections
 
@@ -38,47 +37,3 @@ class InFlight:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-_begin, _end, _abandon, _cut_one = Ledger.begin, Ledger.end, Ledger.abandon, Ledger.cut_one
-
-
-class SharedLedger(Ledger):
-    """A worker's ledger: each change of ``active`` is written to the shared page too (after
-    the ledger's own step: +80 ns a request, where a property read and written through the
-    page cost +200), and ``fresh``, changed once or twice a connection, lives there."""
-
-    __slots__ = ("_slots",)
-
-    def __init__(self, slots: memoryview, was: Ledger) -> None:
-        self._slots = slots
-        super().__init__()
-        for name in ("active", "fresh", "accepting", "draining", "completed", "refused",
-                     "cut"):
-            setattr(self, name, getattr(was, name))
-        slots[0] = self.active
-
-    def begin(self) -> bool:
-        ok = _begin(self)
-        self._slots[0] = self.active
-        return ok
-
-    def end(self) -> None:
-        _end(self)
-        self._slots[0] = self.active
-
-    def abandon(self) -> None:
-        _abandon(self)
-        self._slots[0] = self.active
-
-    def cut_one(self) -> None:
-        _cut_one(self)
-        self._slots[0] = self.active
-
-    @property  # type: ignore[override]
-    def fresh(self) -> int:
-        return self._slots[1]
-
-    @fresh.setter
-    def fresh(self, value: int) -> None:
-        self._slots[1] = value

@@ -36,7 +36,7 @@ from lameduck.listeners import TcpListener
 from lameduck.proxy.accesslog import flush_access_logs
 from lameduck.server.build import build
 from lameduck.server.channel import Channel, Message, encode, open_channel, read_one
-from lameduck.server.inflight import InFlight, SharedLedger
+from lameduck.server.inflight import InFlight
 from lameduck.server.lifecycle import EXIT_CUT, EXIT_OK, flush_limit, run_loop
 from lameduck.server.local import LocalPlane
 from lameduck.server.logfile import (
@@ -437,7 +437,7 @@ async def serve(control: socket.socket) -> int:
     server.index = index
     if first.get("inflight_fd") is not None:
         page = InFlight(int(first["inflight_fd"]))
-        server.process.ledger = SharedLedger(page.slots, server.process.ledger)
+        server.process.ledger.share(page.slots)
     for name, fds in first["fds"].items():
         keep = fds[index % len(fds)]
         for fd in fds:
