@@ -24,7 +24,7 @@ from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.message import HTTP11, RequestHead
 from lameduck.stats import DrainStats, Http2Stats, HttpStats
 from lameduck.upstream.cluster import Cluster
-from lameduck.upstream.connector import Fields
+from lameduck.upstream.connector import Fields, UpstreamConn
 from lameduck.upstream.pool import Endpoint
 from lameduck.upstream.router import Route, Router
 
@@ -199,17 +199,12 @@ class Connecting:
             cb(self)
 
 
-class Upstream:
+class Upstream(UpstreamConn):
     """An upstream connection (or HTTP/2 stream): records what the exchange sent on it."""
 
     def __init__(self, endpoint: Endpoint, multiplexed: bool = False) -> None:
+        super().__init__(multiplexed)
         self.endpoint = endpoint
-        self.multiplexed = multiplexed
-        self.sink: Any = None
-        self.alive = True
-        self.read_paused = False
-        self.got_bytes = False
-        self.idle_since = 0.0
         self.sent = b""
         self.ended = False
         self.closed = False
@@ -410,5 +405,5 @@ def pooled(ctx: Context, index: int, multiplexed: bool = False) -> Upstream:
     """An idle pooled connection to endpoint ``index`` (the next request reuses it)."""
     ep = ctx.eps[index]
     up = Upstream(ep, multiplexed)
-    ep.idle.append(up)  # type: ignore[arg-type]
+    ep.idle.append(up)
     return up

@@ -19,7 +19,12 @@ import httptools
 from lameduck.http1.wire import LAST_CHUNK, chunk, status_code, whole_response
 from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated_fields, trailer_block, trailer_fields
 from lameduck.proxy.message import HTTP11, RequestHead
-from lameduck.upstream.connector import ExchangeSink, ResponseTimeouts, UpstreamError
+from lameduck.upstream.connector import (
+    ExchangeSink,
+    ResponseTimeouts,
+    UpstreamConn,
+    UpstreamError,
+)
 
 if TYPE_CHECKING:
     from lameduck.upstream.pool import Endpoint
@@ -64,22 +69,17 @@ def request_head(head: RequestHead) -> bytes:
     return b"".join(out)
 
 
-class H1Upstream(asyncio.Protocol):
+class H1Upstream(UpstreamConn):
     """One keep-alive connection to one endpoint."""
 
-    multiplexed = False
-
     def __init__(self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(multiplexed=False)
         self.endpoint = endpoint
         self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.sink: ExchangeSink | None = None
-        self.alive = True
         self.keep_alive = True
-        self.read_paused = False  # paused because the client side cannot take more
         self.closed_here = False  # we closed it (else the upstream did, or the network)
-        self.idle_since = 0.0
         self.requests = 0
         self.on_opened: Callable[[H1Upstream], None] | None = None  # run at connection_made
         self.on_closed: list = []  # callbacks(conn) run once when the connection is lost
@@ -92,7 +92,6 @@ class H1Upstream(asyncio.Protocol):
         self.trailers: list[tuple[bytes, bytes]] = []
         self.status = 0
         self.head_seen = False
-        self.got_bytes = False
         self.fresh = False
         self.no_body = False  # HEAD request: llhttp cannot be told, so we end it ourselves
         self.chunked_req = False  # the request body is sent in chunks (framed by ``write``)

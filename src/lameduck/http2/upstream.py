@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING, Final, cast
 
 from lameduck.proxy.fields import trailer_fields
 from lameduck.proxy.message import RequestHead
-from lameduck.upstream.connector import ExchangeSink, ResponseTimeouts, UpstreamError
+from lameduck.upstream.connector import (
+    ExchangeSink,
+    ResponseTimeouts,
+    UpstreamConn,
+    UpstreamError,
+)
 
 from .client import H2Client
 from .connection import H2Limits
@@ -60,22 +65,16 @@ def head_fields(head: RequestHead) -> list[tuple[bytes, bytes]]:
     return fields
 
 
-class H2UpstreamStream:
+class H2UpstreamStream(UpstreamConn):
     """One exchange's stream: what an ``H1Upstream`` is to an exchange, on a shared socket."""
 
-    multiplexed = True
-    reusable = False  # a stream is used once; the connection is what is shared
     transport = None  # never handed to a tunnel (no 101 in HTTP/2)
-    idle_since = 0.0  # never pooled itself
 
     def __init__(self, conn: H2UpstreamConnection) -> None:
+        super().__init__(multiplexed=True)
         self.conn = conn
-        self.sink: ExchangeSink | None = None
         self.sid = 0  # 0 until its HEADERS are sent
-        self.alive = True
         self.started = False
-        self.read_paused = False
-        self.got_bytes = False
         self.head_seen = False
         self.ended = False  # our END_STREAM went out (or the stream is gone)
         self.done = False  # finished on the wire (complete, reset, refused or lost)
@@ -92,6 +91,11 @@ class H2UpstreamStream:
         self.held_size = 0
         self.held_paused = False
         self.end_trailers: list[tuple[bytes, bytes]] | None = None  # the request's trailers
+
+    @property
+    def reusable(self) -> bool:
+        """A stream is used once; the connection is what is shared."""
+        return False
 
     # -- what an exchange calls ----------------------------------------------------------------
     def start(self, sink: ExchangeSink, head: RequestHead) -> None:

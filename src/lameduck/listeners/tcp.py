@@ -22,7 +22,6 @@ import math
 import random
 import socket
 from collections.abc import Callable
-from typing import Any
 
 from lameduck.config import ListenerConfig
 from lameduck.drain import ConnectionDrain, DrainedBy, ListenerDrain, ProcessDrain
@@ -36,29 +35,22 @@ from lameduck.proxy.message import STREAM
 from lameduck.stats import DrainStats, TcpStats
 from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
 from lameduck.upstream.cluster import Cluster
-from lameduck.upstream.connector import Fields
+from lameduck.upstream.connector import ExchangeSink, Fields, UpstreamConn
 from lameduck.upstream.pool import Endpoint
 
 
-class TcpUpstream:
+class TcpUpstream(UpstreamConn):
     """The upstream socket of one relayed connection, as an exchange holds an upstream
-    connection (``connector.UpstreamConn``): ``start`` hands it to the downstream's relay,
-    ``sever`` is its endpoint's drain stop. Never pooled."""
-
-    alive = True
-    read_paused = False
-    got_bytes = False
-    multiplexed = False
-    idle_since = 0.0
-    reusable = False
+    connection: ``start`` hands it to the downstream's relay, ``sever`` is its endpoint's drain
+    stop. Never pooled."""
 
     def __init__(self, listener: TcpListener, ep: Endpoint, transport: asyncio.Transport,
                  pending: Pending) -> None:
+        super().__init__(multiplexed=False)
         self.listener = listener
         self.endpoint = ep
         self.transport = transport
         self.pending = pending
-        self.sink: Any = None
         self.relay: Relay | None = None
         self.closed = False
         cs = listener.cluster.stats
@@ -68,8 +60,13 @@ class TcpUpstream:
         ep.cx_active += 1
         ep.conns.add(self)
 
-    def start(self, sink: Exchange, head: object) -> None:
+    @property
+    def reusable(self) -> bool:
+        return False
+
+    def start(self, sink: ExchangeSink, head: object) -> None:
         """The exchange attached: its downstream relays both sockets from now on."""
+        assert isinstance(sink, Exchange)
         self.sink = sink
         down = sink.down
         assert isinstance(down, TcpDownstream)
@@ -79,7 +76,8 @@ class TcpUpstream:
         """Client bytes read before the relay began (the exchange held and counted them)."""
         self.transport.write(data)
 
-    def end(self, trailers: object, timeout: float, idle_timeout: float) -> None:
+    def end(self, trailers: list[tuple[bytes, bytes]] | None, timeout: float,
+            idle_timeout: float) -> None:
         """The client shut down writing before the relay began: the FIN goes on."""
         if self.relay is not None:
             self.relay.eof(Flow.TO_UPSTREAM)
@@ -106,7 +104,7 @@ class TcpUpstream:
         """Its endpoint's drain stop: the relay is reset."""
         if self.relay is not None:
             self.relay.end(reset=True)
-        elif self.sink is not None:
+        elif isinstance(self.sink, Exchange):
             self.sink.down.reset()
 
     def take_over(self) -> asyncio.Transport | None:

@@ -434,7 +434,7 @@ class Exchange:
         conn = ep.acquire() if self.head is not None else None
         if conn is not None:
             self.reused = True
-            self.attach(conn)  # type: ignore[arg-type]
+            self.attach(conn)
         else:
             self.reused = False
             self._open(ep)
@@ -521,7 +521,7 @@ class Exchange:
             self._left_line()
             self._stop_timer()  # the upstream keeps what is left of the route timeout
             self.reused = True
-            self.attach(conn)  # type: ignore[arg-type]
+            self.attach(conn)
         elif ep.may_connect_next():
             self._left_line()
             self._dial(ep)  # the deadline timer runs on through the connect
@@ -671,7 +671,7 @@ class Exchange:
             up.pause_reading()  # the client is behind: this response waits for it too
         self.sent_at = down.loop.time()
         up.start(self, self.head)  # None for a byte stream: its relay starts
-        if self.up is not up:
+        if not self._holds(up):
             return  # refused at once (an HTTP/2 connection that went away): retried or answered
         if self.buffered:
             for piece in self.buffered:
@@ -692,6 +692,11 @@ class Exchange:
         if self.unacked and not self.up_paused:
             n, self.unacked = self.unacked, 0
             down.release_request(self, n)
+
+    def _holds(self, up: UpstreamConn) -> bool:
+        """Still attached to ``up`` (a call may have let it go: read anew, not the type the
+        attach narrowed ``self.up`` to)."""
+        return self.up is up
 
     def _detach(self, reusable: bool) -> None:
         up = self.up

@@ -11,6 +11,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
+from mypy_extensions import mypyc_attr
+
 
 class UpstreamError:
     """Why an upstream exchange failed: the status the client gets if nothing was sent yet."""
@@ -102,39 +104,56 @@ class ExchangeSink(Protocol):
     def resume_request_body(self) -> None: ...
 
 
-class UpstreamConn(Protocol):
+@mypyc_attr(allow_interpreted_subclasses=True)  # the TCP listener's, and the tests' upstreams
+class UpstreamConn(asyncio.Protocol):
     """What an exchange holds while its request is upstream: an ``H1Upstream`` (a whole
-    connection) or an HTTP/2 stream on a shared one (``http2.upstream``)."""
+    connection) or an HTTP/2 stream on a shared one (``http2.upstream``). A native base class,
+    not a protocol: the exchange reads ``sink`` or ``alive`` and calls ``end`` directly, not
+    by name."""
 
-    sink: ExchangeSink | None
-    alive: bool
-    read_paused: bool
-    got_bytes: bool  # a response byte came: no retry from here on
-    multiplexed: bool  # a stream of a shared connection (HTTP/2)
-    idle_since: float  # kept by the pool
+    def __init__(self, multiplexed: bool) -> None:
+        self.sink: ExchangeSink | None = None
+        self.alive = True
+        self.read_paused = False
+        self.got_bytes = False  # a response byte came: no retry from here on
+        self.multiplexed = multiplexed  # a stream of a shared connection (HTTP/2)
+        self.idle_since = 0.0  # kept by the pool
 
     @property
-    def reusable(self) -> bool: ...
+    def reusable(self) -> bool:
+        """It may carry another request (the pool keeps it idle for one)."""
+        raise NotImplementedError
 
     def start(self, sink: ExchangeSink, head: Any) -> None:
         """Send the request head: a ``proxy.message.RequestHead`` as admission prepared it
         (``Any`` here: imports flow from the proxy down to this layer, not back), formatted
         once by the upstream codec, HTTP/1.1 text or HTTP/2 HEADERS."""
-        ...
-    def write(self, data: bytes) -> None: ...
+        raise NotImplementedError
+
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError
+
     def end(self, trailers: list[tuple[bytes, bytes]] | None, timeout: float,
             idle_timeout: float) -> None:
         """The request was sent whole, with its trailer section if it had one. The timers
         start here, as Envoy's do: the route ``timeout`` until the response is complete, the
         ``per_try_idle_timeout`` between upstream bytes (0 = none)."""
-        ...
-    def pause_reading(self) -> None: ...
-    def resume_reading(self) -> None: ...
-    def close(self) -> None: ...
+        raise NotImplementedError
+
+    def pause_reading(self) -> None:
+        raise NotImplementedError
+
+    def resume_reading(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
     def take_over(self) -> asyncio.Transport | None:
         """A 101 turned this connection into a tunnel: its socket, for the relay, and the
         connection is no longer the pool's (None for a stream of a shared connection)."""
-        ...
+        raise NotImplementedError
+
     def tunnel_closed(self) -> None:
         """The relay that took the socket over has ended: settle the pool's books."""
-        ...
+        raise NotImplementedError

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from lameduck.drain.endpoint import EndpointDrain
+from lameduck.upstream.connector import UpstreamConn
 
 
 class Severable(Protocol):
@@ -28,17 +29,6 @@ class Severable(Protocol):
 
     def sever(self) -> None:
         """Close it now; whatever is in flight on it fails (and is counted so)."""
-
-
-class PooledConnection(Protocol):
-    """What the pool needs of a connection."""
-
-    idle_since: float
-
-    @property
-    def reusable(self) -> bool: ...
-
-    def close(self) -> None: ...
 
 
 class SharedConnection(Protocol):
@@ -71,7 +61,7 @@ class Endpoint:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.address_bytes = self.address.encode()  # as each access-log line writes it
         self.max_idle = max_idle
-        self.idle: list[PooledConnection] = []
+        self.idle: list[UpstreamConn] = []
         self.shared: list[SharedConnection] = []  # open, in the order they were opened
         self.conns: set[Severable] = set()  # every open connection (and TCP relay)
         self.max_connecting = max_connecting  # new connections being opened at once; 0 = any
@@ -125,7 +115,7 @@ class Endpoint:
             conn.sever()
         return len(conns)
 
-    def acquire(self) -> PooledConnection | None:
+    def acquire(self) -> UpstreamConn | None:
         """The most recently used live idle connection, or None (the caller connects)."""
         idle = self.idle
         while idle:
@@ -160,7 +150,7 @@ class Endpoint:
         with contextlib.suppress(ValueError):
             self.waiting.remove(wake)
 
-    def release(self, conn: PooledConnection, now: float) -> bool:
+    def release(self, conn: UpstreamConn, now: float) -> bool:
         """Give a finished connection back; False means the caller must close it."""
         if not conn.reusable or len(self.idle) >= self.max_idle:
             return False
@@ -168,7 +158,7 @@ class Endpoint:
         self.idle.append(conn)
         return True
 
-    def forget(self, conn: PooledConnection) -> None:
+    def forget(self, conn: UpstreamConn) -> None:
         """A pooled connection closed on its own (upstream FIN, idle timeout)."""
         with contextlib.suppress(ValueError):
             self.idle.remove(conn)
@@ -200,4 +190,4 @@ class Endpoint:
                 conn.close()
 
 
-Connector = Callable[[Endpoint], Awaitable[PooledConnection]]
+Connector = Callable[[Endpoint], Awaitable[UpstreamConn]]
