@@ -21,6 +21,7 @@ from lameduck.http1.wire import (
 )
 from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated_fields
 from lameduck.proxy.message import HTTP11, RequestHead
+from lameduck.upstream.connector import ExchangeSink
 from lameduck.upstream.pool import Endpoint
 from tests import playbook
 
@@ -454,11 +455,12 @@ def test_real_origin_responses_reach_the_client_as_the_parser_path_sends_them(
         assert (up.reusable, up in up.endpoint.idle) == (reused, reused)
 
 
-class _WholeSink:
+class _WholeSink(ExchangeSink):
     """An exchange that takes every whole response (and lets go of the connection, as the
     real one does); anything else fails the test."""
 
     def __init__(self, up: H1Upstream) -> None:
+        super().__init__()
         self.up = up
         self.got: list[tuple[int, bytes, int]] = []
 
@@ -484,7 +486,7 @@ def test_responses_in_a_row_on_one_connection_each_leave_their_keep_alive_lines_
     later = nginx.replace(b"12:00:00", b"12:00:01")
     apache = ORIGIN_RESPONSES["apache"][0]
     for data in (nginx, nginx, later, plain, nginx, apache, apache, plain):
-        up.start(sink, RequestHead(b"GET", b"app", b"/", [], HTTP11))  # type: ignore[arg-type]
+        up.start(sink, RequestHead(b"GET", b"app", b"/", [], HTTP11))
         up.data_received(data)
         assert up.reusable
         status, out, end = sink.got.pop()

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from lameduck.upstream.connector import ResponseTimeouts, UpstreamError
+from lameduck.upstream.connector import ExchangeSink, ResponseTimeouts, UpstreamError
 
 
-class Sink:
+class Sink(ExchangeSink):
     """What the exchange was told."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.told: list[tuple[Any, ...]] = []
 
-    def on_upstream_error(self, status: int, after_head: bool) -> None:
+    def on_upstream_error(self, status: int, after_head: bool, idle: bool = False) -> None:
         self.told.append(("error", status, after_head))
 
     def on_upstream_idle(self, after_head: bool) -> None:
@@ -24,7 +25,7 @@ class Sink:
 
 def fire(rt: ResponseTimeouts, now: float, head_seen: bool = False) -> tuple[float, list[Any]]:
     sink, cuts = Sink(), []
-    nxt = rt.expire(now, sink, head_seen, lambda: cuts.append(now))  # type: ignore[arg-type]
+    nxt = rt.expire(now, sink, head_seen, lambda: cuts.append(now))
     return nxt, sink.told + [("cut", c) for c in cuts]
 
 

@@ -64,7 +64,7 @@ from lameduck.proxy.local import (
 )
 from lameduck.proxy.message import HTTP11, STREAM, RequestHead
 from lameduck.proxy.replay import REPLAY_LIMIT
-from lameduck.upstream.connector import Fields, UpstreamConn, UpstreamError
+from lameduck.upstream.connector import ExchangeSink, Fields, UpstreamConn, UpstreamError
 
 if TYPE_CHECKING:
     from lameduck.drain import ProcessDrain
@@ -102,7 +102,7 @@ class ExchangeContext(Protocol):
     def on_request_done(self) -> None: ...
 
 
-class Exchange:
+class Exchange(ExchangeSink):
     """One request and its response, from its head to the last response byte.
 
     Defaults live on the class: a keep-alive GET sets a handful of attributes, not forty (this

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -77,31 +77,54 @@ class ResponseTimeouts:
         return deadline
 
 
-class ExchangeSink(Protocol):
-    """What an upstream connection reports to (the downstream exchange)."""
+@mypyc_attr(allow_interpreted_subclasses=True)  # the tests' sinks
+class ExchangeSink:
+    """What an upstream connection reports to (the downstream exchange, which subclasses
+    this): a native base class, so the codec's reports are direct calls, not by name."""
 
-    def on_informational(self, status: int, fields: Fields) -> None: ...
-    def on_response_head(
-        self, status: int, fields: Fields, length: int | None, chunked: bool,
-    ) -> None: ...
-    def on_response_body(self, data: bytes) -> None: ...
+    def on_informational(self, status: int, fields: Fields) -> None:
+        raise NotImplementedError
+
+    def on_response_head(self, status: int, fields: Fields, length: int | None,
+                         chunked: bool) -> None:
+        raise NotImplementedError
+
+    def on_response_body(self, data: bytes) -> None:
+        raise NotImplementedError
+
     def on_response_complete(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
         """The response ended; ``trailers``: its trailer section, already filtered by
         ``proxy.fields.trailer_fields`` (None if it had none)."""
-        ...
-    def on_upstream_error(self, status: int, after_head: bool) -> None: ...
+        raise NotImplementedError
+
+    def on_upstream_error(self, status: int, after_head: bool, idle: bool = False) -> None:
+        raise NotImplementedError
+
     def on_upstream_idle(self, after_head: bool) -> None:
         """No upstream byte for the route's ``per_try_idle_timeout``: the connection was cut."""
-        ...
+        raise NotImplementedError
+
     def on_upstream_refused(self) -> None:
         """HTTP/2 proved the request unprocessed (RFC 9113 §8.7): safe to send again."""
-        ...
-    def on_whole_response(self, status: int, data: bytes, end: int) -> bool: ...
-    def on_upgrade(self, fields: Fields, upgrade: bytes, rest: bytes) -> bool: ...
-    def pause_request_body(self) -> None: ...
-    def cork(self) -> None: ...
-    def uncork(self) -> None: ...
-    def resume_request_body(self) -> None: ...
+        raise NotImplementedError
+
+    def on_whole_response(self, status: int, data: bytes, end: int) -> bool:
+        raise NotImplementedError
+
+    def on_upgrade(self, fields: Fields, upgrade: bytes, rest: bytes) -> bool:
+        raise NotImplementedError
+
+    def pause_request_body(self) -> None:
+        raise NotImplementedError
+
+    def resume_request_body(self) -> None:
+        raise NotImplementedError
+
+    def cork(self) -> None:
+        raise NotImplementedError
+
+    def uncork(self) -> None:
+        raise NotImplementedError
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the TCP listener's, and the tests' upstreams
