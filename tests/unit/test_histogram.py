@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import pytest
@@ -72,3 +73,14 @@ def test_values_add_bucket_by_bucket() -> None:
     assert isinstance(total, HistogramValue)
     assert (total.total, total.sum) == (2, 303.0)
     assert a == a and a != b
+
+
+def test_record_puts_every_value_where_bisect_left_does() -> None:
+    """The walk up the bounds is bisect_left's answer for every value, bounds and NaN-free
+    extremes included."""
+    values = [0.0, -1.0, 1e12, *BUCKETS, *(b - 1e-9 for b in BUCKETS),
+              *(b + 1e-9 for b in BUCKETS), *(i * 0.37 for i in range(4000))]
+    for v in values:
+        h = Histogram()
+        h.record(v)
+        assert h.counts.index(1) == bisect.bisect_left(BUCKETS, v), v

@@ -324,7 +324,7 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-LAST_CHUNK = b"0\r\n\r\n"
+LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
 def simple_response(

@@ -10,19 +10,19 @@ so does h11's ``Request``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from lameduck.upstream.connector import Fields
 
 if TYPE_CHECKING:
     from lameduck.proxy.admission import Client
 
-HTTP10 = 10
-HTTP11 = 11
-HTTP2 = 20
+HTTP10: Final = 10
+HTTP11: Final = 11
+HTTP2: Final = 20
 # An opaque byte stream (a TCP listener's connection): no HTTP version, method or status; the
 # access log writes "-" for its protocol, as Envoy's does for a TCP proxy.
-STREAM = 1
+STREAM: Final = 1
 
 
 class RequestHead:
