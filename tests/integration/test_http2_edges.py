@@ -20,7 +20,7 @@ import pytest
 from hyperframe.frame import DataFrame, HeadersFrame, RstStreamFrame, WindowUpdateFrame
 
 from tests.h2raw import RawH2, StreamResult
-from tests.peers import answer
+from tests.peers import ThreadedServer, answer
 from tests.procs import rss_kb, wait_until
 
 MAX_ID = 2**31 - 1
@@ -714,31 +714,18 @@ def test_extended_connect_other_protocol_is_501(lameduck):
     c.close()
 
 
-class Banner:
+class Banner(ThreadedServer):
     """A destination (in a thread) that speaks first: a banner at once, then its FIN, as an
     SMTP/SSH-style server (or one refusing the client) does."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)
-        self.sock.settimeout(10)
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._run, daemon=True).start()
+        super().__init__(backlog=128)
 
-    def _run(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with contextlib.suppress(OSError):
-                conn.sendall(b"HELLO banner\r\n")
-                conn.shutdown(socket.SHUT_WR)
-            threading.Timer(2.0, conn.close).start()
-
-    def close(self) -> None:
-        self.sock.close()
+    def serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall(b"HELLO banner\r\n")
+            conn.shutdown(socket.SHUT_WR)
+        threading.Timer(2.0, conn.close).start()
 
 
 def test_h2_connect_destination_that_speaks_first_gets_headers_first(lameduck):
@@ -763,32 +750,16 @@ def test_h2_connect_destination_that_speaks_first_gets_headers_first(lameduck):
         b.close()
 
 
-class Resetter:
+class Resetter(ThreadedServer):
     """A destination (in a thread) that reads the first bytes it gets, then resets the
     connection (SO_LINGER 0: a TCP RST, not a FIN)."""
 
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.sock.settimeout(10)
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with contextlib.suppress(OSError):
-                conn.settimeout(10)
-                conn.recv(65536)
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
+    def serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            conn.settimeout(10)
+            conn.recv(65536)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
 
 
 def test_h2_connect_destination_reset_is_connect_error(lameduck):
