@@ -2172,35 +2172,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.builds = {}  # lameduck (and lameduck-base) version, commit, compiled or not
     if args.rounds < 1 or args.duration <= 0 or args.connections < 1 or args.threads < 1:
         p.error("--rounds, --duration, --connections and --threads must be positive")
-    if args.h2_duration is None:
-        args.h2_duration = min(args.duration, 3.0)
-    if args.h2_warmup is None:
-        args.h2_warmup = max(0.0, min(args.warmup, 1.0))
-    if args.h2_duration <= 0 or args.h2_warmup < 0:
-        p.error("--h2-duration must be positive and --h2-warmup not negative")
-    args.h2_names = [n for n in names if n in H2_PROXIES] if args.h2 else []
-    args.h2up_duration = (min(args.duration, 4.0) if args.h2_upstream_duration is None
-                          else args.h2_upstream_duration)
-    args.h2up_warmup = (max(0.0, min(args.warmup, 1.0)) if args.h2_upstream_warmup is None
-                        else args.h2_upstream_warmup)
-    if args.h2up_duration <= 0 or args.h2up_warmup < 0:
-        p.error("--h2-upstream-duration must be positive and --h2-upstream-warmup not "
-                "negative")
-    args.h2up_names = [n for n in names if n in H2UP_PROXIES] if args.h2_upstream else []
-    args.pool_duration = (min(args.duration, 4.0) if args.pool_duration is None
-                          else args.pool_duration)
-    args.pool_warmup = (max(0.0, min(args.warmup, 1.0)) if args.pool_warmup is None
-                        else args.pool_warmup)
-    if args.pool_duration <= 0 or args.pool_warmup < 0:
-        p.error("--pool-duration must be positive and --pool-warmup not negative")
-    args.pool_names = [n for n in names if n in POOL_PROXIES] if args.pool else []
-    args.shapes_duration = (min(args.duration, 3.0) if args.shapes_duration is None
-                            else args.shapes_duration)
-    args.shapes_warmup = (max(0.0, min(args.warmup, 1.0)) if args.shapes_warmup is None
-                          else args.shapes_warmup)
-    if args.shapes_duration <= 0 or args.shapes_warmup < 0:
-        p.error("--shapes-duration must be positive and --shapes-warmup not negative")
-    args.shapes_names = [n for n in names if n in SHAPES_PROXIES] if args.shapes else []
+    # Each later part's measured and warm-up seconds: its own flag, else --duration capped at
+    # the part's default (and --warmup at 1 s); its proxies among --proxies, when it runs.
+    for part, flag, cap, on, proxies, duration, warmup in (
+            ("h2", "--h2", 3.0, args.h2, H2_PROXIES, args.h2_duration, args.h2_warmup),
+            ("h2up", "--h2-upstream", 4.0, args.h2_upstream, H2UP_PROXIES,
+             args.h2_upstream_duration, args.h2_upstream_warmup),
+            ("pool", "--pool", 4.0, args.pool, POOL_PROXIES, args.pool_duration,
+             args.pool_warmup),
+            ("shapes", "--shapes", 3.0, args.shapes, SHAPES_PROXIES, args.shapes_duration,
+             args.shapes_warmup)):
+        duration = min(args.duration, cap) if duration is None else duration
+        warmup = max(0.0, min(args.warmup, 1.0)) if warmup is None else warmup
+        if duration <= 0 or warmup < 0:
+            p.error(f"{flag}-duration must be positive and {flag}-warmup not negative")
+        setattr(args, f"{part}_duration", duration)
+        setattr(args, f"{part}_warmup", warmup)
+        setattr(args, f"{part}_names", [n for n in names if n in proxies] if on else [])
     cpus = os.sched_getaffinity(0)
     for flag, cpu in (("--proxy-cpu", args.proxy_cpu), ("--load-cpu", args.load_cpu)):
         if cpu not in cpus:
