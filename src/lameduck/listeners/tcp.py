@@ -28,14 +28,13 @@ from lameduck.drain import ConnectionDrain, DrainedBy, ListenerDrain, ProcessDra
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.listeners.base import BACKLOG, Listener, Overflow
 from lameduck.proxy.accesslog import UH, open_access_log
-from lameduck.proxy.admission import persistence_key
 from lameduck.proxy.downstream import STOP, Downstream, no_delay
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.message import STREAM
 from lameduck.stats import DrainStats, TcpStats
 from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
 from lameduck.upstream.cluster import Cluster
-from lameduck.upstream.connector import ExchangeSink, Fields, UpstreamConn
+from lameduck.upstream.connector import ExchangeSink, UpstreamConn
 from lameduck.upstream.pool import Endpoint
 
 
@@ -146,7 +145,7 @@ class TcpDownstream(Downstream):
         pkey = None
         if cluster.persistence is not None:
             peer = t.get_extra_info("peername")
-            pkey = persistence_key([], peer[0].encode() if peer else b"", False, b"")
+            pkey = peer[0] if peer else ""  # by source IP (a cookie is HTTP's)
         self.ex = ex = Exchange(self, b"", STREAM)
         st.downstream_rq_active += 1  # (the exchange's books; not published for TCP)
         if not ex.admit_stream(cluster, pkey, now, ctx.access_log is not None):
@@ -183,7 +182,7 @@ class TcpDownstream(Downstream):
             self.ex.request_complete()
         return True
 
-    # -- what the exchange asks (``DownstreamPort``) ---------------------------------------------
+    # -- what the exchange asks (the rest, never asked of a stream, stays Downstream's) --------
     def going_away(self, ex: Exchange) -> None:
         """Past the drain time: a byte stream can only be closed."""
         self.closing = True
@@ -215,29 +214,6 @@ class TcpDownstream(Downstream):
 
     def abort(self, ex: Exchange) -> None:
         self.reset()
-
-    # A byte stream has no HTTP head, body or answer: its exchange never asks for them (its
-    # upstream reports no response; admission has no head to refuse).
-    def answer(self, ex: Exchange, status: int, body: bytes) -> None:
-        raise AssertionError("a TCP connection has no HTTP answer")
-
-    def send_informational(self, ex: Exchange, status: int, fields: Fields) -> None:
-        raise AssertionError("a TCP connection has no HTTP response")
-
-    def send_head(self, ex: Exchange, status: int, fields: Fields, length: int | None) -> None:
-        raise AssertionError("a TCP connection has no HTTP response")
-
-    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool:
-        raise AssertionError("a TCP connection has no HTTP response")
-
-    def send_upgrade(self, ex: Exchange, fields: Fields, upgrade: bytes, rest: bytes) -> bool:
-        raise AssertionError("a TCP connection has no HTTP response")
-
-    def send_body(self, ex: Exchange, data: bytes) -> None:
-        raise AssertionError("a TCP connection has no HTTP response")
-
-    def send_end(self, ex: Exchange, trailers: list[tuple[bytes, bytes]] | None) -> None:
-        raise AssertionError("a TCP connection has no HTTP response")
 
     def cork(self) -> None:
         """Nothing to batch: the relay writes as bytes come."""
