@@ -137,7 +137,7 @@ class H2Client(H2Connection):
         st = _Stream(sid, self._peer_initial, self._recv_initial, False)
         st.content_length = AWAITING_HEAD_RESPONSE if head else AWAITING_RESPONSE
         self._streams[sid] = st
-        self._send_head(st, [], headers, end_stream)
+        self._send_head(st, None, headers, end_stream)
         return sid
 
     # ------------------------------------------------------------------ receiving

@@ -65,7 +65,7 @@ from typing import Final, cast
 
 from lameduck.proxy.fields import HOP_BY_HOP
 
-from .codec import DecodeError, Decoder, Encoder, HeaderBomb, Row
+from .codec import INSERTED, STATELESS, DecodeError, Decoder, Encoder, HeaderBomb, Row
 from .events import (
     ConnectionError,
     DataReceived,
@@ -239,6 +239,23 @@ class _Stream:
         self.rejected = False  # HeadersTooLarge: body discarded here
 
 
+class _Sent:
+    """A field of the last head sent on the connection, as the shell gave it, and its octets
+    with what they depend on (``codec.STATELESS``, a table generation, ``codec.INSERTED``)."""
+
+    __slots__ = ("name", "octets", "stamp", "value")
+
+    def __init__(self, name: bytes, value: bytes, octets: bytes, stamp: int) -> None:
+        self.name = name
+        self.value = value
+        self.octets = octets
+        self.stamp = stamp
+
+
+# Fields of a head remembered for the next one: heads longer than this encode the rest anew.
+_SENT_MAX: Final = 64
+
+
 class H2Connection:
     """What both roles share: the frame loop, flow control both ways, stream endings, the
     abuse counters. The subclass says how a connection starts (``initiate``; ``_state``) and
@@ -255,6 +272,10 @@ class H2Connection:
         self._initiated = False
         self._dec = Decoder()
         self._enc = Encoder()
+        # The last head sent, field by field (``_octets``), and its block.
+        self._sent: list[_Sent] = []
+        self._sent_block = b""
+        self._head_missed = False
         self._streams: dict[int, _Stream] = {}
         self._closed_ids: dict[int, int] = {}
         self._closed_ring: list[int] = []
@@ -815,22 +836,78 @@ class H2Connection:
 
     # ------------------------------------------------------------------ sending
 
-    def _send_head(self, st: _Stream, fields: list[Row], headers: list[tuple[bytes, bytes]],
+    def _send_head(self, st: _Stream, status: bytes | None, headers: list[tuple[bytes, bytes]],
                    end_stream: bool) -> None:
-        """``fields`` (pseudo-fields) then ``headers``, lower-cased and without
+        """``:status`` (a response's, else None) then ``headers``, lower-cased and without
         connection-specific fields, as one header block."""
-        names = _OUT_NAMES
+        out: list[bytes] = []
+        self._head_missed = False
+        i = 0
+        if status is not None:
+            out.append(self._octets(0, _STATUS_NAME, status))
+            i = 1
         for name, value in headers:
-            out = names.get(name)
-            if out is None:
-                out = _out_name(name)
-            if out:
-                fields.append((out, value))
-        block = self._enc.encode(cast("list[tuple[bytes, bytes]]", fields))
-        self._emit_block(st.sid, block, end_stream)
+            out.append(self._octets(i, name, value))
+            i += 1
+        sent = self._sent
+        if len(sent) > i:
+            del sent[i:]
+            self._head_missed = True
+        if self._head_missed:
+            block = b"".join(out)
+            self._sent_block = block
+        else:
+            # The same fields as the last head, every one sent as it was then with the table
+            # as it was then: the same octets (joining them would give the same bytes again).
+            block = self._sent_block
+        updates = self._enc.updates()  # none but after a SETTINGS_HEADER_TABLE_SIZE change
+        self._emit_block(st.sid, updates + block if updates else block, end_stream)
         if end_stream:
             st.send_ended = True
             self._local_end(st)
+
+    def _octets(self, i: int, name: bytes, value: bytes) -> bytes:
+        """The octets of the ``i``-th field of the head being sent, as the shell gave it (its
+        name in any case; b"" for a connection-specific field, RFC 9113 §8.2.2).
+
+        Nearly every response of a connection carries the fields of the one before, most of
+        them with the same values (Server, Content-Type...), and the encoder's octets for a
+        field are a function of the field and of the dynamic table (RFC 7541 §2.3): when the
+        last head had this very field at this place, and its octets depended on the field
+        alone or the table has not changed since (``Encoder.generation``), they are sent
+        again as they are, without lower-casing the name and looking the field up again.
+        Anything else is encoded afresh (and kept for the next head)."""
+        enc = self._enc
+        sent = self._sent
+        if i < len(sent):
+            prev = sent[i]
+            stamp = prev.stamp
+            if ((stamp == STATELESS or stamp == enc.generation) and prev.value == value
+                    and prev.name == name):
+                return prev.octets
+        self._head_missed = True
+        out = _OUT_NAMES.get(name)
+        if out is None:
+            out = _out_name(name)
+        if out:
+            octets, stamp = enc.field((out, value))
+        else:
+            octets = b""
+            stamp = STATELESS
+        kept = octets
+        if len(name) + len(value) > _CACHE_ENTRY_MAX:
+            # Not kept: a large field would be held (twice) until the next head.
+            value = kept = b""
+            stamp = INSERTED
+        if i < len(sent):
+            prev = sent[i]
+            prev.name = name
+            prev.value = value
+            prev.octets = kept
+            prev.stamp = stamp
+        elif i < _SENT_MAX:
+            sent.append(_Sent(name, value, kept, stamp))
+        return octets
 
     def _emit_block(self, sid: int, block: bytes, end_stream: bool) -> None:
         flags = END_STREAM if end_stream else 0
@@ -1054,7 +1131,7 @@ class H2Server(H2Connection):
         st = self._streams.get(stream_id)
         if st is None or st.send_ended or self.closed:
             return
-        self._send_head(st, [_STATUS.get(status) or (b":status", b"%d" % status)], headers,
+        self._send_head(st, _STATUS[status - 100] if status < 600 else b"%d" % status, headers,
                         end_stream)
 
     # ------------------------------------------------------------------ draining
@@ -1087,9 +1164,8 @@ class H2Server(H2Connection):
             self.goaway_sent = 2
 
 
-_STATUS: Final[dict[int, Row]] = {
-    code: (b":status", b"%d" % code) for code in range(100, 600)
-}
+_STATUS_NAME: Final = b":status"
+_STATUS: Final[tuple[bytes, ...]] = tuple(b"%d" % code for code in range(100, 600))
 
 # Per-field work is cached: a client repeats the same fields on every request (and an
 # upstream the same names on every response), and the byte-wise checks (a bytes.translate
