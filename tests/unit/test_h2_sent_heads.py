@@ -191,3 +191,31 @@ def test_the_h2_client_reads_every_head() -> None:
         _, cli = p.pump()
         resp = [e for e in cli if isinstance(e, ce.ResponseReceived)]
         assert resp[0].headers == [(b":status", b"200"), *as_sent(nginx(i // 10, i))]
+
+
+def test_frame_headers_of_a_response_by_length_and_stream_id() -> None:
+    """Short frames take their first five octets from a table and the stream id's four from
+    the stream; longer ones are packed: every length and id must come out as hyperframe
+    reads it, up to the highest stream id (2^31-1)."""
+    raw = Raw()
+    srv: H2Server = raw.server
+    dec = hpack.Decoder()
+    for sid, n in [(1, 0), (3, 1), (5, 255), (7, 256), (9, 16384), (11, 16385),
+                   (2**31 - 1, 255)]:
+        raw.send(HeadersFrame(sid, raw.block(GET), flags=EHS))
+        pad = (b"x-pad", b"p" * max(0, n - 8))
+        srv.send_headers(sid, 200, [pad])
+        body = b"b" * n
+        srv.send_data(sid, body)
+        if n % 2:
+            srv.send_trailers(sid, [(b"x-t", b"1")])
+        else:
+            srv.send_data(sid, b"", end_stream=True)
+        got = frames_of(srv.data_to_send())
+        assert {f.stream_id for f in got} == {sid}
+        assert b"".join(f.data for f in got if f.type == 0x0) == body
+        assert "END_STREAM" in got[-1].flags
+        blocks = Server.blocks(b"".join(f.serialize() for f in got))
+        assert dec.decode(blocks[0], raw=True) == [(b":status", b"200"), pad]
+        if n % 2:
+            assert dec.decode(blocks[1], raw=True) == [(b"x-t", b"1")]

@@ -81,6 +81,8 @@ from .frames import (
     ACK,
     CONTINUATION,
     DATA,
+    DATA_END_PREFIX,
+    DATA_PREFIX,
     DEFAULT_MAX_FRAME,
     DEFAULT_WINDOW,
     END_HEADERS,
@@ -88,6 +90,8 @@ from .frames import (
     GOAWAY,
     HEADER,
     HEADERS,
+    HEADERS_END_PREFIX,
+    HEADERS_PREFIX,
     MAX_FRAME_LIMIT,
     MAX_WINDOW,
     PADDED,
@@ -106,6 +110,7 @@ from .frames import (
     SETTINGS_MAX_CONCURRENT_STREAMS,
     SETTINGS_MAX_FRAME_SIZE,
     SETTINGS_MAX_HEADER_LIST_SIZE,
+    SHORT,
     TWO_U32,
     U32,
     WINDOW_UPDATE,
@@ -117,6 +122,7 @@ from .frames import (
     ping_ack,
     rst_stream,
     settings_frame,
+    stream_id_octets,
     window_update,
 )
 
@@ -217,9 +223,9 @@ class _Stream:
     DATA before it is caught by the same single test in ``_on_data``."""
 
     __slots__ = (
-        "blocked_once", "content_length", "pending", "pending_end", "pending_trailers",
-        "received", "recv_closed", "recv_window", "rejected", "send_done", "send_ended",
-        "send_window", "sid", "unacked",
+        "blocked_once", "content_length", "id_octets", "pending", "pending_end",
+        "pending_trailers", "received", "recv_closed", "recv_window", "rejected", "send_done",
+        "send_ended", "send_window", "sid", "unacked",
     )
 
     def __init__(self, sid: int, send_window: int, recv_window: int, end: bool) -> None:
@@ -237,6 +243,13 @@ class _Stream:
         self.received = 0
         self.unacked = 0
         self.rejected = False  # HeadersTooLarge: body discarded here
+        self.id_octets = b""  # the stream id as frame headers carry it, once a frame is sent
+
+    def frame_id(self) -> bytes:
+        octets = self.id_octets
+        if not octets:
+            octets = self.id_octets = stream_id_octets(self.sid)
+        return octets
 
 
 class _Sent:
@@ -861,7 +874,7 @@ class H2Connection:
             # as it was then: the same octets (joining them would give the same bytes again).
             block = self._sent_block
         updates = self._enc.updates()  # none but after a SETTINGS_HEADER_TABLE_SIZE change
-        self._emit_block(st.sid, updates + block if updates else block, end_stream)
+        self._emit_block(st, updates + block if updates else block, end_stream)
         if end_stream:
             st.send_ended = True
             self._local_end(st)
@@ -909,17 +922,24 @@ class H2Connection:
             sent.append(_Sent(name, value, kept, stamp))
         return octets
 
-    def _emit_block(self, sid: int, block: bytes, end_stream: bool) -> None:
-        flags = END_STREAM if end_stream else 0
+    def _emit_block(self, st: _Stream, block: bytes, end_stream: bool) -> None:
         mf = self._peer_max_frame
         n = len(block)
         if n <= mf:
             out = self._out
-            out.append(pack_header(n >> 16, n & 0xFFFF, HEADERS, flags | END_HEADERS, sid))
+            if n < SHORT:
+                out.append((HEADERS_END_PREFIX if end_stream else HEADERS_PREFIX)[n])
+                out.append(st.frame_id())
+            else:
+                out.append(pack_header(n >> 16, n & 0xFFFF, HEADERS,
+                                       END_HEADERS | END_STREAM if end_stream else END_HEADERS,
+                                       st.sid))
             out.append(block)
             self._out_size += n + 9
             return
-        self._queue(frame_header(mf, HEADERS, flags, sid) + block[:mf])
+        sid = st.sid
+        self._queue(frame_header(mf, HEADERS, END_STREAM if end_stream else 0, sid)
+                    + block[:mf])
         for off in range(mf, n, mf):
             chunk = block[off:off + mf]
             last = off + mf >= n
@@ -941,14 +961,14 @@ class H2Connection:
         n = len(data)
         allowed = min(st.send_window, self._send_window)  # two arguments: native in mypyc
         if allowed >= n or n == 0:
-            self._emit_data(stream_id, data, end_stream)
+            self._emit_data(st, data, end_stream)
             st.send_window -= n
             self._send_window -= n
             if end_stream:
                 self._local_end(st)
             return
         if allowed > 0:
-            self._emit_data(stream_id, data[:allowed], False)
+            self._emit_data(st, data[:allowed], False)
             st.send_window -= allowed
             self._send_window -= allowed
         st.pending = bytearray(data[allowed:] if allowed > 0 else data)
@@ -956,10 +976,18 @@ class H2Connection:
         st.blocked_once = True
         self._blocked[stream_id] = st
 
-    def _emit_data(self, sid: int, data: bytes, end_stream: bool) -> None:
+    def _emit_data(self, st: _Stream, data: bytes, end_stream: bool) -> None:
         mf = self._peer_max_frame
         n = len(data)
         out = self._out
+        if n < SHORT:  # SHORT <= the smallest max frame size (16384)
+            out.append((DATA_END_PREFIX if end_stream else DATA_PREFIX)[n])
+            out.append(st.frame_id())
+            if n:
+                out.append(data)
+            self._out_size += n + 9
+            return
+        sid = st.sid
         if n <= mf:
             out.append(pack_header(n >> 16, n & 0xFFFF, DATA, END_STREAM if end_stream else 0,
                                    sid))
@@ -989,7 +1017,7 @@ class H2Connection:
         if st.pending is not None:
             st.pending_trailers = fields
             return
-        self._emit_block(stream_id, self._enc.encode(fields), True)
+        self._emit_block(st, self._enc.encode(fields), True)
         self._local_end(st)
 
     def _flush_stream(self, st: _Stream, events: list[Event], frames: int) -> None:
@@ -1002,7 +1030,7 @@ class H2Connection:
             n = min(min(len(pend), mf), min(st.send_window, self._send_window))
             chunk = bytes(pend[:n])
             del pend[:n]
-            self._emit_data(st.sid, chunk, not pend and st.pending_end
+            self._emit_data(st, chunk, not pend and st.pending_end
                             and st.pending_trailers is None)
             st.send_window -= n
             self._send_window -= n
@@ -1012,7 +1040,7 @@ class H2Connection:
         st.pending = None
         del self._blocked[st.sid]
         if st.pending_trailers is not None:
-            self._emit_block(st.sid, self._enc.encode(st.pending_trailers), True)
+            self._emit_block(st, self._enc.encode(st.pending_trailers), True)
             st.pending_trailers = None
             self._local_end(st)
         elif st.pending_end:

@@ -83,6 +83,26 @@ def frame_header(length: int, ftype: int, flags: int, stream_id: int) -> bytes:
     return pack_header(length >> 16, length & 0xFFFF, ftype, flags, stream_id)
 
 
+# The first five octets of a frame header (length, type, flags; RFC 9113 §4.1) of the frames a
+# response is made of, by payload length below SHORT: the stream id's four octets follow
+# (``stream_id_octets``, once per stream). A tuple index per frame instead of a struct call.
+SHORT: Final = 256
+
+
+def _prefixes(ftype: int, flags: int) -> tuple[bytes, ...]:
+    return tuple(bytes((0, 0, n, ftype, flags)) for n in range(SHORT))
+
+
+DATA_PREFIX: Final = _prefixes(DATA, 0)
+DATA_END_PREFIX: Final = _prefixes(DATA, END_STREAM)
+HEADERS_PREFIX: Final = _prefixes(HEADERS, END_HEADERS)
+HEADERS_END_PREFIX: Final = _prefixes(HEADERS, END_HEADERS | END_STREAM)
+
+
+def stream_id_octets(stream_id: int) -> bytes:
+    return stream_id.to_bytes(4, "big")
+
+
 def settings_frame(settings: list[tuple[int, int]]) -> bytes:
     payload = b"".join(SETTING.pack(k, v) for k, v in settings)
     return frame_header(len(payload), SETTINGS, 0, 0) + payload
