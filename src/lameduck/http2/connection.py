@@ -88,7 +88,6 @@ from .frames import (
     END_HEADERS,
     END_STREAM,
     GOAWAY,
-    HEADER,
     HEADERS,
     HEADERS_END_PREFIX,
     HEADERS_PREFIX,
@@ -111,8 +110,6 @@ from .frames import (
     SETTINGS_MAX_FRAME_SIZE,
     SETTINGS_MAX_HEADER_LIST_SIZE,
     SHORT,
-    TWO_U32,
-    U32,
     WINDOW_UPDATE,
     ErrorCode,
     error_code,
@@ -143,11 +140,12 @@ AWAITING_RESPONSE: Final = -2
 AWAITING_HEAD_RESPONSE: Final = -3
 
 # Typed, so that mypyc works on the fields as native ints rather than generic objects.
-_unpack_header: Final[Callable[[bytearray, int], tuple[int, int, int, int, int]]] = (
-    HEADER.unpack_from)
-_unpack_u32: Final[Callable[[bytearray, int], tuple[int]]] = U32.unpack_from
-_unpack_two: Final[Callable[[bytearray, int], tuple[int, int]]] = TWO_U32.unpack_from
-_unpack_setting: Final[Callable[[bytearray, int], tuple[int, int]]] = SETTING.unpack_from
+_unpack_setting: Final[Callable[[bytes, int], tuple[int, int]]] = SETTING.unpack_from
+
+
+def _u32(data: bytes, p: int) -> int:
+    """A 32-bit big-endian field of a frame's payload."""
+    return data[p] << 24 | data[p + 1] << 16 | data[p + 2] << 8 | data[p + 3]
 
 # How a forgotten stream ended: frames that still arrive for it are judged by this.
 _CLOSED_BY_US: Final = 1  # we reset it (or refused it): ignore what was already in flight
@@ -277,7 +275,9 @@ class H2Connection:
     def __init__(self, limits: H2Limits | None = None, now: float = 0.0) -> None:
         lim = limits if limits is not None else H2Limits()
         self.limits = lim
-        self._buf = bytearray()
+        self._buf = bytearray()  # a frame begun, not whole yet
+        self._want = 9  # how long _buf must be before its first frame is whole
+        self._in = b""  # the bytes being parsed (``_frames``)
         self._out: list[bytes] = []
         self._out_size = 0
         # 0: expecting the client magic (server), 1: the peer's SETTINGS, 2: running.
@@ -398,39 +398,55 @@ class H2Connection:
         if self._handed:
             self._handed = []  # the shell has decided on every stream of the last read
         buf = self._buf
-        buf += data
+        if buf:
+            # The rest of a frame begun in an earlier read: gathered here until it is whole,
+            # then parsed with what follows it as one bytes object.
+            buf += data
+            if self._state == 2 and len(buf) < self._want:
+                return events
+            data = bytes(buf)
+            buf.clear()
         try:
             if self._state != 2:
                 if not self._initiated:
                     self.initiate()
                 if self._state == 0:
-                    if len(buf) < 24:
-                        if not PREFACE.startswith(bytes(buf)):
+                    if len(data) < 24:
+                        if not PREFACE.startswith(data):
                             raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "bad preface")
+                        buf += data
                         return events
-                    if buf[:24] != PREFACE:
+                    if data[:24] != PREFACE:
                         raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "bad preface")
-                    del buf[:24]
+                    data = data[24:]
                     self._state = 1
-            self._frames(events)
+            self._frames(data, events)
         except _ProtocolError as exc:
             self._connection_error(exc.code, exc.reason, events)
         return events
 
-    def _frames(self, events: list[Event]) -> None:
-        buf = self._buf
-        n = len(buf)
+    def _frames(self, data: bytes, events: list[Event]) -> None:
+        """The whole frames in ``data``, read in place (the handlers find their payload in
+        ``self._in`` between the offsets they are given); the rest is kept in ``_buf``."""
+        n = len(data)
         pos = 0
+        length = -1
+        self._in = data
         try:
             while n - pos >= 9:
-                hi, lo, ftype, flags, sid = _unpack_header(buf, pos)
-                length = hi << 16 | lo
+                # The 9-octet frame header (RFC 9113 §4.1), octet by octet: mypyc indexes
+                # bytes natively, where struct.unpack_from is a call into the interpreter.
+                length = data[pos] << 16 | data[pos + 1] << 8 | data[pos + 2]
                 if length > self._accept_frame:
                     raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "frame too large")
                 end = pos + 9 + length
                 if end > n:
                     break
-                sid &= 0x7FFFFFFF
+                ftype = data[pos + 3]
+                flags = data[pos + 4]
+                sid = ((data[pos + 5] & 0x7F) << 24 | data[pos + 6] << 16 | data[pos + 7] << 8
+                       | data[pos + 8])
+                length = -1
                 if self._cont_sid and ftype != CONTINUATION:
                     raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "expected CONTINUATION")
                 if self._state == 1:
@@ -444,37 +460,41 @@ class H2Connection:
                 elif ftype == HEADERS:
                     self._on_headers(sid, flags, p, end, events)
                 elif ftype == WINDOW_UPDATE:
-                    self._on_window_update(sid, p, length, events)
+                    self._on_window_update(sid, p, end - p, events)
                 elif ftype == RST_STREAM:
-                    self._on_rst_stream(sid, p, length, events)
+                    self._on_rst_stream(sid, p, end - p, events)
                 elif ftype == SETTINGS:
-                    self._on_settings(sid, flags, p, length, events)
+                    self._on_settings(sid, flags, p, end - p, events)
                 elif ftype == PING:
                     if sid:
                         raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "PING on a stream")
-                    if length != 8:
+                    if end - p != 8:
                         raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "PING length")
                     if not flags & ACK:
                         self.pings += 1
                         if self._pings.hit(self._now):
                             self._flooded("PING flood")
-                        self._queue_reply(ping_ack(bytes(buf[p:end])))
+                        self._queue_reply(ping_ack(data[p:end]))
                 elif ftype == PRIORITY:
-                    self._on_priority(sid, p, length, events)
+                    self._on_priority(sid, p, end - p, events)
                 elif ftype == CONTINUATION:
                     self._on_continuation(sid, flags, p, end, events)
                 elif ftype == GOAWAY:
                     if sid:
                         raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "GOAWAY on a stream")
-                    if length < 8:
+                    if end - p < 8:
                         raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "GOAWAY length")
-                    last, code = _unpack_two(buf, p)
-                    self._on_goaway(last & 0x7FFFFFFF, error_code(code), events)
+                    self._on_goaway(_u32(data, p) & 0x7FFFFFFF, error_code(_u32(data, p + 4)),
+                                    events)
                 elif ftype == PUSH_PROMISE:
                     self._on_push_promise()
                 # Unknown frame types are ignored (RFC 9113 §4.1, §5.5).
         finally:
-            del buf[:pos]
+            self._in = b""
+            if pos < n:
+                # A frame not whole yet: what it needs before it is worth parsing again.
+                self._want = 9 + length if length >= 0 else 9
+                self._buf += data[pos:] if pos else data
 
     def _on_goaway(self, last: int, code: ErrorCode | int, events: list[Event]) -> None:
         """The peer's GOAWAY: reported; its streams up to ``last`` go on."""
@@ -504,7 +524,7 @@ class H2Connection:
         if flags & PADDED:
             if p >= end:
                 raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "no room for the pad length")
-            pad = self._buf[p]
+            pad = self._in[p]
             p += 1
             if pad > end - p:
                 raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "padding exceeds the payload")
@@ -559,7 +579,7 @@ class H2Connection:
         if st.rejected:
             self._give_back(flow)
         else:
-            data = bytes(self._buf[p:end])  # tuple.__new__: see the end of _request
+            data = self._in[p:end]  # tuple.__new__: see the end of _request
             events.append(tuple.__new__(DataReceived, (sid, data, flow, end_stream)))
         if end_stream and st.send_done:
             self._forget(st, _CLOSED_DONE)
@@ -609,14 +629,14 @@ class H2Connection:
         if flags & PRIORITY_FLAG:
             if end - p < 5:
                 raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "HEADERS priority fields")
-            bad_priority = (_unpack_u32(self._buf, p)[0] & 0x7FFFFFFF) == sid
+            bad_priority = (_u32(self._in, p) & 0x7FFFFFFF) == sid
             p += 5
         if flags & END_HEADERS:
-            self._on_block(sid, bytes(self._buf[p:end]), bool(flags & END_STREAM),
+            self._on_block(sid, self._in[p:end], bool(flags & END_STREAM),
                            bad_priority, events)
             return
         self._cont_sid = sid
-        self._cont_buf = bytearray(self._buf[p:end])
+        self._cont_buf = bytearray(self._in[p:end])
         self._cont_end_stream = bool(flags & END_STREAM)
         self._cont_bad_priority = bad_priority
         if len(self._cont_buf) > self._block_cap:
@@ -627,7 +647,7 @@ class H2Connection:
         if not self._cont_sid or sid != self._cont_sid:
             raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "unexpected CONTINUATION")
         cont = self._cont_buf
-        cont += self._buf[p:end]
+        cont += self._in[p:end]
         if len(cont) > self._block_cap:
             self._flooded("header block too large")
         if not flags & END_HEADERS:
@@ -689,7 +709,7 @@ class H2Connection:
     def _on_window_update(self, sid: int, p: int, length: int, events: list[Event]) -> None:
         if length != 4:
             raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "WINDOW_UPDATE length")
-        inc = _unpack_u32(self._buf, p)[0] & 0x7FFFFFFF
+        inc = _u32(self._in, p) & 0x7FFFFFFF
         if sid == 0:
             if inc == 0:
                 raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
@@ -726,7 +746,7 @@ class H2Connection:
             return
         self.resets_received += 1
         self._forget(st, _CLOSED_BY_PEER)
-        events.append(StreamReset(sid, error_code(_unpack_u32(self._buf, p)[0])))
+        events.append(StreamReset(sid, error_code(_u32(self._in, p))))
         if self._resets.hit(self._now):
             self._flooded("rapid reset")
 
@@ -736,7 +756,7 @@ class H2Connection:
         if length != 5:
             self._stream_error(sid, ErrorCode.FRAME_SIZE_ERROR, events, report=sid in self._streams)
             return
-        if (_unpack_u32(self._buf, p)[0] & 0x7FFFFFFF) == sid:
+        if (_u32(self._in, p) & 0x7FFFFFFF) == sid:
             self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events, report=sid in self._streams)
 
     def _on_settings(self, sid: int, flags: int, p: int, length: int,
@@ -762,9 +782,9 @@ class H2Connection:
             self._flooded("SETTINGS flood")
         if self.settings == 1:  # the first SETTINGS: no limit unless it names one (§6.5.2)
             self.peer_max_concurrent_streams = UNLIMITED_STREAMS
-        buf = self._buf
+        payload = self._in
         for off in range(p, p + length, 6):
-            key, value = _unpack_setting(buf, off)
+            key, value = _unpack_setting(payload, off)
             if key == SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise _ProtocolError(ErrorCode.FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE")
