@@ -93,17 +93,23 @@ def _string(value: bytes) -> bytes:
 
 
 class Decoder:
-    """Decodes the client's header blocks; one per connection, fed blocks in wire order."""
+    """Decodes the client's header blocks; one per connection, fed blocks in wire order.
 
-    __slots__ = ("_dyn", "_max", "_size", "max_allowed")
+    ``generation`` moves whenever the dynamic table may change (an insertion, a size update):
+    a block decoded without moving it decodes to the same fields again for as long as it
+    does not move."""
+
+    __slots__ = ("_dyn", "_max", "_size", "generation", "max_allowed")
 
     def __init__(self, max_allowed: int = DEFAULT_TABLE_SIZE) -> None:
         self._dyn: deque[Row] = deque()  # (name, value), newest first
         self._size = 0
         self._max = max_allowed  # the encoder's current choice
         self.max_allowed = max_allowed  # our SETTINGS_HEADER_TABLE_SIZE
+        self.generation = 0
 
     def _add(self, entry: Row, size: int) -> None:
+        self.generation += 1
         dyn = self._dyn
         if size > self._max:
             dyn.clear()
@@ -119,6 +125,7 @@ class Decoder:
         self._size -= len(name) + len(value) + 32
 
     def _resize(self, new: int) -> None:
+        self.generation += 1
         if new > self.max_allowed:
             raise DecodeError("table size update above SETTINGS_HEADER_TABLE_SIZE")
         self._max = new

@@ -1100,8 +1100,46 @@ class H2Connection:
         self._buf.clear()
 
 
+class _Again:
+    """What a request head's block meant, kept for the same block again.
+
+    A client repeats its request heads (the same method, path and fields, every one indexed
+    once its table has them: h2load, gRPC stubs, API clients polling one URL), and HPACK
+    decoding is a function of the block and of the dynamic table (RFC 7541 §3): a block that
+    decoded without touching the table (no insertion, no size update) decodes to the same
+    fields again for as long as the table has not changed (``Decoder.generation``), and the
+    same fields pass the same checks (``_request``, RFC 9113 §8.2, §8.3) and have the same
+    size (§6.5.2). So the server keeps the last such block and, once it came twice in a row,
+    what ``_request`` made of it: the next time, neither decoding nor checking it again."""
+
+    __slots__ = ("authority", "cl", "method", "path", "protocol", "regular", "scheme", "size")
+
+    def __init__(self, size: int, ev: RequestReceived, cl: int) -> None:
+        self.size = size
+        self.cl = cl
+        self.method = ev.method
+        self.scheme = ev.scheme
+        self.authority = ev.authority
+        self.path = ev.path
+        self.protocol = ev.protocol
+        # A copy: the event's own list is the shell's to keep (or change).
+        self.regular: tuple[tuple[bytes, bytes], ...] = tuple(ev.headers)
+
+
+# Blocks longer than this are not kept for the next request (``_Again``).
+_AGAIN_MAX: Final = 1024
+
+
 class H2Server(H2Connection):
     """One server-side HTTP/2 connection. See the module docstring for the rules."""
+
+    def __init__(self, limits: H2Limits | None = None, now: float = 0.0) -> None:
+        super().__init__(limits, now)
+        # The last request head's block decoded without touching the table, the table's
+        # generation then, and (once it came twice in a row) what it meant.
+        self._last_block = b""
+        self._last_gen = -1
+        self._again: _Again | None = None
 
     def initiate(self) -> None:
         """Queue our SETTINGS and raise the connection window (RFC 9113 §3.4, §6.9.2)."""
@@ -1119,8 +1157,17 @@ class H2Server(H2Connection):
 
     def _on_block(self, sid: int, block: bytes, end_stream: bool, bad_priority: bool,
                   events: list[Event]) -> None:
-        headers, size = self._decode(block)
+        dec = self._dec
+        gen = dec.generation
         st = self._streams.get(sid)
+        # The block of the last request head again, with the table as it was (``_Again``)?
+        same = gen == self._last_gen and st is None and block == self._last_block
+        again = self._again if same else None
+        if again is not None:
+            headers: list[tuple[bytes, bytes]] = []  # not decoded: see _Again
+            size = again.size
+        else:
+            headers, size = self._decode(block)
         if st is not None:
             self._on_trailers(st, headers, end_stream, bad_priority, events)
             return
@@ -1147,11 +1194,27 @@ class H2Server(H2Connection):
             self._processed(sid)
             events.append(HeadersTooLarge(sid, end_stream))
             return
-        try:
-            ev, cl = _request(sid, headers, end_stream)
-        except _Malformed:
-            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
-            return
+        if again is not None:
+            cl = again.cl
+            if end_stream and cl > 0:  # the one check of _request that the frame decides
+                self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+                return
+            ev = tuple.__new__(RequestReceived, (
+                sid, again.method, again.scheme, again.authority, again.path, again.protocol,
+                list(again.regular), end_stream))
+        else:
+            try:
+                ev, cl = _request(sid, headers, end_stream)
+            except _Malformed:
+                self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+                return
+            if dec.generation == gen and len(block) <= _AGAIN_MAX:
+                if same:
+                    self._again = _Again(size, ev, cl)  # the second time in a row: kept
+                else:
+                    self._last_block = block
+                    self._last_gen = gen
+                    self._again = None
         st = self._open(sid, end_stream)
         st.content_length = cl
         self._processed(sid)
@@ -1313,8 +1376,8 @@ def _classify(field: Row) -> int:
 def _request(sid: int, headers: list[tuple[bytes, bytes]],
              end_stream: bool) -> tuple[RequestReceived, int]:
     """Validate a request head (RFC 9113 §8.2, §8.3, RFC 8441 §4); the event and the
-    content-length (-1 if none). Raises _Malformed. ``headers``, the decoder's own list,
-    becomes the event's list of regular fields."""
+    content-length (-1 if none). Raises _Malformed. The event's list of regular fields is
+    ``headers`` (the decoder's own list) or a new one: the caller's is left as it was."""
     method = scheme = authority = path = protocol = None
     cl = -1
     cookies = 0
@@ -1377,7 +1440,7 @@ def _request(sid: int, headers: list[tuple[bytes, bytes]],
     if end_stream and cl > 0:
         raise _Malformed
     if pseudo:
-        del headers[:pseudo]
+        headers = headers[pseudo:]
     if cookies > 1:
         headers = _join_cookies(headers)
     # tuple.__new__: the NamedTuple's own __new__ is interpreted Python (mypyc cannot compile
