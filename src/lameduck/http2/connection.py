@@ -579,8 +579,7 @@ class H2Connection:
         if st.rejected:
             self._give_back(flow)
         else:
-            data = self._in[p:end]  # tuple.__new__: see the end of _request
-            events.append(tuple.__new__(DataReceived, (sid, data, flow, end_stream)))
+            events.append(DataReceived(sid, self._in[p:end], flow, end_stream))
         if end_stream and st.send_done:
             self._forget(st, _CLOSED_DONE)
 
@@ -1199,9 +1198,8 @@ class H2Server(H2Connection):
             if end_stream and cl > 0:  # the one check of _request that the frame decides
                 self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
                 return
-            ev = tuple.__new__(RequestReceived, (
-                sid, again.method, again.scheme, again.authority, again.path, again.protocol,
-                list(again.regular), end_stream))
+            ev = RequestReceived(sid, again.method, again.scheme, again.authority, again.path,
+                                 again.protocol, list(again.regular), end_stream)
         else:
             try:
                 ev, cl = _request(sid, headers, end_stream)
@@ -1443,10 +1441,8 @@ def _request(sid: int, headers: list[tuple[bytes, bytes]],
         headers = headers[pseudo:]
     if cookies > 1:
         headers = _join_cookies(headers)
-    # tuple.__new__: the NamedTuple's own __new__ is interpreted Python (mypyc cannot compile
-    # it); this builds the same object in C.
-    return tuple.__new__(RequestReceived, (sid, method, scheme, authority, path, protocol,
-                                           headers, end_stream)), cl
+    return RequestReceived(sid, method, scheme, authority, path, protocol, headers,
+                           end_stream), cl
 
 
 def _join_cookies(regular: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
