@@ -872,26 +872,34 @@ class H2Connection:
                    end_stream: bool) -> None:
         """``:status`` (a response's, else None) then ``headers``, lower-cased and without
         connection-specific fields, as one header block."""
-        out: list[bytes] = []
+        sent = self._sent
+        out: list[bytes] | None = None  # the octets, from the first field not sent as before
         self._head_missed = False
         i = 0
         if status is not None:
-            out.append(self._octets(0, _STATUS_NAME, status))
+            octets = self._octets(0, _STATUS_NAME, status)
+            if self._head_missed:
+                out = [octets]
             i = 1
         for name, value in headers:
-            out.append(self._octets(i, name, value))
+            octets = self._octets(i, name, value)
+            if out is not None:
+                out.append(octets)
+            elif self._head_missed:
+                out = [sent[j].octets for j in range(i)]  # those before: sent as before
+                out.append(octets)
             i += 1
-        sent = self._sent
         if len(sent) > i:
             del sent[i:]
-            self._head_missed = True
-        if self._head_missed:
-            block = b"".join(out)
-            self._sent_block = block
-        else:
+            if out is None:
+                out = [f.octets for f in sent]
+        if out is None:
             # The same fields as the last head, every one sent as it was then with the table
             # as it was then: the same octets (joining them would give the same bytes again).
             block = self._sent_block
+        else:
+            block = b"".join(out)
+            self._sent_block = block
         updates = self._enc.updates()  # none but after a SETTINGS_HEADER_TABLE_SIZE change
         self._emit_block(st, updates + block if updates else block, end_stream)
         if end_stream:
@@ -965,18 +973,19 @@ class H2Connection:
             self._queue(frame_header(len(chunk), CONTINUATION, END_HEADERS if last else 0, sid)
                         + chunk)
 
-    def send_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
-        """Body bytes. What the windows do not allow now is held for this stream (see
-        ``outbound_buffered``) and leaves as WINDOW_UPDATEs arrive."""
+    def send_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> int:
+        """Body bytes. What the windows do not allow now is held for this stream and leaves
+        as WINDOW_UPDATEs arrive: how much that is now (``outbound_buffered``) is returned."""
         st = self._streams.get(stream_id)
         if st is None or st.send_ended or self.closed:
-            return
+            return 0
         if end_stream:
             st.send_ended = True
-        if st.pending is not None:
-            st.pending += data
+        pend = st.pending
+        if pend is not None:
+            pend += data
             st.pending_end = end_stream
-            return
+            return len(pend)
         n = len(data)
         allowed = min(st.send_window, self._send_window)  # two arguments: native in mypyc
         if allowed >= n or n == 0:
@@ -985,15 +994,17 @@ class H2Connection:
             self._send_window -= n
             if end_stream:
                 self._local_end(st)
-            return
+            return 0
         if allowed > 0:
             self._emit_data(st, data[:allowed], False)
             st.send_window -= allowed
             self._send_window -= allowed
-        st.pending = bytearray(data[allowed:] if allowed > 0 else data)
+        pend = bytearray(data[allowed:] if allowed > 0 else data)
+        st.pending = pend
         st.pending_end = end_stream
         st.blocked_once = True
         self._blocked[stream_id] = st
+        return len(pend)
 
     def _emit_data(self, st: _Stream, data: bytes, end_stream: bool) -> None:
         mf = self._peer_max_frame

@@ -353,9 +353,9 @@ class H2Downstream(Downstream):
     def send_body(self, ex: Exchange, data: bytes) -> None:
         if ex.resp_done:
             return
-        self.h2.send_data(ex.sid, data)
+        held = self.h2.send_data(ex.sid, data)
         up = ex.up
-        if up is not None and self.h2.outbound_buffered(ex.sid) > OUTBOUND_HIGH:
+        if up is not None and held > OUTBOUND_HIGH:
             up.pause_reading()  # resumed on WindowOpened
 
     def send_end(self, ex: Exchange, trailers: list[tuple[bytes, bytes]] | None) -> None:
