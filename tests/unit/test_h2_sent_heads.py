@@ -219,3 +219,10 @@ def test_frame_headers_of_a_response_by_length_and_stream_id() -> None:
         assert dec.decode(blocks[0], raw=True) == [(b":status", b"200"), pad]
         if n % 2:
             assert dec.decode(blocks[1], raw=True) == [(b"x-t", b"1")]
+
+
+def test_stream_id_octets() -> None:
+    from lameduck.http2.frames import stream_id_octets
+
+    for sid in [*range(0, 1 << 17, 3), 0xFF, 0x100, 0xFFFF, 0x10000, 2**31 - 1]:
+        assert stream_id_octets(sid) == sid.to_bytes(4, "big")

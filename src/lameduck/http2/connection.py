@@ -822,15 +822,22 @@ class H2Connection:
         """Keep how ``sid`` ended, for the last ``_CLOSED_MEMORY`` streams. The order is kept
         apart: finding a dict's oldest key means scanning past the ones deleted before it."""
         closed = self._closed_ids
-        if sid not in closed:
-            ring = self._closed_ring  # the remembered ids, oldest at _ring_pos once full
-            if len(ring) < _CLOSED_MEMORY:
-                ring.append(sid)
-            else:
-                pos = self._ring_pos
-                del closed[ring[pos]]
-                ring[pos] = sid
-                self._ring_pos = pos + 1 if pos + 1 < _CLOSED_MEMORY else 0
+        if sid in closed:
+            closed[sid] = kind
+        else:
+            self._remember_new(sid, kind)
+
+    def _remember_new(self, sid: int, kind: int) -> None:
+        """``_remember`` for a stream not remembered yet."""
+        closed = self._closed_ids
+        ring = self._closed_ring  # the remembered ids, oldest at _ring_pos once full
+        if len(ring) < _CLOSED_MEMORY:
+            ring.append(sid)
+        else:
+            pos = self._ring_pos
+            del closed[ring[pos]]
+            ring[pos] = sid
+            self._ring_pos = pos + 1 if pos + 1 < _CLOSED_MEMORY else 0
         closed[sid] = kind
 
     def _forget(self, st: _Stream, kind: int) -> None:
@@ -838,7 +845,9 @@ class H2Connection:
         del self._streams[sid]
         if st.pending is not None:
             self._blocked.pop(sid, None)
-        self._remember(sid, kind)
+        # An open stream was never remembered: a stream is remembered once it is closed (or
+        # refused, or reset unopened), and an id is opened only above every id seen before.
+        self._remember_new(sid, kind)
 
     def _stream_error(self, sid: int, code: ErrorCode, events: list[Event],
                       report: bool = True) -> None:

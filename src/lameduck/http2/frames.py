@@ -99,7 +99,15 @@ HEADERS_PREFIX: Final = _prefixes(HEADERS, END_HEADERS)
 HEADERS_END_PREFIX: Final = _prefixes(HEADERS, END_HEADERS | END_STREAM)
 
 
+# The stream id's octets below 2^16 (a connection's first 32,768 client streams) as two table
+# entries joined, where int.to_bytes is a method call into the interpreter.
+_HIGH: Final = tuple(bytes((0, 0, i)) for i in range(256))
+_LOW: Final = tuple(bytes((i,)) for i in range(256))
+
+
 def stream_id_octets(stream_id: int) -> bytes:
+    if stream_id < 0x10000:
+        return _HIGH[stream_id >> 8] + _LOW[stream_id & 0xFF]
     return stream_id.to_bytes(4, "big")
 
 
