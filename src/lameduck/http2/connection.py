@@ -3,8 +3,9 @@ client (``client.py``): bytes in, events out, bytes to send.
 
 Why not the ``h2`` library: per-frame objects and validation layers cost ~8x our budget, and
 its GOAWAY ends the connection (python-hyper/h2#1181) where lameduck's drain needs two
-(docs/drain.md). Frames are read in place from one bytearray with ``struct.unpack_from`` and
-dispatched on the type number; streams are small slotted objects.
+(docs/drain.md). Frames are read in place from the bytes of each read (only a frame not whole
+yet is kept, in a bytearray) and dispatched on the type number; streams are small slotted
+objects.
 
 ``H2Connection`` is the part that does not depend on the role: the frame loop, DATA and
 CONTINUATION, the control frames, flow control both ways, stream endings and the abuse

@@ -1,7 +1,6 @@
 """HTTP/2 frame layout (RFC 9113 §4.1, §6): type and flag numbers, error codes, and the
 builders for the frames the server writes. Frames are parsed in ``connection.py`` straight from
-the receive buffer with ``struct.unpack_from``; nothing here allocates per frame beyond the
-bytes it returns."""
+the bytes read; nothing here allocates per frame beyond the bytes it returns."""
 
 from __future__ import annotations
 
