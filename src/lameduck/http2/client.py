@@ -137,7 +137,7 @@ class H2Client(H2Connection):
         st = _Stream(sid, self._peer_initial, self._recv_initial, False)
         st.content_length = AWAITING_HEAD_RESPONSE if head else AWAITING_RESPONSE
         self._streams[sid] = st
-        self._send_head(st, [], headers, end_stream)
+        self._send_head(st, None, headers, end_stream)
         return sid
 
     # ------------------------------------------------------------------ receiving
@@ -172,7 +172,7 @@ class H2Client(H2Connection):
             if end_stream:  # an interim head cannot end the stream (§8.1)
                 self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
                 return
-            events.append(tuple.__new__(ResponseReceived, (sid, status, headers, False)))
+            events.append(ResponseReceived(sid, status, headers, False))
             return
         if awaiting == AWAITING_HEAD_RESPONSE or status in _NO_CONTENT:
             cl = 0  # no content, whatever content-length describes (§8.1.1)
@@ -180,8 +180,7 @@ class H2Client(H2Connection):
             self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
             return
         st.content_length = cl
-        # tuple.__new__: the NamedTuple's own __new__ is interpreted (see connection._request).
-        events.append(tuple.__new__(ResponseReceived, (sid, status, headers, end_stream)))
+        events.append(ResponseReceived(sid, status, headers, end_stream))
         if end_stream:
             st.recv_closed = True
             if st.send_done:

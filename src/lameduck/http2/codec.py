@@ -93,17 +93,23 @@ def _string(value: bytes) -> bytes:
 
 
 class Decoder:
-    """Decodes the client's header blocks; one per connection, fed blocks in wire order."""
+    """Decodes the client's header blocks; one per connection, fed blocks in wire order.
 
-    __slots__ = ("_dyn", "_max", "_size", "max_allowed")
+    ``generation`` moves whenever the dynamic table may change (an insertion, a size update):
+    a block decoded without moving it decodes to the same fields again for as long as it
+    does not move."""
+
+    __slots__ = ("_dyn", "_max", "_size", "generation", "max_allowed")
 
     def __init__(self, max_allowed: int = DEFAULT_TABLE_SIZE) -> None:
         self._dyn: deque[Row] = deque()  # (name, value), newest first
         self._size = 0
         self._max = max_allowed  # the encoder's current choice
         self.max_allowed = max_allowed  # our SETTINGS_HEADER_TABLE_SIZE
+        self.generation = 0
 
     def _add(self, entry: Row, size: int) -> None:
+        self.generation += 1
         dyn = self._dyn
         if size > self._max:
             dyn.clear()
@@ -119,6 +125,7 @@ class Decoder:
         self._size -= len(name) + len(value) + 32
 
     def _resize(self, new: int) -> None:
+        self.generation += 1
         if new > self.max_allowed:
             raise DecodeError("table size update above SETTINGS_HEADER_TABLE_SIZE")
         self._max = new
@@ -244,9 +251,16 @@ def _decode_str(data: bytes, pos: int, n: int) -> tuple[bytes, int]:
 
 
 class Encoder:
-    """Encodes our header blocks; the dynamic table is mirrored by two dicts for lookups."""
+    """Encodes our header blocks; the dynamic table is mirrored by two dicts for lookups.
 
-    __slots__ = ("_dyn", "_full", "_inserted", "_max", "_names", "_size", "_updates")
+    ``generation`` names the table's state: it moves on every insertion and every size
+    change, and nothing else changes the table. A field's octets are a function of the field
+    and that state, so octets worked out at one generation are the same at that generation
+    again (``field`` says which octets depend on it at all): ``connection.H2Connection`` keeps
+    the previous head's octets and reuses those still valid (RFC 7541 §2.3, §4)."""
+
+    __slots__ = ("_dyn", "_full", "_inserted", "_max", "_names", "_size", "_updates",
+                 "generation")
 
     def __init__(self) -> None:
         self._dyn: deque[tuple[bytes, bytes, int]] = deque()  # (name, value, id), newest first
@@ -256,6 +270,7 @@ class Encoder:
         self._size = 0
         self._max = DEFAULT_TABLE_SIZE
         self._updates: list[int] = []
+        self.generation = 0
 
     def set_max_table_size(self, peer_max: int) -> None:
         """The peer's SETTINGS_HEADER_TABLE_SIZE: we use at most 4096 of it, and tell the
@@ -265,6 +280,7 @@ class Encoder:
         if new == self._max:
             return
         self._max = new
+        self.generation += 1
         self._evict(0)
         self._updates = [new] if not self._updates else [min(self._updates[0], new), new]
 
@@ -281,31 +297,36 @@ class Encoder:
 
     def encode(self, headers: list[tuple[bytes, bytes]]) -> bytes:
         """One block for ``headers`` (names lower-case, pseudo-fields first)."""
-        out: list[bytes] = []
-        if self._updates:
-            first, last = self._updates[0], self._updates[-1]
-            if first < last:
-                out.append(_encode_int(first, 5, 0x20))
-            out.append(_encode_int(last, 5, 0x20))
-            self._updates = []
-        fixed = _FIXED
-        full = self._full
-        oldest = self._inserted - len(self._dyn)
+        out = [self.updates()] if self._updates else []
         for row in cast("list[Row]", headers):
-            done = fixed.get(row)
-            if done is not None:
-                out.append(done)
-                continue
-            ident = full.get(row)
-            if ident is not None and ident >= oldest:
-                idx = 61 + self._inserted - ident  # the newest entry is 62
-                out.append(_INDEXED[idx] if idx < 127 else _encode_int(idx, 7, 0x80))
-                continue
-            self._literal(row, out)
-            oldest = self._inserted - len(self._dyn)
+            out.append(self.field(row)[0])
         return b"".join(out)
 
-    def _literal(self, field: Row, out: list[bytes]) -> None:
+    def updates(self) -> bytes:
+        """The dynamic table size updates the next block must start with (RFC 7541 §4.2,
+        §6.3), if the peer's SETTINGS changed the size since the last block; else b""."""
+        if not self._updates:
+            return b""
+        first, last = self._updates[0], self._updates[-1]
+        self._updates = []
+        done = _encode_int(last, 5, 0x20)
+        return _encode_int(first, 5, 0x20) + done if first < last else done
+
+    def field(self, row: Row) -> tuple[bytes, int]:
+        """The octets of one field, and what they depend on: ``STATELESS`` (the field alone:
+        a static table match or a literal never indexed), the generation they were worked out
+        at (an index into the dynamic table), or ``INSERTED`` (a literal that added the field
+        to the table: next time it is indexed instead)."""
+        done = _FIXED.get(row)
+        if done is not None:
+            return done, STATELESS
+        ident = self._full.get(row)
+        if ident is not None and ident >= self._inserted - len(self._dyn):
+            idx = 61 + self._inserted - ident  # the newest entry is 62
+            return (_INDEXED[idx] if idx < 127 else _encode_int(idx, 7, 0x80)), self.generation
+        return self._literal(row)
+
+    def _literal(self, field: Row) -> tuple[bytes, int]:
         """A field sent as a literal; indexed for next time unless volatile or secret."""
         name, value = cast("tuple[bytes, bytes]", field)
         nidx = _STATIC_NAME.get(name)
@@ -316,8 +337,9 @@ class Encoder:
         size = len(name) + len(value) + 32
         never = name in _NEVER_INDEX
         if never or name in _NO_INDEX:
-            # Never in the dynamic table, not even by name: the octets depend on the field
-            # alone, so they are kept for the next response carrying it.
+            # Never in the dynamic table, not even by name (so ``nidx`` is a static index or
+            # none): the octets depend on the field alone, and are kept for the next response
+            # carrying it.
             first = 0x10 if never else 0x00
             done = ((_encode_int(nidx, 4, first) if nidx else bytes((first,)) + _string(name))
                     + _string(value))
@@ -326,22 +348,25 @@ class Encoder:
                     _FIXED.clear()
                     _FIXED.update(_STATIC_BYTES)
                 _FIXED[field] = done
-            out.append(done)
-            return
+            return done, STATELESS
         if size > self._max >> 1:
-            out.append(_encode_int(nidx, 4, 0x00) if nidx else b"\x00" + _string(name))
-            out.append(_string(value))
-            return
-        out.append(_encode_int(nidx, 6, 0x40) if nidx else b"\x40" + _string(name))
-        out.append(_string(value))
+            return ((_encode_int(nidx, 4, 0x00) if nidx else b"\x00" + _string(name))
+                    + _string(value)), self.generation
+        done = (_encode_int(nidx, 6, 0x40) if nidx else b"\x40" + _string(name)) + _string(value)
         self._evict(size)
         ident = self._inserted
         self._inserted += 1
+        self.generation += 1
         self._dyn.appendleft((name, value, ident))
         self._size += size
         self._full[field] = ident
         self._names[name] = ident
+        return done, INSERTED
 
+
+# What a field's octets depend on (``Encoder.field``), besides a generation (>= 0).
+STATELESS: Final = -1
+INSERTED: Final = -2
 
 # Indexed field representations (RFC 7541 §6.1) below 127: one octet.
 _INDEXED: Final[tuple[bytes, ...]] = tuple(bytes((0x80 | i,)) for i in range(127))

@@ -3,8 +3,9 @@ client (``client.py``): bytes in, events out, bytes to send.
 
 Why not the ``h2`` library: per-frame objects and validation layers cost ~8x our budget, and
 its GOAWAY ends the connection (python-hyper/h2#1181) where lameduck's drain needs two
-(docs/drain.md). Frames are read in place from one bytearray with ``struct.unpack_from`` and
-dispatched on the type number; streams are small slotted objects.
+(docs/drain.md). Frames are read in place from the bytes of each read (only a frame not whole
+yet is kept, in a bytearray) and dispatched on the type number; streams are small slotted
+objects.
 
 ``H2Connection`` is the part that does not depend on the role: the frame loop, DATA and
 CONTINUATION, the control frames, flow control both ways, stream endings and the abuse
@@ -65,7 +66,7 @@ from typing import Final, cast
 
 from lameduck.proxy.fields import HOP_BY_HOP
 
-from .codec import DecodeError, Decoder, Encoder, HeaderBomb, Row
+from .codec import INSERTED, STATELESS, DecodeError, Decoder, Encoder, HeaderBomb, Row
 from .events import (
     ConnectionError,
     DataReceived,
@@ -81,13 +82,16 @@ from .frames import (
     ACK,
     CONTINUATION,
     DATA,
+    DATA_END_PREFIX,
+    DATA_PREFIX,
     DEFAULT_MAX_FRAME,
     DEFAULT_WINDOW,
     END_HEADERS,
     END_STREAM,
     GOAWAY,
-    HEADER,
     HEADERS,
+    HEADERS_END_PREFIX,
+    HEADERS_PREFIX,
     MAX_FRAME_LIMIT,
     MAX_WINDOW,
     PADDED,
@@ -106,8 +110,7 @@ from .frames import (
     SETTINGS_MAX_CONCURRENT_STREAMS,
     SETTINGS_MAX_FRAME_SIZE,
     SETTINGS_MAX_HEADER_LIST_SIZE,
-    TWO_U32,
-    U32,
+    SHORT,
     WINDOW_UPDATE,
     ErrorCode,
     error_code,
@@ -117,6 +120,7 @@ from .frames import (
     ping_ack,
     rst_stream,
     settings_frame,
+    stream_id_octets,
     window_update,
 )
 
@@ -137,11 +141,12 @@ AWAITING_RESPONSE: Final = -2
 AWAITING_HEAD_RESPONSE: Final = -3
 
 # Typed, so that mypyc works on the fields as native ints rather than generic objects.
-_unpack_header: Final[Callable[[bytearray, int], tuple[int, int, int, int, int]]] = (
-    HEADER.unpack_from)
-_unpack_u32: Final[Callable[[bytearray, int], tuple[int]]] = U32.unpack_from
-_unpack_two: Final[Callable[[bytearray, int], tuple[int, int]]] = TWO_U32.unpack_from
-_unpack_setting: Final[Callable[[bytearray, int], tuple[int, int]]] = SETTING.unpack_from
+_unpack_setting: Final[Callable[[bytes, int], tuple[int, int]]] = SETTING.unpack_from
+
+
+def _u32(data: bytes, p: int) -> int:
+    """A 32-bit big-endian field of a frame's payload."""
+    return data[p] << 24 | data[p + 1] << 16 | data[p + 2] << 8 | data[p + 3]
 
 # How a forgotten stream ended: frames that still arrive for it are judged by this.
 _CLOSED_BY_US: Final = 1  # we reset it (or refused it): ignore what was already in flight
@@ -217,9 +222,9 @@ class _Stream:
     DATA before it is caught by the same single test in ``_on_data``."""
 
     __slots__ = (
-        "blocked_once", "content_length", "pending", "pending_end", "pending_trailers",
-        "received", "recv_closed", "recv_window", "rejected", "send_done", "send_ended",
-        "send_window", "sid", "unacked",
+        "blocked_once", "content_length", "id_octets", "pending", "pending_end",
+        "pending_trailers", "received", "recv_closed", "recv_window", "rejected", "send_done",
+        "send_ended", "send_window", "sid", "unacked",
     )
 
     def __init__(self, sid: int, send_window: int, recv_window: int, end: bool) -> None:
@@ -237,6 +242,30 @@ class _Stream:
         self.received = 0
         self.unacked = 0
         self.rejected = False  # HeadersTooLarge: body discarded here
+        self.id_octets = b""  # the stream id as frame headers carry it, once a frame is sent
+
+    def frame_id(self) -> bytes:
+        octets = self.id_octets
+        if not octets:
+            octets = self.id_octets = stream_id_octets(self.sid)
+        return octets
+
+
+class _Sent:
+    """A field of the last head sent on the connection, as the shell gave it, and its octets
+    with what they depend on (``codec.STATELESS``, a table generation, ``codec.INSERTED``)."""
+
+    __slots__ = ("name", "octets", "stamp", "value")
+
+    def __init__(self, name: bytes, value: bytes, octets: bytes, stamp: int) -> None:
+        self.name = name
+        self.value = value
+        self.octets = octets
+        self.stamp = stamp
+
+
+# Fields of a head remembered for the next one: heads longer than this encode the rest anew.
+_SENT_MAX: Final = 64
 
 
 class H2Connection:
@@ -247,7 +276,9 @@ class H2Connection:
     def __init__(self, limits: H2Limits | None = None, now: float = 0.0) -> None:
         lim = limits if limits is not None else H2Limits()
         self.limits = lim
-        self._buf = bytearray()
+        self._buf = bytearray()  # a frame begun, not whole yet
+        self._want = 9  # how long _buf must be before its first frame is whole
+        self._in = b""  # the bytes being parsed (``_frames``)
         self._out: list[bytes] = []
         self._out_size = 0
         # 0: expecting the client magic (server), 1: the peer's SETTINGS, 2: running.
@@ -255,6 +286,10 @@ class H2Connection:
         self._initiated = False
         self._dec = Decoder()
         self._enc = Encoder()
+        # The last head sent, field by field (``_octets``), and its block.
+        self._sent: list[_Sent] = []
+        self._sent_block = b""
+        self._head_missed = False
         self._streams: dict[int, _Stream] = {}
         self._closed_ids: dict[int, int] = {}
         self._closed_ring: list[int] = []
@@ -364,39 +399,55 @@ class H2Connection:
         if self._handed:
             self._handed = []  # the shell has decided on every stream of the last read
         buf = self._buf
-        buf += data
+        if buf:
+            # The rest of a frame begun in an earlier read: gathered here until it is whole,
+            # then parsed with what follows it as one bytes object.
+            buf += data
+            if self._state == 2 and len(buf) < self._want:
+                return events
+            data = bytes(buf)
+            buf.clear()
         try:
             if self._state != 2:
                 if not self._initiated:
                     self.initiate()
                 if self._state == 0:
-                    if len(buf) < 24:
-                        if not PREFACE.startswith(bytes(buf)):
+                    if len(data) < 24:
+                        if not PREFACE.startswith(data):
                             raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "bad preface")
+                        buf += data
                         return events
-                    if buf[:24] != PREFACE:
+                    if data[:24] != PREFACE:
                         raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "bad preface")
-                    del buf[:24]
+                    data = data[24:]
                     self._state = 1
-            self._frames(events)
+            self._frames(data, events)
         except _ProtocolError as exc:
             self._connection_error(exc.code, exc.reason, events)
         return events
 
-    def _frames(self, events: list[Event]) -> None:
-        buf = self._buf
-        n = len(buf)
+    def _frames(self, data: bytes, events: list[Event]) -> None:
+        """The whole frames in ``data``, read in place (the handlers find their payload in
+        ``self._in`` between the offsets they are given); the rest is kept in ``_buf``."""
+        n = len(data)
         pos = 0
+        length = -1
+        self._in = data
         try:
             while n - pos >= 9:
-                hi, lo, ftype, flags, sid = _unpack_header(buf, pos)
-                length = hi << 16 | lo
+                # The 9-octet frame header (RFC 9113 §4.1), octet by octet: mypyc indexes
+                # bytes natively, where struct.unpack_from is a call into the interpreter.
+                length = data[pos] << 16 | data[pos + 1] << 8 | data[pos + 2]
                 if length > self._accept_frame:
                     raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "frame too large")
                 end = pos + 9 + length
                 if end > n:
                     break
-                sid &= 0x7FFFFFFF
+                ftype = data[pos + 3]
+                flags = data[pos + 4]
+                sid = ((data[pos + 5] & 0x7F) << 24 | data[pos + 6] << 16 | data[pos + 7] << 8
+                       | data[pos + 8])
+                length = -1
                 if self._cont_sid and ftype != CONTINUATION:
                     raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "expected CONTINUATION")
                 if self._state == 1:
@@ -410,37 +461,41 @@ class H2Connection:
                 elif ftype == HEADERS:
                     self._on_headers(sid, flags, p, end, events)
                 elif ftype == WINDOW_UPDATE:
-                    self._on_window_update(sid, p, length, events)
+                    self._on_window_update(sid, p, end - p, events)
                 elif ftype == RST_STREAM:
-                    self._on_rst_stream(sid, p, length, events)
+                    self._on_rst_stream(sid, p, end - p, events)
                 elif ftype == SETTINGS:
-                    self._on_settings(sid, flags, p, length, events)
+                    self._on_settings(sid, flags, p, end - p, events)
                 elif ftype == PING:
                     if sid:
                         raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "PING on a stream")
-                    if length != 8:
+                    if end - p != 8:
                         raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "PING length")
                     if not flags & ACK:
                         self.pings += 1
                         if self._pings.hit(self._now):
                             self._flooded("PING flood")
-                        self._queue_reply(ping_ack(bytes(buf[p:end])))
+                        self._queue_reply(ping_ack(data[p:end]))
                 elif ftype == PRIORITY:
-                    self._on_priority(sid, p, length, events)
+                    self._on_priority(sid, p, end - p, events)
                 elif ftype == CONTINUATION:
                     self._on_continuation(sid, flags, p, end, events)
                 elif ftype == GOAWAY:
                     if sid:
                         raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "GOAWAY on a stream")
-                    if length < 8:
+                    if end - p < 8:
                         raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "GOAWAY length")
-                    last, code = _unpack_two(buf, p)
-                    self._on_goaway(last & 0x7FFFFFFF, error_code(code), events)
+                    self._on_goaway(_u32(data, p) & 0x7FFFFFFF, error_code(_u32(data, p + 4)),
+                                    events)
                 elif ftype == PUSH_PROMISE:
                     self._on_push_promise()
                 # Unknown frame types are ignored (RFC 9113 §4.1, §5.5).
         finally:
-            del buf[:pos]
+            self._in = b""
+            if pos < n:
+                # A frame not whole yet: what it needs before it is worth parsing again.
+                self._want = 9 + length if length >= 0 else 9
+                self._buf += data[pos:] if pos else data
 
     def _on_goaway(self, last: int, code: ErrorCode | int, events: list[Event]) -> None:
         """The peer's GOAWAY: reported; its streams up to ``last`` go on."""
@@ -470,7 +525,7 @@ class H2Connection:
         if flags & PADDED:
             if p >= end:
                 raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "no room for the pad length")
-            pad = self._buf[p]
+            pad = self._in[p]
             p += 1
             if pad > end - p:
                 raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "padding exceeds the payload")
@@ -525,8 +580,7 @@ class H2Connection:
         if st.rejected:
             self._give_back(flow)
         else:
-            data = bytes(self._buf[p:end])  # tuple.__new__: see the end of _request
-            events.append(tuple.__new__(DataReceived, (sid, data, flow, end_stream)))
+            events.append(DataReceived(sid, self._in[p:end], flow, end_stream))
         if end_stream and st.send_done:
             self._forget(st, _CLOSED_DONE)
 
@@ -575,14 +629,14 @@ class H2Connection:
         if flags & PRIORITY_FLAG:
             if end - p < 5:
                 raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "HEADERS priority fields")
-            bad_priority = (_unpack_u32(self._buf, p)[0] & 0x7FFFFFFF) == sid
+            bad_priority = (_u32(self._in, p) & 0x7FFFFFFF) == sid
             p += 5
         if flags & END_HEADERS:
-            self._on_block(sid, bytes(self._buf[p:end]), bool(flags & END_STREAM),
+            self._on_block(sid, self._in[p:end], bool(flags & END_STREAM),
                            bad_priority, events)
             return
         self._cont_sid = sid
-        self._cont_buf = bytearray(self._buf[p:end])
+        self._cont_buf = bytearray(self._in[p:end])
         self._cont_end_stream = bool(flags & END_STREAM)
         self._cont_bad_priority = bad_priority
         if len(self._cont_buf) > self._block_cap:
@@ -593,7 +647,7 @@ class H2Connection:
         if not self._cont_sid or sid != self._cont_sid:
             raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "unexpected CONTINUATION")
         cont = self._cont_buf
-        cont += self._buf[p:end]
+        cont += self._in[p:end]
         if len(cont) > self._block_cap:
             self._flooded("header block too large")
         if not flags & END_HEADERS:
@@ -655,7 +709,7 @@ class H2Connection:
     def _on_window_update(self, sid: int, p: int, length: int, events: list[Event]) -> None:
         if length != 4:
             raise _ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "WINDOW_UPDATE length")
-        inc = _unpack_u32(self._buf, p)[0] & 0x7FFFFFFF
+        inc = _u32(self._in, p) & 0x7FFFFFFF
         if sid == 0:
             if inc == 0:
                 raise _ProtocolError(ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
@@ -692,7 +746,7 @@ class H2Connection:
             return
         self.resets_received += 1
         self._forget(st, _CLOSED_BY_PEER)
-        events.append(StreamReset(sid, error_code(_unpack_u32(self._buf, p)[0])))
+        events.append(StreamReset(sid, error_code(_u32(self._in, p))))
         if self._resets.hit(self._now):
             self._flooded("rapid reset")
 
@@ -702,7 +756,7 @@ class H2Connection:
         if length != 5:
             self._stream_error(sid, ErrorCode.FRAME_SIZE_ERROR, events, report=sid in self._streams)
             return
-        if (_unpack_u32(self._buf, p)[0] & 0x7FFFFFFF) == sid:
+        if (_u32(self._in, p) & 0x7FFFFFFF) == sid:
             self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events, report=sid in self._streams)
 
     def _on_settings(self, sid: int, flags: int, p: int, length: int,
@@ -728,9 +782,9 @@ class H2Connection:
             self._flooded("SETTINGS flood")
         if self.settings == 1:  # the first SETTINGS: no limit unless it names one (§6.5.2)
             self.peer_max_concurrent_streams = UNLIMITED_STREAMS
-        buf = self._buf
+        payload = self._in
         for off in range(p, p + length, 6):
-            key, value = _unpack_setting(buf, off)
+            key, value = _unpack_setting(payload, off)
             if key == SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise _ProtocolError(ErrorCode.FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE")
@@ -769,15 +823,22 @@ class H2Connection:
         """Keep how ``sid`` ended, for the last ``_CLOSED_MEMORY`` streams. The order is kept
         apart: finding a dict's oldest key means scanning past the ones deleted before it."""
         closed = self._closed_ids
-        if sid not in closed:
-            ring = self._closed_ring  # the remembered ids, oldest at _ring_pos once full
-            if len(ring) < _CLOSED_MEMORY:
-                ring.append(sid)
-            else:
-                pos = self._ring_pos
-                del closed[ring[pos]]
-                ring[pos] = sid
-                self._ring_pos = pos + 1 if pos + 1 < _CLOSED_MEMORY else 0
+        if sid in closed:
+            closed[sid] = kind
+        else:
+            self._remember_new(sid, kind)
+
+    def _remember_new(self, sid: int, kind: int) -> None:
+        """``_remember`` for a stream not remembered yet."""
+        closed = self._closed_ids
+        ring = self._closed_ring  # the remembered ids, oldest at _ring_pos once full
+        if len(ring) < _CLOSED_MEMORY:
+            ring.append(sid)
+        else:
+            pos = self._ring_pos
+            del closed[ring[pos]]
+            ring[pos] = sid
+            self._ring_pos = pos + 1 if pos + 1 < _CLOSED_MEMORY else 0
         closed[sid] = kind
 
     def _forget(self, st: _Stream, kind: int) -> None:
@@ -785,7 +846,9 @@ class H2Connection:
         del self._streams[sid]
         if st.pending is not None:
             self._blocked.pop(sid, None)
-        self._remember(sid, kind)
+        # An open stream was never remembered: a stream is remembered once it is closed (or
+        # refused, or reset unopened), and an id is opened only above every id seen before.
+        self._remember_new(sid, kind)
 
     def _stream_error(self, sid: int, code: ErrorCode, events: list[Event],
                       report: bool = True) -> None:
@@ -815,74 +878,156 @@ class H2Connection:
 
     # ------------------------------------------------------------------ sending
 
-    def _send_head(self, st: _Stream, fields: list[Row], headers: list[tuple[bytes, bytes]],
+    def _send_head(self, st: _Stream, status: bytes | None, headers: list[tuple[bytes, bytes]],
                    end_stream: bool) -> None:
-        """``fields`` (pseudo-fields) then ``headers``, lower-cased and without
+        """``:status`` (a response's, else None) then ``headers``, lower-cased and without
         connection-specific fields, as one header block."""
-        names = _OUT_NAMES
+        sent = self._sent
+        out: list[bytes] | None = None  # the octets, from the first field not sent as before
+        self._head_missed = False
+        i = 0
+        if status is not None:
+            octets = self._octets(0, _STATUS_NAME, status)
+            if self._head_missed:
+                out = [octets]
+            i = 1
         for name, value in headers:
-            out = names.get(name)
+            octets = self._octets(i, name, value)
+            if out is not None:
+                out.append(octets)
+            elif self._head_missed:
+                out = [sent[j].octets for j in range(i)]  # those before: sent as before
+                out.append(octets)
+            i += 1
+        if len(sent) > i:
+            del sent[i:]
             if out is None:
-                out = _out_name(name)
-            if out:
-                fields.append((out, value))
-        block = self._enc.encode(cast("list[tuple[bytes, bytes]]", fields))
-        self._emit_block(st.sid, block, end_stream)
+                out = [f.octets for f in sent]
+        if out is None:
+            # The same fields as the last head, every one sent as it was then with the table
+            # as it was then: the same octets (joining them would give the same bytes again).
+            block = self._sent_block
+        else:
+            block = b"".join(out)
+            self._sent_block = block
+        updates = self._enc.updates()  # none but after a SETTINGS_HEADER_TABLE_SIZE change
+        self._emit_block(st, updates + block if updates else block, end_stream)
         if end_stream:
             st.send_ended = True
             self._local_end(st)
 
-    def _emit_block(self, sid: int, block: bytes, end_stream: bool) -> None:
-        flags = END_STREAM if end_stream else 0
+    def _octets(self, i: int, name: bytes, value: bytes) -> bytes:
+        """The octets of the ``i``-th field of the head being sent, as the shell gave it (its
+        name in any case; b"" for a connection-specific field, RFC 9113 §8.2.2).
+
+        Nearly every response of a connection carries the fields of the one before, most of
+        them with the same values (Server, Content-Type...), and the encoder's octets for a
+        field are a function of the field and of the dynamic table (RFC 7541 §2.3): when the
+        last head had this very field at this place, and its octets depended on the field
+        alone or the table has not changed since (``Encoder.generation``), they are sent
+        again as they are, without lower-casing the name and looking the field up again.
+        Anything else is encoded afresh (and kept for the next head)."""
+        enc = self._enc
+        sent = self._sent
+        if i < len(sent):
+            prev = sent[i]
+            stamp = prev.stamp
+            if ((stamp == STATELESS or stamp == enc.generation) and prev.value == value
+                    and prev.name == name):
+                return prev.octets
+        self._head_missed = True
+        out = _OUT_NAMES.get(name)
+        if out is None:
+            out = _out_name(name)
+        if out:
+            octets, stamp = enc.field((out, value))
+        else:
+            octets = b""
+            stamp = STATELESS
+        kept = octets
+        if len(name) + len(value) > _CACHE_ENTRY_MAX:
+            # Not kept: a large field would be held (twice) until the next head.
+            value = kept = b""
+            stamp = INSERTED
+        if i < len(sent):
+            prev = sent[i]
+            prev.name = name
+            prev.value = value
+            prev.octets = kept
+            prev.stamp = stamp
+        elif i < _SENT_MAX:
+            sent.append(_Sent(name, value, kept, stamp))
+        return octets
+
+    def _emit_block(self, st: _Stream, block: bytes, end_stream: bool) -> None:
         mf = self._peer_max_frame
         n = len(block)
         if n <= mf:
             out = self._out
-            out.append(pack_header(n >> 16, n & 0xFFFF, HEADERS, flags | END_HEADERS, sid))
+            if n < SHORT:
+                out.append((HEADERS_END_PREFIX if end_stream else HEADERS_PREFIX)[n])
+                out.append(st.frame_id())
+            else:
+                out.append(pack_header(n >> 16, n & 0xFFFF, HEADERS,
+                                       END_HEADERS | END_STREAM if end_stream else END_HEADERS,
+                                       st.sid))
             out.append(block)
             self._out_size += n + 9
             return
-        self._queue(frame_header(mf, HEADERS, flags, sid) + block[:mf])
+        sid = st.sid
+        self._queue(frame_header(mf, HEADERS, END_STREAM if end_stream else 0, sid)
+                    + block[:mf])
         for off in range(mf, n, mf):
             chunk = block[off:off + mf]
             last = off + mf >= n
             self._queue(frame_header(len(chunk), CONTINUATION, END_HEADERS if last else 0, sid)
                         + chunk)
 
-    def send_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
-        """Body bytes. What the windows do not allow now is held for this stream (see
-        ``outbound_buffered``) and leaves as WINDOW_UPDATEs arrive."""
+    def send_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> int:
+        """Body bytes. What the windows do not allow now is held for this stream and leaves
+        as WINDOW_UPDATEs arrive: how much that is now (``outbound_buffered``) is returned."""
         st = self._streams.get(stream_id)
         if st is None or st.send_ended or self.closed:
-            return
+            return 0
         if end_stream:
             st.send_ended = True
-        if st.pending is not None:
-            st.pending += data
+        pend = st.pending
+        if pend is not None:
+            pend += data
             st.pending_end = end_stream
-            return
+            return len(pend)
         n = len(data)
         allowed = min(st.send_window, self._send_window)  # two arguments: native in mypyc
         if allowed >= n or n == 0:
-            self._emit_data(stream_id, data, end_stream)
+            self._emit_data(st, data, end_stream)
             st.send_window -= n
             self._send_window -= n
             if end_stream:
                 self._local_end(st)
-            return
+            return 0
         if allowed > 0:
-            self._emit_data(stream_id, data[:allowed], False)
+            self._emit_data(st, data[:allowed], False)
             st.send_window -= allowed
             self._send_window -= allowed
-        st.pending = bytearray(data[allowed:] if allowed > 0 else data)
+        pend = bytearray(data[allowed:] if allowed > 0 else data)
+        st.pending = pend
         st.pending_end = end_stream
         st.blocked_once = True
         self._blocked[stream_id] = st
+        return len(pend)
 
-    def _emit_data(self, sid: int, data: bytes, end_stream: bool) -> None:
+    def _emit_data(self, st: _Stream, data: bytes, end_stream: bool) -> None:
         mf = self._peer_max_frame
         n = len(data)
         out = self._out
+        if n < SHORT:  # SHORT <= the smallest max frame size (16384)
+            out.append((DATA_END_PREFIX if end_stream else DATA_PREFIX)[n])
+            out.append(st.frame_id())
+            if n:
+                out.append(data)
+            self._out_size += n + 9
+            return
+        sid = st.sid
         if n <= mf:
             out.append(pack_header(n >> 16, n & 0xFFFF, DATA, END_STREAM if end_stream else 0,
                                    sid))
@@ -912,7 +1057,7 @@ class H2Connection:
         if st.pending is not None:
             st.pending_trailers = fields
             return
-        self._emit_block(stream_id, self._enc.encode(fields), True)
+        self._emit_block(st, self._enc.encode(fields), True)
         self._local_end(st)
 
     def _flush_stream(self, st: _Stream, events: list[Event], frames: int) -> None:
@@ -925,7 +1070,7 @@ class H2Connection:
             n = min(min(len(pend), mf), min(st.send_window, self._send_window))
             chunk = bytes(pend[:n])
             del pend[:n]
-            self._emit_data(st.sid, chunk, not pend and st.pending_end
+            self._emit_data(st, chunk, not pend and st.pending_end
                             and st.pending_trailers is None)
             st.send_window -= n
             self._send_window -= n
@@ -935,7 +1080,7 @@ class H2Connection:
         st.pending = None
         del self._blocked[st.sid]
         if st.pending_trailers is not None:
-            self._emit_block(st.sid, self._enc.encode(st.pending_trailers), True)
+            self._emit_block(st, self._enc.encode(st.pending_trailers), True)
             st.pending_trailers = None
             self._local_end(st)
         elif st.pending_end:
@@ -975,8 +1120,46 @@ class H2Connection:
         self._buf.clear()
 
 
+class _Again:
+    """What a request head's block meant, kept for the same block again.
+
+    A client repeats its request heads (the same method, path and fields, every one indexed
+    once its table has them: h2load, gRPC stubs, API clients polling one URL), and HPACK
+    decoding is a function of the block and of the dynamic table (RFC 7541 §3): a block that
+    decoded without touching the table (no insertion, no size update) decodes to the same
+    fields again for as long as the table has not changed (``Decoder.generation``), and the
+    same fields pass the same checks (``_request``, RFC 9113 §8.2, §8.3) and have the same
+    size (§6.5.2). So the server keeps the last such block and, once it came twice in a row,
+    what ``_request`` made of it: the next time, neither decoding nor checking it again."""
+
+    __slots__ = ("authority", "cl", "method", "path", "protocol", "regular", "scheme", "size")
+
+    def __init__(self, size: int, ev: RequestReceived, cl: int) -> None:
+        self.size = size
+        self.cl = cl
+        self.method = ev.method
+        self.scheme = ev.scheme
+        self.authority = ev.authority
+        self.path = ev.path
+        self.protocol = ev.protocol
+        # A copy: the event's own list is the shell's to keep (or change).
+        self.regular: tuple[tuple[bytes, bytes], ...] = tuple(ev.headers)
+
+
+# Blocks longer than this are not kept for the next request (``_Again``).
+_AGAIN_MAX: Final = 1024
+
+
 class H2Server(H2Connection):
     """One server-side HTTP/2 connection. See the module docstring for the rules."""
+
+    def __init__(self, limits: H2Limits | None = None, now: float = 0.0) -> None:
+        super().__init__(limits, now)
+        # The last request head's block decoded without touching the table, the table's
+        # generation then, and (once it came twice in a row) what it meant.
+        self._last_block = b""
+        self._last_gen = -1
+        self._again: _Again | None = None
 
     def initiate(self) -> None:
         """Queue our SETTINGS and raise the connection window (RFC 9113 §3.4, §6.9.2)."""
@@ -994,8 +1177,17 @@ class H2Server(H2Connection):
 
     def _on_block(self, sid: int, block: bytes, end_stream: bool, bad_priority: bool,
                   events: list[Event]) -> None:
-        headers, size = self._decode(block)
+        dec = self._dec
+        gen = dec.generation
         st = self._streams.get(sid)
+        # The block of the last request head again, with the table as it was (``_Again``)?
+        same = gen == self._last_gen and st is None and block == self._last_block
+        again = self._again if same else None
+        if again is not None:
+            headers: list[tuple[bytes, bytes]] = []  # not decoded: see _Again
+            size = again.size
+        else:
+            headers, size = self._decode(block)
         if st is not None:
             self._on_trailers(st, headers, end_stream, bad_priority, events)
             return
@@ -1022,11 +1214,26 @@ class H2Server(H2Connection):
             self._processed(sid)
             events.append(HeadersTooLarge(sid, end_stream))
             return
-        try:
-            ev, cl = _request(sid, headers, end_stream)
-        except _Malformed:
-            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
-            return
+        if again is not None:
+            cl = again.cl
+            if end_stream and cl > 0:  # the one check of _request that the frame decides
+                self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+                return
+            ev = RequestReceived(sid, again.method, again.scheme, again.authority, again.path,
+                                 again.protocol, list(again.regular), end_stream)
+        else:
+            try:
+                ev, cl = _request(sid, headers, end_stream)
+            except _Malformed:
+                self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+                return
+            if dec.generation == gen and len(block) <= _AGAIN_MAX:
+                if same:
+                    self._again = _Again(size, ev, cl)  # the second time in a row: kept
+                else:
+                    self._last_block = block
+                    self._last_gen = gen
+                    self._again = None
         st = self._open(sid, end_stream)
         st.content_length = cl
         self._processed(sid)
@@ -1054,7 +1261,7 @@ class H2Server(H2Connection):
         st = self._streams.get(stream_id)
         if st is None or st.send_ended or self.closed:
             return
-        self._send_head(st, [_STATUS.get(status) or (b":status", b"%d" % status)], headers,
+        self._send_head(st, _STATUS[status - 100] if status < 600 else b"%d" % status, headers,
                         end_stream)
 
     # ------------------------------------------------------------------ draining
@@ -1087,9 +1294,8 @@ class H2Server(H2Connection):
             self.goaway_sent = 2
 
 
-_STATUS: Final[dict[int, Row]] = {
-    code: (b":status", b"%d" % code) for code in range(100, 600)
-}
+_STATUS_NAME: Final = b":status"
+_STATUS: Final[tuple[bytes, ...]] = tuple(b"%d" % code for code in range(100, 600))
 
 # Per-field work is cached: a client repeats the same fields on every request (and an
 # upstream the same names on every response), and the byte-wise checks (a bytes.translate
@@ -1189,8 +1395,8 @@ def _classify(field: Row) -> int:
 def _request(sid: int, headers: list[tuple[bytes, bytes]],
              end_stream: bool) -> tuple[RequestReceived, int]:
     """Validate a request head (RFC 9113 §8.2, §8.3, RFC 8441 §4); the event and the
-    content-length (-1 if none). Raises _Malformed. ``headers``, the decoder's own list,
-    becomes the event's list of regular fields."""
+    content-length (-1 if none). Raises _Malformed. The event's list of regular fields is
+    ``headers`` (the decoder's own list) or a new one: the caller's is left as it was."""
     method = scheme = authority = path = protocol = None
     cl = -1
     cookies = 0
@@ -1253,13 +1459,11 @@ def _request(sid: int, headers: list[tuple[bytes, bytes]],
     if end_stream and cl > 0:
         raise _Malformed
     if pseudo:
-        del headers[:pseudo]
+        headers = headers[pseudo:]
     if cookies > 1:
         headers = _join_cookies(headers)
-    # tuple.__new__: the NamedTuple's own __new__ is interpreted Python (mypyc cannot compile
-    # it); this builds the same object in C.
-    return tuple.__new__(RequestReceived, (sid, method, scheme, authority, path, protocol,
-                                           headers, end_stream)), cl
+    return RequestReceived(sid, method, scheme, authority, path, protocol, headers,
+                           end_stream), cl
 
 
 def _join_cookies(regular: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -1,7 +1,6 @@
 """HTTP/2 frame layout (RFC 9113 §4.1, §6): type and flag numbers, error codes, and the
 builders for the frames the server writes. Frames are parsed in ``connection.py`` straight from
-the receive buffer with ``struct.unpack_from``; nothing here allocates per frame beyond the
-bytes it returns."""
+the bytes read; nothing here allocates per frame beyond the bytes it returns."""
 
 from __future__ import annotations
 
@@ -81,6 +80,34 @@ SETTING: Final = struct.Struct(">HL")
 
 def frame_header(length: int, ftype: int, flags: int, stream_id: int) -> bytes:
     return pack_header(length >> 16, length & 0xFFFF, ftype, flags, stream_id)
+
+
+# The first five octets of a frame header (length, type, flags; RFC 9113 §4.1) of the frames a
+# response is made of, by payload length below SHORT: the stream id's four octets follow
+# (``stream_id_octets``, once per stream). A tuple index per frame instead of a struct call.
+SHORT: Final = 256
+
+
+def _prefixes(ftype: int, flags: int) -> tuple[bytes, ...]:
+    return tuple(bytes((0, 0, n, ftype, flags)) for n in range(SHORT))
+
+
+DATA_PREFIX: Final = _prefixes(DATA, 0)
+DATA_END_PREFIX: Final = _prefixes(DATA, END_STREAM)
+HEADERS_PREFIX: Final = _prefixes(HEADERS, END_HEADERS)
+HEADERS_END_PREFIX: Final = _prefixes(HEADERS, END_HEADERS | END_STREAM)
+
+
+# The stream id's octets below 2^16 (a connection's first 32,768 client streams) as two table
+# entries joined, where int.to_bytes is a method call into the interpreter.
+_HIGH: Final = tuple(bytes((0, 0, i)) for i in range(256))
+_LOW: Final = tuple(bytes((i,)) for i in range(256))
+
+
+def stream_id_octets(stream_id: int) -> bytes:
+    if stream_id < 0x10000:
+        return _HIGH[stream_id >> 8] + _LOW[stream_id & 0xFF]
+    return stream_id.to_bytes(4, "big")
 
 
 def settings_frame(settings: list[tuple[int, int]]) -> bytes:
