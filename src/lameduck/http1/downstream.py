@@ -207,7 +207,7 @@ class Reader:
         conn.body_at = conn.req_started  # a field store: no clock read on the fast path
         queue = conn.queue
         queue.append(ex)
-        st = conn.ctx.stats
+        st = conn.stats  # typed: the counters are struct fields, not attributes by name
         st.downstream_rq_total += 1
         st.downstream_rq_http1_total += 1
         st.downstream_rq_active += 1
