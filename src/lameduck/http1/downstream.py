@@ -35,7 +35,7 @@ from lameduck.http1.wire import (
     status_line,
 )
 from lameduck.proxy.accesslog import DPE
-from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
+from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_block, trailer_fields
 from lameduck.proxy.local import CUT_ANSWER, CUT_DROPPED, GOING_AWAY_BODY, RETRY_AFTER
@@ -321,7 +321,6 @@ class H1Downstream(Downstream):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         ctx = self.ctx
         self.take(transport)
-        no_delay(transport)
         now = self.loop.time()
         self.idle_since = now
         self.drain = ConnectionDrain(ctx.drain, now, ctx.rng, ctx.max_connection_duration)

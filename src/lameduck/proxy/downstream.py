@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import socket
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
@@ -44,13 +43,6 @@ from lameduck.tunnel.relay import abort_with_rst
 
 LINGER: Final = 2.0  # seconds a staged close keeps reading before it closes
 STOP: Final = -1.0  # ``timeouts``: the codec closed the connection, nothing to re-arm
-
-
-def no_delay(transport: asyncio.BaseTransport) -> None:
-    """Small writes go out at once (a response head must not wait for Nagle's ACK)."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class ConnectionContext(ExchangeContext, Protocol):
@@ -107,7 +99,10 @@ class Downstream(asyncio.Protocol):
         self.unseen = False  # accepted, no request begun yet: the ledger's ``fresh``
 
     def take(self, transport: asyncio.BaseTransport) -> None:
-        """This connection's socket, and its peer (for X-Forwarded-For)."""
+        """This connection's socket, and its peer (for X-Forwarded-For). Small writes go out at
+        once without a setsockopt here: the loop sets TCP_NODELAY on every TCP transport it
+        makes (uvloop's TCPTransport.new, asyncio's since Python 3.6), which the underlying
+        socket of a TLS one is too."""
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = peer[0].encode() if peer else b""
