@@ -36,7 +36,7 @@ from mypy_extensions import mypyc_attr
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, ListenerDrain
 from lameduck.proxy.accesslog import PD, RD
-from lameduck.proxy.admission import Client
+from lameduck.proxy.admission import Client, client_for
 from lameduck.proxy.exchange import ExchangeContext
 from lameduck.stats import ConnectionStats, DrainStats
 from lameduck.tunnel.relay import abort_with_rst
@@ -77,7 +77,6 @@ class Downstream(asyncio.Protocol):
         self.loop: asyncio.AbstractEventLoop = ctx.loop
         self.cx_stats: ConnectionStats = ctx.stats  # the codec keeps its own, typed
         self.transport: asyncio.Transport | None = None
-        self.peer = b""
         self.client: Client = None  # type: ignore[assignment]  # set once connected
         self.closing = False
         self.gone = False
@@ -105,9 +104,8 @@ class Downstream(asyncio.Protocol):
         socket of a TLS one is too."""
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
-        self.peer = peer[0].encode() if peer else b""
         ctx = self.ctx
-        self.client = Client(self.peer, ctx.scheme, ctx.generate_request_id)
+        self.client = client_for(peer[0] if peer else "", ctx.scheme, ctx.generate_request_id)
         self.unseen = True
         self.ctx.process.ledger.fresh += 1
 
