@@ -300,22 +300,23 @@ class H1Downstream(Downstream):
         self.queue: list[H1Exchange] = []
         self.reading: H1Exchange | None = None  # the exchange whose request is being received
         self.paused = 0
-        self.last_read = False  # the last request this connection will answer has been read
         self.wbuf: list[bytes] | None = None  # writes held while corked (see flush)
         self.raw_head_bytes = 0  # bytes of a request head still incomplete after a read
-        self.in_headers = False
         self.req_started = 0.0
-        self.log_on = ctx.access_log is not None
-        self.router = ctx.router
-        self.first_read = True  # until the HTTP/2 preface is ruled out (see ``_sniff``)
         self.sniffed = b""  # the first bytes, while they are a strict prefix of the preface
         self.upgrading: H1Exchange | None = None  # an Upgrade request awaiting its answer
         self.relay: Relay | None = None  # the tunnel this connection became (after a 101)
         # The read being parsed, and whether its first request begins at its first byte: then
         # that request's version can be read off its request line (see ``_version``).
         self.rdata = b""
+        # The flags last and together: compiled, each is a byte of the connection's struct,
+        # which fields of 8 bytes between them would pad to 8.
         self.rfirst = False
         self.first_in_read = False  # the request being read began its read (``rfirst``)
+        self.last_read = False  # the last request this connection will answer has been read
+        self.in_headers = False
+        self.log_on = ctx.access_log is not None
+        self.first_read = True  # until the HTTP/2 preface is ruled out (see ``_sniff``)
 
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

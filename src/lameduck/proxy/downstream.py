@@ -78,12 +78,14 @@ class Downstream(asyncio.Protocol):
         self.cx_stats: ConnectionStats = ctx.stats  # the codec keeps its own, typed
         self.transport: asyncio.Transport | None = None
         self.client: Client = None  # type: ignore[assignment]  # set once connected
+        # The flags together: compiled, each is a byte of the struct (see H1Downstream).
         self.closing = False
         self.gone = False
         self.aborted = False  # we reset the connection (not the client)
         self.eof_sent = False
         self.final_sent = False  # the final notice went out: close once idle
         self.write_paused = False
+        self.unseen = False  # accepted, no request begun yet: the ledger's ``fresh``
         self.paused_at = 0.0  # writing paused since (the send timeout counts from here)
         self.send_timeout = math.inf  # an HTTP codec sets its listener's (take_limits)
         self.body_timeout = math.inf  # and its request_body_timeout
@@ -95,7 +97,6 @@ class Downstream(asyncio.Protocol):
         # counted down by the codec, -1: no limit (it never reaches 0).
         self.requests_left = -1
         self.drain_flags = 0  # PD once drained proactively: every request settled after has it
-        self.unseen = False  # accepted, no request begun yet: the ledger's ``fresh``
 
     def take(self, transport: asyncio.BaseTransport) -> None:
         """This connection's socket, and its peer (for X-Forwarded-For). Small writes go out at
