@@ -28,6 +28,7 @@ the same part for its codecs.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 from collections.abc import Callable
 from typing import Any, Final, Protocol
@@ -43,6 +44,10 @@ from lameduck.tunnel.relay import abort_with_rst
 
 LINGER: Final = 2.0  # seconds a staged close keeps reading before it closes
 STOP: Final = -1.0  # ``timeouts``: the codec closed the connection, nothing to re-arm
+# The context every connection timer runs in. Without one, call_at copies the current context
+# for each timer (an 80-byte object every idle connection keeps with its timer); lameduck sets
+# no context variables, and the loop runs one callback at a time, so one context serves all.
+TIMER_CONTEXT: Final = contextvars.Context()
 
 
 class ConnectionContext(ExchangeContext, Protocol):
@@ -226,7 +231,7 @@ class Downstream(asyncio.Protocol):
                 return
             self.timer.cancel()
         self.timer_at = at
-        self.timer = self.loop.call_at(at, self.on_timer)
+        self.timer = self.loop.call_at(at, self.on_timer, context=TIMER_CONTEXT)
 
     def on_timer(self) -> None:
         self.timer = None
