@@ -106,8 +106,9 @@ def _one_get(port: int, deadline: float) -> socket.socket:
     return s
 
 
-def idle_kib_per_conn(proxy: Proc, port: int, n: int, timeout: float = 120.0) -> float:
-    """Open ``n`` keep-alive connections that each did one GET; RSS growth per connection."""
+def idle_rss(proxy: Proc, port: int, n: int, timeout: float = 120.0) -> tuple[int, int]:
+    """Open ``n`` keep-alive connections that each did one GET: the proxy's RSS (KiB) before
+    the first and 1 s after the last, all ``n`` still open."""
     for _ in range(20):  # warm: the first requests allocate what every later one reuses
         _one_get(port, time.monotonic() + 5).close()
     time.sleep(0.5)
@@ -124,7 +125,7 @@ def idle_kib_per_conn(proxy: Proc, port: int, n: int, timeout: float = 120.0) ->
     finally:
         for s in socks:
             s.close()
-    return (after - before) / n
+    return before, after
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,9 +297,12 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):
                 for name in PROXIES[r % 3:] + PROXIES[:r % 3]:
                     if "idle" not in skip:
-                        idle[name].append(measured(name, lambda proxy, port: idle_kib_per_conn(
-                            proxy, port, args.conns)))
-                        print(f"round {r + 1} {name}: idle {idle[name][-1]:.2f} KiB/conn",
+                        before, after = measured(name, lambda proxy, port: idle_rss(
+                            proxy, port, args.conns))
+                        idle[name].append((after - before) / args.conns)
+                        print(f"round {r + 1} {name}: RSS {before / 1024:.1f} MiB, "
+                              f"{after / 1024:.1f} MiB with {args.conns} idle keep-alive "
+                              f"connections open: {idle[name][-1]:.2f} KiB per connection",
                               flush=True)
                     if "slow" in skip:
                         continue
@@ -317,7 +321,10 @@ def main(argv: list[str] | None = None) -> int:
             print(md(rows, ["proxy", f"KiB per idle keep-alive conn ({args.conns})",
                             "slow reader, HTTP/1.1: peak RSS growth KiB (100 MB body)",
                             "slow reader, HTTP/2: peak RSS growth KiB"]))
-            print(f"\nmedian (min-max) over {args.rounds} interleaved rounds", flush=True)
+            print(f"\nmedian (min-max) over {args.rounds} interleaved rounds. Idle: VmRSS "
+                  f"growth of the proxy's processes with {args.conns} connections open that "
+                  "each did one keep-alive GET (measured 1 s after the last), over their "
+                  "number; each proxy freshly started.", flush=True)
             if args.soak > 0:
                 proxies = {n: fresh(n) for n in PROXIES}
                 samples = soak(procs, proxies, args.soak, args.load_cpu, 10.0,

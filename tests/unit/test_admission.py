@@ -9,7 +9,15 @@ import pytest
 
 from lameduck.http1.upstream import request_head
 from lameduck.http2.upstream import head_fields
-from lameduck.proxy.admission import Client, persistence_key, prepare, route_path
+from lameduck.proxy import admission
+from lameduck.proxy.admission import (
+    CLIENTS_KEPT,
+    Client,
+    client_for,
+    persistence_key,
+    prepare,
+    route_path,
+)
 from lameduck.proxy.message import HTTP2, HTTP10, HTTP11, RequestHead
 
 PEER = b"10.0.0.7"
@@ -189,3 +197,21 @@ def test_a_websocket_from_http2_gets_a_key_of_its_own_upstream() -> None:
                (b"Sec-WebSocket-Key", b"k==")])
     text = _h1_text(prepare(h1, CLIENT))
     assert text.count(b"ec-WebSocket-Key") + text.count(b"ec-websocket-key") == 1
+
+
+def test_connections_from_one_address_share_one_client() -> None:
+    """Every connection from one peer address to listeners with one scheme and request-id
+    setting has the same facts: they share one Client (not one per idle connection)."""
+    a = client_for("192.0.2.7", b"http", False)
+    assert client_for("192.0.2.7", b"http", False) is a
+    assert a.peer == b"192.0.2.7" and a.for_field == (b"x-forwarded-for", b"192.0.2.7")
+    assert client_for("192.0.2.8", b"http", False) is not a
+    other = client_for("192.0.2.7", b"https", False)  # another listener's scheme
+    assert other is not a and other.proto_field == (b"x-forwarded-proto", b"https")
+    assert client_for("192.0.2.7", b"https", True).generate_request_id
+
+
+def test_the_client_cache_is_bounded() -> None:
+    for i in range(CLIENTS_KEPT + 5):
+        client_for(f"10.1.{i // 256}.{i % 256}", b"http", False)
+    assert len(admission._CLIENTS) <= CLIENTS_KEPT

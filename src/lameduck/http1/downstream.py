@@ -22,6 +22,7 @@ import math
 from typing import Final, Protocol, cast
 
 import httptools
+from mypy_extensions import i64
 
 from lameduck.drain import ConnectionDrain, DrainedBy
 from lameduck.drain.tunnel import Flow, TunnelKind
@@ -34,7 +35,7 @@ from lameduck.http1.wire import (
     status_line,
 )
 from lameduck.proxy.accesslog import DPE
-from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
+from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_block, trailer_fields
 from lameduck.proxy.local import CUT_ANSWER, CUT_DROPPED, GOING_AWAY_BODY, RETRY_AFTER
@@ -108,6 +109,167 @@ class _Quiet:
     """Callbacks for a parser that only checks a method."""
 
 
+class Reader:
+    """The request side of a connection: an llhttp parser (through httptools, which keeps a
+    bound method of each callback below, made when the parser is) and what it has read of the
+    request in progress, for the connection that holds it now (``conn``).
+
+    An idle keep-alive connection holds none: it gives its reader back (``READERS``) when its
+    last exchange ends and takes one when its next bytes come. The parser, its llhttp state
+    and its six bound methods (about 1 KiB) are then held per request in flight, not per open
+    connection, as nginx frees an idle keep-alive connection's request and keeps only the
+    connection (``ngx_http_set_keepalive``). The callbacks are the reader's own, so a reader
+    moves from one connection to the next with one field store, and reaches the connection
+    with one field load. Between requests llhttp keeps nothing of the message before but its
+    version (see ``H1Downstream.data_received``)."""
+
+    def __init__(self) -> None:
+        self.conn: H1Downstream | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.next: Reader | None = None  # the one given back before it (``Readers``)
+        self.url = b""
+        self.fields: Fields = []  # the request's fields as received
+        # The two framing fields, as the parser met them: Transfer-Encoding (several fields
+        # are one list, RFC 9110 §5.3) and Content-Length (llhttp checked it is one number).
+        self.te: bytes | None = None
+        self.length: bytes | None = None
+        self.room = 0  # bytes the head may still take (max_request_headers)
+        self.trailers: Fields | None = None  # the trailer section of a chunked request body
+
+    def on_message_begin(self) -> None:
+        conn = self.conn
+        assert conn is not None  # (a reader is fed only by the connection holding it)
+        conn.first_in_read = conn.rfirst
+        conn.rfirst = False  # the next request in this read does not start at its first byte
+        self.url = b""
+        self.fields = []
+        self.te = self.length = None
+        self.room = conn.max_headers
+        self.trailers = None
+        conn.raw_head_bytes = -1
+        conn.in_headers = True
+        conn.req_started = now = conn.loop.time()
+        at = now + conn.headers_timeout
+        if conn.timer is None or at < conn.timer_at:
+            conn.arm(at)
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self.room -= len(url)
+        if self.room < 0:
+            raise HeaderTooLarge
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.room -= len(name) + len(value) + 4
+        if self.room < 0:
+            raise HeaderTooLarge
+        conn = self.conn
+        assert conn is not None
+        if not conn.in_headers:  # a trailer field after a chunked body
+            if conn.reading is not None:
+                if self.trailers is None:
+                    self.trailers = []
+                self.trailers.append((name, value))
+            return
+        size = len(name)
+        if size == 17 or size == 14:  # the framing fields' lengths: lower only those
+            n = name.lower()
+            if n == b"transfer-encoding":  # re-framed by the codec, never forwarded as is
+                self.te = value if self.te is None else self.te + b"," + value
+                return
+            if n == b"content-length":
+                self.length = value
+        self.fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        """The head is read: its exchange begins."""
+        conn = self.conn
+        assert conn is not None
+        conn.in_headers = False
+        if conn.last_read:
+            return  # pipelined behind the last request this connection answers: dropped
+        parser = self.parser
+        method = parser.get_method()
+        version = conn._version(method, self)
+        ext = conn.ext_method
+        if ext is not None:
+            method = ext
+            conn.ext_method = None
+        v10 = version == "1.0"
+        # llhttp takes HTTP/0.9 (no version) and 2.0 request lines; neither is HTTP/1.x (0),
+        # so neither is a HEAD whose answer has no content: the 400/505 carries its body, as it
+        # does when the line is refused before its fields (``_http09``).
+        ex = H1Exchange(conn, method, HTTP10 if v10 else HTTP11 if version == "1.1" else 0)
+        ex.head_received(conn.req_started, self.url, self.fields, None, conn.log_on)
+        if not parser.should_keep_alive():
+            ex.keep_alive = False
+        conn.reading = ex
+        conn.body_at = conn.req_started  # a field store: no clock read on the fast path
+        queue = conn.queue
+        queue.append(ex)
+        st = conn.stats  # typed: the counters are struct fields, not attributes by name
+        st.downstream_rq_total += 1
+        st.downstream_rq_http1_total += 1
+        st.downstream_rq_active += 1
+        if conn.count_request():
+            ex.close = True  # nothing behind it is read: its response closes the connection
+        if ex.version:
+            conn._prepare(ex, method, self)
+        else:
+            ex.close = True
+            ex.malformed()
+            conn._local(ex, 505 if version >= "2" else 400,
+                        b"http version not supported\n" if version >= "2" else b"bad request\n")
+        if len(queue) == 1:
+            conn._begin(ex)
+        else:
+            conn.pause(PAUSE_PIPELINE)
+
+    def on_body(self, body: bytes) -> None:
+        conn = self.conn
+        assert conn is not None
+        ex = conn.reading
+        if ex is not None:
+            conn.body_at = now = conn.loop.time()
+            conn.arm(now + conn.body_timeout)  # no-op unless earlier than the timer's
+            ex.request_body(body, 0)
+
+    def on_message_complete(self) -> None:
+        conn = self.conn
+        assert conn is not None
+        ex = conn.reading
+        conn.reading = None
+        if ex is not None:
+            if ex.upgrade or ex.connect is not None:
+                conn.upgrading = ex  # llhttp raises HttpParserUpgrade right after this
+            elif ex.close or not ex.keep_alive:
+                # Its response closes the connection: requests pipelined behind it will not
+                # be answered, so they are not read (nor sent upstream).
+                conn.last_read = True
+            trailers = None
+            received = self.trailers  # (None unless a trailer field came)
+            if received is not None:
+                trailers = trailer_fields(received) or None
+                self.trailers = None
+            ex.request_complete(trailers)
+
+
+class Readers:
+    """Readers given back by idle connections, taken by those whose next request begins: a
+    stack linked through the readers (a list would free its array when it empties and
+    allocate it again, some 300 instructions each way when one connection alternates). The
+    last given back is taken first, its memory the likeliest to be in cache. At most
+    ``READERS_KEPT`` stay: more were in use at once only in a burst."""
+
+    def __init__(self) -> None:
+        self.top: Reader | None = None
+        self.count: i64 = 0
+
+
+READERS_KEPT: Final[i64] = 128
+READERS: Final = Readers()  # the process's (readers hold no loop: shared by its listeners)
+
+
 class H1Exchange(Exchange):
     """An exchange with what only HTTP/1.1 keeps per request: whether its response ends the
     connection, how that response is framed, and an answer queued behind earlier ones."""
@@ -131,43 +293,35 @@ class H1Downstream(Downstream):
         self.max_headers = ctx.max_request_headers
         self.take_limits(ctx)
         self.body_at = 0.0  # the last byte of the request body being read (or its head's start)
-        self.parser = httptools.HttpRequestParser(self)
+        self.rd: Reader | None = None  # the request parser, while a request is in flight
         # A list, not a deque: an empty deque allocates a 64-slot block (~630 bytes per idle
         # connection); reading pauses behind the head (PAUSE_PIPELINE), so the queue stays
         # a few entries long and pop(0) is cheap.
         self.queue: list[H1Exchange] = []
         self.reading: H1Exchange | None = None  # the exchange whose request is being received
-        self.trailers: Fields = []  # the trailer section of the request being received
         self.paused = 0
-        self.last_read = False  # the last request this connection will answer has been read
         self.wbuf: list[bytes] | None = None  # writes held while corked (see flush)
-        self.url = b""
-        self.fields: Fields = []  # the request's fields as received
-        # The two framing fields, as the parser met them: Transfer-Encoding (several fields
-        # are one list, RFC 9110 §5.3) and Content-Length (llhttp checked it is one number).
-        self.te: bytes | None = None
-        self.length: bytes | None = None
-        self.header_bytes = 0
         self.raw_head_bytes = 0  # bytes of a request head still incomplete after a read
-        self.in_headers = False
         self.req_started = 0.0
-        self.log_on = ctx.access_log is not None
-        self.router = ctx.router
-        self.first_read = True  # until the HTTP/2 preface is ruled out (see ``_sniff``)
         self.sniffed = b""  # the first bytes, while they are a strict prefix of the preface
         self.upgrading: H1Exchange | None = None  # an Upgrade request awaiting its answer
         self.relay: Relay | None = None  # the tunnel this connection became (after a 101)
         # The read being parsed, and whether its first request begins at its first byte: then
         # that request's version can be read off its request line (see ``_version``).
         self.rdata = b""
+        # The flags last and together: compiled, each is a byte of the connection's struct,
+        # which fields of 8 bytes between them would pad to 8.
         self.rfirst = False
         self.first_in_read = False  # the request being read began its read (``rfirst``)
+        self.last_read = False  # the last request this connection will answer has been read
+        self.in_headers = False
+        self.log_on = ctx.access_log is not None
+        self.first_read = True  # until the HTTP/2 preface is ruled out (see ``_sniff``)
 
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         ctx = self.ctx
         self.take(transport)
-        no_delay(transport)
         now = self.loop.time()
         self.idle_since = now
         self.drain = ConnectionDrain(ctx.drain, now, ctx.rng, ctx.max_connection_duration)
@@ -192,10 +346,25 @@ class H1Downstream(Downstream):
                 return
         # At a message boundary (nothing of a request pending), a request begun in this read
         # starts at its first byte (or after blank lines llhttp skips).
+        rd = self.rd
+        if rd is None:
+            # A reader for the request that begins: one an idle connection gave back, or a new
+            # one for a connection's first request. llhttp keeps the version of the last
+            # request it parsed (until a request line names another), and ``_http09`` tells an
+            # HTTP/0.9 request line by the version a parser that has parsed nothing reports.
+            pool = READERS
+            rd = pool.top
+            if rd is None or self.unseen:
+                rd = Reader()
+            else:
+                pool.top = rd.next  # (its ``next`` is left: overwritten when it is given back)
+                pool.count -= 1
+            rd.conn = self
+            self.rd = rd
         self.rfirst = rfirst = self.reading is None and not self.in_headers
         self.rdata = data
         try:
-            self.parser.feed_data(data)
+            rd.parser.feed_data(data)
         except httptools.HttpParserUpgrade as e:
             offset = e.args[0] if e.args else len(data)
             upgrading = self.upgrading  # set by on_message_complete, inside feed_data
@@ -207,7 +376,7 @@ class H1Downstream(Downstream):
                 return
             # The request was complete (a stripped Upgrade or a refused CONNECT); what
             # follows is either a new request or tunnel bytes we do not relay.
-            self.parser = httptools.HttpRequestParser(self)
+            rd.parser = httptools.HttpRequestParser(rd)
             self.rdata = b""
             rest = data[offset:]
             if rest and not self.closing and not self.last_read:
@@ -227,7 +396,7 @@ class H1Downstream(Downstream):
                 self.protocol_error(400, b"bad request\n")
                 return
             self.ext_method, data = ext
-            self.parser = httptools.HttpRequestParser(self)
+            rd.parser = httptools.HttpRequestParser(rd)
             self.data_received(data)
             return
         except httptools.HttpParserError:
@@ -235,7 +404,7 @@ class H1Downstream(Downstream):
             return
         self.rdata = b""  # not kept past its read
         if self.in_headers:
-            if self.url and self._http09(data):
+            if rd.url and self._http09(data, rd):
                 self.protocol_error(400, b"bad request\n")
                 return
             # llhttp keeps a header that has not ended yet in its own buffer, out of sight of
@@ -247,16 +416,34 @@ class H1Downstream(Downstream):
                 self.raw_head_bytes += len(data)
                 if self.raw_head_bytes > self.ctx.max_request_headers:
                     self.protocol_error(431, b"request header fields too large\n")
+        elif not self.queue:
+            self._give_reader()  # nothing in flight (answered here within the read, or blank lines)
 
-    def _http09(self, data: bytes) -> bool:
+    def _give_reader(self) -> None:
+        """Nothing of a request is in flight: the reader goes back for the next connection whose
+        request begins. Not when this connection reads no more: llhttp refuses bytes after a
+        message that ends its connection, and one cut mid-message is not at a boundary."""
+        rd = self.rd
+        if rd is None:
+            return
+        self.rd = None
+        rd.conn = None
+        if not (self.closing or self.last_read):
+            pool = READERS
+            if pool.count < READERS_KEPT:
+                rd.next = pool.top
+                pool.top = rd
+                pool.count += 1
+
+    def _http09(self, data: bytes, rd: Reader) -> bool:
         """An HTTP/0.9 request line (``GET /`` and a newline, no version): llhttp takes it and
         waits for fields that never come, so it would be held to the header timeout. HTTP/1.x
         needs a version (RFC 9112 §3): answered 400 at once and closed. Only a request
         line ended after its target and before any version does this (a version, once read,
         is kept for the connection's later requests)."""
         end = data.rfind(b"\n")
-        return (end > data.rfind(self.url[-1:])
-                and self.parser.get_http_version() == "0.0")
+        return (end > data.rfind(rd.url[-1:])
+                and rd.parser.get_http_version() == "0.0")
 
     def _sniff(self, data: bytes) -> bytes:
         """The first read(s): an HTTP/2 prior-knowledge preface goes to the listener. Returns
@@ -299,6 +486,11 @@ class H1Downstream(Downstream):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.gone:  # else handed over (see ``hand_over``): no longer ours
+            rd = self.rd
+            if rd is not None:  # cut mid-request: this reader is not at a message boundary
+                self.rd = None
+                if not self.rdata:  # (not inside its parser, whose callbacks still come)
+                    rd.conn = None
             super().connection_lost(exc)
 
     def abandon_all(self) -> None:
@@ -368,92 +560,15 @@ class H1Downstream(Downstream):
         self.last_read = True
         super().reset()
 
-    # -- httptools callbacks ----------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        self.first_in_read = self.rfirst
-        self.rfirst = False  # the next request in this read does not start at its first byte
-        self.url = b""
-        self.fields = []
-        self.te = self.length = None
-        self.header_bytes = 0
-        self.raw_head_bytes = -1
-        self.in_headers = True
-        self.req_started = now = self.loop.time()
-        at = now + self.headers_timeout
-        if self.timer is None or at < self.timer_at:
-            self.arm(at)
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-        self.header_bytes += len(url)
-        if self.header_bytes > self.max_headers:
-            raise HeaderTooLarge
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.header_bytes += len(name) + len(value) + 4
-        if self.header_bytes > self.max_headers:
-            raise HeaderTooLarge
-        if not self.in_headers:  # a trailer field after a chunked body
-            if self.reading is not None:
-                self.trailers.append((name, value))
-            return
-        size = len(name)
-        if size == 17 or size == 14:  # the framing fields' lengths: lower only those
-            n = name.lower()
-            if n == b"transfer-encoding":  # re-framed by the codec, never forwarded as is
-                self.te = value if self.te is None else self.te + b"," + value
-                return
-            if n == b"content-length":
-                self.length = value
-        self.fields.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        self.in_headers = False
-        if self.last_read:
-            return  # pipelined behind the last request this connection answers: dropped
-        ctx = self.ctx
-        parser = self.parser
-        method = parser.get_method()
-        version = self._version(method)
-        if self.ext_method is not None:
-            method, self.ext_method = self.ext_method, None
-        v10 = version == "1.0"
-        # llhttp takes HTTP/0.9 (no version) and 2.0 request lines; neither is HTTP/1.x (0),
-        # so neither is a HEAD whose answer has no content: the 400/505 carries its body, as it
-        # does when the line is refused before its fields (``_http09``).
-        ex = H1Exchange(self, method, HTTP10 if v10 else HTTP11 if version == "1.1" else 0)
-        ex.head_received(self.req_started, self.url, self.fields, None, self.log_on)
-        if not parser.should_keep_alive():
-            ex.keep_alive = False
-        self.reading = ex
-        self.body_at = self.req_started  # a field store: no clock read on the fast path
-        self.queue.append(ex)
-        st = ctx.stats
-        st.downstream_rq_total += 1
-        st.downstream_rq_http1_total += 1
-        st.downstream_rq_active += 1
-        if self.count_request():
-            ex.close = True  # nothing behind it is read: its response closes the connection
-        if ex.version:
-            self._prepare(ex, method)
-        else:
-            ex.close = True
-            ex.malformed()
-            self._local(ex, 505 if version >= "2" else 400,
-                        b"http version not supported\n" if version >= "2" else b"bad request\n")
-        if len(self.queue) == 1:
-            self._begin(ex)
-        else:
-            self.pause(PAUSE_PIPELINE)
-
-    def _version(self, method: bytes) -> str:
+    # -- the request read (``Reader``'s callbacks) -------------------------------------------
+    def _version(self, method: bytes, rd: Reader) -> str:
         """The request's HTTP version, as ``get_http_version`` gives it. That formats a string
         (2k instructions, more than all the rest of the head's handling); an HTTP/1.1 request
         that began the read is recognized by its request line instead."""
         if self.first_in_read and self.rdata.startswith(
-                b"%s %s HTTP/1.1\r\n" % (method, self.url)):
+                b"%s %s HTTP/1.1\r\n" % (method, rd.url)):
             return "1.1"
-        return self.parser.get_http_version()
+        return rd.parser.get_http_version()
 
     def _local(self, ex: H1Exchange, status: int, body: bytes) -> None:
         """Answer ``ex`` from here instead of an upstream (sent when its turn comes)."""
@@ -465,17 +580,17 @@ class H1Downstream(Downstream):
         ex.reply = simple_response(status, body, close=ex.close or not ex.keep_alive,
                                    head_only=ex.is_head)
 
-    def _prepare(self, ex: H1Exchange, method: bytes) -> None:
+    def _prepare(self, ex: H1Exchange, method: bytes, rd: Reader) -> None:
         """Translate the request line and fields into a ``RequestHead`` (what only HTTP/1.1
         frames: its target forms, Transfer-Encoding) and hand it to admission, or answer it
         here when its framing cannot be forwarded."""
         ctx = self.ctx
-        url = self.url
+        url = rd.url
         if method == b"CONNECT":
             ex.close = True  # answered without a tunnel, the connection closes after
             ex.admit_connect(ctx, url)
             return
-        te = self.te
+        te = rd.te
         if te is not None:
             if te.strip().lower() != b"chunked":
                 # llhttp framed it (chunked last) or will reject it; either way we cannot
@@ -489,7 +604,8 @@ class H1Downstream(Downstream):
                 ex.close = True
             has_body = True
         else:
-            has_body = self.length is not None and self.length.strip().lstrip(b"0") != b""
+            length = rd.length
+            has_body = length is not None and length.strip().lstrip(b"0") != b""
         authority: bytes | None = None
         if url[:1] != b"/" and url != b"*":
             absolute = absolute_form(url)
@@ -501,32 +617,9 @@ class H1Downstream(Downstream):
             # RFC 9112 §3.2.2: the target's authority replaces Host, for routing and upstream;
             # the upstream gets the origin form.
             authority, url = absolute
-        head = RequestHead(method, authority, url, self.fields, ex.version, has_body)
+        head = RequestHead(method, authority, url, rd.fields, ex.version, has_body)
         if ex.admit(ctx, head, self.client) and ex.upgrade:
             ex.close = True  # answered without a 101, the connection cannot be reused
-
-    def on_body(self, body: bytes) -> None:
-        ex = self.reading
-        if ex is not None:
-            self.body_at = now = self.loop.time()
-            self.arm(now + self.body_timeout)  # no-op unless earlier than the timer's
-            ex.request_body(body, 0)
-
-    def on_message_complete(self) -> None:
-        ex = self.reading
-        self.reading = None
-        if ex is not None:
-            if ex.upgrade or ex.connect is not None:
-                self.upgrading = ex  # llhttp raises HttpParserUpgrade right after this
-            elif ex.close or not ex.keep_alive:
-                # Its response closes the connection: requests pipelined behind it will not
-                # be answered, so they are not read (nor sent upstream).
-                self.last_read = True
-            trailers = None
-            if self.trailers:
-                trailers = trailer_fields(self.trailers) or None
-                self.trailers = []
-            ex.request_complete(trailers)
 
     # -- DownstreamPort: an exchange's decisions, in HTTP/1.1 ---------------------------------
     def _begin(self, ex: H1Exchange) -> None:
@@ -707,6 +800,18 @@ class H1Downstream(Downstream):
             return
         if self.paused:
             self.resume(PAUSE_PIPELINE)
+        rd = self.rd
+        if (rd is not None and not self.in_headers and len(self.rdata) == 0 and not self.closing
+                and not self.last_read):
+            # (``_give_reader``, inline: once per request) Not inside its parser (see
+            # data_received), nor with a request begun behind.
+            self.rd = None
+            rd.conn = None
+            pool = READERS
+            if pool.count < READERS_KEPT:
+                rd.next = pool.top
+                pool.top = rd
+                pool.count += 1
         self.on_idle(self.loop.time())
 
     def _drop_queue(self) -> None:

@@ -36,7 +36,7 @@ from lameduck.http2.connection import (
     WindowOpened,
 )
 from lameduck.http2.tunnel import StreamSide
-from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext, no_delay
+from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_fields
 from lameduck.proxy.local import (
@@ -137,7 +137,6 @@ class H2Downstream(Downstream):
         st = self.stats
         st.downstream_cx_total += 1
         st.downstream_cx_active += 1
-        no_delay(transport)
         ctx = self.ctx
         self.adopt(transport, ConnectionDrain(ctx.drain, now, ctx.rng, ctx.max_connection_duration),
                    b"")

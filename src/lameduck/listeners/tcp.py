@@ -28,7 +28,7 @@ from lameduck.drain import ConnectionDrain, DrainedBy, ListenerDrain, ProcessDra
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.listeners.base import BACKLOG, Listener, Overflow
 from lameduck.proxy.accesslog import UH, open_access_log
-from lameduck.proxy.downstream import STOP, Downstream, no_delay
+from lameduck.proxy.downstream import STOP, Downstream
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.message import STREAM
 from lameduck.stats import DrainStats, TcpStats
@@ -138,7 +138,6 @@ class TcpDownstream(Downstream):
         st = ctx.stats
         st.downstream_cx_total += 1
         st.downstream_cx_active += 1
-        no_delay(t)
         now = self.loop.time()
         self.drain = ConnectionDrain(ctx.drain, now, ctx.rng)
         cluster = ctx.cluster

@@ -28,8 +28,8 @@ the same part for its codecs.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
-import socket
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
@@ -37,7 +37,7 @@ from mypy_extensions import mypyc_attr
 
 from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, Ledger, ListenerDrain
 from lameduck.proxy.accesslog import PD, RD
-from lameduck.proxy.admission import Client
+from lameduck.proxy.admission import Client, client_for
 from lameduck.proxy.exchange import Exchange, ExchangeContext
 from lameduck.stats import ConnectionStats, DrainStats
 from lameduck.tunnel.relay import abort_with_rst
@@ -45,13 +45,10 @@ from lameduck.upstream.connector import Fields
 
 LINGER: Final = 2.0  # seconds a staged close keeps reading before it closes
 STOP: Final = -1.0  # ``timeouts``: the codec closed the connection, nothing to re-arm
-
-
-def no_delay(transport: asyncio.BaseTransport) -> None:
-    """Small writes go out at once (a response head must not wait for Nagle's ACK)."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+# The context every connection timer runs in. Without one, call_at copies the current context
+# for each timer (an 80-byte object every idle connection keeps with its timer); lameduck sets
+# no context variables, and the loop runs one callback at a time, so one context serves all.
+TIMER_CONTEXT: Final = contextvars.Context()
 
 
 class ConnectionContext(ExchangeContext, Protocol):
@@ -89,14 +86,15 @@ class Downstream(asyncio.Protocol):
         # name per request); a worker's is in place before it accepts.
         self.ledger: Ledger = ctx.process.ledger
         self.transport: asyncio.Transport | None = None
-        self.peer = b""
         self.client: Client = None  # type: ignore[assignment]  # set once connected
+        # The flags together: compiled, each is a byte of the struct (see H1Downstream).
         self.closing = False
         self.gone = False
         self.aborted = False  # we reset the connection (not the client)
         self.eof_sent = False
         self.final_sent = False  # the final notice went out: close once idle
         self.write_paused = False
+        self.unseen = False  # accepted, no request begun yet: the ledger's ``fresh``
         self.paused_at = 0.0  # writing paused since (the send timeout counts from here)
         self.send_timeout = math.inf  # an HTTP codec sets its listener's (take_limits)
         self.body_timeout = math.inf  # and its request_body_timeout
@@ -108,15 +106,16 @@ class Downstream(asyncio.Protocol):
         # counted down by the codec, -1: no limit (it never reaches 0).
         self.requests_left = -1
         self.drain_flags = 0  # PD once drained proactively: every request settled after has it
-        self.unseen = False  # accepted, no request begun yet: the ledger's ``fresh``
 
     def take(self, transport: asyncio.BaseTransport) -> None:
-        """This connection's socket, and its peer (for X-Forwarded-For)."""
+        """This connection's socket, and its peer (for X-Forwarded-For). Small writes go out at
+        once without a setsockopt here: the loop sets TCP_NODELAY on every TCP transport it
+        makes (uvloop's TCPTransport.new, asyncio's since Python 3.6), which the underlying
+        socket of a TLS one is too."""
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
-        self.peer = peer[0].encode() if peer else b""
         ctx = self.ctx
-        self.client = Client(self.peer, ctx.scheme, ctx.generate_request_id)
+        self.client = client_for(peer[0] if peer else "", ctx.scheme, ctx.generate_request_id)
         self.unseen = True
         self.ledger.accepted()
 
@@ -236,7 +235,7 @@ class Downstream(asyncio.Protocol):
                 return
             self.timer.cancel()
         self.timer_at = at
-        self.timer = self.loop.call_at(at, self.on_timer)
+        self.timer = self.loop.call_at(at, self.on_timer, context=TIMER_CONTEXT)
 
     def on_timer(self) -> None:
         self.timer = None
