@@ -1,5 +1,6 @@
 """A whole plain HTTP/1.1 response to an HTTP/2 client (``H2Downstream.send_whole``): the
-fields of its head as the HTTP/1.1 parser would have given them, then its body, as frames.
+fields of its head as the HTTP/1.1 parser would have given them (read by the HTTP/1.1
+upstream, ``http1.wire.response_fields``), then its body, as frames.
 What the client reads must be what the parser's path gives it (the real H1Upstream, llhttp),
 field for field and octet for octet of the body, whatever the head."""
 
@@ -10,8 +11,8 @@ import httptools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lameduck.http1.wire import status_code, whole_response
-from lameduck.http2.downstream import H2Downstream, head_fields
+from lameduck.http1.wire import response_fields, whole_response
+from lameduck.http2.downstream import H2Downstream
 from lameduck.proxy.fields import HOP_BY_HOP
 from tests.drainplay import ScriptedRng
 from tests.unit.test_downstream_playbook import H2_PREFACE, Listener, accept, frames, headers
@@ -56,14 +57,11 @@ def client_view(raw: bytes, whole: bool, block: bytes = b"") -> tuple[list, byte
     t = accept(ls, conn)
     conn.data_received(H2_PREFACE + headers(1, block or GET_X))
     t.take()
-    if whole:
-        up = ls.connects[-1].succeed()
-        out, end = cut(raw)
-        assert end
-        assert up.sink.on_whole_response(status_code(raw), out, end)
-    else:
-        h1, _wire = ls.connects[-1].succeed_h1(ls.loop)
-        h1.data_received(raw)
+    h1, _wire = ls.connects[-1].succeed_h1(ls.loop)
+    if not whole:
+        h1.fresh = False  # as if a byte of the response had come already: the parser reads it
+    h1.data_received(raw)
+    assert (h1.whole_fields is not None) == whole
     got = [f for f in frames(t.take()) if f[1] == 1]
     dec = hpack.Decoder()
     head = dec.decode(b"".join(p for kind, _, p in got if kind == 1), raw=True)
@@ -77,12 +75,12 @@ def nginx(body: bytes = b"hello\n", extra: bytes = b"") -> bytes:
             b"\r\n%s" % (len(body), extra, body))
 
 
-def test_head_fields_as_llhttp_reports_them() -> None:
+def test_response_fields_as_llhttp_reports_them() -> None:
     raw = nginx(extra=b"X-A:\t v \t\r\nX-Empty:\r\nX-Sp:   \r\nx-lower: \x80\xff\r\n")
     out, end = cut(raw)
     assert end
-    assert head_fields(out[:end]) == parsed(raw)
-    assert head_fields(b"HTTP/1.1 200 OK") == []
+    assert response_fields(out[:end]) == parsed(raw)
+    assert response_fields(b"HTTP/1.1 200 OK") == []
 
 
 def test_the_client_reads_what_the_parser_path_gives_it() -> None:
@@ -95,24 +93,6 @@ def test_the_client_reads_what_the_parser_path_gives_it() -> None:
         assert fast[0] == slow[0] and fast[1] == slow[1]
         assert fast[2][-1] == 0  # the body's last DATA frame ends the stream
         assert slow[0][0][0] == b":status"
-
-
-def test_the_connection_keeps_the_last_head() -> None:
-    ls = Listener(ScriptedRng())
-    conn = H2Downstream(ls)
-    t = accept(ls, conn)
-    conn.data_received(H2_PREFACE)
-    kept = None
-    for sid in (1, 3, 5):
-        conn.data_received(headers(sid))
-        up = _upstream(ls)
-        out, end = cut(nginx(b"%d" % sid))
-        assert up.sink.on_whole_response(200, out, end)
-        if kept is None:
-            kept = conn.whole_fields
-        assert conn.whole_fields is kept  # the same head: not split again
-    got = [f for f in frames(t.take()) if f[0] == 0]
-    assert [p for _, _, p in got] == [b"1", b"3", b"5"]
 
 
 def _upstream(ls: Listener):  # type: ignore[no-untyped-def]
@@ -133,8 +113,9 @@ def test_bodiless_responses_take_the_parser_path() -> None:
         up = _upstream(ls)
         raw = b"HTTP/1.1 %d X\r\nContent-Length: 0\r\n\r\n" % status
         end = raw.index(b"\r\n\r\n")  # (whole_response passes no 204 or 304 anyway)
-        assert not conn.send_whole(up.sink, status, raw, end)
-        assert not up.sink.on_whole_response(status, raw, end)
+        fields = response_fields(raw[:end])
+        assert not conn.send_whole(up.sink, status, raw, end, fields)
+        assert not up.sink.on_whole_response(status, raw, end, fields)
         assert not up.sink.resp_started
 
 
@@ -158,5 +139,5 @@ def test_any_whole_response_reads_the_same(fields: list[tuple[bytes, bytes]], bo
     out, end = cut(raw)
     if not end:
         return  # not plain enough for the fast path: the parser's path takes it anyway
-    assert head_fields(out[:end]) == parsed(raw)
+    assert response_fields(out[:end]) == parsed(raw)
     assert client_view(raw, whole=True)[:2] == client_view(raw, whole=False)[:2]

@@ -20,7 +20,7 @@ from lameduck.http1.wire import (
     whole_response,
 )
 from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated_fields
-from lameduck.proxy.message import HTTP11, RequestHead
+from lameduck.proxy.message import HTTP2, HTTP11, RequestHead
 from lameduck.upstream.connector import ExchangeSink
 from lameduck.upstream.pool import Endpoint
 from tests import playbook
@@ -463,9 +463,12 @@ class _WholeSink(ExchangeSink):
         super().__init__()
         self.up = up
         self.got: list[tuple[int, bytes, int]] = []
+        self.fields: list[list[tuple[bytes, bytes]] | None] = []
 
-    def on_whole_response(self, status: int, data: bytes, end: int) -> bool:
+    def on_whole_response(self, status: int, data: bytes, end: int,
+                          fields: list[tuple[bytes, bytes]] | None) -> bool:
         self.got.append((status, data, end))
+        self.fields.append(fields)
         self.up.sink = None
         return True
 
@@ -496,3 +499,44 @@ def test_responses_in_a_row_on_one_connection_each_leave_their_keep_alive_lines_
         assert (status, out, end) == (200, want, want.index(b"\r\n\r\n"))
         if data is plain:
             assert out is data
+
+
+@pytest.mark.parametrize("wanted", [False, True])
+def test_a_whole_responses_fields_are_read_once_per_head_and_only_when_wanted(
+        wanted: bool) -> None:
+    """An HTTP/2 client's HEADERS and the access log's %RESP()% need the fields of a response
+    that goes through whole: the upstream reads them once for each new head (an origin sends
+    the same one again and again), as llhttp reports them less the hop-by-hop lines; a plain
+    HTTP/1.1 exchange without the log gets none (nothing read)."""
+    loop = playbook.Loop()
+    up = H1Upstream(Endpoint("127.0.0.1", 9000, 4, 1, EndpointDrain()), loop)
+    up.connection_made(playbook.Transport(loop))
+    sink = _WholeSink(up)
+    sink.wants_fields = wanted
+    nginx = ORIGIN_RESPONSES["nginx-keep-alive-timeout"][0]
+    later = nginx.replace(b"12:00:00", b"12:00:01")
+    for data in (nginx, nginx, later, later):
+        up.start(sink, RequestHead(b"GET", b"app", b"/", [], HTTP11))
+        up.data_received(data)
+    if not wanted:
+        assert sink.fields == [None] * 4
+        return
+    a, b, c, d = sink.fields
+    assert a is b and c is d and a is not c  # read once per distinct head
+    assert a == _parsed_fields(nginx) and c == _parsed_fields(later)
+    up.start(sink, RequestHead(b"GET", b"app", b"/", [], HTTP2))  # an HTTP/2 client's
+    sink.wants_fields = False
+    up.data_received(nginx)
+    assert sink.fields[-1] == a
+
+
+def _parsed_fields(raw: bytes) -> list[tuple[bytes, bytes]]:
+    """llhttp's fields of a response head, less the hop-by-hop ones."""
+    got: list[tuple[bytes, bytes]] = []
+
+    class Sink:
+        def on_header(self, name: bytes, value: bytes) -> None:
+            got.append((name, value))
+
+    httptools.HttpResponseParser(Sink()).feed_data(raw)
+    return [(n, v) for n, v in got if n.lower() not in HOP_BY_HOP]

@@ -336,3 +336,30 @@ def test_idle_timeout_closes_the_connection(proto: str, tmp_path: Path) -> None:
     goaways = [p for typ, _, _, p in _h2_frames(t.take()) if typ == 7]
     # GOAWAY: last stream 1, NO_ERROR
     assert goaways == ([] if proto == "http1" else [b"\0\0\0\x01\0\0\0\0"])
+
+
+# -- a response that goes through whole (no parser) still has its fields for the log ----------
+
+ORIGIN = (b"HTTP/1.1 200 OK\r\nServer: nginx/1.22.1\r\nDate: Mon, 11 May 2026 02:00:00 GMT\r\n"
+          b"X-Envoy-Upstream-Service-Time: 7\r\nContent-Length: 2\r\n"
+          b"Connection: keep-alive\r\n\r\nok")
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["whole", "parsed"])
+@pytest.mark.parametrize("proto", ["http1", "http2"])
+def test_resp_field_is_logged_whichever_path_the_response_took(proto: str, whole: bool,
+                                                              tmp_path: Path) -> None:
+    """Envoy's default format logs %RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)%: the real HTTP/1.1
+    upstream forwards an nginx response whole or through its parser, and the line reads the
+    same either way."""
+    ls, logfile = _listener(tmp_path)
+    ls.access_log = AccessLog(logfile, None, ls.loop)  # type: ignore[arg-type, assignment]
+    (_h1 if proto == "http1" else _h2)(ls, RULES[0])
+    h1, _wire = ls.connects[0].succeed_h1(ls.loop)
+    if not whole:
+        h1.fresh = False  # as if a byte of it had come: the parser reads the response
+    h1.data_received(ORIGIN)
+    assert (h1.whole_size == len(ORIGIN)) == whole
+    logfile.flush()
+    (line,) = (tmp_path / "access.log").read_text().splitlines()
+    assert ' 200 - 0 2 0 7 "' in line, line

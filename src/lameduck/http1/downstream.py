@@ -723,7 +723,8 @@ class H1Downstream(Downstream):
         out.append(b"\r\n")
         self.write(b"".join(out))
 
-    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool:
+    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int,
+                   fields: Fields | None) -> bool:
         """The fast path: head and body as they came, in one write."""
         h = cast(H1Exchange, ex)
         if ex.is_head or ex.version == HTTP10 or h.close or not h.keep_alive:

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 
 import httptools
 
-from lameduck.http1.wire import LAST_CHUNK, chunk, status_code, whole_response
+from lameduck.http1.wire import LAST_CHUNK, chunk, response_fields, status_code, whole_response
 from lameduck.proxy.fields import HOP_BY_HOP, drop_nominated_fields, trailer_block, trailer_fields
-from lameduck.proxy.message import HTTP11, RequestHead
+from lameduck.proxy.message import HTTP2, HTTP11, RequestHead
 from lameduck.upstream.connector import (
     ExchangeSink,
+    Fields,
     ResponseTimeouts,
     UpstreamConn,
     UpstreamError,
@@ -107,6 +108,10 @@ class H1Upstream(UpstreamConn):
         self.whole_size = -1
         self.whole_end = 0
         self.whole_out = b""
+        # ``whole_head``'s fields as forwarded, read once for the sinks that want them (an
+        # HTTP/2 client's HEADERS, the access log's %RESP()%); None until one does.
+        self.whole_fields: Fields | None = None
+        self.want_fields = False  # this response's sink wants them
         # timeouts: one lazily re-armed timer for both
         self.timeouts = ResponseTimeouts()  # the route and per-try idle timeouts
         self.timer: asyncio.TimerHandle | None = None
@@ -167,9 +172,12 @@ class H1Upstream(UpstreamConn):
         self.chunked_req = head.chunked
         self.requests += 1
         # No byte of this response read yet (the parser is at a boundary): a whole response
-        # may go as it came, to an HTTP/1.1 client only (an HTTP/2 one gets it as frames, an
-        # HTTP/1.0 one reframed), so for no other the fast path's scan is spent.
-        self.fresh = head.version == HTTP11
+        # may go as it came to an HTTP/1.1 client, or as HEADERS and one DATA frame to an
+        # HTTP/2 one (from its fields, read here once per distinct head); an HTTP/1.0 client's
+        # is reframed, so for it the fast path's scan is not spent.
+        version = head.version
+        self.fresh = version in (HTTP11, HTTP2)
+        self.want_fields = version == HTTP2 or sink.wants_fields
         self.head_seen = False
         self.got_bytes = False
         self.no_body = head.method == b"HEAD"
@@ -230,8 +238,10 @@ class H1Upstream(UpstreamConn):
         if self.fresh:
             self.fresh = False
             out = data  # what is forwarded: the response less its Connection / Keep-Alive
+            fields: Fields | None = None
             if len(data) == self.whole_size and data.startswith(self.whole_head):
                 end = self.whole_end  # the head of the last whole response, byte for byte
+                fields = self.whole_fields
                 if self.whole_out:
                     out = self.whole_out + data[len(self.whole_head):]
             else:
@@ -240,6 +250,7 @@ class H1Upstream(UpstreamConn):
                     self.whole_head = data[:end + 4]
                     self.whole_size = len(data)
                     self.whole_out = b""
+                    self.whole_fields = None
                     if cut:  # the lines the parser's path would not forward either
                         if cut2:
                             out = b"".join((data[:cut], data[cut_to:cut2], data[cut2_to:]))
@@ -248,7 +259,9 @@ class H1Upstream(UpstreamConn):
                         end -= cut_to - cut + cut2_to - cut2
                         self.whole_out = out[:end + 4]
                     self.whole_end = end
-            if end and sink.on_whole_response(status_code(data), out, end):
+            if end and self.want_fields and fields is None:
+                self.whole_fields = fields = response_fields(out[:end])
+            if end and sink.on_whole_response(status_code(data), out, end, fields):
                 return  # forwarded in one piece; the exchange is complete and let go of us
         # What one read produces downstream (head, body, end) leaves in one write: one
         # syscall instead of three for a small response.

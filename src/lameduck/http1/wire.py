@@ -32,6 +32,26 @@ Whole = tuple[int, int, int, int, int]
 NOT_WHOLE: Final = (0, 0, 0, 0, 0)
 
 
+def response_fields(head: bytes) -> list[tuple[bytes, bytes]]:
+    """The fields of an HTTP/1.1 response head that ``whole_response`` passed (the
+    status line and the field lines, CRLF between them, without the blank line), as llhttp
+    reports them: the name as it came, the value from its first byte that is not SP or HTAB
+    (RFC 9112 §5: OWS before a value is not part of it; llhttp keeps the trailing one)."""
+    fields: list[tuple[bytes, bytes]] = []
+    start = head.find(b"\r\n") + 2
+    if start < 2:
+        return fields
+    n = len(head)
+    while start < n:
+        stop = head.find(b"\r\n", start)
+        if stop < 0:
+            stop = n
+        colon = head.find(b":", start, stop)
+        fields.append((head[start:colon], head[colon + 1:stop].lstrip(b" \t")))
+        start = stop + 2
+    return fields
+
+
 def whole_response(data: bytes) -> Whole:
     """The end of the head of a complete, plain 2xx/3xx/4xx/5xx response that fills ``data``
     exactly: HTTP/1.1, one Content-Length that matches the bytes after the head, CRLF line

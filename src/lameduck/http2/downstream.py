@@ -72,26 +72,6 @@ OUTBOUND_HIGH = 256 * 1024
 TEXT = b"text/plain; charset=utf-8"
 
 
-def head_fields(head: bytes) -> list[tuple[bytes, bytes]]:
-    """The fields of an HTTP/1.1 response head that ``http1.wire.whole_response`` passed (the
-    status line and the field lines, CRLF between them, without the blank line), as llhttp
-    reports them: the name as it came, the value from its first byte that is not SP or HTAB
-    (RFC 9112 §5: OWS before a value is not part of it; llhttp keeps the trailing one)."""
-    fields: list[tuple[bytes, bytes]] = []
-    start = head.find(b"\r\n") + 2
-    if start < 2:
-        return fields
-    n = len(head)
-    while start < n:
-        stop = head.find(b"\r\n", start)
-        if stop < 0:
-            stop = n
-        colon = head.find(b":", start, stop)
-        fields.append((head[start:colon], head[colon + 1:stop].lstrip(b" \t")))
-        start = stop + 2
-    return fields
-
-
 def _local_headers(body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()) -> list[
         tuple[bytes, bytes]]:
     return [(b"content-type", TEXT), (b"content-length", b"%d" % len(body)), *extra]
@@ -127,8 +107,6 @@ class H2Downstream(Downstream):
         self.log_on = ctx.access_log is not None
         self.rx_at = 0.0  # loop time of the last read: the DATA it carried is that recent
         # The head of the last whole HTTP/1.1 response (``send_whole``) and its fields.
-        self.whole_head = b""
-        self.whole_fields: list[tuple[bytes, bytes]] = []
 
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -347,22 +325,16 @@ class H2Downstream(Downstream):
         if bodyless:
             ex.response_over()  # the upstream still ends its message; we are done here
 
-    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool:
+    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int,
+                   fields: Fields | None) -> bool:
         """A complete plain HTTP/1.1 response in one piece (``http1.wire.whole_response``
         passed it: token names, no obs-fold, one Content-Length that the body matches, no
         hop-by-hop field left), as HEADERS and one DATA frame with END_STREAM: its fields as
         the HTTP/1.1 parser would have given them, without running it. A bodiless one (HEAD,
         204, 304) takes the parser's path. Reached when the HTTP/1.1 upstream offers whole
         responses to HTTP/2 requests (``H1Upstream.start`` decides which it scans for one)."""
-        if ex.is_head or status == 204 or status == 304:
+        if ex.is_head or status == 204 or status == 304 or fields is None:
             return False
-        head = data[:end]
-        if head == self.whole_head:
-            fields = self.whole_fields  # an origin sends the same head again and again
-        else:
-            fields = head_fields(head)
-            self.whole_head = head
-            self.whole_fields = fields
         self.corked += 1  # head and body leave in one write, as the parser's path corks them
         try:
             self.send_head(ex, status, fields, None)

@@ -352,7 +352,8 @@ class Downstream(asyncio.Protocol):
     def send_head(self, ex: Exchange, status: int, fields: Fields, length: int | None) -> None:
         raise NotImplementedError
 
-    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int) -> bool:
+    def send_whole(self, ex: Exchange, status: int, data: bytes, end: int,
+                   fields: Fields | None) -> bool:
         raise NotImplementedError
 
     def send_upgrade(self, ex: Exchange, fields: Fields, upgrade: bytes, rest: bytes) -> bool:

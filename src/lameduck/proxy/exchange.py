@@ -198,6 +198,7 @@ class Exchange(ExchangeSink):
             self.t0 = at
             self.log_req = (path, fields, None)
             self.log_host = authority
+            self.wants_fields = True
             keep_for_log(self, fields)
 
     def no_request_body(self) -> None:
@@ -763,13 +764,15 @@ class Exchange(ExchangeSink):
             else:
                 cluster.request_ok(ep)
 
-    def on_whole_response(self, status: int, data: bytes, end: int) -> bool:
+    def on_whole_response(self, status: int, data: bytes, end: int,
+                          fields: Fields | None) -> bool:
         """A complete plain response in one piece (see ``http1.wire.whole_response``): the
         downstream may forward it as it came. False: the caller parses it instead."""
         if self.set_cookie is not None or not self.req_done:
             return False
-        if not self.down.send_whole(self, status, data, end):
+        if not self.down.send_whole(self, status, data, end, fields):
             return False
+        self.resp_fields = fields
         self.answered(status)
         self.resp_started = True
         self.bytes_tx = len(data) - end - 4  # the body: after the head's blank line

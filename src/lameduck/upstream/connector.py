@@ -82,6 +82,10 @@ class ExchangeSink:
     """What an upstream connection reports to (the downstream exchange, which subclasses
     this): a native base class, so the codec's reports are direct calls, not by name."""
 
+    # The response's fields are wanted even when its bytes go through whole (the access
+    # log's %RESP()% reads them).
+    wants_fields = False
+
     def on_informational(self, status: int, fields: Fields) -> None:
         raise NotImplementedError
 
@@ -108,7 +112,10 @@ class ExchangeSink:
         """HTTP/2 proved the request unprocessed (RFC 9113 §8.7): safe to send again."""
         raise NotImplementedError
 
-    def on_whole_response(self, status: int, data: bytes, end: int) -> bool:
+    def on_whole_response(self, status: int, data: bytes, end: int,
+                          fields: Fields | None) -> bool:
+        """A whole plain HTTP/1.1 response (``data``, its head ending at ``end``); ``fields``:
+        its fields, read when this sink's ``wants_fields`` or the request was HTTP/2."""
         raise NotImplementedError
 
     def on_upgrade(self, fields: Fields, upgrade: bytes, rest: bytes) -> bool:
