@@ -25,6 +25,18 @@ def test_connection_nominated_fields_are_dropped() -> None:
     assert drop_nominated_fields(fields, b",close") == fields
 
 
+def test_nominated_answers_are_kept_per_value_and_bounded() -> None:
+    """The same Connection value again gets the very set it got (not split again); a
+    different one its own; endless distinct values do not grow the cache past its bound."""
+    from lameduck.proxy import fields
+    first = nominated(b",keep-alive, x-a")
+    assert first == frozenset({b"x-a"}) and nominated(b",keep-alive, x-a") is first
+    assert nominated(b",keep-alive, x-b") == frozenset({b"x-b"})
+    for i in range(3 * fields._NOMINATED_MAX):
+        assert nominated(b"x-%d" % i) == frozenset({b"x-%d" % i})
+    assert len(fields._NOMINATED) <= fields._NOMINATED_MAX
+
+
 @pytest.mark.parametrize("name", [
     b"content-length", b"Content-Length", b"transfer-encoding", b"host", b"HOST",
     b"idempotency-key", b"resume-seq", b"cookie", b"x-forwarded-for",

@@ -35,12 +35,25 @@ NEVER_NOMINATED: Final = frozenset({
 })
 
 
+# ``nominated``'s answers by the tokens as they came: an origin repeats its Connection value
+# (",keep-alive") on every response, and the split and two sets cost ~4,000 instructions each
+# time. Bounded: a full cache is dropped, so endless distinct values only cost their splits.
+_NOMINATED: Final[dict[bytes, frozenset[bytes]]] = {}
+_NOMINATED_MAX: Final = 256
+
+
 def nominated(tokens: bytes) -> frozenset[bytes]:
     """The field names (lower case) that ``Connection`` values ``tokens`` (joined with commas)
     remove from a forwarded message: every listed name except those lameduck frames, routes or
     retries by."""
-    names = frozenset(t.strip().lower() for t in tokens.split(b","))
-    return names - NEVER_NOMINATED
+    drop = _NOMINATED.get(tokens)
+    if drop is None:
+        drop = frozenset(t.strip().lower() for t in tokens.split(b",")) - NEVER_NOMINATED
+        if len(tokens) <= _NOMINATED_MAX:
+            if len(_NOMINATED) >= _NOMINATED_MAX:
+                _NOMINATED.clear()
+            _NOMINATED[tokens] = drop
+    return drop
 
 
 def drop_nominated_fields(fields: list[tuple[bytes, bytes]],
