@@ -423,3 +423,51 @@ def test_client_gone_rule(g: Gone, tmp_path: Path) -> None:
     assert _counts(ls) == _books({"2xx": 1} if g.started else {})  # never completed
     assert ls.cluster.stats.upstream_rq_active == 0
 
+
+# -- which authorities go on, and which host routes them: HTTP/1.1 Host and HTTP/2 :authority
+# alike. The listener's one route names host 127.0.0.1 (a virtual host match), so a value is
+# routed by its first host; one lameduck refuses never reaches a routing decision.
+
+AUTHORITIES = [
+    (b"127.0.0.1:8080", 200),
+    (b"127.0.0.1", 200),
+    (b"127.0.0.1:50051,127.0.0.1:50052", 200),  # grpcio's static address list
+    (b"127.0.0.1,10.0.0.1", 200),
+    (b"10.0.0.1:50051,127.0.0.1:50052", 404),  # routed by its first host, which no route has
+    (b"127.0.0.1:1:2", 400),  # a second colon: which port?
+    (b"u@127.0.0.1:1", 400),  # userinfo (RFC 9110 §4.2.4)
+    (b"127.0.0.1:1,u@10.0.0.1", 400),
+    (b"127.0.0.1:1, 10.0.0.1:2", 400),  # whitespace
+    (b"127.0.0.1:1,", 400),  # an empty element
+    (b",127.0.0.1", 400),
+    (b"127.0.0.1/x", 400),  # outside nghttp2's set of octets (nghttp2_check_authority)
+]
+AUTHORITY_CASES = [(v, s, p) for v, s in AUTHORITIES for p in ("http1", "http2")]
+
+
+@pytest.mark.parametrize(("value", "status", "proto"), AUTHORITY_CASES,
+                         ids=[f"{v.decode()}-{p}" for v, _, p in AUTHORITY_CASES])
+def test_authority_is_forwarded_whole_and_routed_by_its_first_host(
+        value: bytes, status: int, proto: str, tmp_path: Path) -> None:
+    ls, logfile = _listener(tmp_path)
+    ls.router = Router([Route("/x", ls.cluster, "127.0.0.1", 30.0)])
+    _conn, t = (_h1 if proto == "http1" else _h2)(ls, Rule("authority", authority=value))
+    if proto == "http2" and b" " in value:
+        # not even a field value HTTP/2 takes there (RFC 9113 §8.3.1): the stream is reset
+        # PROTOCOL_ERROR before any exchange begins
+        assert (3, 1, b"\0\0\0\x01") in [(typ, sid, p) for typ, _, sid, p in _h2_frames(t.take())]
+        assert ls.connects == []
+        return
+    if status == 200:
+        (connecting,) = ls.connects
+        up = connecting.succeed()
+        assert up.head.authority == value  # forwarded as it came (HAProxy, nginx, Envoy)
+        up.sink.on_response_head(200, [(b"content-length", b"2")], 2, False)
+        up.sink.on_response_body(b"ok")
+        up.sink.on_response_complete()
+    else:
+        assert ls.connects == []
+    line = _logged(tmp_path, logfile)
+    flags = {200: "-", 404: "NR", 400: "DPE"}[status]
+    assert (line["response_code"], line["response_flags"]) == (status, flags)
+    assert line["authority"] == value.decode()
