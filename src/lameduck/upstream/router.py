@@ -31,7 +31,7 @@ class Router:
     def match(self, host: bytes | None, path: bytes) -> Route | None:
         """``host`` as sent (port and case ignored), validated (``fields.valid_authority``);
         ``path`` in origin form. A list of authorities (a gRPC client's static address list) is
-        routed by its first host, as a whole value that no route names would route nowhere."""
+        routed by its first element's host: a route's host is one host, never a list."""
         if host is not None and self.by_host:
             host = host.lower()
             # [v6]:port keeps the brackets; name:port loses the port; a host never holds a comma
