@@ -4,6 +4,7 @@ datagram socket receives the sd_notify states)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -137,3 +138,42 @@ def test_notify_ready_then_stopping(origin_port: int, tmp_path: Path, abstract: 
     finally:
         sock.close()
         ld.kill()
+
+
+MDWE = [sys.executable, str(Path(__file__).resolve().parents[1] / "mdwe.py"), "--"]
+
+
+def test_memory_deny_write_execute_holds(origin_port: int, tmp_path: Path) -> None:
+    """The unit's MemoryDenyWriteExecute=yes: lameduck (CPython, uvloop, httptools, RE2, the
+    mypyc-compiled modules) serves HTTP/1.1 and HTTP/2, answers /stats?filter= (RE2) and
+    hot-restarts (the successor is exec'd under the same rule) with no page writable and
+    executable: the kernel's PR_SET_MDWE refuses such a mapping, as systemd's filter does."""
+    import subprocess
+
+    ok = subprocess.run([*MDWE, "true"], capture_output=True, text=True, check=False)
+    if ok.returncode == 77:
+        pytest.skip(f"no PR_SET_MDWE in this kernel (Linux 6.3+): {ok.stderr.strip()}")
+    ld = Lameduck(base_config(origin_port), tmp_path).start(wrapper=MDWE)
+    successor = None
+    try:
+        assert _get(ld.port).status_code == 200
+        with httpx.Client(http2=True, http1=False, timeout=5) as c:
+            assert c.get(ld.url("/")).http_version == "HTTP/2"
+        assert ld.admin("GET", "/stats?filter=^server\\.").status_code == 200
+        ld.signal(signal.SIGHUP)
+        end = time.monotonic() + 15
+        while time.monotonic() < end and successor is None:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                pid = ld.server_info()["pid"]
+                successor = pid if pid != ld.pid else None
+            time.sleep(0.05)
+        assert successor is not None, ld.log()
+        assert _get(ld.port).status_code == 200
+        assert ld.stat("server.hot_restart_epoch") == 1
+    finally:
+        log = ld.log()
+        if successor is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(successor, signal.SIGKILL)
+        ld.kill()
+    assert "Permission denied" not in log and "Traceback" not in log, log

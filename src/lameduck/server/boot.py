@@ -1,6 +1,7 @@
 """`lameduck run`: one process's start-up, from the command line to its exit code.
 
-In order: a signal that arrives while starting waits for the start to finish; the config; a
+In order: a signal that arrives while starting waits for the start to finish; the soft
+descriptor limit is raised to the hard one (server/limits.py); the config; a
 plain start refuses where another lameduck serves (its hot-restart socket or admin address);
 the admin address file is opened; sockets passed by systemd are matched to listeners; the demo
 origin starts (no -c); a hot restart takes the running process's sockets; the ``Server`` (with
@@ -22,10 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from lameduck.config import Config, ConfigError, HostPort, default_config, load_config
+from lameduck.listeners.base import Listener, downstream_cap
 from lameduck.restart import Notifier, listen_fds, match_listeners
 from lameduck.restart.hot import connect_parent, default_path
 from lameduck.restart.supervisor import SUPERVISOR_ENV
 from lameduck.server.lifecycle import run_loop
+from lameduck.server.limits import raise_nofile
 from lameduck.server.running import refusal
 from lameduck.server.server import SIGNALS, Server
 from lameduck.server.workers import worker_count
@@ -97,6 +100,9 @@ def run(opts: RunOptions) -> int:
     previous = {sig: signal.signal(sig, lambda n, _f: early.append(signal.Signals(n)))
                 for sig in SIGNALS}
     try:
+        raise_nofile()
+        # the cap is derived from the limit when listeners/ is imported, before the raise
+        Listener.cap = downstream_cap()
         prepared = _prepare(opts)
         if isinstance(prepared, int):
             return prepared
