@@ -27,20 +27,35 @@ SCMP_ACT_ERRNO = 0x00050000  # | errno
 UNSUPPORTED = 77
 
 
-def group(name: str, seen: set[str] | None = None) -> set[str]:
-    """The system calls of a systemd group, nested groups expanded."""
+def groups() -> dict[str, list[str]]:
+    """Every systemd system-call group and its entries (system calls and nested @groups), from
+    one `systemd-analyze syscall-filter` run: the wrapper starts each sandboxed process, so
+    it stays quick on a loaded machine."""
+    out = subprocess.run(["systemd-analyze", "syscall-filter"], capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    table: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in out.splitlines():
+        if line.startswith("@"):
+            current = table.setdefault(line.strip(), [])
+        elif line.startswith((" ", "\t")) and current is not None:
+            word = line.strip()
+            if word and not word.startswith("#"):
+                current.append(word)
+        else:
+            current = None  # a comment or note at the left margin ends a group
+    return table
+
+
+def expand(table: dict[str, list[str]], name: str, seen: set[str] | None = None) -> set[str]:
+    """The system calls of a group, nested groups expanded."""
     seen = set() if seen is None else seen
     seen.add(name)
-    out = subprocess.run(["systemd-analyze", "syscall-filter", name], capture_output=True,
-                         text=True, check=True, timeout=30).stdout
     calls: set[str] = set()
-    for line in out.splitlines()[1:]:
-        word = line.strip()
-        if not word or word.startswith("#"):
-            continue
+    for word in table[name]:
         if word.startswith("@"):
             if word not in seen:
-                calls |= group(word, seen)
+                calls |= expand(table, word, seen)
         else:
             calls.add(word)
     return calls
@@ -54,9 +69,10 @@ def unsupported(why: str) -> None:
 def main() -> None:
     argv = sys.argv[sys.argv.index("--") + 1:]
     try:
-        allowed = group("@system-service") - group("@privileged")
-    except (OSError, subprocess.CalledProcessError) as e:
-        unsupported(f"systemd-analyze syscall-filter: {e}")
+        table = groups()
+        allowed = expand(table, "@system-service") - expand(table, "@privileged")
+    except (OSError, subprocess.CalledProcessError, KeyError) as e:
+        unsupported(f"systemd-analyze syscall-filter: {e!r}")
     name = ctypes.util.find_library("seccomp")
     if name is None:
         unsupported("no libseccomp")
