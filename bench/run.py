@@ -553,6 +553,7 @@ LAMEDUCK_POOL_STATS = re.compile(
     r"(health_check\.(attempt|success|failure|network_failure)|ejections_enforced_total"
     r"|upstream_cx_none_healthy|upstream_rq_2xx|downstream_rq_2xx)$")
 _POOL_SCOPES = (f"http.{POOL_LISTENER}.", f"cluster.{POOL_CLUSTER}.")
+_TLS_SCOPES = (f"http.{TLS_LISTENER}.",)
 _SHAPES_SCOPES = (f"http.{SHAPES_LISTENER}.", f"cluster.{SHAPES_CLUSTER}.",
                   f"http.{PLAIN_LISTENER}.", f"cluster.{PLAIN_CLUSTER}.")
 
@@ -566,10 +567,11 @@ def lameduck_admin(proc: Proc, path: str) -> dict:
 
 
 def lameduck_counters(proc: Proc, h2up: bool = False, pool: bool = False,
-                      shapes: bool = False) -> dict[str, int]:
+                      shapes: bool = False, tls: bool = False) -> dict[str, int]:
     """Connection and request counters from lameduck's admin API (pool churn, errors): those
     of the HTTP/1.1 rows' listener and cluster, with ``h2up`` those of the h2c upstream's, with
-    ``pool`` those of the pool's, with ``shapes`` those of the shape matrix's. Empty unless
+    ``pool`` those of the pool's, with ``shapes`` those of the shape matrix's, with ``tls``
+    those of the TLS listener (its connections: one handshake each). Empty unless
     GET /stats answers 200."""
     try:
         stats = lameduck_admin(proc, "/stats?format=json")["stats"]
@@ -580,11 +582,11 @@ def lameduck_counters(proc: Proc, h2up: bool = False, pool: bool = False,
         if "name" not in st:
             continue  # the histograms' element (Envoy's shape)
         name = st["name"]
-        if h2up or pool or shapes:
+        if h2up or pool or shapes or tls:
             if not name.startswith(_H2UP_SCOPES if h2up else _POOL_SCOPES if pool
-                                   else _SHAPES_SCOPES):
+                                   else _SHAPES_SCOPES if shapes else _TLS_SCOPES):
                 continue
-        elif name.startswith(_H2UP_SCOPES + _POOL_SCOPES + _SHAPES_SCOPES):
+        elif name.startswith(_H2UP_SCOPES + _POOL_SCOPES + _SHAPES_SCOPES + _TLS_SCOPES):
             continue
         if (LAMEDUCK_STATS.search(name) or (h2up and LAMEDUCK_H2UP_STATS.search(name))
                 or (pool and LAMEDUCK_POOL_STATS.search(name))):
@@ -3543,6 +3545,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"bench: warning: {problem}", file=sys.stderr)
             if not run_tls_rounds(procs, proxies, origin, args, tls_samples, tls_skipped):
                 keep = True
+            if lameduck and lameduck[0].alive():
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    c = lameduck_counters(lameduck[0], tls=True)
+                    tls_notes.append("lameduck counters of its TLS listener after the run "
+                                     "(warm-up and pre-checks included; a connection is a "
+                                     "handshake): " + ", ".join(f"{k}={v}" for k, v in c.items()))
         if args.worker_counts:
             workers = run_workers(procs, args, workdir, origin, origin_port)
             if workers.failures or any(n.startswith("CHECK FAILED") for n in workers.notes):
