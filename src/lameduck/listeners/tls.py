@@ -23,8 +23,10 @@ class DirectSSLObject(ssl.SSLObject):
     ``_ssl`` object it wraps. uvloop's SSLProtocol looks these three up once, after
     ``wrap_bio`` (its sslproto.pyx caches ``_sslobj_read`` and friends), and calls them for
     every record: on the stock class each call runs a Python frame of ssl.py that only forwards
-    its arguments (``read(len, buffer)`` to ``_sslobj.read(len, buffer)``). Same arguments,
-    results and exceptions; the frame is gone."""
+    its arguments (``read(len, buffer)`` to ``_sslobj.read(len, buffer)``). Same results and
+    exceptions for the positional calls uvloop makes (``read(n)``, ``read(n, buffer)``,
+    ``write(data)``, ``pending()``); the C ``read`` takes no keywords and no ``buffer=None``,
+    which nothing here passes."""
 
     @classmethod
     def _create(cls, *args: Any, **kwargs: Any) -> DirectSSLObject:  # type: ignore[override]
