@@ -268,6 +268,52 @@ class TestDrainListeners:
         assert pd.next_deadline(1000.0) is None
 
 
+class TestDrainCounts:
+    """``completed`` is the requests that complete during a drain, whatever started it: the
+    drain report and ``server.drain.completed`` read it."""
+
+    @pytest.mark.parametrize("graceful,skip_exit", [(True, True), (False, False),
+                                                    (False, True)])
+    def test_a_drain_that_stays_up_counts_until_it_is_over(self, graceful: bool,
+                                                          skip_exit: bool) -> None:
+        pd = process()
+        ledger = pd.ledger
+        ledger.begin()
+        ledger.end()  # before the drain: no drain's
+        pd.drain_listeners(50.0, graceful=graceful, skip_exit=skip_exit, inbound_only=False)
+        for _ in range(3):
+            ledger.begin()
+            ledger.end()
+        assert ledger.begin()  # in flight at T: the drain lasts until it completes
+        pd.tick(50.0 + T)
+        assert pd.drain_active(50.0 + T)
+        ledger.end()
+        assert ledger.completed == 4
+        pd.tick(50.0 + T + 0.1)  # T passed, nothing in flight: the drain is over
+        assert not pd.drain_active(50.0 + T + 0.1)
+        ledger.begin()
+        ledger.end()
+        assert ledger.completed == 4
+        pd.drain_listeners(80.0, graceful=True, skip_exit=True, inbound_only=False)
+        ledger.begin()
+        ledger.end()  # a second drain counts again
+        assert ledger.completed == 5
+
+    def test_a_drain_that_exits_counts_through_the_shutdown(self) -> None:
+        pd = process()
+        ledger = pd.ledger
+        event, _ = pd.drain_listeners(50.0, graceful=True, skip_exit=False, inbound_only=False)
+        ledger.begin()
+        ledger.end()
+        pd.tick(event.ends_at)  # idle at its T, and still not over: it becomes the shutdown
+        ledger.begin()
+        ledger.end()
+        pd.start_shutdown(event.start, Cause.DRAIN_LISTENERS)
+        ledger.begin()
+        ledger.end()
+        assert ledger.completed == 3
+
+
 # -- shutdown -------------------------------------------------------------------------------------
 
 

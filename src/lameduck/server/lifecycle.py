@@ -460,10 +460,11 @@ class Lifecycle:
         if tl is None:
             return
         now = self.loop.time()
-        if (self.process.shutdown is None and self._drain_exit_timer is None
-                and not self.process.drain_active(now)):
-            self._record_end()
-            return
+        if self.process.shutdown is None:
+            self.process.tick(now)  # over once no longer active: its completions stop counting
+            if self._drain_exit_timer is None and not self.process.drain_active(now):
+                self._record_end()
+                return
         tl.sample(now, self.plane.reading())
         self._sample_timer = self.loop.call_at(tl.next_at(now), self._sample_tick)
 

@@ -155,6 +155,10 @@ class WorkerProcess:
 
     def _status_tick(self) -> None:
         self._status_timer = self.loop.call_later(STATUS_INTERVAL, self._status_tick)
+        if self.process.shutdown is None:
+            # a drain that does not exit is over here as in the main process: once no longer
+            # active, a completion is no drain's (``ProcessDrain.tick``)
+            self.process.tick(self.loop.time())
         self._send_status()
 
     def _send_status(self) -> None:
