@@ -217,18 +217,24 @@ class ProcessDrain:
         elif self.ledger.draining and not self.drain_exits and not self.drain_active(now):
             self.ledger.draining = False
 
-    def shutdown_step(self, now: float, connections: int) -> Step:
-        """The exit decision; ``connections`` is the number of downstream connections open."""
+    def shutdown_step(self, now: float, connections: int, handshakes: int = 0) -> Step:
+        """The exit decision; ``connections`` is the number of downstream connections open,
+        ``handshakes`` those of them still in their TLS handshake. A client mid-handshake
+        has requests on the way (a TLS 1.3 client sends them right behind its Finished, RFC
+        8446 §2) that nothing can turn away before the handshake ends — no response, no
+        GOAWAY — so it is waited for like a request in flight, also after T (its
+        connection is then told no new work as soon as it speaks), and the deadline cuts it."""
         ev = self.shutdown
         if ev is None:
             return Step.WAIT
         self.tick(now)
+        busy = not self.ledger.idle or handshakes > 0
         if now >= ev.start + self.exit_after:
-            return Step.EXIT if self.ledger.idle else Step.CUT
+            return Step.CUT if busy else Step.EXIT
         if now < ev.start + self.min_drain:
             return Step.WAIT
         # Completion counts requests, not connections: no EXIT while any is active.
-        if self.ledger.idle and (connections == 0 or now >= ev.ends_at):
+        if not busy and (connections == 0 or now >= ev.ends_at):
             return Step.EXIT
         return Step.WAIT
 
