@@ -51,7 +51,7 @@ class TlsAccept(asyncio.Protocol):
     def __init__(self, listener: HttpListener) -> None:
         self.listener = listener
         self.transport: asyncio.Transport | None = None
-        self.handshake: Coroutine[Any, Any, asyncio.Transport] | None = None
+        self.handshake: Coroutine[Any, Any, asyncio.Transport | None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Counted from here; the handshake starts now, in this callback: ``start_tls`` runs
@@ -104,11 +104,11 @@ class TlsAccept(asyncio.Protocol):
         self.handshake = None
         ls.handshake_done()
 
-    def _handshaken(self, tls: asyncio.Transport) -> None:
+    def _handshaken(self, tls: asyncio.Transport | None) -> None:
         """The handshake is done: the codec ALPN chose takes the connection."""
         ls = self.listener
         self._end()
-        if tls.is_closing():
+        if tls is None or tls.is_closing():
             return
         ssl_obj = tls.get_extra_info("ssl_object")
         alpn = ssl_obj.selected_alpn_protocol() if ssl_obj is not None else None
