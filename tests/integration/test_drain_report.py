@@ -129,6 +129,24 @@ def test_drain_listeners_skip_exit_keeps_the_report(lameduck) -> None:
     assert len(newest) == 1 and newest[0]["started"] > report["started"]
 
 
+def test_drain_listeners_counts_the_requests_completed_during_it(lameduck) -> None:
+    """``server.drain.completed`` (the drain report's ``completed``) counts a drain the admin
+    started, not only a shutdown. T is long, so every request below is inside the drain
+    however slow the machine; the workers' counts reach the main process within 100 ms."""
+    ld: Lameduck = lameduck(drain={"time": "60s", "strategy": "gradual",
+                                   "connection_grace": "1s"},
+                            shutdown={"deadline": "65s"},
+                            hot_restart={"parent_shutdown_time": "65s"})
+    with httpx.Client() as client:
+        assert client.get(ld.url("/")).status_code == 200  # before the drain: not counted
+        assert ld.admin("POST", "/drain_listeners?graceful&skip_exit").status_code == 200
+        for _ in range(6):
+            assert client.get(ld.url("/")).status_code == 200
+    assert wait_until(lambda: ld.stat("server.drain.completed") == 6, timeout=10), \
+        ld.stats()
+    assert ld.stat("server.drain.active") == 1
+
+
 def test_report_draws_a_png(lameduck, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     import matplotlib.image

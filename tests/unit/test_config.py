@@ -756,6 +756,27 @@ def test_grace_that_empties_the_proactive_window_is_warned_with_numbers(
     assert "is >= drain.time/3" in line and "proactive drain window [2T/3, T - G) is empty" in line
 
 
+@pytest.mark.parametrize(("shutdown", "warned"), [
+    ("{min_drain: 0s}", True),  # reads "no minimum", asks for an exit as soon as idle
+    ("{min_drain: 5s}", True),
+    ("{min_drain: 20s}", False),  # T: what unset means while accepting until T
+    ("{min_drain: 0s, stop_accepting: immediately}", False),  # nobody can connect anyway
+    ("{deadline: 30s}", False),  # unset: serve until T
+])  # fmt: skip
+def test_min_drain_below_t_is_warned_with_what_it_does(
+        shutdown: str, warned: bool, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="lameduck.config"):
+        load_config_text(f"drain: {{time: 20s}}\nshutdown: {shutdown}", "w.yaml")
+    lines = [r.getMessage() for r in caplog.records if r.name == "lameduck.config"]
+    if not warned:
+        assert lines == []
+        return
+    [line] = lines
+    assert line.startswith("w.yaml: shutdown.min_drain: "), line
+    assert "is below drain.time (20s)" in line and "exits before T" in line, line
+    assert "ECONNREFUSED" in line and "leave min_drain unset to serve until T" in line, line
+
+
 @pytest.mark.parametrize(
     ("new", "expected"),
     [

@@ -268,6 +268,52 @@ class TestDrainListeners:
         assert pd.next_deadline(1000.0) is None
 
 
+class TestDrainCounts:
+    """``completed`` is the requests that complete during a drain, whatever started it: the
+    drain report and ``server.drain.completed`` read it."""
+
+    @pytest.mark.parametrize("graceful,skip_exit", [(True, True), (False, False),
+                                                    (False, True)])
+    def test_a_drain_that_stays_up_counts_until_it_is_over(self, graceful: bool,
+                                                          skip_exit: bool) -> None:
+        pd = process()
+        ledger = pd.ledger
+        ledger.begin()
+        ledger.end()  # before the drain: no drain's
+        pd.drain_listeners(50.0, graceful=graceful, skip_exit=skip_exit, inbound_only=False)
+        for _ in range(3):
+            ledger.begin()
+            ledger.end()
+        assert ledger.begin()  # in flight at T: the drain lasts until it completes
+        pd.tick(50.0 + T)
+        assert pd.drain_active(50.0 + T)
+        ledger.end()
+        assert ledger.completed == 4
+        pd.tick(50.0 + T + 0.1)  # T passed, nothing in flight: the drain is over
+        assert not pd.drain_active(50.0 + T + 0.1)
+        ledger.begin()
+        ledger.end()
+        assert ledger.completed == 4
+        pd.drain_listeners(80.0, graceful=True, skip_exit=True, inbound_only=False)
+        ledger.begin()
+        ledger.end()  # a second drain counts again
+        assert ledger.completed == 5
+
+    def test_a_drain_that_exits_counts_through_the_shutdown(self) -> None:
+        pd = process()
+        ledger = pd.ledger
+        event, _ = pd.drain_listeners(50.0, graceful=True, skip_exit=False, inbound_only=False)
+        ledger.begin()
+        ledger.end()
+        pd.tick(event.ends_at)  # idle at its T, and still not over: it becomes the shutdown
+        ledger.begin()
+        ledger.end()
+        pd.start_shutdown(event.start, Cause.DRAIN_LISTENERS)
+        ledger.begin()
+        ledger.end()
+        assert ledger.completed == 3
+
+
 # -- shutdown -------------------------------------------------------------------------------------
 
 
@@ -419,6 +465,24 @@ class TestShutdownStep:
         assert pd.shutdown_step(SIGTERM + 5.0, connections=0) is Step.WAIT
         pd.ledger.end()
         assert pd.shutdown_step(SIGTERM + 5.0, connections=0) is Step.EXIT
+
+    def test_a_tls_handshake_under_way_holds_the_idle_exit(self) -> None:
+        """A client mid-handshake has requests on the way that nothing can turn away yet: an
+        idle process past min_drain waits for it, before T and after."""
+        pd = process()
+        pd.start_shutdown(SIGTERM)
+        assert pd.shutdown_step(SIGTERM + 5.0, connections=1, handshakes=1) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + T, connections=1, handshakes=1) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + 15.0, connections=1, handshakes=0) is Step.EXIT
+
+    def test_a_tls_handshake_under_way_at_the_deadline_is_cut(self) -> None:
+        pd = process()
+        pd.start_shutdown(SIGTERM)
+        assert pd.shutdown_step(BELOW(SIGTERM + 20.0, 0.0), 1, handshakes=1) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + 20.0, connections=1, handshakes=1) is Step.CUT
+        pd.ledger.cut_unheard(1)
+        assert pd.ledger.cut == 1
+        assert pd.shutdown_step(SIGTERM + 20.0, connections=0, handshakes=0) is Step.EXIT
 
     def test_step_applies_the_t_tick(self) -> None:
         pd = process()

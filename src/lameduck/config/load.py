@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from lameduck.config.schema import Config, drain_warnings
+from lameduck.config.schema import Config, drain_warnings, shutdown_warnings
 
 __all__ = [
     "ConfigError",
@@ -181,7 +181,8 @@ def load_config_text(text: str, source: str = "<string>") -> Config:
     except ValidationError as error:
         raise ConfigError.from_validation_error(error, source) from None
     # Valid but probably not meant: said on every load (run, supervise, validate, budget).
-    for path, message in drain_warnings(config.drain):
+    for path, message in [*drain_warnings(config.drain),
+                          *shutdown_warnings(config.shutdown, config.drain)]:
         log.warning("%s: %s: %s", source, path, message)
     return config
 

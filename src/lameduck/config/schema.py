@@ -335,6 +335,23 @@ def drain_warnings(drain: DrainConfig) -> list[tuple[str, str]]:
              f"{format_duration(round(3.0 * g, 3))}")]
 
 
+def shutdown_warnings(shutdown: ShutdownConfig, drain: DrainConfig) -> list[tuple[str, str]]:
+    """(field, message) for a ``min_drain`` below T while the listeners accept until T: it
+    reads like "no minimum" (``0s``), but it asks for an exit as soon as the process is
+    idle after it, before T, closing the listeners under clients that have not yet seen the
+    endpoint removal (Kubernetes removes a terminating pod's endpoints while it still runs).
+    Unset, an idle process serves until T (docs/drain.md, Shutdown)."""
+    md, t = shutdown.min_drain, drain.time
+    if md is None or md >= t or shutdown.stop_accepting is not StopAccepting.AT_DRAIN_END:
+        return []
+    return [("shutdown.min_drain",
+             f"{format_duration(md)} is below drain.time ({format_duration(t)}): from "
+             f"{format_duration(md)} after SIGTERM an idle lameduck (no request in flight, no "
+             f"connection open) exits before T and closes its listeners, so a client that has "
+             f"not yet seen it leave the load balancer is refused (ECONNREFUSED); leave "
+             f"min_drain unset to serve until T (0 after a completed preStop)")]
+
+
 class ShutdownConfig(BaseModel):
     """Process exit: the hard deadline (below the supervisor's kill timeout) and when to stop."""
 

@@ -70,6 +70,11 @@ class Ledger:
         if self.slots is not None:
             self.slots[0] = self.active
 
+    def cut_unheard(self, n: int) -> None:
+        """``n`` connections accepted whose requests were never read (a TLS handshake under
+        way) were reset at the deadline: their clients lose what they sent, counted as cut."""
+        self.cut += n
+
     def accepted(self) -> None:
         """A connection was accepted: in flight for its client until its first request."""
         self.fresh += 1

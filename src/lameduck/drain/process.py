@@ -97,6 +97,9 @@ class ProcessDrain:
         self.last_event: DrainEvent | None = None
         # A preStop hook ran to its end: the load balancer has already stopped sending here.
         self.deregistered = False
+        # A graceful drain_listeners without skip_exit: it becomes the shutdown at its T, so
+        # its drain is over only at the exit.
+        self.drain_exits = False
 
     # -- the tree ---------------------------------------------------------------------------
     def add_listener(self, listener: ListenerDrain) -> ListenerDrain:
@@ -106,9 +109,12 @@ class ProcessDrain:
         return listener
 
     def _event(self, now: float, cause: Cause, inbound_only: bool = False) -> DrainEvent:
+        """A new drain event, of any cause: from now until the drain is over (``tick``) the
+        ledger counts the requests that complete for the drain report's ``completed``."""
         s = self.settings
         event = DrainEvent(now, s.strategy, s.time, s.grace, cause, inbound_only)
         self.last_event = event
+        self.ledger.draining = True
         return event
 
     # -- state ------------------------------------------------------------------------------
@@ -149,6 +155,8 @@ class ProcessDrain:
                 listener.stop_accepting(now)
             elif not skip_exit:
                 listener.stop_accepting(event.ends_at)
+        if graceful and not skip_exit:
+            self.drain_exits = True
         return event, reached
 
     def start_shutdown(
@@ -165,7 +173,6 @@ class ProcessDrain:
         self.shutdown = event
         if deadline is not None:
             self.exit_after = deadline
-        self.ledger.draining = True
         stop = (event.ends_at if self.shutdown_settings.stop_accepting_at_drain_end
                 and cause is not Cause.HOT_RESTART else now)
         reached = [ls for ls in self.listeners.values() if ls.add_event(event)]
@@ -201,22 +208,33 @@ class ProcessDrain:
         return ev is not None and (now < ev.ends_at or not self.ledger.idle)
 
     def tick(self, now: float) -> None:
-        """Apply time: from T on a shutting-down process takes no new work."""
-        if self.shutdown is not None and now >= self.shutdown.ends_at:
-            self.ledger.accepting = False
+        """Apply time: from T on a shutting-down process takes no new work; a drain that does
+        not exit is over once it is no longer active (``drain_active``), and a request that
+        completes after that is no drain's (a shutdown counts until the exit)."""
+        if self.shutdown is not None:
+            if now >= self.shutdown.ends_at:
+                self.ledger.accepting = False
+        elif self.ledger.draining and not self.drain_exits and not self.drain_active(now):
+            self.ledger.draining = False
 
-    def shutdown_step(self, now: float, connections: int) -> Step:
-        """The exit decision; ``connections`` is the number of downstream connections open."""
+    def shutdown_step(self, now: float, connections: int, handshakes: int = 0) -> Step:
+        """The exit decision; ``connections`` is the number of downstream connections open,
+        ``handshakes`` those of them still in their TLS handshake. A client mid-handshake
+        has requests on the way (a TLS 1.3 client sends them right behind its Finished, RFC
+        8446 §2) that nothing can turn away before the handshake ends — no response, no
+        GOAWAY — so it is waited for like a request in flight, also after T (its
+        connection is then told no new work as soon as it speaks), and the deadline cuts it."""
         ev = self.shutdown
         if ev is None:
             return Step.WAIT
         self.tick(now)
+        busy = not self.ledger.idle or handshakes > 0
         if now >= ev.start + self.exit_after:
-            return Step.EXIT if self.ledger.idle else Step.CUT
+            return Step.CUT if busy else Step.EXIT
         if now < ev.start + self.min_drain:
             return Step.WAIT
         # Completion counts requests, not connections: no EXIT while any is active.
-        if self.ledger.idle and (connections == 0 or now >= ev.ends_at):
+        if not busy and (connections == 0 or now >= ev.ends_at):
             return Step.EXIT
         return Step.WAIT
 

@@ -103,6 +103,9 @@ class Listener:
         self.process = process
         self.drain = drain
         self.connections: set[Any] = set()
+        # Connections accepted whose TLS handshake is under way (``TlsAccept``): not yet in
+        # ``connections``, and counted as connections by every exit decision.
+        self.handshakes: set[Any] = set()
         self.server: asyncio.AbstractServer | None = None
         self.sockname: tuple = ()
         self.stop_handle: asyncio.TimerHandle | None = None
@@ -120,7 +123,7 @@ class Listener:
         """True while the process holds fewer downstream connections than ``cap``."""
         held = 0
         for ln in Listener.running:
-            held += len(ln.connections)
+            held += len(ln.connections) + len(ln.handshakes)
         return held < Listener.cap
 
     def overflowed(self) -> None:
@@ -139,6 +142,21 @@ class Listener:
 
     async def start(self, sock: socket.socket | None = None) -> None:
         raise NotImplementedError
+
+    def handshake_done(self) -> None:
+        """A TLS handshake ended (either way): during a shutdown the exit may be decided now."""
+        self._on_change()
+
+    def cut_handshakes(self) -> int:
+        """The deadline (or a quit) with TLS handshakes under way: each is reset and counted
+        as a cut (a reset: what its client sent is lost); how many."""
+        n = len(self.handshakes)
+        for acc in list(self.handshakes):
+            acc.abort()
+        if n:
+            self.process.ledger.cut_unheard(n)
+            self.drain_stats.cut_reset += n
+        return n
 
     # -- lifecycle --------------------------------------------------------------------------
     def bind(self, reuse_port: bool = False, port: int | None = None) -> socket.socket:

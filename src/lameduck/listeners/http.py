@@ -21,7 +21,7 @@ from lameduck.http1.upstream import H1Upstream
 from lameduck.http2.connection import H2Limits
 from lameduck.http2.downstream import H2Downstream
 from lameduck.listeners.base import BACKLOG, Listener, Overflow
-from lameduck.listeners.tls import AlpnSwitch, server_context
+from lameduck.listeners.tls import TlsAccept, server_context
 from lameduck.proxy.accesslog import open_access_log
 from lameduck.stats import DrainStats, Http2Stats, HttpStats
 from lameduck.upstream.cluster import Cluster
@@ -192,9 +192,10 @@ class HttpListener(Listener):
         self.sockname = sock.getsockname()
         Listener.running.add(self)
         if self.ssl is not None:
+            # accepted plain, the handshake is TlsAccept's: counted from the accept
             self.server = await self.loop.create_server(
-                lambda: AlpnSwitch(self) if self.has_room() else Overflow(self),
-                sock=sock, ssl=self.ssl, backlog=BACKLOG)
+                lambda: TlsAccept(self) if self.has_room() else Overflow(self),
+                sock=sock, backlog=BACKLOG)
         else:
             self.server = await self.loop.create_server(
                 lambda: H1Downstream(self) if self.has_room() else Overflow(self), sock=sock,

@@ -1,4 +1,4 @@
-"""TLS on a listener: the server context, and the protocol chosen by ALPN after the handshake.
+"""TLS on a listener: the server context, the handshake, and the protocol chosen by ALPN after it.
 
 A plain listener tells HTTP/1.1 from h2c prior knowledge by the first bytes (Envoy's codec_type
 AUTO); a TLS listener is told by ALPN (``h2`` or ``http/1.1``; no ALPN means HTTP/1.1).
@@ -7,7 +7,9 @@ AUTO); a TLS listener is told by ALPN (``h2`` or ``http/1.1``; no ALPN means HTT
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
 from lameduck.config import ListenerConfig
@@ -16,6 +18,8 @@ from lameduck.http2.downstream import H2Downstream
 
 if TYPE_CHECKING:
     from lameduck.listeners.http import HttpListener
+
+log = logging.getLogger("lameduck.listener")
 
 
 class DirectSSLObject(ssl.SSLObject):
@@ -50,22 +54,92 @@ def server_context(cfg: ListenerConfig) -> ssl.SSLContext | None:
     return ctx
 
 
-class AlpnSwitch(asyncio.Protocol):
-    """Stands in until the TLS handshake is done, then hands the connection to the codec that
-    ALPN chose. It lives for one callback: nothing of it stays on the hot path."""
+class TlsAccept(asyncio.Protocol):
+    """A TLS connection from its accept to the end of its handshake, which runs here
+    (``loop.start_tls``), then handed to the codec that ALPN chose. It lives for the
+    handshake: nothing of it stays on the hot path.
+
+    Why not the loop's own TLS server: there a connection is seen only once its handshake is
+    done, and one that fails is never seen at all. But a client mid-handshake has requests on
+    the way: a TLS 1.3 client sends its first requests right behind its Finished (RFC 8446
+    §2), before the server has read it, and nothing can turn them away yet (no response, no
+    GOAWAY). So the listener counts the connection from its accept (``handshakes``, and the
+    ledger's ``fresh``): the exit waits for it, and the deadline counts it as cut."""
+
+    __slots__ = ("handshake", "listener", "transport")
 
     def __init__(self, listener: HttpListener) -> None:
         self.listener = listener
+        self.transport: asyncio.Transport | None = None
+        self.handshake: Coroutine[Any, Any, asyncio.Transport | None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        ssl_obj = transport.get_extra_info("ssl_object")
+        """Counted from here; the handshake starts now, in this callback: ``start_tls`` runs
+        up to its wait at once (not a task's step later), so the SSL protocol is the
+        transport's before the loop reads a byte (uvloop starts reading as this returns)."""
+        t: asyncio.Transport = transport  # type: ignore[assignment]
+        self.transport = t
+        ls = self.listener
+        ls.handshakes.add(self)
+        ls.process.ledger.accepted()
+        coro = ls.loop.start_tls(t, self, ls.ssl, server_side=True)  # type: ignore[arg-type]
+        self.handshake = coro
+        self._resume(None)
+
+    def _resume(self, _: object) -> None:
+        """Drive ``start_tls``: it waits on one future (its handshake), then returns the TLS
+        transport or raises."""
+        coro = self.handshake
+        assert coro is not None
+        try:
+            waiting = coro.send(None)
+        except StopIteration as done:
+            self._handshaken(done.value)
+            return
+        except Exception as e:  # a failed or timed-out handshake, a client gone: not served
+            log.debug("listener %s: TLS handshake failed: %r", self.listener.name, e)
+            t = self.transport
+            self._end()
+            if t is not None:
+                t.abort()
+            return
+        assert asyncio.isfuture(waiting), waiting
+        waiting.add_done_callback(self._resume)
+
+    def connection_lost(self, exc: Exception | None) -> None:  # pragma: no cover
+        """Closed before the handshake took the transport over (it takes it at once)."""
+        self._end()
+
+    def data_received(self, data: bytes) -> None:  # pragma: no cover - the SSL protocol reads
+        raise RuntimeError("TlsAccept got data outside its handshake")
+
+    def _end(self) -> None:
+        """Off the listener's handshakes, once, however the handshake ended."""
+        ls = self.listener
+        if self not in ls.handshakes:
+            return
+        ls.handshakes.discard(self)
+        ls.process.ledger.heard()  # the codec counts it again from its connection_made
+        self.transport = None
+        self.handshake = None
+        ls.handshake_done()
+
+    def _handshaken(self, tls: asyncio.Transport | None) -> None:
+        """The handshake is done: the codec ALPN chose takes the connection."""
+        ls = self.listener
+        self._end()
+        if tls is None or tls.is_closing():
+            return
+        ssl_obj = tls.get_extra_info("ssl_object")
         alpn = ssl_obj.selected_alpn_protocol() if ssl_obj is not None else None
         proto: asyncio.Protocol = (
-            H2Downstream(self.listener) if alpn == "h2"  # type: ignore[arg-type]
-            else H1Downstream(self.listener))  # type: ignore[arg-type]
-        self.listener.stats.downstream_cx_ssl_total += 1
-        transport.set_protocol(proto)
-        proto.connection_made(transport)
+            H2Downstream(ls) if alpn == "h2"  # type: ignore[arg-type]
+            else H1Downstream(ls))  # type: ignore[arg-type]
+        ls.stats.downstream_cx_ssl_total += 1
+        tls.set_protocol(proto)
+        proto.connection_made(tls)
 
-    def data_received(self, data: bytes) -> None:  # pragma: no cover - replaced at once
-        raise RuntimeError("AlpnSwitch got data after the handshake")
+    def abort(self) -> None:
+        """The process ends with this handshake under way: reset it (counted by the caller)."""
+        if self.transport is not None:
+            self.transport.abort()

@@ -70,6 +70,11 @@ class DataPlane(Protocol):
         counts as a connection (an exit would reset it)."""
         ...
 
+    def handshakes(self) -> int:
+        """Connections accepted whose TLS handshake is under way (counted in ``connections``
+        too): an exit waits for them, the deadline cuts them."""
+        ...
+
     def in_flight(self) -> int:
         """Requests in flight as the preStop FSM counts them (drain.sh's test)."""
         ...
@@ -275,7 +280,8 @@ class Lifecycle:
         self.quitting = True
         self.quit_why = why
         log.info("%s: quit requested: exiting at once, without a drain", why)
-        self.loop.call_soon(self._finish, Step.CUT if not self.process.ledger.idle else Step.EXIT)
+        busy = not self.process.ledger.idle or self.plane.handshakes()
+        self.loop.call_soon(self._finish, Step.CUT if busy else Step.EXIT)
 
     def _log_event(self, event: DrainEvent, detail: str) -> None:
         log.info("drain started (%s): strategy=%s T=%s G=%s %s", event.cause.value,
@@ -313,7 +319,8 @@ class Lifecycle:
         self._drain_time_reached(now)
         # A client waiting in an accept queue is a connection too: exiting resets it.
         self._step(self.process.shutdown_step(now, self.plane.connections()
-                                              + self.plane.queued()), now)
+                                              + self.plane.queued(),
+                                              self.plane.handshakes()), now)
 
     def _step(self, step: Step, now: float) -> None:
         """What the shutdown decision says to do now. An exit before T because no connection
@@ -352,9 +359,11 @@ class Lifecycle:
             self._shutdown_timer.cancel()
         plane = self.plane
         if step is Step.CUT:
-            log.warning("%s: cutting %d requests still in flight%s",
+            hs = plane.handshakes()
+            log.warning("%s: cutting %d requests still in flight%s%s",
                         self.quit_why if self.quitting else "deadline",
-                        self.process.ledger.active, plane.cut_where)
+                        self.process.ledger.active,
+                        f" and {hs} TLS handshakes under way" if hs else "", plane.cut_where)
         elif self.quitting:
             log.info("%s: no request in flight", self.quit_why)
         else:
@@ -460,10 +469,11 @@ class Lifecycle:
         if tl is None:
             return
         now = self.loop.time()
-        if (self.process.shutdown is None and self._drain_exit_timer is None
-                and not self.process.drain_active(now)):
-            self._record_end()
-            return
+        if self.process.shutdown is None:
+            self.process.tick(now)  # over once no longer active: its completions stop counting
+            if self._drain_exit_timer is None and not self.process.drain_active(now):
+                self._record_end()
+                return
         tl.sample(now, self.plane.reading())
         self._sample_timer = self.loop.call_at(tl.next_at(now), self._sample_tick)
 

@@ -55,8 +55,11 @@ class LocalPlane:
 
     # -- counts -----------------------------------------------------------------------------
     def connections(self) -> int:
-        """Downstream connections open, on every listener."""
-        return sum(len(ls.connections) for ls in self.listeners)
+        """Downstream connections open, on every listener (those in their TLS handshake too)."""
+        return sum(len(ls.connections) + len(ls.handshakes) for ls in self.listeners)
+
+    def handshakes(self) -> int:
+        return sum(len(ls.handshakes) for ls in self.listeners)
 
     def queued(self) -> int:
         """Connections in the accept queues of the listeners still accepting."""
@@ -150,6 +153,7 @@ class LocalPlane:
         self.stop_accepting()
         if step is Step.CUT:
             for ls in self.listeners:
+                ls.cut_handshakes()
                 for conn in list(ls.connections):
                     conn.cut()
         for ls in self.listeners:
@@ -175,6 +179,7 @@ class LocalPlane:
                 break  # what is left has been written; its clients may linger
             await asyncio.sleep(0.01)
         for ls in self.listeners:
+            ls.cut_handshakes()  # begun after the exit was decided: what it ends is counted
             for conn in list(ls.connections):
                 if conn.transport is not None:
                     conn.transport.abort()

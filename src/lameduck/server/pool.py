@@ -201,6 +201,9 @@ class WorkerPool:
     def connections(self) -> int:
         return self._sum("connections")
 
+    def handshakes(self) -> int:
+        return self._sum("handshakes")
+
     def queued(self) -> int:
         return sum(accept_queue(s) for name, socks in self.held.items()
                    if name not in self._closing for s in socks)

@@ -145,7 +145,8 @@ class WorkerProcess:
         return {
             "op": "status", "ack": self.ack, "active": self.process.ledger.active,
             "in_flight": plane.in_flight(),
-            "connections": plane.connections(), "requests": r.requests,
+            "connections": plane.connections(), "handshakes": plane.handshakes(),
+            "requests": r.requests,
             "upgrades": r.upgrades,
             "accepting": [ls.name for ls in plane.listeners if ls.accepting],
             "listeners": {ls.name: len(ls.connections) for ls in plane.listeners},
@@ -155,6 +156,10 @@ class WorkerProcess:
 
     def _status_tick(self) -> None:
         self._status_timer = self.loop.call_later(STATUS_INTERVAL, self._status_tick)
+        if self.process.shutdown is None:
+            # a drain that does not exit is over here as in the main process: once no longer
+            # active, a completion is no drain's (``ProcessDrain.tick``)
+            self.process.tick(self.loop.time())
         self._send_status()
 
     def _send_status(self) -> None:
@@ -173,7 +178,7 @@ class WorkerProcess:
             self.loop.call_soon(self._exit_if_idle)
 
     def _exit_if_idle(self) -> None:
-        if self.process.ledger.idle:
+        if self.process.ledger.idle and not self.plane.handshakes():
             self._finish(Step.EXIT)
 
     # -- the main process's words -----------------------------------------------------------
@@ -231,9 +236,11 @@ class WorkerProcess:
         if msg.get("quit"):
             self._quit_why = str(msg.get("why", "quit"))
         step = Step(msg["step"])
-        if step is Step.EXIT and self._quit_why is None and not self.process.ledger.idle:
-            # what the main process saw is older than a request that came since: it is
-            # served to its end (the deadline still cuts), nothing new is taken
+        if step is Step.EXIT and self._quit_why is None and (
+                not self.process.ledger.idle or self.plane.handshakes()):
+            # what the main process saw is older than a request (or a TLS handshake) that
+            # came since: it is served to its end (the deadline still cuts), nothing new is
+            # taken
             self._exit_when_idle = True
             self.process.ledger.accepting = False
             self.plane.stop_accepting()
@@ -340,7 +347,8 @@ class WorkerProcess:
             log.debug("drain time reached: no new work; %d requests in flight, "
                       "%d connections", self.process.ledger.active, self.plane.connections())
             self.plane.no_new_work()
-        step = self.process.shutdown_step(now, self.plane.connections() + self.plane.queued())
+        step = self.process.shutdown_step(now, self.plane.connections() + self.plane.queued(),
+                                          self.plane.handshakes())
         if step is Step.CUT or (step is Step.EXIT and self.parent_gone):
             self._finish(step)
             return
