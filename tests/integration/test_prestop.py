@@ -331,10 +331,16 @@ def test_bad_strategy_exits_2_and_admin_refuses_400(lameduck) -> None:
 
 
 def test_drain_timeout_with_a_request_in_flight_exits_3(lameduck) -> None:
+    """The request is held open until the CLI has exited (a 2.5 s /sleep ended before a loaded
+    CLI had started, and the drain saw nothing in flight): the FSM can only end by its
+    drain_timeout, and a CLI waiting for the request would never return."""
     ld = lameduck()
-    long_req = Fetch(ld.url("/sleep?ms=2500"))
-    assert wait_until(lambda: ld.stat(UPSTREAM_ACTIVE) == 1, 3, 0.01)
-    r = run_prestop(ld.admin_addr, "--drain-timeout", "500ms", "--lb-buffer", "200ms")
+    long_req = Held(ld.url("/echo"))
+    try:
+        assert wait_until(lambda: ld.stat(UPSTREAM_ACTIVE) == 1, 30, 0.01)
+        r = run_prestop(ld.admin_addr, "--drain-timeout", "500ms", "--lb-buffer", "200ms")
+    finally:
+        long_req.release()
     summary = json.loads(r.stdout)
     print(f"\n{r.stderr}{summary}")
     assert r.returncode == 3, (r.stdout, r.stderr)
@@ -344,9 +350,11 @@ def test_drain_timeout_with_a_request_in_flight_exits_3(lameduck) -> None:
     closing = summary["transitions"][1]
     assert (closing["from"], closing["to"]) == ("DRAINING", "CLOSING")
     assert closing["reason"].startswith("drain_timeout with"), closing
-    assert 0.5 <= closing["after"] < 1.0, closing
+    # at the drain_timeout, not before; the bound only catches a timer gone astray (waiting
+    # for the request would not close at all while it is held)
+    assert 0.5 <= closing["after"] < 5.0, closing
     # The FSM does not cut it (skip_exit): the request still completes.
-    long_req.join(10)
+    long_req.join(30)
     assert long_req.status == 200, long_req.error
     assert health(ld) == 503
 
