@@ -230,6 +230,10 @@ def test_hold_health_protects_a_long_request(lameduck, haproxy) -> None:
 # -- 2. a rolling prestop + restart under load -------------------------------------------------
 
 
+# The suite's 120 s per test guards against hangs; this roll (two prestops, two SIGTERMs, two
+# start-ups, under its own load) took 81 s with two workers at load 16, and every step of it
+# has a bound of its own.
+@pytest.mark.timeout(300)
 def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy) -> None:
     # Each instance's port is held here and passed in (systemd socket activation), so its
     # replacement serves on the same port, the one HAProxy's server points at.
