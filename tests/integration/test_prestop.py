@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -83,6 +84,34 @@ class Fetch(threading.Thread):
         self.done_at = time.monotonic()
 
 
+class Held(Fetch):
+    """A ``POST /echo`` whose body ends when the test says (``release()``): a request in flight
+    for as long as the test needs, however long the steps around it take on a loaded machine
+    (a /sleep of fixed length ended before a loaded ``lameduck prestop`` had even started).
+    A byte every half second keeps idle timers (HAProxy's, lameduck's request_body_timeout)
+    from ending it; the origin echoes each."""
+
+    def __init__(self, url: str, timeout: float = 60) -> None:
+        self.gate = threading.Event()
+        super().__init__(url, timeout)
+
+    def _body(self) -> Iterator[bytes]:
+        yield b"x"
+        while not self.gate.wait(0.5):
+            yield b"x"
+
+    def run(self) -> None:
+        try:
+            self.status = httpx.post(self.url, content=self._body(),
+                                     timeout=self.timeout).status_code
+        except httpx.HTTPError as e:
+            self.error = repr(e)
+        self.done_at = time.monotonic()
+
+    def release(self) -> None:
+        self.gate.set()
+
+
 def health(ld: Lameduck) -> int:
     return httpx.get(ld.url(HEALTH), timeout=2).status_code
 
@@ -96,19 +125,24 @@ def both_up(h: Any) -> None:
 
 
 def test_hold_health_protects_a_long_request(lameduck, haproxy) -> None:
+    """The long request is held open by the test: it ends only once the FSM has been seen
+    running and the test has sampled it in flight (HAProxy's state and the health check, at
+    least 10 times and over at least 5 of HAProxy's check intervals), so every sample is
+    surely "in flight under hold-health", whatever the CLI's start-up costs under load (a
+    3 s /sleep once ended before a loaded CLI had started)."""
     a, b = lameduck(), lameduck()
     h = haproxy([a.port, b.port], interval=0.2, fall=2, rise=2)  # a is s1
     both_up(h)
 
     # The long request goes THROUGH HAProxy; round robin: if it landed on b, the next one
-    # lands on a (b's is left to finish on its own).
-    fetches: list[Fetch] = []
-    long_req: Fetch | None = None
+    # lands on a (b's is held too, and released at the end).
+    fetches: list[Held] = []
+    long_req: Held | None = None
     for _ in range(4):
-        f = Fetch(h.url("/sleep?ms=3000"))
+        f = Held(h.url("/echo"))
         fetches.append(f)
         assert wait_until(lambda: a.stat(UPSTREAM_ACTIVE) + b.stat(UPSTREAM_ACTIVE)
-                          >= len(fetches), 3, 0.01), "the long request reached no lameduck"
+                          >= len(fetches), 30, 0.01), "the long request reached no lameduck"
         if a.stat(UPSTREAM_ACTIVE) == 1:
             long_req = f
             break
@@ -117,46 +151,54 @@ def test_hold_health_protects_a_long_request(lameduck, haproxy) -> None:
     assert a.stat("http.ingress.downstream_rq_active") >= 1
 
     t0 = time.monotonic()
-    proc = start_prestop(a.admin_addr, "--strategy", "hold-health", "--drain-timeout", "10s",
-                         "--lb-buffer", "1s")
+    proc = start_prestop(a.admin_addr, "--strategy", "hold-health", "--drain-timeout", "60s",
+                         "--lb-buffer", "3s")
     poller = AdminPoller(a.admin_addr)
     # one keep-alive client for the checks: a sample costs a request, not a client's set-up
     # (the loop must sample often on a loaded machine)
-    checker = httpx.Client(timeout=2)
+    checker = httpx.Client(timeout=10)
     states_in_flight: list[str] = []
-    health_in_flight: list[tuple[float, int]] = []
+    health_in_flight: list[int] = []
     down_at: float | None = None
     fsm_seen: float | None = None  # when the FSM was first seen started (the CLI's start-up)
-    end = t0 + 15
-    while proc.poll() is None and time.monotonic() < end:
-        state = h.server_states()["s1"]
-        now = time.monotonic()
-        if fsm_seen is None and poller.stat("server.prestop_state") > 0:
-            fsm_seen = now
-        if long_req.done_at is None:
-            states_in_flight.append(state)
-            status = checker.get(a.url(HEALTH)).status_code
-            # only a check answered while the request was surely in flight counts: it may
-            # complete (and the FSM fail the health check) while this one is on its way
-            health_in_flight.append((time.monotonic(), status))
-        if down_at is None and state == "DOWN":
-            down_at = now
-        time.sleep(0.05)
-    ended_at = time.monotonic()
-    poller.close()
-    checker.close()
+    released_at: float | None = None  # when the test let the long request end
+    end = t0 + 90  # an upper bound: the loop ends with the prestop
+    try:
+        while proc.poll() is None and time.monotonic() < end:
+            if fsm_seen is None and poller.stat("server.prestop_state") > 0:
+                fsm_seen = time.monotonic()
+            state = h.server_states()["s1"]
+            now = time.monotonic()
+            if released_at is None and fsm_seen is not None:
+                # the FSM runs and the request is in flight: the test has not released it
+                states_in_flight.append(state)
+                health_in_flight.append(checker.get(a.url(HEALTH)).status_code)
+                if (len(states_in_flight) >= 10
+                        and time.monotonic() - fsm_seen >= 5 * h.interval):
+                    released_at = time.monotonic()
+                    long_req.release()
+            if down_at is None and state == "DOWN":
+                down_at = now
+            time.sleep(0.05)
+        ended_at = time.monotonic()
+    finally:
+        for f in fetches:
+            f.release()
+        poller.close()
+        checker.close()
     if proc.poll() is None:
         proc.kill()
-    out, err = proc.communicate(timeout=5)
-    long_req.join(10)
+    out, err = proc.communicate(timeout=30)
     for f in fetches:
-        f.join(10)
+        f.join(30)
 
+    assert fsm_seen is not None, err
+    assert released_at is not None, ("the prestop ended with the request in flight", out, err)
     assert long_req.status == 200, (long_req.error, h.log())
     assert long_req.done_at is not None and down_at is not None, (h.server_states(), err)
-    assert fsm_seen is not None
-    rel = {"FSM seen started": fsm_seen - t0, "long request done": long_req.done_at - t0,
-           "s1 DOWN (sampled)": down_at - t0, "prestop exited": ended_at - t0}
+    rel = {"FSM seen started": fsm_seen - t0, "request released": released_at - t0,
+           "long request done": long_req.done_at - t0, "s1 DOWN (sampled)": down_at - t0,
+           "prestop exited": ended_at - t0}
     summary = json.loads(out)
     after = {f"{t['from']}->{t['to']}": t["after"] for t in summary["transitions"]}
     print(f"\nhold-health: long request sent {sent - t0:+.3f}s; times from the prestop start: "
@@ -165,26 +207,21 @@ def test_hold_health_protects_a_long_request(lameduck, haproxy) -> None:
     print(err)
 
     # While the long request was in flight HAProxy kept s1 UP and its health check said 200.
-    assert len(states_in_flight) >= 10, states_in_flight
     assert set(states_in_flight) == {"UP"}, states_in_flight
-    assert long_req.done_at is not None
-    in_flight_checks = [st for at, st in health_in_flight if at < long_req.done_at - 0.05]
-    assert len(in_flight_checks) >= 10, health_in_flight
-    assert set(in_flight_checks) == {200}, health_in_flight
-    # It completed after ~3 s; s1 went DOWN only after; the prestop ended only after that.
-    assert long_req.done_at - sent >= 2.9
-    assert down_at >= long_req.done_at
-    assert ended_at >= down_at
+    assert set(health_in_flight) == {200}, health_in_flight
+    # s1 went DOWN only after the request could end; the prestop ended only after that.
+    assert down_at > released_at, rel
+    assert ended_at >= down_at, rel
     assert proc.returncode == 0, (out, err)
     assert transitions(summary) == [("SERVING", "DRAINING"), ("DRAINING", "CLOSING"),
                                     ("CLOSING", "CLOSED")], summary
     closing = summary["transitions"][1]
     assert closing["reason"] == "no request in flight", summary
-    # FSM time counts from POST /prestop, which the CLI sends after its start-up (~1 s here,
-    # up to 2 s on a loaded machine): CLOSING came no sooner than the long request's end.
-    assert closing["after"] >= long_req.done_at - fsm_seen - 0.05, (rel, summary)
-    # (the times are rounded to the millisecond: 2.816 - 1.816 is 0.99999...)
-    assert summary["transitions"][2]["after"] - closing["after"] >= 1.0 - 0.0015, summary
+    # FSM time counts from POST /prestop, no later than fsm_seen: CLOSING came no sooner than
+    # the release (the request ended after it); the times are rounded to the millisecond.
+    assert closing["after"] >= released_at - fsm_seen - 0.001, (rel, summary)
+    # (2.816 - 1.816 is 0.99999... in floats)
+    assert summary["transitions"][2]["after"] - closing["after"] >= 3.0 - 0.0015, summary
     assert summary["state"] == "CLOSED" and summary["timed_out"] is False, summary
     assert a.stat("server.prestop_state") == 3
     assert h.server_states()["s2"] == "UP"
@@ -193,6 +230,10 @@ def test_hold_health_protects_a_long_request(lameduck, haproxy) -> None:
 # -- 2. a rolling prestop + restart under load -------------------------------------------------
 
 
+# The suite's 120 s per test guards against hangs; this roll (two prestops, two SIGTERMs, two
+# start-ups, under its own load) took 81 s with two workers at load 16, and every step of it
+# has a bound of its own.
+@pytest.mark.timeout(300)
 def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy) -> None:
     # Each instance's port is held here and passed in (systemd socket activation), so its
     # replacement serves on the same port, the one HAProxy's server points at.
@@ -203,12 +244,15 @@ def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy)
 
     stop = threading.Event()
     result: dict[str, Any] = {}
+    counts = loadgen.Counts()  # read as the load goes: requests answered during each step
 
     def load() -> None:
         t = time.monotonic()
-        # closed-loop workers, bounded: 25 s at most, 30 000 requests per worker at most
-        result["counts"] = asyncio.run(loadgen.run(h.port, 25, keepalive=8, fresh=2,
-                                                   limit=30_000, stop=stop))
+        # closed-loop workers until stopped; bounded (180 s, 200 000 requests per worker) only
+        # in case the test dies: a bound the roll outlives (25 s did, at load 12) would leave
+        # its end without load
+        asyncio.run(loadgen.run(h.port, 180, keepalive=8, fresh=2, limit=200_000, stop=stop,
+                                counts=counts))
         result["seconds"] = time.monotonic() - t
 
     loader = threading.Thread(target=load, daemon=True)
@@ -218,11 +262,15 @@ def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy)
     log: list[str] = []
     t0 = time.monotonic()
     replacements: list[Lameduck] = []
+    answered_while_out: dict[str, int] = {}
     try:
         for server, old, sock in (("s1", a, socks[0]), ("s2", b, socks[1])):
             t = time.monotonic()
+            # upper bounds, returned from early: the drain ends once nothing is in flight;
+            # lb_buffer is only the LB's time to take it out (2 checks of 0.2 s), long enough
+            # for a loaded HAProxy and lameduck
             r = run_prestop(old.admin_addr, "--strategy", "hold-health", "--drain-timeout",
-                            "5s", "--lb-buffer", "1s")
+                            "15s", "--lb-buffer", "3s", timeout=60)
             assert r.returncode == 0, (r.stdout, r.stderr)
             assert h.server_states()[server] == "DOWN", (h.server_states(), r.stderr)
             summary = json.loads(r.stdout)
@@ -231,7 +279,8 @@ def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy)
                        f"{summary['transitions'][1]['reason']})")
             t = time.monotonic()
             old.signal(signal.SIGTERM)
-            assert old.wait(10) == 0, old.log()
+            assert old.wait(30) == 0, old.log()
+            ok_before = counts.ok  # from here until the replacement is UP: the other one's
             log.append(f"{server}: SIGTERM -> exit 0 in {time.monotonic() - t:.2f}s")
             cfg = copy.deepcopy(old.cfg)
             cfg["hot_restart"].pop("socket", None)  # its own rendezvous, not the dead one's
@@ -239,17 +288,21 @@ def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy)
             new = lameduck(cfg, activate=sock)
             replacements.append(new)
             assert new.port == old.port
-            up = h.wait_state(server, "UP", timeout=5)
+            up = h.wait_state(server, "UP", timeout=30)
             assert up is not None, (h.server_states(), h.log())
             log.append(f"{server}: restarted, UP in HAProxy {time.monotonic() - t:.2f}s")
+            answered_while_out[server] = counts.ok - ok_before
         roll = time.monotonic() - t0
-        time.sleep(1.0)  # traffic over both replacements
+        # traffic over both replacements
+        assert wait_until(lambda: all(ld.stat("cluster.app.upstream_rq_total") > 0
+                                      for ld in replacements), 30, 0.05)
+        load_throughout = loader.is_alive()  # the load ran for the whole roll
     finally:
         stop.set()
         loader.join(30)
         for s in socks:
             s.close()  # the lameducks hold their own copies
-    counts: loadgen.Counts = result["counts"]
+    assert not loader.is_alive()
     total = counts.ok + counts.failed
     rate = total / result["seconds"]
     served = [ld.stat("cluster.app.upstream_rq_total") for ld in replacements]
@@ -257,11 +310,16 @@ def test_rolling_prestop_and_restart_under_load_fails_nothing(lameduck, haproxy)
     print(f"load {result['seconds']:.2f}s: {total} requests, {counts.ok} ok, "
           f"{counts.failed} failed, {counts.stale_retries} stale retries, "
           f"{counts.connections} connections, {rate:.0f} req/s; "
-          f"replacements forwarded {served}; failures {counts.samples}")
+          f"replacements forwarded {served}; answered while each was out "
+          f"{answered_while_out}; failures {counts.samples}")
 
     assert counts.failed == 0, (counts.samples, h.log())
     assert counts.stale_retries == 0, counts  # HAProxy keeps its client connections open
-    assert rate >= 500, f"{rate:.0f} req/s"
+    # Not a speed floor (that is bench/'s): the load went on through the whole roll, and the
+    # instance left in service answered requests while the other was gone (exited, its
+    # replacement not UP yet).
+    assert load_throughout, result
+    assert all(n > 0 for n in answered_while_out.values()), answered_while_out
     assert all(n > 0 for n in served), served
     assert set(h.server_states().values()) == {"UP"}
 
@@ -294,10 +352,16 @@ def test_bad_strategy_exits_2_and_admin_refuses_400(lameduck) -> None:
 
 
 def test_drain_timeout_with_a_request_in_flight_exits_3(lameduck) -> None:
+    """The request is held open until the CLI has exited (a 2.5 s /sleep ended before a loaded
+    CLI had started, and the drain saw nothing in flight): the FSM can only end by its
+    drain_timeout, and a CLI waiting for the request would never return."""
     ld = lameduck()
-    long_req = Fetch(ld.url("/sleep?ms=2500"))
-    assert wait_until(lambda: ld.stat(UPSTREAM_ACTIVE) == 1, 3, 0.01)
-    r = run_prestop(ld.admin_addr, "--drain-timeout", "500ms", "--lb-buffer", "200ms")
+    long_req = Held(ld.url("/echo"))
+    try:
+        assert wait_until(lambda: ld.stat(UPSTREAM_ACTIVE) == 1, 30, 0.01)
+        r = run_prestop(ld.admin_addr, "--drain-timeout", "500ms", "--lb-buffer", "200ms")
+    finally:
+        long_req.release()
     summary = json.loads(r.stdout)
     print(f"\n{r.stderr}{summary}")
     assert r.returncode == 3, (r.stdout, r.stderr)
@@ -307,9 +371,11 @@ def test_drain_timeout_with_a_request_in_flight_exits_3(lameduck) -> None:
     closing = summary["transitions"][1]
     assert (closing["from"], closing["to"]) == ("DRAINING", "CLOSING")
     assert closing["reason"].startswith("drain_timeout with"), closing
-    assert 0.5 <= closing["after"] < 1.0, closing
+    # at the drain_timeout, not before; the bound only catches a timer gone astray (waiting
+    # for the request would not close at all while it is held)
+    assert 0.5 <= closing["after"] < 5.0, closing
     # The FSM does not cut it (skip_exit): the request still completes.
-    long_req.join(10)
+    long_req.join(30)
     assert long_req.status == 200, long_req.error
     assert health(ld) == 503
 
