@@ -348,7 +348,13 @@ def test_serve_in_process_on_plain_asyncio() -> None:
             r = await client.post("/echo", content=b"z" * 300_000)
             assert r.content == b"z" * 300_000
             slow = asyncio.ensure_future(client.get("/sleep?ms=100"))
-            await asyncio.sleep(0.03)
+            # shut down once the origin has the request (not after a guessed 30 ms, which a
+            # loaded machine outlives before the request is even sent)
+            state = demo._STATES[server]
+            for _ in range(2000):
+                if any(c._active is not None for c in state.connections):
+                    break
+                await asyncio.sleep(0.005)
             await demo.shutdown(server, grace=2.0)
             r = await slow  # in flight at shutdown: still answered, then closed
             assert r.text == "slept 100 ms\n" and r.headers["connection"] == "close"
