@@ -37,6 +37,10 @@ def flags(line: dict[str, Any]) -> set[str]:
     return set(line["response_flags"].split(","))
 
 
+def drain_flags(line: dict[str, Any]) -> set[str]:
+    return set(line["drain_flags"].split(","))
+
+
 def test_drain_flags_going_away_cut_before_and_after_drained_by_response(
         lameduck: Any, tmp_path: Path) -> None:
     log = tmp_path / "access.jsonl"
@@ -68,7 +72,8 @@ def test_drain_flags_going_away_cut_before_and_after_drained_by_response(
     assert flags(by_path(lines, "/?first")) == {"-"}
     late = by_path(lines, "/?late")
     assert (late["response_code"], flags(late)) == (503, {"GA"})
-    assert "RD" in flags(by_path(lines, "/sleep?ms=150"))
+    drained = by_path(lines, "/sleep?ms=150")  # a 200 that drained: no failure flag
+    assert (flags(drained), drain_flags(drained)) == ({"-"}, {"RD"}), drained
     cut_before = by_path(lines, "/sleep?ms=5000")
     assert "CB" in flags(cut_before) and cut_before["response_code"] == 503
     cut_after = by_path(lines, "/stream?chunks=200&size=10&interval_ms=50")
@@ -133,10 +138,13 @@ def test_upstream_flags_proactive_drain_request_id_and_default_format(
 
     lines = lines_of(log)
     expect = {"/uh": ("UH", 503), "/uf": ("UF", 503), "/sleep?ms=3000": ("UT", 504),
-              "/nr": ("NR", 404), "/sleep?ms=1200": ("PD", 200)}
+              "/nr": ("NR", 404)}
     for path, (flag, status) in expect.items():
         line = by_path(lines, path)
         assert flag in flags(line) and line["response_code"] == status, line
+    proactive = by_path(lines, "/sleep?ms=1200")
+    assert (proactive["response_code"], proactive["response_flags"]) == (200, "-"), proactive
+    assert "PD" in drain_flags(proactive), proactive
     traced = by_path(lines, "/headers")
     assert traced["traceparent"] == TRACEPARENT
     assert traced["request_id"] == rid

@@ -100,6 +100,28 @@ def test_run_with_a_bad_config_exits_2(tmp_path: Path) -> None:
     assert "drain.strategy" in out.stderr
 
 
+@pytest.mark.parametrize(("log", "field", "words"), [
+    ({"path": "stdout", "format": "%RESPONSE_CODE_DETAILS%\n"}, "access_log.format",
+     "unknown operator %RESPONSE_CODE_DETAILS%"),
+    ({"path": "stdout", "format": "jsn"}, "access_log.format", "neither \"json\""),
+    ({"path": "stdout", "format": "%START_TIME(%Q)%\n"}, "access_log.format",
+     "unsupported specifier"),
+    ({"path": "/nonexistent-dir/access.log"}, "access_log.path", "no directory"),
+])
+def test_validate_and_run_refuse_an_access_log_alike(tmp_path: Path, log: dict, field: str,
+                                                      words: str) -> None:
+    """What validate refuses, run refuses the same way (exit 2, the field named, no
+    traceback), before it binds anything; tests/unit/test_accesslog_formats.py has every
+    operator, in-process."""
+    path = write(tmp_path, base_config(8080, listener={"access_log": log}))
+    for command in ("validate", "run"):
+        out = run_cli(command, "-c", str(path))
+        assert out.returncode == EXIT_CONFIG, (command, out.stderr)
+        assert f"{path}: listeners[0].{field}: " in out.stderr, (command, out.stderr)
+        assert words in out.stderr
+        assert "Traceback" not in out.stderr
+
+
 def test_version(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as e:
         cli.main(["--version"])

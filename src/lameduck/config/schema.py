@@ -10,6 +10,7 @@ Defaults fit Kubernetes' 30 s grace period: drain 20 s, then at most a 5 s route
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import ssl
 from collections.abc import Callable
@@ -445,15 +446,43 @@ class ConnectConfig(BaseModel):
     connect_timeout: PositiveDuration = 5.0
 
 
+def _access_log_format(value: str | None) -> str | None:
+    """Compiled as the listener compiles it (``compile_format``), so what validate accepts is
+    what run writes: an operator lameduck does not write, a bad argument or a value that is no
+    format (a misspelt "json") is refused here, by validate and run alike."""
+    from lameduck.proxy.accesslog import compile_format  # the data plane's, loaded when used
+
+    compile_format(value)  # a FormatError is a ValueError: pydantic's value_error at the field
+    return value
+
+
+def _writable_log(value: str) -> str:
+    """A file the listener can open for appending (run opens it before serving), checked
+    without creating it: the file writable, or its directory if it does not exist yet."""
+    if value == "stdout":
+        return value
+    if not value:
+        raise ValueError('a file path, or "stdout"')
+    if os.path.isdir(value):
+        raise ValueError(f"{value!r} is a directory")
+    target = value if os.path.exists(value) else os.path.dirname(os.path.abspath(value))
+    if not os.path.isdir(target) and target != value:
+        raise ValueError(f"cannot write {value!r}: no directory {target!r}")
+    if not os.access(target, os.W_OK):
+        raise ValueError(f"cannot write {value!r}: permission denied")
+    return value
+
+
 class AccessLogConfig(BaseModel):
     """A listener's access log (docs/access-log.md): Envoy's format operators and flags."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    path: str  # "stdout", or a file (appended; reopened on SIGUSR1)
+    path: Annotated[str, AfterValidator(_writable_log)]  # "stdout", or a file (appended;
+    # reopened on SIGUSR1)
     # An Envoy format string (it says where the newline goes), "json" (JSON lines), or
     # null: Envoy's default format.
-    format: str | None = None
+    format: Annotated[str | None, AfterValidator(_access_log_format)] = None
 
 
 class ListenerConfig(BaseModel):
