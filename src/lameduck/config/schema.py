@@ -521,6 +521,9 @@ class ListenerConfig(BaseModel):
     access_log: AccessLogConfig | None = None  # off
     # x-request-id (128 random bits, hex) added when the request has none, passed upstream
     generate_request_id: bool = True
+    # Envoy's router option: true leaves x-envoy-upstream-service-time (the ms the upstream
+    # took, added to every proxied response, in place of one the upstream sent) out
+    suppress_envoy_headers: bool = False
     # With workers > 1: a listening socket per worker in one SO_REUSEPORT group, over which
     # the kernel spreads new connections (Envoy's enable_reuse_port); false: one socket every
     # worker accepts on, which a burst of connections can leave on one worker.

@@ -29,7 +29,7 @@ from binascii import hexlify
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Final
 
-from lameduck.proxy.message import HTTP2, HTTP10, HTTP11, STREAM
+from lameduck.proxy.message import HTTP2, HTTP10, HTTP11, SERVICE_TIME, STREAM
 
 if TYPE_CHECKING:
     from lameduck.proxy.exchange import Exchange
@@ -234,6 +234,8 @@ _KEPT: Final[dict[bytes, Callable[[Any], bytes | None]]] = {
 
 
 def _resp_header(ex: Any, name: bytes) -> bytes | None:
+    if name == SERVICE_TIME and ex.svc_ms >= 0:
+        return b"%d" % ex.svc_ms  # the proxy's own, as the client got it
     fields = ex.resp_fields
     if fields is None:
         return None
@@ -512,7 +514,9 @@ def default_line(ex: Exchange, now: float, wall: float) -> bytes:
         host = authority(ex) or b"-"  # a request refused before it was routed
     svc = b"-"
     resp = ex.resp_fields
-    if resp is not None:
+    if ex.svc_ms >= 0:
+        svc = b"%d" % ex.svc_ms  # the proxy's own, as the client got it
+    elif resp is not None:
         for n, v in resp:
             if len(n) == 29 and n.lower() == b"x-envoy-upstream-service-time":
                 svc = v

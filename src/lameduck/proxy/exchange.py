@@ -96,6 +96,7 @@ class ExchangeContext(Protocol):
     rng: Callable[[], float]  # uniform in [0, 1): the retry back-off's jitter
     access_log: AccessLog | None  # None: off (nothing is formatted)
     generate_request_id: bool  # x-request-id when the client sent none (Envoy's default)
+    suppress_envoy_headers: bool  # no x-envoy-upstream-service-time on proxied responses
 
     def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
     def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]: ...
@@ -168,6 +169,8 @@ class Exchange(ExchangeSink):
     log_opath: bytes | None = None  # X-Envoy-Original-Path
     resp_fields: Fields | None = None
     sent_at = 0.0  # loop time the request went upstream (upstream_rq_time)
+    # x-envoy-upstream-service-time the response carries (ms), -1: none (``service_time``)
+    svc_ms = -1
 
     def __init__(self, down: Downstream, method: bytes, version: int = HTTP11,
                  sid: int = 0) -> None:
@@ -740,7 +743,17 @@ class Exchange(ExchangeSink):
         self.answered(status)
         self.resp_started = True
         self.resp_fields = fields
+        self.service_time()
         self.down.send_head(self, status, fields, length)
+
+    def service_time(self) -> None:
+        """Envoy's router adds ``x-envoy-upstream-service-time`` to a response it proxies:
+        the ms from the request sent upstream to its response head (Envoy's HTTP header
+        docs), unless ``suppress_envoy_headers``. Kept as ``svc_ms`` for the codec to add
+        (in place of one the upstream sent) and the access log's %RESP()% to read."""
+        down = self.down
+        if down.envoy_headers:
+            self.svc_ms = int((down.loop.time() - self.sent_at) * 1000.0)
 
     def answered(self, status: int) -> None:
         """The upstream answered: count the status; no retry from here on."""
@@ -770,6 +783,7 @@ class Exchange(ExchangeSink):
         downstream may forward it as it came. False: the caller parses it instead."""
         if self.set_cookie is not None or not self.req_done:
             return False
+        self.service_time()
         if not self.down.send_whole(self, status, data, end, fields):
             return False
         self.resp_fields = fields
