@@ -25,6 +25,7 @@ from lameduck.config import Config, ConfigError, HostPort, default_config, load_
 from lameduck.restart import Notifier, listen_fds, match_listeners
 from lameduck.restart.hot import connect_parent, default_path
 from lameduck.server.lifecycle import run_loop
+from lameduck.server.logfile import config_error_lines, json_logging
 from lameduck.server.running import refusal
 from lameduck.server.server import SIGNALS, Server
 from lameduck.server.workers import worker_count
@@ -82,8 +83,18 @@ def load_or_report(path: str | None) -> Config | None:
     try:
         return load_config_or_default(path)
     except ConfigError as e:
-        print(f"lameduck: invalid config\n{e}", file=sys.stderr)
+        say_config_error(e, "lameduck: invalid config")
         return None
+
+
+def say_config_error(e: ConfigError, title: str | None = None) -> None:
+    """A refused config on stderr, as the process log is written: under ``--log-format json``
+    one JSON record per problem, else ``title`` and a ``SOURCE: field: problem`` line each."""
+    if json_logging():
+        for line in config_error_lines(e.source, e.problems):
+            print(line, file=sys.stderr)
+    else:
+        print(f"{title}\n{e}" if title else f"{e}", file=sys.stderr)
 
 
 def run(opts: RunOptions) -> int:
