@@ -13,6 +13,7 @@ import pytest
 
 from lameduck.http1.downstream import H1Downstream
 from lameduck.http2.downstream import H2Downstream
+from lameduck.proxy import exchange
 from lameduck.proxy.accesslog import AccessLog, LogFile
 from tests.drainplay import ScriptedRng
 from tests.unit.test_downstream_playbook import H2_PREFACE, Listener, accept, frames, headers
@@ -53,10 +54,18 @@ CASES = [(p, whole, own) for p in ("http1", "http2") for whole in (True, False)
          for own in (b"", OWN)]
 
 
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Listener:
+    """A listener whose loop's fake time is also the service time's clock."""
+    ls = Listener(ScriptedRng())
+    monkeypatch.setattr(exchange, "service_clock", ls.loop.time)
+    return ls
+
+
 @pytest.mark.parametrize(("proto", "whole", "own"), CASES)
 def test_a_proxied_response_carries_the_ms_the_upstream_took(
-        proto: str, whole: bool, own: bytes, tmp_path: Path) -> None:
-    ls = Listener(ScriptedRng())
+        proto: str, whole: bool, own: bytes, tmp_path: Path, clock: Listener) -> None:
+    ls = clock
     ls.suppress_envoy_headers = False  # (the playbook's listener leaves it out)
     logfile = LogFile(str(tmp_path / "access.log"), ls.loop)  # type: ignore[arg-type]
     ls.access_log = AccessLog(logfile, None, ls.loop)  # type: ignore[arg-type, assignment]
