@@ -157,7 +157,7 @@ def test_upstream_flags_proactive_drain_request_id_and_default_format(
     # UPSTREAM-SERVICE-TIME "XFF" "USER-AGENT" "REQUEST-ID" "AUTHORITY" "UPSTREAM-HOST"
     (line,) = text.read_text().splitlines()
     assert re.fullmatch(
-        r'\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] "GET / HTTP/1\.1" 200 - 0 \d+ \d+ - '
+        r'\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] "GET / HTTP/1\.1" 200 - 0 \d+ \d+ \d+ '
         r'"127\.0\.0\.1" "ua/1" "[0-9a-f]{32}" "127\.0\.0\.1:\d+" '
         rf'"127\.0\.0\.1:{origin_port}"', line), line
     busy.close()
@@ -198,13 +198,13 @@ def test_default_format_fields_over_http1_and_http2_and_a_reopen_on_sigusr1(
     before = rotated.read_text().splitlines()
     assert len(before) == 2, before
     assert re.fullmatch(
-        rf'{stamp} "GET /orig HTTP/1\.1" 200 - 0 \d+ \d+ - "203\.0\.113\.7, 127\.0\.0\.1" '
+        rf'{stamp} "GET /orig HTTP/1\.1" 200 - 0 \d+ \d+ \d+ "203\.0\.113\.7, 127\.0\.0\.1" '
         rf'"ua/2" {rid} {authority} {upstream}', before[0]), before[0]
     assert re.fullmatch(
-        rf'{stamp} "GET /\?h2 HTTP/2" 200 - 0 \d+ \d+ - "198\.51\.100\.1, 127\.0\.0\.1" '
+        rf'{stamp} "GET /\?h2 HTTP/2" 200 - 0 \d+ \d+ \d+ "198\.51\.100\.1, 127\.0\.0\.1" '
         rf'"ua/h2" {rid} '
         rf'{authority} {upstream}', before[1]), before[1]
     (after,) = text.read_text().splitlines()
     assert re.fullmatch(
-        rf'{stamp} "GET /\?after HTTP/1\.1" 200 - 0 \d+ \d+ - "127\.0\.0\.1" "-" {rid} '
+        rf'{stamp} "GET /\?after HTTP/1\.1" 200 - 0 \d+ \d+ \d+ "127\.0\.0\.1" "-" {rid} '
         rf'{authority} {upstream}', after), after
