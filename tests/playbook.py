@@ -268,6 +268,9 @@ class Context:
         self.health_check_path: bytes | None = b"/healthz"
         self.access_log = None  # off, as by default
         self.generate_request_id = False  # upstream heads stay as the cases write them
+        # no x-envoy-upstream-service-time: the cases compare responses with what the upstream
+        # sent, byte for byte (tests/unit/test_service_time.py turns it on)
+        self.suppress_envoy_headers = True
         self.scheme = b"http"
         self.connects: list[Connecting] = []
         self.done = 0

@@ -22,6 +22,7 @@ from lameduck.server.boot import (
     load_or_report,
     run,
     run_loop,
+    say_config_error,
 )
 from lameduck.server.logfile import formatter as log_formatter
 from lameduck.server.logfile import open_log_file
@@ -65,7 +66,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         cfg = load_config_or_default(args.config)
     except ConfigError as e:
-        print(f"{e}", file=sys.stderr)
+        say_config_error(e)
         return EXIT_CONFIG
     print(f"{args.config or '<embedded default>'}: OK ({len(cfg.listeners)} listeners, "
           f"{len(cfg.clusters)} clusters)")
@@ -260,9 +261,9 @@ def _log_options(p: argparse.ArgumentParser, defaults: bool) -> None:
                    choices=["debug", "info", "warning", "error"],
                    help="the least severe level logged (default info)")
     p.add_argument("--log-format", default=default("text"), choices=["text", "json"],
-                   help="text: '<ISO 8601 time> LEVEL logger: message' lines; json: one JSON "
-                        "object per line with time, level, logger, message and pid "
-                        "(default text)")
+                   help="text: '<ISO 8601 time> [pid] LEVEL logger: message' lines; json: one JSON "
+                        "object per line with time, level, logger, message and pid, config "
+                        "errors too (default text)")
     p.add_argument("--upstream-error-log-every", metavar="DURATION", type=_duration_arg,
                    default=default(DEFAULT_ERRLOG_INTERVAL),
                    help="at most one line per upstream endpoint and cause (connect failure, "

@@ -37,6 +37,10 @@ def flags(line: dict[str, Any]) -> set[str]:
     return set(line["response_flags"].split(","))
 
 
+def drain_flags(line: dict[str, Any]) -> set[str]:
+    return set(line["drain_flags"].split(","))
+
+
 def test_drain_flags_going_away_cut_before_and_after_drained_by_response(
         lameduck: Any, tmp_path: Path) -> None:
     log = tmp_path / "access.jsonl"
@@ -68,7 +72,8 @@ def test_drain_flags_going_away_cut_before_and_after_drained_by_response(
     assert flags(by_path(lines, "/?first")) == {"-"}
     late = by_path(lines, "/?late")
     assert (late["response_code"], flags(late)) == (503, {"GA"})
-    assert "RD" in flags(by_path(lines, "/sleep?ms=150"))
+    drained = by_path(lines, "/sleep?ms=150")  # a 200 that drained: no failure flag
+    assert (flags(drained), drain_flags(drained)) == ({"-"}, {"RD"}), drained
     cut_before = by_path(lines, "/sleep?ms=5000")
     assert "CB" in flags(cut_before) and cut_before["response_code"] == 503
     cut_after = by_path(lines, "/stream?chunks=200&size=10&interval_ms=50")
@@ -133,10 +138,13 @@ def test_upstream_flags_proactive_drain_request_id_and_default_format(
 
     lines = lines_of(log)
     expect = {"/uh": ("UH", 503), "/uf": ("UF", 503), "/sleep?ms=3000": ("UT", 504),
-              "/nr": ("NR", 404), "/sleep?ms=1200": ("PD", 200)}
+              "/nr": ("NR", 404)}
     for path, (flag, status) in expect.items():
         line = by_path(lines, path)
         assert flag in flags(line) and line["response_code"] == status, line
+    proactive = by_path(lines, "/sleep?ms=1200")
+    assert (proactive["response_code"], proactive["response_flags"]) == (200, "-"), proactive
+    assert "PD" in drain_flags(proactive), proactive
     traced = by_path(lines, "/headers")
     assert traced["traceparent"] == TRACEPARENT
     assert traced["request_id"] == rid
@@ -149,7 +157,7 @@ def test_upstream_flags_proactive_drain_request_id_and_default_format(
     # UPSTREAM-SERVICE-TIME "XFF" "USER-AGENT" "REQUEST-ID" "AUTHORITY" "UPSTREAM-HOST"
     (line,) = text.read_text().splitlines()
     assert re.fullmatch(
-        r'\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] "GET / HTTP/1\.1" 200 - 0 \d+ \d+ - '
+        r'\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] "GET / HTTP/1\.1" 200 - 0 \d+ \d+ \d+ '
         r'"127\.0\.0\.1" "ua/1" "[0-9a-f]{32}" "127\.0\.0\.1:\d+" '
         rf'"127\.0\.0\.1:{origin_port}"', line), line
     busy.close()
@@ -190,13 +198,13 @@ def test_default_format_fields_over_http1_and_http2_and_a_reopen_on_sigusr1(
     before = rotated.read_text().splitlines()
     assert len(before) == 2, before
     assert re.fullmatch(
-        rf'{stamp} "GET /orig HTTP/1\.1" 200 - 0 \d+ \d+ - "203\.0\.113\.7, 127\.0\.0\.1" '
+        rf'{stamp} "GET /orig HTTP/1\.1" 200 - 0 \d+ \d+ \d+ "203\.0\.113\.7, 127\.0\.0\.1" '
         rf'"ua/2" {rid} {authority} {upstream}', before[0]), before[0]
     assert re.fullmatch(
-        rf'{stamp} "GET /\?h2 HTTP/2" 200 - 0 \d+ \d+ - "198\.51\.100\.1, 127\.0\.0\.1" '
+        rf'{stamp} "GET /\?h2 HTTP/2" 200 - 0 \d+ \d+ \d+ "198\.51\.100\.1, 127\.0\.0\.1" '
         rf'"ua/h2" {rid} '
         rf'{authority} {upstream}', before[1]), before[1]
     (after,) = text.read_text().splitlines()
     assert re.fullmatch(
-        rf'{stamp} "GET /\?after HTTP/1\.1" 200 - 0 \d+ \d+ - "127\.0\.0\.1" "-" {rid} '
+        rf'{stamp} "GET /\?after HTTP/1\.1" 200 - 0 \d+ \d+ \d+ "127\.0\.0\.1" "-" {rid} '
         rf'{authority} {upstream}', after), after

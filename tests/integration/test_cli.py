@@ -4,6 +4,7 @@ field, and ``run`` with no file serving the embedded default through its demo or
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import socket
@@ -98,6 +99,45 @@ def test_run_with_a_bad_config_exits_2(tmp_path: Path) -> None:
     out = run_cli("run", "-c", str(path), timeout=30)
     assert out.returncode == EXIT_CONFIG
     assert "drain.strategy" in out.stderr
+
+
+@pytest.mark.parametrize(("log", "field", "words"), [
+    ({"path": "stdout", "format": "%RESPONSE_CODE_DETAILS%\n"}, "access_log.format",
+     "unknown operator %RESPONSE_CODE_DETAILS%"),
+    ({"path": "stdout", "format": "jsn"}, "access_log.format", "neither \"json\""),
+    ({"path": "stdout", "format": "%START_TIME(%Q)%\n"}, "access_log.format",
+     "unsupported specifier"),
+    ({"path": "/nonexistent-dir/access.log"}, "access_log.path", "no directory"),
+])
+def test_validate_and_run_refuse_an_access_log_alike(tmp_path: Path, log: dict, field: str,
+                                                      words: str) -> None:
+    """What validate refuses, run refuses the same way (exit 2, the field named, no
+    traceback), before it binds anything; tests/unit/test_accesslog_formats.py has every
+    operator, in-process."""
+    path = write(tmp_path, base_config(8080, listener={"access_log": log}))
+    for command in ("validate", "run"):
+        out = run_cli(command, "-c", str(path))
+        assert out.returncode == EXIT_CONFIG, (command, out.stderr)
+        assert f"{path}: listeners[0].{field}: " in out.stderr, (command, out.stderr)
+        assert words in out.stderr
+        assert "Traceback" not in out.stderr
+
+
+def test_log_format_json_says_config_errors_as_json_records(tmp_path: Path) -> None:
+    """A log shipper reading ``--log-format json`` gets a refused config as records too: one
+    per problem, the field apart; validate and run alike."""
+    path = write(tmp_path, base_config(8080, drain={"strategy": "sudden"},
+                                       route={"cluster": "nope"}))
+    for command in ("validate", "run"):
+        out = run_cli("--log-format", "json", command, "-c", str(path))
+        assert out.returncode == EXIT_CONFIG, out.stderr
+        records = [json.loads(line) for line in out.stderr.splitlines()]
+        assert [r["field"] for r in records] == ["drain.strategy",
+                                                 "listeners[0].routes[0].cluster"], records
+        assert {(r["level"], r["logger"], r["source"]) for r in records} == {
+            ("ERROR", "lameduck.config", str(path))}
+        assert records[1]["message"] == f"{path}: {records[1]['field']}: {records[1]['problem']}"
+        assert all(isinstance(r["pid"], int) and r["time"] for r in records)
 
 
 def test_version(capsys: pytest.CaptureFixture) -> None:

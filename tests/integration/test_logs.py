@@ -19,7 +19,7 @@ from tests.procs import Lameduck, base_config, refusing_port, wait_until
 # RFC 3339's date-time (an ISO 8601 profile) with milliseconds, then the rest of the line as
 # it always was: "LEVEL logger: message".
 TEXT_LINE = re.compile(
-    r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}(?:[+-]\d{2}:\d{2}|Z)) "
+    r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}(?:[+-]\d{2}:\d{2}|Z)) \[(\d+)\] "
     r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) (lameduck[\w.]*): (.*)$")
 LEVEL = re.compile(r" (DEBUG|INFO|WARNING|ERROR|CRITICAL) lameduck")
 
@@ -61,6 +61,7 @@ def test_text_lines_start_with_an_iso_8601_time_with_date_and_zone(
         m = TEXT_LINE.match(ln)
         assert m is not None, ln
         assert recent(m.group(1)), ln
+        assert m.group(2) == str(ld.proc.pid), ln  # the pid of the process that wrote it
 
 
 @pytest.mark.parametrize("to_file", [False, True])

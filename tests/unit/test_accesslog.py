@@ -43,7 +43,8 @@ def record(**over: object) -> SimpleNamespace:
         down=SimpleNamespace(transport=None),
         log_req=(b"/api/v1/locations", [(b"host", b"locations")],
                  [b"user-agent: nsq2http\r\n", b"x-forwarded-for: 10.0.35.28\r\n\r\n"]),
-        log_host=b"locations", log_xff=b"10.0.35.28", log_agent=b"nsq2http", log_opath=None)
+        log_host=b"locations", log_xff=b"10.0.35.28", log_agent=b"nsq2http", log_opath=None,
+        svc_ms=-1)
     ex.__dict__.update(over)
     return ex
 
@@ -52,7 +53,8 @@ def exchange(method: bytes = b"POST", **over: object) -> Exchange:
     """A real exchange (the compiled formatter reads its fields natively) as an HTTP/1.1 codec
     with the log on leaves it at settle."""
     ex = Exchange(Downstream(SimpleNamespace(loop=Loop(), stats=HttpStats(),
-                                             process=ProcessDrain())), method)
+                                             process=ProcessDrain(),
+                                             suppress_envoy_headers=False)), method)
     ex.request_id = b"r-1"
     ex.t0 = 100.0
     ex.status = 204

@@ -673,6 +673,46 @@ def test_non_mapping_top_level_is_an_error(text: str, kind: str) -> None:
     ]
 
 
+def test_every_problem_is_said_at_once_not_one_stage_per_run() -> None:
+    """pydantic runs a model's cross-field rules only on a valid model: the rules across
+    sections (unknown cluster, duplicate names, binds, deadline >= drain.time) still run on
+    the sections and items that are valid, so one validate says them all."""
+    lines = error_lines(textwrap.dedent("""
+        drain: {strategy: sudden}
+        shutdown: {deadline: 30s}
+        hot_restart: {parent_shutdown_time: 1s}
+        listeners:
+          - {name: a, address: 127.0.0.1:10000, routes: [{cluster: nope}],
+             idle_timeout: soon}
+          - {name: a, address: 127.0.0.1:10000, routes: [{cluster: app}, {cluster: broken}]}
+          - {name: c, address: 127.0.0.1:10001, routes: [{cluster: app}],
+             access_log: {path: stdout, format: jsn}}
+        clusters:
+          - {name: app, endpoints: [127.0.0.1:8080]}
+          - {name: broken, endpoints: [127.0.0.1:8080], connect_timeout: 0s}
+          - {name: app, endpoints: [127.0.0.1:8081]}
+    """), "c.yaml")
+    assert lines[:4] == [
+        "c.yaml: drain.strategy: Input should be 'gradual' or 'immediate' (got 'sudden')",
+        "c.yaml: listeners[0].idle_timeout: invalid duration 'soon': expected a non-negative "
+        "duration: a number of seconds (10, 0.5) or a number with a unit (250us, 150ms, 5s, "
+        "1.5s, 2m, 1h; units: us, ms, s, m, h)",
+        "c.yaml: listeners[2].access_log.format: 'jsn' is neither \"json\" nor a format string "
+        "(one with a command operator such as %RESPONSE_CODE%)",
+        "c.yaml: clusters[1].connect_timeout: must be greater than 0s, got 0s",
+    ]
+    # then the rules across sections, on what is valid (the drain section is not: no rule
+    # with drain.time, such as hot_restart.parent_shutdown_time's)
+    assert sorted(lines[4:]) == sorted([
+        "c.yaml: clusters[2].name: duplicate cluster name 'app' (also clusters[0])",
+        "c.yaml: listeners[0].routes[0].cluster: unknown cluster 'nope' (clusters: app, "
+        "broken)",
+        "c.yaml: listeners[1].name: duplicate listener name 'a' (also listeners[0])",
+        "c.yaml: listeners[1].address: duplicate address 127.0.0.1:10000: also listener 'a' "
+        "(listeners[0].address)",
+    ])
+
+
 def test_config_error_keeps_structured_problems() -> None:
     with pytest.raises(ConfigError) as info:
         load_config_text("drain: {tyme: 1s}", "f.yaml")

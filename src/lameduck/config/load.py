@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from lameduck.config.schema import Config, drain_warnings, shutdown_warnings
+from lameduck.config.schema import Config, drain_warnings, partial_problems, shutdown_warnings
 
 __all__ = [
     "ConfigError",
@@ -179,7 +179,14 @@ def load_config_text(text: str, source: str = "<string>") -> Config:
     try:
         config = Config.model_validate(data)
     except ValidationError as error:
-        raise ConfigError.from_validation_error(error, source) from None
+        found = ConfigError.from_validation_error(error, source).problems
+        # and the cross-section rules pydantic left unchecked (it runs them on a valid tree
+        # only): every problem in one run, not one stage per run
+        said = {path for path, _ in found}
+        more = [(path, message) for path, message in
+                ((format_loc(loc), message) for loc, message, _ in partial_problems(data))
+                if path not in said]
+        raise ConfigError(source, [*found, *more]) from None
     # Valid but probably not meant: said on every load (run, supervise, validate, budget).
     for path, message in [*drain_warnings(config.drain),
                           *shutdown_warnings(config.shutdown, config.drain)]:

@@ -10,6 +10,7 @@ Defaults fit Kubernetes' 30 s grace period: drain 20 s, then at most a 5 s route
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import ssl
 from collections.abc import Callable
@@ -462,15 +463,43 @@ class ConnectConfig(BaseModel):
     connect_timeout: PositiveDuration = 5.0
 
 
+def _access_log_format(value: str | None) -> str | None:
+    """Compiled as the listener compiles it (``compile_format``), so what validate accepts is
+    what run writes: an operator lameduck does not write, a bad argument or a value that is no
+    format (a misspelt "json") is refused here, by validate and run alike."""
+    from lameduck.proxy.accesslog import compile_format  # the data plane's, loaded when used
+
+    compile_format(value)  # a FormatError is a ValueError: pydantic's value_error at the field
+    return value
+
+
+def _writable_log(value: str) -> str:
+    """A file the listener can open for appending (run opens it before serving), checked
+    without creating it: the file writable, or its directory if it does not exist yet."""
+    if value == "stdout":
+        return value
+    if not value:
+        raise ValueError('a file path, or "stdout"')
+    if os.path.isdir(value):
+        raise ValueError(f"{value!r} is a directory")
+    target = value if os.path.exists(value) else os.path.dirname(os.path.abspath(value))
+    if not os.path.isdir(target) and target != value:
+        raise ValueError(f"cannot write {value!r}: no directory {target!r}")
+    if not os.access(target, os.W_OK):
+        raise ValueError(f"cannot write {value!r}: permission denied")
+    return value
+
+
 class AccessLogConfig(BaseModel):
     """A listener's access log (docs/access-log.md): Envoy's format operators and flags."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    path: str  # "stdout", or a file (appended; reopened on SIGUSR1)
+    path: Annotated[str, AfterValidator(_writable_log)]  # "stdout", or a file (appended;
+    # reopened on SIGUSR1)
     # An Envoy format string (it says where the newline goes), "json" (JSON lines), or
     # null: Envoy's default format.
-    format: str | None = None
+    format: Annotated[str | None, AfterValidator(_access_log_format)] = None
 
 
 class ListenerConfig(BaseModel):
@@ -509,6 +538,9 @@ class ListenerConfig(BaseModel):
     access_log: AccessLogConfig | None = None  # off
     # x-request-id (128 random bits, hex) added when the request has none, passed upstream
     generate_request_id: bool = True
+    # Envoy's router option: true leaves x-envoy-upstream-service-time (the ms the upstream
+    # took, added to every proxied response, in place of one the upstream sent) out
+    suppress_envoy_headers: bool = False
     # With workers > 1: a listening socket per worker in one SO_REUSEPORT group, over which
     # the kernel spreads new connections (Envoy's enable_reuse_port); false: one socket every
     # worker accepts on, which a burst of connections can leave on one worker.
@@ -794,80 +826,151 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Self:
-        problems: list[tuple[tuple[str | int, ...], str, object]] = []
-        if self.shutdown.deadline < self.drain.time:
-            problems.append(
-                (
-                    ("shutdown", "deadline"),
-                    f"must be >= drain.time ({format_duration(self.drain.time)}), got "
-                    f"{format_duration(self.shutdown.deadline)}: the drain has to fit before "
-                    "the deadline cuts what is left",
-                    format_duration(self.shutdown.deadline),
-                )
-            )
-        if self.hot_restart.parent_shutdown_time < self.drain.time:
-            pst = self.hot_restart.parent_shutdown_time
-            problems.append(
-                (
-                    ("hot_restart", "parent_shutdown_time"),
-                    f"must be >= drain.time ({format_duration(self.drain.time)}), got "
-                    f"{format_duration(pst)}: the old process has to drain before it is cut",
-                    format_duration(pst),
-                )
-            )
-        cluster_seen: dict[str, int] = {}
-        for i, cluster in enumerate(self.clusters):
-            if cluster.name in cluster_seen:
-                problems.append(
-                    (
-                        ("clusters", i, "name"),
-                        f"duplicate cluster name {cluster.name!r} "
-                        f"(also clusters[{cluster_seen[cluster.name]}])",
-                        cluster.name,
-                    )
-                )
-            else:
-                cluster_seen[cluster.name] = i
-        names: dict[str, int] = {}
-        # What binds so far: (address, who) — port 0 is left out, each bind gets its own port.
-        bound: list[tuple[HostPort, str]] = []
-        if self.admin.address.port != 0:
-            bound.append((self.admin.address, "the admin API (admin.address)"))
-        for i, listener in enumerate(self.listeners):
-            if listener.name in names:
-                problems.append(
-                    (
-                        ("listeners", i, "name"),
-                        f"duplicate listener name {listener.name!r} "
-                        f"(also listeners[{names[listener.name]}])",
-                        listener.name,
-                    )
-                )
-            else:
-                names[listener.name] = i
-            if listener.address.port != 0:
-                clash = next((_bind_clash(listener.address, addr, who)
-                              for addr, who in bound if _bind_overlaps(listener.address, addr)),
-                             None)
-                if clash is not None:
-                    problems.append((("listeners", i, "address"), clash, str(listener.address)))
-                else:
-                    bound.append((listener.address,
-                                  f"listener {listener.name!r} (listeners[{i}].address)"))
-            if listener.cluster is not None and listener.cluster not in cluster_seen:
-                known = ", ".join(sorted(cluster_seen)) or "none defined"
-                problems.append((("listeners", i, "cluster"),
-                                 f"unknown cluster {listener.cluster!r} (clusters: {known})",
-                                 listener.cluster))
-            for j, route in enumerate(listener.routes):
-                if route.cluster not in cluster_seen:
-                    known = ", ".join(sorted(cluster_seen)) or "none defined"
-                    problems.append(
-                        (
-                            ("listeners", i, "routes", j, "cluster"),
-                            f"unknown cluster {route.cluster!r} (clusters: {known})",
-                            route.cluster,
-                        )
-                    )
-        _fail("Config", problems)
+        _fail("Config", cross_problems(self.admin, self.drain, self.shutdown, self.hot_restart,
+                                       list(enumerate(self.listeners)),
+                                       list(enumerate(self.clusters))))
         return self
+
+
+
+Problem = tuple[tuple[str | int, ...], str, object]  # (field path, message, the value)
+
+
+def cross_problems(admin: AdminConfig | None, drain: DrainConfig | None,
+                   shutdown: ShutdownConfig | None, hot_restart: HotRestartConfig | None,
+                   listeners: list[tuple[int, ListenerConfig]],
+                   clusters: list[tuple[int, ClusterConfig]],
+                   other_cluster_names: frozenset[str] = frozenset()) -> list[Problem]:
+    """The rules across sections, on the sections that are valid (None, or an item left out:
+    invalid, its own problems said; a rule that needs it is skipped). ``other_cluster_names``:
+    the names of clusters left out, which routes may still name. Called by ``Config`` on a
+    valid tree, and by ``partial_problems`` on the rest of a tree with errors, so one
+    ``validate`` says every problem instead of one stage at a time."""
+    problems: list[Problem] = []
+    if shutdown is not None and drain is not None and shutdown.deadline < drain.time:
+        problems.append(
+            (
+                ("shutdown", "deadline"),
+                f"must be >= drain.time ({format_duration(drain.time)}), got "
+                f"{format_duration(shutdown.deadline)}: the drain has to fit before "
+                "the deadline cuts what is left",
+                format_duration(shutdown.deadline),
+            )
+        )
+    if hot_restart is not None and drain is not None \
+            and hot_restart.parent_shutdown_time < drain.time:
+        pst = hot_restart.parent_shutdown_time
+        problems.append(
+            (
+                ("hot_restart", "parent_shutdown_time"),
+                f"must be >= drain.time ({format_duration(drain.time)}), got "
+                f"{format_duration(pst)}: the old process has to drain before it is cut",
+                format_duration(pst),
+            )
+        )
+    cluster_seen: dict[str, int] = {}
+    for i, cluster in clusters:
+        if cluster.name in cluster_seen:
+            problems.append(
+                (
+                    ("clusters", i, "name"),
+                    f"duplicate cluster name {cluster.name!r} "
+                    f"(also clusters[{cluster_seen[cluster.name]}])",
+                    cluster.name,
+                )
+            )
+        else:
+            cluster_seen[cluster.name] = i
+    known_names = set(cluster_seen) | other_cluster_names
+    names: dict[str, int] = {}
+    # What binds so far: (address, who) — port 0 is left out, each bind gets its own port.
+    bound: list[tuple[HostPort, str]] = []
+    if admin is not None and admin.address.port != 0:
+        bound.append((admin.address, "the admin API (admin.address)"))
+    for i, listener in listeners:
+        if listener.name in names:
+            problems.append(
+                (
+                    ("listeners", i, "name"),
+                    f"duplicate listener name {listener.name!r} "
+                    f"(also listeners[{names[listener.name]}])",
+                    listener.name,
+                )
+            )
+        else:
+            names[listener.name] = i
+        if listener.address.port != 0:
+            clash = next((_bind_clash(listener.address, addr, who)
+                          for addr, who in bound if _bind_overlaps(listener.address, addr)),
+                         None)
+            if clash is not None:
+                problems.append((("listeners", i, "address"), clash, str(listener.address)))
+            else:
+                bound.append((listener.address,
+                              f"listener {listener.name!r} (listeners[{i}].address)"))
+        if listener.cluster is not None and listener.cluster not in known_names:
+            known = ", ".join(sorted(known_names)) or "none defined"
+            problems.append((("listeners", i, "cluster"),
+                             f"unknown cluster {listener.cluster!r} (clusters: {known})",
+                             listener.cluster))
+        for j, route in enumerate(listener.routes):
+            if route.cluster not in known_names:
+                known = ", ".join(sorted(known_names)) or "none defined"
+                problems.append(
+                    (
+                        ("listeners", i, "routes", j, "cluster"),
+                        f"unknown cluster {route.cluster!r} (clusters: {known})",
+                        route.cluster,
+                    )
+                )
+    return problems
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _valid_or_none(model: type[M], value: object) -> M | None:
+    try:
+        return model.model_validate(value)
+    except ValidationError:
+        return None
+
+
+def _valid_without_bad_keys(model: type[M], value: object) -> M | None:
+    """A listener or cluster as if its invalid keys were left out (their defaults), when that
+    validates: its name, address and routes still take part in the rules across items. The
+    keys those rules read are required or checked against each other (a listener without
+    routes, a tcp one without a cluster, is invalid), so a default never stands in for them."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as e:
+        if not isinstance(value, dict):
+            return None
+        bad = {err["loc"][0] for err in e.errors() if err["loc"]}
+        return _valid_or_none(model, {k: v for k, v in value.items() if k not in bad})
+
+
+def partial_problems(data: dict[str, object]) -> list[Problem]:
+    """The cross-section rules of a config that failed validation, on its sections and items
+    that validate alone (what pydantic leaves unchecked when any field fails: an ``after``
+    validator runs only on a valid model)."""
+    def section(model: type[M], key: str) -> M | None:
+        return _valid_or_none(model, data[key]) if key in data else model()
+
+    def items(model: type[M], key: str) -> list[tuple[int, M | None]]:
+        raw = data.get(key)
+        if not isinstance(raw, list):
+            return []
+        return [(i, _valid_without_bad_keys(model, item)) for i, item in enumerate(raw)]
+
+    clusters = items(ClusterConfig, "clusters")
+    raw_clusters = data.get("clusters")
+    others = frozenset(
+        item["name"] for i, c in clusters if c is None
+        for item in [raw_clusters[i]]  # type: ignore[index]
+        if isinstance(item, dict) and isinstance(item.get("name"), str))
+    return cross_problems(
+        section(AdminConfig, "admin"), section(DrainConfig, "drain"),
+        section(ShutdownConfig, "shutdown"), section(HotRestartConfig, "hot_restart"),
+        [(i, x) for i, x in items(ListenerConfig, "listeners") if x is not None],
+        [(i, c) for i, c in clusters if c is not None], others)

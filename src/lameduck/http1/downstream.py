@@ -39,7 +39,13 @@ from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_block, trailer_fields
 from lameduck.proxy.local import CUT_ANSWER, CUT_DROPPED, GOING_AWAY_BODY, RETRY_AFTER
-from lameduck.proxy.message import HTTP10, HTTP11, RequestHead
+from lameduck.proxy.message import (
+    HTTP10,
+    HTTP11,
+    SERVICE_TIME,
+    RequestHead,
+    service_time_line,
+)
 from lameduck.stats import HttpStats
 from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
 from lameduck.upstream.connector import Fields, UpstreamConn
@@ -715,8 +721,15 @@ class H1Downstream(Downstream):
         close = h.close or not h.keep_alive or self.response_drains(ex)
         v10 = ex.version == HTTP10
         out = [status_line(status)]
-        for name, value in fields:
-            out.append(b"%s: %s\r\n" % (name, value))
+        svc = ex.svc_ms
+        if svc >= 0:  # ours in place of the upstream's (Envoy's router overwrites it)
+            for name, value in fields:
+                if len(name) != 29 or name.lower() != SERVICE_TIME:
+                    out.append(b"%s: %s\r\n" % (name, value))
+            out.append(b"x-envoy-upstream-service-time: %d\r\n" % svc)
+        else:
+            for name, value in fields:
+                out.append(b"%s: %s\r\n" % (name, value))
         if not bodyless and length is None:
             if v10:
                 close = True  # close-delimited for an HTTP/1.0 client
@@ -739,9 +752,18 @@ class H1Downstream(Downstream):
         h = cast(H1Exchange, ex)
         if ex.is_head or ex.version == HTTP10 or h.close or not h.keep_alive:
             return False
+        # Lines added before the head's blank line (``end``: where it starts); the upstream
+        # sent no x-envoy-upstream-service-time of its own (``whole_response`` passes none).
+        svc = ex.svc_ms
         if self.response_drains(ex):
             h.close = True
-            self.write(data[:end] + b"\r\nconnection: close" + data[end:])
+            if svc >= 0:
+                self.write(b"".join((data[:end], service_time_line(svc),
+                                     b"\r\nconnection: close", data[end:])))
+            else:
+                self.write(data[:end] + b"\r\nconnection: close" + data[end:])
+        elif svc >= 0:
+            self.write(b"".join((data[:end], service_time_line(svc), data[end:])))
         else:
             self.write(data)
         return True

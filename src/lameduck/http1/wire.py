@@ -60,7 +60,9 @@ def whole_response(data: bytes) -> Whole:
     keep-alive case). ``(0, ...)`` for anything else: the parser judges it, so an upstream head
     gets the same validation whichever path carries it.
 
-    Nothing hop-by-hop but what every keep-alive origin sends (nginx, Apache, Node, gunicorn):
+    No ``x-envoy-upstream-service-time``: the proxy sends its own in its place, which the
+    parser's path does (Envoy's router overwrites the upstream's). Nothing hop-by-hop but what
+    every keep-alive origin sends (nginx, Apache, Node, gunicorn):
     one ``Connection`` field whose value is the token ``keep-alive`` alone (any case, optional
     whitespace) and one ``Keep-Alive`` field. Those lines are the spans returned after the end
     (``[start, stop)``, CR LF included, the earlier first): the forwarded bytes leave them out,
@@ -141,6 +143,8 @@ def _split_whole_response(data: bytes) -> Whole:
                 return NOT_WHOLE
         elif c == 117 and line[:7].lower() == b"upgrade":  # u
             return NOT_WHOLE
+        elif c == 120 and line[:30].lower() == b"x-envoy-upstream-service-time:":  # x
+            return NOT_WHOLE  # replaced by the proxy's own (send_head)
     if length != len(data) - end - 4:
         return NOT_WHOLE
     if not connection and not keep_alive:
@@ -231,6 +235,8 @@ def _scan_whole_response(data: bytes) -> Whole:
                         return NOT_WHOLE
                 elif c == 117 and _named(data, i, b"upgrade"):  # u
                     return NOT_WHOLE
+                elif c == 120 and _named(data, i, b"x-envoy-upstream-service-time:"):  # x
+                    return NOT_WHOLE  # replaced by the proxy's own (send_head)
         else:  # _BLANK_CR: the head ends at CR LF CR LF
             if c != LF or length != size - i - 1:
                 return NOT_WHOLE

@@ -47,7 +47,7 @@ from lameduck.proxy.local import (
     RETRY_AFTER,
     grpc_local_reply,
 )
-from lameduck.proxy.message import HTTP2, RequestHead
+from lameduck.proxy.message import HTTP2, SERVICE_TIME, RequestHead
 from lameduck.stats import HttpStats
 from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
 from lameduck.upstream.connector import Fields, UpstreamConn
@@ -319,6 +319,10 @@ class H2Downstream(Downstream):
                   length: int | None) -> None:
         self.response_drains(ex)
         bodyless = ex.is_head or status == 204 or status == 304
+        svc = ex.svc_ms
+        if svc >= 0:  # ours in place of the upstream's (Envoy's router overwrites it)
+            fields = [f for f in fields if len(f[0]) != 29 or f[0].lower() != SERVICE_TIME]
+            fields.append((SERVICE_TIME, b"%d" % svc))
         if ex.set_cookie is not None:
             fields = [*fields, (b"set-cookie", ex.set_cookie)]
         self.h2.send_headers(ex.sid, status, fields, end_stream=bodyless)

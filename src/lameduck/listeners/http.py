@@ -124,6 +124,7 @@ class HttpListener(Listener):
         al = cfg.access_log
         self.access_log = None if al is None else open_access_log(al.path, al.format, loop)
         self.generate_request_id = cfg.generate_request_id
+        self.suppress_envoy_headers = cfg.suppress_envoy_headers
         self.max_requests_per_connection = cfg.max_requests_per_connection
         self.max_request_headers = cfg.max_request_headers_kb * 1024
         self.connect_allow = frozenset((a.host.lower(), a.port) for a in cfg.connect.allow)

@@ -346,6 +346,7 @@ class TcpListener(Listener):
         self.quiet_period = cfg.quiet_period
         al = cfg.access_log
         self.access_log = None if al is None else open_access_log(al.path, al.format, loop)
+        self.suppress_envoy_headers = True  # bytes, not HTTP: no header to add
         self.connections: set[TcpDownstream] = set()  # type: ignore[assignment]
 
     def connect(self, cluster: Cluster, ep: Endpoint) -> asyncio.Future[TcpUpstream]:

@@ -10,7 +10,10 @@ timer on the loop), on SIGUSR1 (which also reopens the file, for logrotate) and 
 Envoy's file access log buffers the same way (``--file-flush-interval-msec``).
 
 Response flags are Envoy's codes where Envoy has one (its access-log docs, "Command Operators",
-``%RESPONSE_FLAGS%``); the drain's own facts use codes Envoy does not use: see docs/access-log.md.
+``%RESPONSE_FLAGS%``); the drain's own failures use codes Envoy does not use, and the drain's
+facts about responses that succeeded (RD, PD) are ``%DRAIN_FLAGS%``: see docs/access-log.md.
+``compile_format`` is what both ``validate`` (the config's validator) and a listener call, so
+a format one accepts the other writes.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from binascii import hexlify
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Final
 
-from lameduck.proxy.message import HTTP2, HTTP10, HTTP11, STREAM
+from lameduck.proxy.message import HTTP2, HTTP10, HTTP11, SERVICE_TIME, STREAM
 
 if TYPE_CHECKING:
     from lameduck.proxy.exchange import Exchange
@@ -50,6 +53,9 @@ RD: Final = 1 << 13  # this response drained its connection (Connection: close /
 PD: Final = 1 << 14  # its connection was drained proactively (at its drain moment)
 SV: Final = 1 << 15  # its upstream connection was severed by the endpoint's drain stop
 DR: Final = 1 << 16  # downstream remote reset (the client reset the HTTP/2 stream)
+# Drain facts (%DRAIN_FLAGS%), not failures: a drained 200 logs no %RESPONSE_FLAGS%.
+DRAIN_BITS: Final = RD | PD
+FAILURE_BITS: Final = ~DRAIN_BITS
 
 FLAG_CODES: Final = (
     (UH, "UH"), (UF, "UF"), (UT, "UT"), (URX, "URX"), (UC, "UC"), (UR, "UR"), (LR, "LR"),
@@ -230,6 +236,8 @@ _KEPT: Final[dict[bytes, Callable[[Any], bytes | None]]] = {
 
 
 def _resp_header(ex: Any, name: bytes) -> bytes | None:
+    if name == SERVICE_TIME and ex.svc_ms >= 0:
+        return b"%d" % ex.svc_ms  # the proxy's own, as the client got it
     fields = ex.resp_fields
     if fields is None:
         return None
@@ -317,66 +325,179 @@ def duration(ex: Any, now: float) -> int:
 
 
 Op = Callable[[Any, float, float, Request], str]
-_OP = re.compile(r"%([A-Z_]+)(?:\(([^)]*)\))?%")
 
 
-def _req_op(arg: str) -> Op:
+class FormatError(ValueError):
+    """A format lameduck cannot write: ``validate`` and ``run`` refuse it the same way (the
+    config's validator compiles the format with ``compile_format``, as a listener does)."""
+
+
+# Envoy's command operator: %NAME%, %NAME(ARG)%, and %NAME(ARG):N% (the value cut to N
+# characters), its access-log docs, "Format Rules" and "Command Operators".
+_OP: Final = re.compile(r"%([A-Z0-9_]+)(?:\(([^)]*)\))?(?::([0-9]+))?%")
+
+
+def _req_op(arg: str, limit: int | None) -> Op:
     # "X?Y": X, else Y (Envoy's alternative header)
     names = [a.strip().lower().encode() for a in arg.split("?")]
+    if len(names) > 2 or not all(names):
+        raise FormatError(f"%REQ({arg})%: one header name, or two as X?Y (Envoy's alternative)")
+
     def op(ex: Any, now: float, wall: float, req: Request) -> str:
         for n in names:
             v = req.get(n)
             if v:
-                return _text(v)
+                return _text(v)[:limit]
         return "-"
     return op
 
 
-def _operator(name: str, arg: str | None) -> Op:
-    """One command operator, as a function of (exchange, loop time, wall time)."""
-    if name == "REQ" and arg:
-        return _req_op(arg)
-    if name == "RESP" and arg:
-        key = arg.strip().lower().encode()
-        return lambda ex, now, wall, req: _text(_resp_header(ex, key))
-    simple: dict[str, Op] = {
-        "START_TIME": lambda ex, now, wall, req: start_time(ex, now, wall),
-        "PROTOCOL": lambda ex, now, wall, req: protocol(ex),
-        "RESPONSE_CODE": lambda ex, now, wall, req: str(ex.status),
-        "RESPONSE_FLAGS": lambda ex, now, wall, req: flag_string(ex.flags),
-        "BYTES_RECEIVED": lambda ex, now, wall, req: str(ex.bytes_rx),
-        "BYTES_SENT": lambda ex, now, wall, req: str(ex.bytes_tx),
-        "DURATION": lambda ex, now, wall, req: str(duration(ex, now)),
-        "UPSTREAM_HOST": lambda ex, now, wall, req: upstream_host(ex) or "-",
-        "UPSTREAM_CLUSTER": lambda ex, now, wall, req: upstream_cluster(ex) or "-",
-        "DOWNSTREAM_REMOTE_ADDRESS": lambda ex, now, wall, req: remote_address(ex) or "-",
-        "REQUEST_ID": lambda ex, now, wall, req: _text(ex.request_id),
-    }
-    op = simple.get(name)
+def _resp_op(arg: str, limit: int | None) -> Op:
+    key = arg.strip().lower().encode()
+    if not key or b"?" in key:
+        raise FormatError(f"%RESP({arg})%: one response header name")
+    return lambda ex, now, wall, req: _text(_resp_header(ex, key))[:limit]
+
+
+# strftime's specifiers %START_TIME(...)% takes, beside Envoy's own %s and %f / %1f..%9f: the
+# C standard's that do not depend on the locale, formatted in UTC as Envoy formats them.
+START_TIME_SPECIFIERS: Final = "aAbBdDeFHIjmMpRSTuwyYzZnt%"
+
+
+def _start_time_op(arg: str) -> Op:
+    """%START_TIME(FORMAT)%: strftime's specifiers (``START_TIME_SPECIFIERS``, UTC), %s (seconds
+    since the epoch) and %f / %Nf (the second's fraction to 9 or N digits), as Envoy's
+    access-log docs define them; any other specifier is refused, not written literally."""
+    if not arg:
+        return lambda ex, now, wall, req: start_time(ex, now, wall)
+    parts: list[str | int] = []  # a strftime format, or a number of fraction digits (0: %s)
+    chunk = ""
+    i = 0
+    while i < len(arg):
+        c = arg[i]
+        if c != "%":
+            chunk += c
+            i += 1
+            continue
+        spec = arg[i + 1:i + 2]
+        if spec == "f" or (spec and spec in "123456789" and arg[i + 2:i + 3] == "f"):
+            digits = 9 if spec == "f" else int(spec)
+            i += 2 if spec == "f" else 3
+        elif spec == "s":
+            digits = 0
+            i += 2
+        elif spec and spec in START_TIME_SPECIFIERS:
+            chunk += "UTC" if spec == "Z" else "%" + spec  # glibc's gmtime() zone is "GMT"
+            i += 2
+            continue
+        else:
+            raise FormatError(
+                f"%START_TIME({arg})%: unsupported specifier {'%' + spec!r} (supported: %s, "
+                f"%f, %1f..%9f and {', '.join('%' + x for x in START_TIME_SPECIFIERS)})")
+        if chunk:
+            parts.append(chunk)
+            chunk = ""
+        parts.append(digits)
+    if chunk:
+        parts.append(chunk)
+
+    def op(ex: Any, now: float, wall: float, req: Request) -> str:
+        at = wall - (now - ex.t0)
+        sec = int(at // 1)
+        out = []
+        for p in parts:
+            if isinstance(p, str):
+                out.append(time.strftime(p, time.gmtime(sec)))
+            elif p == 0:
+                out.append(str(sec))
+            else:
+                scale = 10 ** p
+                out.append(str(min(int((at - sec) * scale), scale - 1)).zfill(p))
+        return "".join(out)
+    return op
+
+
+def drain_flag_string(flags: int) -> str:
+    """%DRAIN_FLAGS%: the drain's facts about a response that may well have succeeded (RD, PD),
+    kept out of %RESPONSE_FLAGS%, which dashboards read as failures."""
+    return flag_string(flags & DRAIN_BITS)
+
+
+_SIMPLE: Final[dict[str, Op]] = {
+    "PROTOCOL": lambda ex, now, wall, req: protocol(ex),
+    "RESPONSE_CODE": lambda ex, now, wall, req: str(ex.status),
+    "RESPONSE_FLAGS": lambda ex, now, wall, req: flag_string(ex.flags & FAILURE_BITS),
+    "DRAIN_FLAGS": lambda ex, now, wall, req: drain_flag_string(ex.flags),
+    "BYTES_RECEIVED": lambda ex, now, wall, req: str(ex.bytes_rx),
+    "BYTES_SENT": lambda ex, now, wall, req: str(ex.bytes_tx),
+    "DURATION": lambda ex, now, wall, req: str(duration(ex, now)),
+    "UPSTREAM_HOST": lambda ex, now, wall, req: upstream_host(ex) or "-",
+    "UPSTREAM_CLUSTER": lambda ex, now, wall, req: upstream_cluster(ex) or "-",
+    "DOWNSTREAM_REMOTE_ADDRESS": lambda ex, now, wall, req: remote_address(ex) or "-",
+    "REQUEST_ID": lambda ex, now, wall, req: _text(ex.request_id),
+}
+# Every operator a format may name (docs/access-log.md lists them).
+OPERATORS: Final = ("START_TIME", "REQ", "RESP", *_SIMPLE)
+
+
+def _operator(name: str, arg: str | None, limit: int | None) -> Op:
+    """One command operator, as a function of (exchange, loop time, wall time, request)."""
+    if name in ("REQ", "RESP"):
+        if arg is None or not arg.strip():
+            raise FormatError(f"%{name}(X)% needs a header name in its parentheses")
+        return _req_op(arg, limit) if name == "REQ" else _resp_op(arg, limit)
+    if limit is not None:
+        raise FormatError(f"%{name}%: only %REQ(X)% and %RESP(X)% take a length (:{limit})")
+    if name == "START_TIME":
+        return _start_time_op(arg or "")
+    op = _SIMPLE.get(name)
     if op is None:
-        raise ValueError(f"access log format: unknown operator %{name}%")
+        raise FormatError(f"unknown operator %{name}% (lameduck writes: "
+                          f"{', '.join('%' + n + '%' for n in OPERATORS)})")
+    if arg is not None:
+        raise FormatError(f"%{name}% takes no argument, got ({arg})")
     return op
 
 
 def compile_text(fmt: str) -> Callable[[Any, float, float], str]:
     """A format string (Envoy's operators; anything else is literal) as one function. No
-    newline is added: Envoy's default format ends with one, a custom one says where."""
-    parts: list[str | Op] = []
+    newline is added: Envoy's default format ends with one, a custom one says where. A '%'
+    that starts no operator is refused, as Envoy refuses it ("Couldn't find valid command")."""
+    ops: list[Op] = []
     pos = 0
-    for m in _OP.finditer(fmt):
-        if m.start() > pos:
-            parts.append(fmt[pos:m.start()])
-        parts.append(_operator(m.group(1), m.group(2)))
+    while pos < len(fmt):
+        at = fmt.find("%", pos)
+        if at < 0:
+            ops.append(_literal(fmt[pos:]))
+            break
+        if at > pos:
+            ops.append(_literal(fmt[pos:at]))
+        m = _OP.match(fmt, at)
+        if m is None:
+            raise FormatError(f"no command operator at position {at} ({fmt[at:at + 24]!r}): "
+                              "'%' starts one, as %NAME%, %NAME(ARG)% or %NAME(ARG):N%")
+        limit = m.group(3)
+        ops.append(_operator(m.group(1), m.group(2), None if limit is None else int(limit)))
         pos = m.end()
-    if pos < len(fmt):
-        parts.append(fmt[pos:])
-
-    ops: list[Op] = [_literal(p) if isinstance(p, str) else p for p in parts]
 
     def line(ex: Any, now: float, wall: float) -> str:
         req = Request(ex)
         return "".join([op(ex, now, wall, req) for op in ops])
     return line
+
+
+def compile_format(fmt: str | None) -> Callable[[Any, float, float], str] | None:
+    """A listener's ``access_log.format``: None (Envoy's default, by ``default_line``), "json"
+    (``json_line``) or a format string with at least one operator (a line with none, such as
+    a misspelt "jsn", would write the same text for every request: refused)."""
+    if fmt is None:
+        return None
+    if fmt == "json":
+        return json_line
+    if "%" not in fmt:
+        raise FormatError(f"{fmt!r} is neither \"json\" nor a format string (one with a "
+                          "command operator such as %RESPONSE_CODE%)")
+    return compile_text(fmt)
 
 
 def _literal(text: str) -> Op:
@@ -395,7 +516,9 @@ def default_line(ex: Exchange, now: float, wall: float) -> bytes:
         host = authority(ex) or b"-"  # a request refused before it was routed
     svc = b"-"
     resp = ex.resp_fields
-    if resp is not None:
+    if ex.svc_ms >= 0:
+        svc = b"%d" % ex.svc_ms  # the proxy's own, as the client got it
+    elif resp is not None:
         for n, v in resp:
             if len(n) == 29 and n.lower() == b"x-envoy-upstream-service-time":
                 svc = v
@@ -407,7 +530,7 @@ def default_line(ex: Exchange, now: float, wall: float) -> bytes:
     rid = ex.request_id or b"-"
     stamp = start_stamp(int((wall - (now - ex.t0)) * 1000))
     proto = protocol_bytes(ex.version)
-    flags = flag_bytes(ex.flags)
+    flags = flag_bytes(ex.flags & FAILURE_BITS)
     ms = int((now - ex.t0) * 1000)
     upstream = b"-" if ep is None else ep.address_bytes
     # the format stays a literal in both calls, as bench/accesslog_line.py measured it
@@ -440,7 +563,8 @@ def json_line(ex: Any, now: float, wall: float) -> str:
         "path": h(b":path"),
         "protocol": protocol(ex),
         "response_code": ex.status,
-        "response_flags": flag_string(ex.flags),
+        "response_flags": flag_string(ex.flags & FAILURE_BITS),
+        "drain_flags": drain_flag_string(ex.flags),
         "bytes_received": ex.bytes_rx,
         "bytes_sent": ex.bytes_tx,
         "duration": duration(ex, now),
@@ -544,8 +668,7 @@ class AccessLog:
         self.file = file
         self.loop = loop
         # None: Envoy's default format, by its own fast path
-        self.text = json_line if fmt == "json" else compile_text(fmt) if fmt is not None \
-            else None
+        self.text = compile_format(fmt)
         # The wall clock as an offset from the loop's, read again once a second: no wall
         # clock read per line, and a step of the wall clock shows within a second.
         self.wall_offset = 0.0

@@ -95,6 +95,8 @@ class Downstream(asyncio.Protocol):
         self.final_sent = False  # the final notice went out: close once idle
         self.write_paused = False
         self.unseen = False  # accepted, no request begun yet: the ledger's ``fresh``
+        # x-envoy-upstream-service-time on what it proxies (the listener's, read once here)
+        self.envoy_headers: bool = not ctx.suppress_envoy_headers
         self.paused_at = 0.0  # writing paused since (the send timeout counts from here)
         self.send_timeout = math.inf  # an HTTP codec sets its listener's (take_limits)
         self.body_timeout = math.inf  # and its request_body_timeout

@@ -30,6 +30,7 @@ for that long and the try is cut.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -86,6 +87,14 @@ UPSTREAM_ERROR_BODY: Final = {
 }
 
 
+# The clock of x-envoy-upstream-service-time's end: CLOCK_MONOTONIC, the base of the loop's
+# time that ``sent_at`` read (asyncio's loop.time() is time.monotonic(); uvloop's is libuv's
+# uv_now, the same clock in ms at the iteration's start, so the figure may read up to a ms
+# long). A C call: uvloop's loop.time() called by name from here cost about 400 instructions
+# more per response (bench/instructions.sh --nginx).
+service_clock: Callable[[], float] = time.monotonic
+
+
 class ExchangeContext(Protocol):
     """What an exchange needs from its listener."""
 
@@ -97,6 +106,7 @@ class ExchangeContext(Protocol):
     rng: Callable[[], float]  # uniform in [0, 1): the retry back-off's jitter
     access_log: AccessLog | None  # None: off (nothing is formatted)
     generate_request_id: bool  # x-request-id when the client sent none (Envoy's default)
+    suppress_envoy_headers: bool  # no x-envoy-upstream-service-time on proxied responses
 
     def connect_target(self, authority: bytes | None) -> tuple[str, int] | None: ...
     def connect(self, cluster: Cluster, endpoint: Endpoint) -> asyncio.Future[UpstreamConn]: ...
@@ -169,6 +179,8 @@ class Exchange(ExchangeSink):
     log_opath: bytes | None = None  # X-Envoy-Original-Path
     resp_fields: Fields | None = None
     sent_at = 0.0  # loop time the request went upstream (upstream_rq_time)
+    # x-envoy-upstream-service-time the response carries (ms), -1: none (``service_time``)
+    svc_ms = -1
 
     def __init__(self, down: Downstream, method: bytes, version: int = HTTP11,
                  sid: int = 0) -> None:
@@ -741,7 +753,16 @@ class Exchange(ExchangeSink):
         self.answered(status)
         self.resp_started = True
         self.resp_fields = fields
+        self.service_time()
         self.down.send_head(self, status, fields, length)
+
+    def service_time(self) -> None:
+        """Envoy's router adds ``x-envoy-upstream-service-time`` to a response it proxies:
+        the ms from the request sent upstream to its response head (Envoy's HTTP header
+        docs), unless ``suppress_envoy_headers``. Kept as ``svc_ms`` for the codec to add
+        (in place of one the upstream sent) and the access log's %RESP()% to read."""
+        if self.down.envoy_headers:
+            self.svc_ms = int((service_clock() - self.sent_at) * 1000.0)
 
     def answered(self, status: int) -> None:
         """The upstream answered: count the status; no retry from here on."""
@@ -771,6 +792,7 @@ class Exchange(ExchangeSink):
         downstream may forward it as it came. False: the caller parses it instead."""
         if self.set_cookie is not None or not self.req_done:
             return False
+        self.service_time()
         if not self.down.send_whole(self, status, data, end, fields):
             return False
         self.resp_fields = fields

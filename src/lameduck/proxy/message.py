@@ -23,6 +23,19 @@ HTTP2: Final = 20
 # An opaque byte stream (a TCP listener's connection): no HTTP version, method or status; the
 # access log writes "-" for its protocol, as Envoy's does for a TCP proxy.
 STREAM: Final = 1
+# Envoy's router adds it to a response it proxies: the ms the upstream took (Envoy's HTTP
+# header docs, "x-envoy-upstream-service-time"); off with suppress_envoy_headers.
+SERVICE_TIME: Final = b"x-envoy-upstream-service-time"
+# Its line for the first ms values, made once: most responses take a few ms, and a format
+# per response cost more than the rest of the line's insertion.
+SERVICE_TIME_LINES: Final = tuple(b"\r\n%s: %d" % (SERVICE_TIME, ms) for ms in range(256))
+
+
+def service_time_line(ms: int) -> bytes:
+    """CR LF and the field line for ``ms``, to go before a head's blank line."""
+    if ms < 256:
+        return SERVICE_TIME_LINES[ms]
+    return b"\r\n%s: %d" % (SERVICE_TIME, ms)
 
 
 class RequestHead:

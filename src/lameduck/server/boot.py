@@ -29,6 +29,7 @@ from lameduck.restart.hot import connect_parent, default_path
 from lameduck.restart.supervisor import SUPERVISOR_ENV
 from lameduck.server.lifecycle import run_loop
 from lameduck.server.limits import raise_nofile
+from lameduck.server.logfile import config_error_lines, json_logging
 from lameduck.server.running import refusal
 from lameduck.server.server import SIGNALS, Server
 from lameduck.server.workers import worker_count
@@ -86,8 +87,18 @@ def load_or_report(path: str | None) -> Config | None:
     try:
         return load_config_or_default(path)
     except ConfigError as e:
-        print(f"lameduck: invalid config\n{e}", file=sys.stderr)
+        say_config_error(e, "lameduck: invalid config")
         return None
+
+
+def say_config_error(e: ConfigError, title: str | None = None) -> None:
+    """A refused config on stderr, as the process log is written: under ``--log-format json``
+    one JSON record per problem, else ``title`` and a ``SOURCE: field: problem`` line each."""
+    if json_logging():
+        for line in config_error_lines(e.source, e.problems):
+            print(line, file=sys.stderr)
+    else:
+        print(f"{title}\n{e}" if title else f"{e}", file=sys.stderr)
 
 
 def run(opts: RunOptions) -> int:

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from datetime import datetime
 
 from lameduck.proxy.accesslog import reopen_access_logs
 
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# The pid on every line: a hot restart runs two processes into one log for a while, and a
+# supervisor's children follow one another (the JSON lines carry it as ``pid``).
+TEXT_FORMAT = "%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s"
 
 
 def iso_time(created: float) -> str:
@@ -47,6 +51,25 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
         return json.dumps(out, ensure_ascii=False)
+
+
+def json_logging() -> bool:
+    """Whether the process log is JSON (``--log-format json``): what is said before it runs
+    (a config refused) is said the same way."""
+    return any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
+
+
+def config_error_lines(source: str, problems: tuple[tuple[str, str], ...]) -> list[str]:
+    """A refused config as JSON log records, one per problem: the fields of every record
+    (``time``, ``level``, ``logger``, ``message``, ``pid``), with the problem's ``source``,
+    ``field`` and ``problem`` apart for a log shipper."""
+    now = iso_time(time.time())
+    return [json.dumps({"time": now, "level": "ERROR", "logger": "lameduck.config",
+                        "message": f"{source}: {path}: {message}" if path
+                        else f"{source}: {message}",
+                        "pid": os.getpid(), "source": source, "field": path,
+                        "problem": message}, ensure_ascii=False)
+            for path, message in problems]
 
 
 def formatter(kind: str) -> logging.Formatter:
