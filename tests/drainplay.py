@@ -138,6 +138,7 @@ class Side:
         self.idle_timeout = math.inf  # the codecs' own timeouts are test_downstream_playbook's
         self.scheme = b"http"
         self.generate_request_id = False
+        self.suppress_envoy_headers = True
         self.closed: list[Any] = []
 
     def on_connection_closed(self, conn: Any) -> None:

@@ -463,13 +463,18 @@ class ConnectConfig(BaseModel):
     connect_timeout: PositiveDuration = 5.0
 
 
+# The access log's format compiler, registered by the data plane (``proxy.accesslog`` appends
+# its ``compile_format`` when imported; the configuration imports nothing above it). Every
+# command that reads a config (validate, run, supervise) has it loaded by then.
+FORMAT_CHECKS: list[Callable[[str | None], object]] = []
+
+
 def _access_log_format(value: str | None) -> str | None:
     """Compiled as the listener compiles it (``compile_format``), so what validate accepts is
     what run writes: an operator lameduck does not write, a bad argument or a value that is no
     format (a misspelt "json") is refused here, by validate and run alike."""
-    from lameduck.proxy.accesslog import compile_format  # the data plane's, loaded when used
-
-    compile_format(value)  # a FormatError is a ValueError: pydantic's value_error at the field
+    for check in FORMAT_CHECKS:
+        check(value)  # a FormatError is a ValueError: pydantic's value_error at the field
     return value
 
 
