@@ -23,7 +23,7 @@ HOT   := lameduck/http1/wire.py lameduck/http1/upstream.py lameduck/http1/downst
 # Every compiled module (also those of an older HOT list).
 BUILT := src/*__mypyc*.so $$(find src/lameduck -name '*.so')
 
-.PHONY: run test lint bench bench-resources clean fast pure install fuzz
+.PHONY: run test lint bench bench-resources bench-exit clean fast pure install fuzz
 
 $(STAMP): pyproject.toml
 	python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -107,6 +107,12 @@ BENCH_ARGS ?=
 bench: $(FAST)
 	bash scripts/ensure-debs.sh wrk haproxy nginx-light nghttp2-client
 	$(PY) bench/run.py $(BENCH_ARGS)
+
+# SIGTERM -> exit at a 150 ms deadline with a request held (cut), 10 runs: the median and the
+# lag behind the last log line (bench/README.md, Exit). BENCH_EXIT_ARGS: e.g. --lameduck CMD.
+BENCH_EXIT_ARGS ?=
+bench-exit: $(FAST)
+	$(PY) bench/exit.py $(BENCH_EXIT_ARGS)
 
 # RSS per idle keep-alive connection, a client that reads nothing of a 100 MB response, and
 # a soak (SOAK=minutes, 0 = none): lameduck, HAProxy and nginx in one run (bench/README.md).

@@ -23,6 +23,7 @@ from lameduck.server.boot import (
     run,
     run_loop,
 )
+from lameduck.server.lifecycle import exit_now
 from lameduck.server.logfile import formatter as log_formatter
 from lameduck.server.logfile import open_log_file
 from lameduck.upstream.errlog import DEFAULT_INTERVAL as DEFAULT_ERRLOG_INTERVAL
@@ -32,10 +33,13 @@ EXIT_PIPE = 128 + signal.SIGPIPE  # stdout's reader went away
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """Does not return: the process ends with run's exit code as soon as it is known
+    (exit_now), not after the interpreter's teardown."""
     from lameduck.demo.origin import serve, shutdown
 
-    return run(RunOptions(args.config, args.hot_restart, args.admin_address_path,
-                          args.log_file, _log_argv(args), DemoOrigin(serve, shutdown)))
+    exit_now(run(RunOptions(args.config, args.hot_restart, args.admin_address_path,
+                            args.log_file, _log_argv(args), DemoOrigin(serve, shutdown))))
+    return 0  # not reached
 
 
 def _log_argv(args: argparse.Namespace) -> list[str]:
@@ -57,8 +61,10 @@ def cmd_supervise(args: argparse.Namespace) -> int:
         return EXIT_LISTEN
     from lameduck.restart.supervisor import supervise
 
-    return run_loop(lambda: supervise(args.config, _log_argv(args), args.admin_address_path,
-                                       passed))
+    # the supervisor's exit is the unit's: at once, as its child's (exit_now)
+    exit_now(run_loop(lambda: supervise(args.config, _log_argv(args), args.admin_address_path,
+                                         passed)))
+    return 0  # not reached
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
