@@ -78,6 +78,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Version(argparse.Action):
+    """``lameduck 0.1.0 (compiled: mypyc)`` or ``(pure Python)``: which one runs is found
+    only when asked (hotpath.py looks up every hot module)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        from lameduck.hotpath import build_kind
+
+        print(f"lameduck {__version__} ({build_kind()})")
+        parser.exit()
+
+
 def _duration_arg(text: str) -> float:
     try:
         return parse_duration(text)
@@ -290,7 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lameduck",
         description="A drain-aware HTTP proxy: take an instance out of a fleet without a "
                     "single failed request.")
-    p.add_argument("--version", action="version", version=f"lameduck {__version__}")
+    p.add_argument("--version", action=_Version, nargs=0,
+                   help="the version, and whether the hot path is compiled, then exit")
     _log_options(p, defaults=True)
     common = argparse.ArgumentParser(add_help=False)
     _log_options(common, defaults=False)
