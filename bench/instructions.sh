@@ -4,7 +4,7 @@
 # tens of percent between runs; instruction counts by a few percent). Kernel time (the
 # socket calls, about half of the bench's CPU per request) is not counted.
 #
-#   bench/instructions.sh [--log] [--h2] [--nginx] [SECONDS]
+#   bench/instructions.sh [--log] [--h2] [--nginx] [--tls] [SECONDS]
 #
 # From the repository (its .venv's python, or PYTHON=...; PYTHONPATH=src to measure a clone).
 #
@@ -16,12 +16,19 @@
 # HTTP/1.1 origin. --nginx: an nginx origin (one process, `return 200` with the demo origin's
 # body) instead of the demo one: its responses carry Connection: keep-alive, Date and Server, as
 # real origins' do (the demo origin sends no Connection field). CG_OUT=FILE keeps callgrind's
-# dump there, for callgrind_annotate (where the instructions go).
+# dump there, for callgrind_annotate (where the instructions go). --tls: the listener speaks TLS
+# (a self-signed P-256 certificate made by openssl in the temp dir, ALPN http/1.1) and wrk
+# sends https keep-alive: one wrk for warm-up (10 s) and measurement, so that the connections'
+# handshakes are made before the counters are zeroed: what TLS records cost per request,
+# OpenSSL's own instructions included.
 set -euo pipefail
 LOG=0
 H2=0
 NGINX=0
-while [ "${1:-}" = --log ] || [ "${1:-}" = --h2 ] || [ "${1:-}" = --nginx ]; do
+TLS=0
+while [ "${1:-}" = --log ] || [ "${1:-}" = --h2 ] || [ "${1:-}" = --nginx ] ||
+      [ "${1:-}" = --tls ]; do
+  [ "$1" = --tls ] && TLS=1
   [ "$1" = --log ] && LOG=1
   [ "$1" = --h2 ] && H2=1
   [ "$1" = --nginx ] && NGINX=1
@@ -29,7 +36,10 @@ while [ "${1:-}" = --log ] || [ "${1:-}" = --h2 ] || [ "${1:-}" = --nginx ]; do
 done
 SECS=${1:-8}
 [ $# -le 1 ] || {
-  echo "usage: bench/instructions.sh [--log] [--h2] [--nginx] [SECONDS]" >&2; exit 2; }
+  echo "usage: bench/instructions.sh [--log] [--h2] [--nginx] [--tls] [SECONDS]" >&2; exit 2; }
+if [ "$TLS" = 1 ] && [ "$H2" = 1 ]; then
+  echo "--tls is measured with wrk (HTTP/1.1 over TLS), not with --h2" >&2; exit 2
+fi
 if [ "$H2" = 1 ] && ! command -v h2load > /dev/null; then
   echo "--h2 needs h2load (Debian package nghttp2-client)" >&2; exit 2
 fi
@@ -90,6 +100,12 @@ else
 fi
 PORT=$(free_port)
 ADMIN=$(free_port)
+SCHEME=http
+if [ "$TLS" = 1 ]; then
+  SCHEME=https
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj /CN=127.0.0.1 -keyout "$W/key.pem" -out "$W/cert.pem" > /dev/null 2>&1
+fi
 {
   echo "admin: {address: 127.0.0.1:$ADMIN}"
   echo "drain: {time: 1s, strategy: gradual, connection_grace: 200ms}"
@@ -97,6 +113,7 @@ ADMIN=$(free_port)
   echo "listeners:"
   echo "  - {name: ingress, address: 127.0.0.1:$PORT, health_check_path: null, idle_timeout: 60s,"
   [ "$LOG" = 1 ] && echo "     access_log: {path: $W/access.log},"
+  [ "$TLS" = 1 ] && echo "     tls: {certificate: $W/cert.pem, key: $W/key.pem, alpn: [http/1.1]},"
   echo "     routes: [{prefix: /, cluster: origin, timeout: 30s}]}"
   echo "clusters:"
   echo "  - {name: origin, endpoints: [127.0.0.1:$ORIGIN], connect_timeout: 5s,"
@@ -107,7 +124,7 @@ taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$W/cg.out" \
 LD=$!
 PIDS=("$LD" "${PIDS[@]}")
 READY=0
-for _ in $(seq 600); do
+for _ in $(seq 3000); do  # an upper bound (10 min: callgrind on a loaded machine), left at ready
   if curl -sf -o /dev/null -m 2 "http://127.0.0.1:$ADMIN/ready"; then READY=1; break; fi
   kill -0 "$LD" 2>/dev/null || break  # exited: no point waiting
   sleep 0.2
@@ -123,15 +140,30 @@ load() {
   if [ "$H2" = 1 ]; then
     taskset -c 1 h2load -t1 -c5 -m10 -D "$1" "http://127.0.0.1:$PORT/" > /dev/null
   else
-    taskset -c 1 wrk -t1 -c10 -d"${1}s" "http://127.0.0.1:$PORT/" > /dev/null
+    taskset -c 1 wrk -t1 -c10 -d"${1}s" "$SCHEME://127.0.0.1:$PORT/" > /dev/null
   fi
 }
-load 3
-N0=$(requests || true)
-callgrind_control -z "$LD" > /dev/null 2>&1
-load "$SECS"
-callgrind_control -d "$LD" > /dev/null 2>&1
-N1=$(requests || true)
+if [ "$TLS" = 1 ]; then
+  # One wrk for warm-up and measurement: a second one would open its connections again and
+  # put their handshakes (millions of instructions each) in the count.
+  taskset -c 1 wrk -t1 -c10 -d"$(( SECS + 30 ))s" "https://127.0.0.1:$PORT/" > /dev/null &
+  WRK=$!
+  PIDS=("$WRK" "${PIDS[@]}")
+  sleep 10
+  N0=$(requests || true)
+  callgrind_control -z "$LD" > /dev/null 2>&1
+  sleep "$SECS"
+  callgrind_control -d "$LD" > /dev/null 2>&1
+  N1=$(requests || true)
+  kill "$WRK" 2>/dev/null || true
+else
+  load 3
+  N0=$(requests || true)
+  callgrind_control -z "$LD" > /dev/null 2>&1
+  load "$SECS"
+  callgrind_control -d "$LD" > /dev/null 2>&1
+  N1=$(requests || true)
+fi
 N=$(( ${N1:-0} - ${N0:-0} ))
 if [ -z "$N0" ] || [ -z "$N1" ] || [ "$N" -le 0 ]; then
   echo "no requests counted between the counter reset and the dump (downstream_rq_total" \
@@ -140,5 +172,5 @@ if [ -z "$N0" ] || [ -z "$N1" ] || [ "$N" -le 0 ]; then
   exit 1
 fi
 IR=$(grep -h -m1 '^summary:' "$W"/cg.out.* | awk '{print $2}')
-echo "$([ "$NGINX" = 1 ] && echo "nginx origin, ")$([ "$H2" = 1 ] && echo "h2c 5x10, ")access log $([ "$LOG" = 1 ] && echo on || echo off): $N requests, $IR instructions, $(( IR / N )) per request"
+echo "$([ "$TLS" = 1 ] && echo "TLS, ")$([ "$NGINX" = 1 ] && echo "nginx origin, ")$([ "$H2" = 1 ] && echo "h2c 5x10, ")access log $([ "$LOG" = 1 ] && echo on || echo off): $N requests, $IR instructions, $(( IR / N )) per request"
 [ -z "${CG_OUT:-}" ] || cp "$W"/cg.out.1 "$CG_OUT"

@@ -9,7 +9,9 @@ connections x 10 streams, 50 connections x 1 stream); the origin stays HTTP/1.1 
 HTTP/2-upstream rows (--h2-upstream, the default): wrk (HTTP/1.1) against lameduck and HAProxy,
 each forwarding to an nginx origin that speaks only h2c (HTTP/2 prior knowledge). Pool rows
 (--pool, the default): wrk against lameduck and HAProxy, each spreading requests round robin
-over three origins (as --origin) with active health checks on. Response-shape rows (--shapes,
+over three origins (as --origin) with active health checks on. TLS rows (--tls, the default):
+wrk over https keep-alive against lameduck and HAProxy, each terminating TLS 1.3 (same cipher
+suite) and forwarding over plain HTTP/1.1 to the origin. Response-shape rows (--shapes,
 the default), in the HTTP/1.1 rounds: wrk against lameduck and HAProxy for each of five
 response shapes (plain: no Connection header, from an HAProxy origin; keep-alive, chunked, a
 16 KiB static file, 30 header fields: from one nginx origin), and against a minimal uvloop +
@@ -20,7 +22,7 @@ was the limit; a ratio to HAProxy is printed only when both rows' proxies were s
 
 Run with ``make bench`` (or ``.venv/bin/python bench/run.py --help``). Everything listens on
 127.0.0.1, every process it starts is stopped by pid before it returns (also on Ctrl-C and
-SIGTERM), and the default run takes about six minutes (two of them the shape rows). See
+SIGTERM), and the default run takes about seven minutes (two of them the shape rows). See
 bench/README.md.
 
 Layout on a 2-core machine:
@@ -46,6 +48,7 @@ import resource
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -108,6 +111,22 @@ POOL_SIZE = 3
 POOL_LISTENER, POOL_CLUSTER = "ingress-pool", "origin-pool"
 POOL_HAPROXY_BACKEND = "origin_pool"
 POOL_HEALTH_CHECK = {"path": "/health", "interval": "1s", "timeout": "1s", "rise": 2, "fall": 3}
+
+# HTTPS: wrk over TLS keep-alive to a fourth listener (lameduck) / frontend (HAProxy) of the
+# same processes, forwarding over plain HTTP/1.1 to the same origin as the HTTP/1.1 rows. The
+# handshake is paid once per connection; what the row measures is the per-request cost of TLS
+# records (the request read, the response written). Target: lameduck's CPU µs per request at
+# most TARGET_TLS_RATIO x HAProxy's, in the same run, both saturated.
+TLS_PROXIES = ("lameduck", BASE, "haproxy")
+TLS_LISTENER = "ingress-tls"
+# Both servers are held to the same cipher suite (RFC 8446 §B.4): ChaCha20 beside AES-GCM on
+# AES-NI would compare ciphers, not proxies. HAProxy is pinned with `ciphersuites` on its bind
+# line; Python's ssl has no TLS 1.3 suite setter, so the pre-check (tls_cipher_problem) checks
+# that lameduck negotiates the same suite with OpenSSL's default client (wrk is one).
+TLS_CIPHERSUITE = "TLS_AES_256_GCM_SHA384"
+TARGET_TLS_RATIO = 1.2
+TARGET_TLS_LINE = (f"target (TLS): lameduck <= {TARGET_TLS_RATIO:g}x HAProxy's CPU µs per "
+                   "keep-alive GET over TLS (same run, both saturated)")
 
 # The response-shape matrix (--shapes): keep-alive GETs through lameduck and HAProxy, measured
 # in the HTTP/1.1 rounds, to origins answering in the shapes real origins send, one path each;
@@ -206,6 +225,7 @@ class Proc:
     pool_port: int = 0  # HTTP/1.1 listener whose upstream is the pool of origins (0: none)
     shapes_port: int = 0  # HTTP/1.1 listener whose upstream is the nginx shapes origin
     plain_port: int = 0  # HTTP/1.1 listener whose upstream is the `plain` (HAProxy) origin
+    tls_port: int = 0  # HTTPS listener whose upstream is the main origin (0: none)
     stats_socket: Path | None = None  # HAProxy's stats socket (for the pool's server counts)
 
     @property
@@ -404,13 +424,16 @@ def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int
                    pool_origin_ports: tuple[int, ...] = (),
                    shapes_origin_port: int = 0, plain_origin_port: int = 0,
                    access_log: bool = False, workers: int = 1,
-                   name: str | None = None, binary: str | None = None) -> tuple[Proc, int]:
+                   name: str | None = None, binary: str | None = None,
+                   tls_files: tuple[Path, Path] | None = None) -> tuple[Proc, int]:
     """``workers`` > 1: lameduck's multi-process mode (a main process and that many worker
     processes, its children: pinned with it); ``name`` names its config, log and process;
     ``binary``: another lameduck executable (--lameduck-base), given the same config.
     ``shapes_origin_port``, ``plain_origin_port``: a listener (and cluster) for each, as the
-    first one, for the response-shape matrix."""
+    first one, for the response-shape matrix. ``tls_files`` (certificate, key): a TLS listener
+    (ALPN http/1.1) to the first cluster, for the TLS rows."""
     port, admin = free_port(), free_port()
+    tls_port = free_port() if tls_files else 0
     h2up_port = free_port() if h2up_origin_port else 0
     pool_port = free_port() if pool_origin_ports else 0
     shapes_port = free_port() if shapes_origin_port else 0
@@ -477,6 +500,16 @@ def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int
             cfg["clusters"].append({"name": cluster, "endpoints": [f"127.0.0.1:{oport}"],
                                     "connect_timeout": "5s", "max_idle_connections": 256,
                                     "idle_timeout": "60s"})
+    if tls_files:  # HTTPS in, the first cluster (plain HTTP/1.1 keep-alive) out
+        cfg["listeners"].append({
+            "name": TLS_LISTENER,
+            "address": f"127.0.0.1:{tls_port}",
+            "health_check_path": None,
+            "idle_timeout": "60s",
+            "tls": {"certificate": str(tls_files[0]), "key": str(tls_files[1]),
+                    "alpn": ["http/1.1"]},
+            "routes": [{"prefix": "/", "cluster": "origin", "timeout": "30s"}],
+        })
     if access_log:  # Envoy's default format, JSON off: the common case, written to a file
         cfg["listeners"][0]["access_log"] = {"path": str(workdir / "access.log")}
     if workers != 1:
@@ -501,6 +534,7 @@ def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int
     proc.h2h2_port = h2up_port if h2 else 0
     proc.pool_port = pool_port
     proc.shapes_port, proc.plain_port = shapes_port, plain_port
+    proc.tls_port = tls_port
     return proc, port
 
 
@@ -519,6 +553,7 @@ LAMEDUCK_POOL_STATS = re.compile(
     r"(health_check\.(attempt|success|failure|network_failure)|ejections_enforced_total"
     r"|upstream_cx_none_healthy|upstream_rq_2xx|downstream_rq_2xx)$")
 _POOL_SCOPES = (f"http.{POOL_LISTENER}.", f"cluster.{POOL_CLUSTER}.")
+_TLS_SCOPES = (f"http.{TLS_LISTENER}.",)
 _SHAPES_SCOPES = (f"http.{SHAPES_LISTENER}.", f"cluster.{SHAPES_CLUSTER}.",
                   f"http.{PLAIN_LISTENER}.", f"cluster.{PLAIN_CLUSTER}.")
 
@@ -532,10 +567,11 @@ def lameduck_admin(proc: Proc, path: str) -> dict:
 
 
 def lameduck_counters(proc: Proc, h2up: bool = False, pool: bool = False,
-                      shapes: bool = False) -> dict[str, int]:
+                      shapes: bool = False, tls: bool = False) -> dict[str, int]:
     """Connection and request counters from lameduck's admin API (pool churn, errors): those
     of the HTTP/1.1 rows' listener and cluster, with ``h2up`` those of the h2c upstream's, with
-    ``pool`` those of the pool's, with ``shapes`` those of the shape matrix's. Empty unless
+    ``pool`` those of the pool's, with ``shapes`` those of the shape matrix's, with ``tls``
+    those of the TLS listener (its connections: one handshake each). Empty unless
     GET /stats answers 200."""
     try:
         stats = lameduck_admin(proc, "/stats?format=json")["stats"]
@@ -546,11 +582,11 @@ def lameduck_counters(proc: Proc, h2up: bool = False, pool: bool = False,
         if "name" not in st:
             continue  # the histograms' element (Envoy's shape)
         name = st["name"]
-        if h2up or pool or shapes:
+        if h2up or pool or shapes or tls:
             if not name.startswith(_H2UP_SCOPES if h2up else _POOL_SCOPES if pool
-                                   else _SHAPES_SCOPES):
+                                   else _SHAPES_SCOPES if shapes else _TLS_SCOPES):
                 continue
-        elif name.startswith(_H2UP_SCOPES + _POOL_SCOPES + _SHAPES_SCOPES):
+        elif name.startswith(_H2UP_SCOPES + _POOL_SCOPES + _SHAPES_SCOPES + _TLS_SCOPES):
             continue
         if (LAMEDUCK_STATS.search(name) or (h2up and LAMEDUCK_H2UP_STATS.search(name))
                 or (pool and LAMEDUCK_POOL_STATS.search(name))):
@@ -620,7 +656,7 @@ frontend fe
 {h2_frontend}
 backend origin
     server origin 127.0.0.1:{origin_port}
-{h2up}{pool}{shapes}"""
+{h2up}{pool}{shapes}{tls}"""
 
 
 HAPROXY_H2_FRONTEND = """
@@ -665,6 +701,15 @@ backend {backend}
     http-reuse always
 {servers}"""
 
+HAPROXY_TLS = """
+# HTTPS in (certificate and key in one PEM, as `crt` wants them), the plain origin backend out;
+# the TLS 1.3 suite pinned (HAProxy configuration manual, 5.1 `ciphersuites`).
+frontend fe_tls
+    bind 127.0.0.1:{tls_port} ssl crt {pem} alpn http/1.1 ciphersuites {suite}
+    default_backend origin
+"""
+
+
 HAPROXY_SHAPES = """
 # The response-shape matrix: a frontend per shape origin, each as the first one (keep-alive,
 # reuse and forwardfor from the defaults).
@@ -683,8 +728,9 @@ HAPROXY_STATS_SOCKET = "    stats socket {path} mode 600 level operator  # pool 
 def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
                   h2: bool = False, h2up_origin_port: int = 0,
                   pool_origin_ports: tuple[int, ...] = (), shapes_origin_port: int = 0,
-                  plain_origin_port: int = 0) -> tuple[Proc, int]:
+                  plain_origin_port: int = 0, tls_pem: Path | None = None) -> tuple[Proc, int]:
     port = free_port()
+    tls_port = free_port() if tls_pem else 0
     h2_port = free_port() if h2 else 0
     h2up_port = free_port() if h2up_origin_port else 0
     h2h2_port = free_port() if h2up_origin_port and h2 else 0
@@ -706,7 +752,9 @@ def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
                                  servers=servers) if pool_origin_ports else "",
         shapes="".join(HAPROXY_SHAPES.format(name=name, port=p, origin_port=o)
                        for name, p, o in (("shapes", shapes_port, shapes_origin_port),
-                                          ("plain", plain_port, plain_origin_port)) if o)))
+                                          ("plain", plain_port, plain_origin_port)) if o),
+        tls=HAPROXY_TLS.format(tls_port=tls_port, pem=tls_pem, suite=TLS_CIPHERSUITE)
+        if tls_pem else ""))
     check = subprocess.run(["haproxy", "-c", "-q", "-f", str(cfg)], capture_output=True,
                            text=True)
     if check.returncode != 0:
@@ -719,6 +767,7 @@ def start_haproxy(procs: Procs, cpu: int, workdir: Path, origin_port: int,
     proc.pool_port = pool_port
     proc.shapes_port, proc.plain_port = shapes_port, plain_port
     proc.stats_socket = sock
+    proc.tls_port = tls_port
     return proc, port
 
 
@@ -1197,11 +1246,14 @@ def h2c_check(procs: Procs, cpu: int | str, port: int, expect: bytes) -> str | N
 
 
 def keepalive_check(port: int, requests: int = 3, timeout: float = 3.0,
-                    expect: bytes = HELLO, path: str = "/") -> str | None:
+                    expect: bytes = HELLO, path: str = "/", tls: bool = False) -> str | None:
     """Several GETs on one connection, as wrk sends them. None when all are answered with the
     origin's body on the same connection, else what went wrong: a proxy that stalls on the
-    second request of a connection would otherwise show up only as a tiny req/s figure."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    second request of a connection would otherwise show up only as a tiny req/s figure.
+    ``tls``: over HTTPS (the bench's self-signed certificate is not verified)."""
+    conn = (http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout,
+                                        context=_client_context()) if tls
+            else http.client.HTTPConnection("127.0.0.1", port, timeout=timeout))
     try:
         for i in range(1, requests + 1):
             try:
@@ -1217,6 +1269,57 @@ def keepalive_check(port: int, requests: int = 3, timeout: float = 3.0,
     finally:
         conn.close()
     return None
+
+
+def _client_context() -> ssl.SSLContext:
+    """OpenSSL's default client, as wrk's (no verification: the certificate is self-signed)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def make_tls_files(workdir: Path) -> tuple[Path, Path, Path]:
+    """A throw-away self-signed P-256 certificate for 127.0.0.1 (openssl req -x509): its
+    certificate and key files (lameduck's ``tls:``) and both in one PEM (HAProxy's ``crt``)."""
+    cert, key, pem = workdir / "tls-cert.pem", workdir / "tls-key.pem", workdir / "tls.pem"
+    argv = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+            "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+            "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)]
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise BenchError(f"openssl req failed: {r.stderr.strip()}")
+    pem.write_text(cert.read_text() + key.read_text())
+    return cert, key, pem
+
+
+def tls_negotiated(port: int, timeout: float = 3.0) -> str:
+    """The protocol version and cipher suite OpenSSL's default client gets from ``port``."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw, \
+            _client_context().wrap_socket(raw) as tls:
+        cipher = tls.cipher()
+        return f"{tls.version()} {cipher[0] if cipher else '?'}"
+
+
+def tls_cipher_problem(negotiated: dict[str, str]) -> str | None:
+    """None when every proxy negotiated the same TLS version and suite (``negotiated``: name ->
+    "TLSv1.3 TLS_AES_256_GCM_SHA384"), else which did what: the CPU per request of different
+    ciphers compares ciphers, not proxies."""
+    if len(set(negotiated.values())) <= 1:
+        return None
+    return "different ciphers negotiated: " + ", ".join(
+        f"{n} {v}" for n, v in sorted(negotiated.items()))
+
+
+def cpu_ratio_verdict(m: dict[str, float], ha: dict[str, float], target: float) -> str:
+    """lameduck's CPU µs per request over HAProxy's (``m``, ``ha``: their medians), against
+    ``target``: judged only when both proxies were saturated (else the CPU of a proxy that
+    waited on its load is diluted by idle wake-ups and says little)."""
+    if not (saturated(m) and saturated(ha)) or not ha["cpu_us_per_req"]:
+        return _not_saturated(m, ha).replace("no ratio:", "not judged:")
+    ratio = m["cpu_us_per_req"] / ha["cpu_us_per_req"]
+    return (f"{m['cpu_us_per_req']:.1f} vs {ha['cpu_us_per_req']:.1f} µs = {ratio:.2f}x "
+            f"({'met' if ratio <= target else 'NOT met'}: <= {target:g}x)")
 
 
 STARTERS = {"lameduck": start_lameduck,
@@ -1277,9 +1380,10 @@ def parse_wrk(out: str) -> dict[str, float]:
 
 
 def run_wrk(procs: Procs, cpu: int | str, port: int, seconds: float, conns: int,
-            threads: int, path: str = "/") -> str:
+            threads: int, path: str = "/", scheme: str = "http") -> str:
+    """``scheme`` https: wrk over TLS, one handshake per connection, then keep-alive."""
     argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds:g}s", "--latency",
-            f"http://127.0.0.1:{port}{path}"]
+            f"{scheme}://127.0.0.1:{port}{path}"]
     proc = procs.start("wrk", cpu, argv)
     try:
         proc.popen.wait(timeout=seconds + 30)
@@ -1292,11 +1396,12 @@ def run_wrk(procs: Procs, cpu: int | str, port: int, seconds: float, conns: int,
 
 
 def measure(procs: Procs, name: str, proxy: Proc, port: int, args: argparse.Namespace,
-            rnd: int, duration: float | None = None, shape: Shape | None = None) -> Sample:
+            rnd: int, duration: float | None = None, shape: Shape | None = None,
+            scheme: str = "http") -> Sample:
     """One wrk round against ``port`` (``shape``: GET its path, a row of the shape matrix)."""
     busy0, ticks0, t0 = cpu_busy(), cpu_ticks(proxy.pid), time.monotonic()
     out = run_wrk(procs, args.load_cpu, port, duration or args.duration, args.connections,
-                  args.threads, shape.path if shape else "/")
+                  args.threads, shape.path if shape else "/", scheme)
     busy1, ticks1, wall = cpu_busy(), cpu_ticks(proxy.pid), time.monotonic() - t0
     if not proxy.alive():
         raise BenchError(f"{name} died during round {rnd}; log tail ({proxy.log}):\n"
@@ -1788,6 +1893,29 @@ def summarize_h2up(samples: list[Sample], names: list[str], load_cpu: int,
     return rows, [*info, *summary.notes], failures
 
 
+def summarize_tls(samples: list[Sample], names: list[str], load_cpu: int,
+                  skipped: dict[str, str], h1_samples: list[Sample],
+                  ) -> tuple[list[list[str]], list[str], list[str]]:
+    """The TLS rows, the verdict and informational lines (the target on CPU µs per request
+    against HAProxy's; what TLS adds to the same proxy's plain HTTP/1.1 row of this run; the
+    footnotes) and one line per failed row."""
+    good, summary, rows, failures = _side_rows(samples, names, load_cpu, skipped, "tls")
+    med = summary.med
+    info = []
+    if "lameduck" in med and "haproxy" in med:
+        info.append("lameduck CPU per request vs HAProxy: "
+                    + cpu_ratio_verdict(med["lameduck"], med["haproxy"], TARGET_TLS_RATIO))
+    for n in good:
+        cpu, h1 = _median(samples, "cpu_us_per_req", n), _median(h1_samples, "cpu_us_per_req", n)
+        line = f"{n}: {cpu:.1f} µs CPU/request over TLS"
+        if h1:
+            line += (f", {h1:.1f} over plain HTTP/1.1 in this run's first table "
+                     f"({cpu - h1:+.1f} µs, {cpu / h1:.2f}x)")
+        info.append(line)
+    info += _ratio_info(summary, "over TLS")
+    return rows, [*info, *summary.notes], failures
+
+
 def summarize_pool(samples: list[Sample], names: list[str], load_cpu: int,
                    skipped: dict[str, str], h1_samples: list[Sample],
                    ) -> tuple[list[list[str]], list[str], list[str]]:
@@ -1927,7 +2055,8 @@ def h2_markdown(h2, args) -> list[str]:
 
 
 def _side_markdown(title: str, intro: str, part, tail: str, rounds_title: str,
-                   args) -> list[str]:
+                   args, info_title: str = "No target is set for this path; for information:",
+                   ) -> list[str]:
     """A part measured like the HTTP/1.1 one: ``part`` is (rows, info, failures, samples,
     notes)."""
     rows, info, failures, samples, notes = part
@@ -1938,7 +2067,7 @@ def _side_markdown(title: str, intro: str, part, tail: str, rounds_title: str,
         "",
         md_table(rows),
         "",
-        "No target is set for this path; for information:",
+        info_title,
         "",
         *[f"- {x}" for x in info],
         "",
@@ -1972,6 +2101,21 @@ def h2up_markdown(h2up, args) -> list[str]:
         "HTTP/2-upstream rounds", args)
 
 
+def tls_markdown(tls, args) -> list[str]:
+    """The TLS section: ``tls`` is (rows, info, failures, samples, notes)."""
+    warm = (f" after a {args.tls_warmup:g} s warm-up each" if args.tls_warmup > 0 else "")
+    intro = (
+        f"wrk -t{args.threads} -c{args.connections} keep-alive GET / over https against "
+        f"{', '.join(args.tls_names)}, {args.rounds} interleaved rounds x "
+        f"{args.tls_duration:g} s per proxy{warm}, after the other parts: one TLS handshake "
+        "per connection, then requests on it. Each proxy terminates TLS on another listener "
+        "(lameduck `tls: {certificate, key, alpn: [http/1.1]}`, HAProxy `bind ... ssl crt` "
+        f"with `ciphersuites {TLS_CIPHERSUITE}`; a self-signed P-256 certificate) and forwards "
+        f"over plain HTTP/1.1 keep-alive to {origin_desc(args)}. {TARGET_TLS_LINE}.")
+    return _side_markdown("HTTPS (TLS keep-alive) clients → HTTP/1.1 upstream", intro, tls,
+                          "", "TLS rounds", args, "The target and, for information:")
+
+
 def pool_markdown(pool, args) -> list[str]:
     """The pool section: ``pool`` is (rows, info, failures, samples, notes)."""
     warm = (f" after a {args.pool_warmup:g} s warm-up each" if args.pool_warmup > 0 else "")
@@ -1996,7 +2140,7 @@ def pool_markdown(pool, args) -> list[str]:
 
 def write_markdown(path: Path, summary: Summary, samples, args, command: str,
                    notes: list[str], h2=None, h2up=None, pool=None, workers=None,
-                   shapes=None) -> None:
+                   shapes=None, tls=None) -> None:
     v = _versions(args)
     lines = [
         "# lameduck benchmark results",
@@ -2031,6 +2175,7 @@ def write_markdown(path: Path, summary: Summary, samples, args, command: str,
         *(h2_markdown(h2, args) if h2 else []),
         *(h2up_markdown(h2up, args) if h2up else []),
         *(pool_markdown(pool, args) if pool else []),
+        *(tls_markdown(tls, args) if tls else []),
         *(workers_markdown(workers, args) if workers else []),
         "## Environment",
         "",
@@ -2096,6 +2241,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pool-warmup", type=float, default=None,
                    help="wrk warm-up seconds per proxy before those rounds (default: "
                    "--warmup, at most 1; 0 = none)")
+    p.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the TLS rows: wrk over https keep-alive against lameduck and "
+                   "haproxy (those of --proxies), each with a TLS listener (self-signed P-256 "
+                   f"certificate made by openssl, {TLS_CIPHERSUITE}) forwarding to the origin "
+                   "over plain HTTP/1.1 (default on)")
+    p.add_argument("--tls-duration", type=float, default=None,
+                   help="seconds per proxy and round for those rows (default: --duration, "
+                   "at most 5)")
+    p.add_argument("--tls-warmup", type=float, default=None,
+                   help="wrk warm-up seconds per proxy before those rounds (default: "
+                   "--warmup, at most 1; 0 = none)")
     p.add_argument("--shapes", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the response-shape matrix in the HTTP/1.1 rounds: wrk "
                    "against lameduck and haproxy (those of --proxies) for each shape (plain, "
@@ -2150,6 +2306,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 "--workers-warmup not negative")
     if args.workers_only:  # the other parts and proxies off: --proxies is not read
         args.h2, args.h2_upstream, args.pool, args.shapes = False, False, False, False
+        args.tls = False
         names = []
     else:
         names = [n.strip() for n in args.proxies.split(",") if n.strip()]
@@ -2181,7 +2338,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             ("pool", "--pool", 4.0, args.pool, POOL_PROXIES, args.pool_duration,
              args.pool_warmup),
             ("shapes", "--shapes", 3.0, args.shapes, SHAPES_PROXIES, args.shapes_duration,
-             args.shapes_warmup)):
+             args.shapes_warmup),
+            ("tls", "--tls", 5.0, args.tls, TLS_PROXIES, args.tls_duration, args.tls_warmup)):
         duration = min(args.duration, cap) if duration is None else duration
         warmup = max(0.0, min(args.warmup, 1.0)) if warmup is None else warmup
         if duration <= 0 or warmup < 0:
@@ -2284,11 +2442,24 @@ def run_pool_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], origins:
         duration=args.pool_duration, warmup=args.pool_warmup)
 
 
+def run_tls_rounds(procs: Procs, proxies: dict[str, tuple[Proc, int]], origin: Proc,
+                   args: argparse.Namespace, samples: list[Sample],
+                   skipped: dict[str, str]) -> bool:
+    """HTTPS clients -> proxy -> the main origin over plain HTTP/1.1: as ``run_h2up_rounds``,
+    on the TLS listener, wrk over https, with ``--tls-duration`` and ``--tls-warmup``."""
+    return _run_wrk_part(
+        procs, proxies, [("the origin", origin)], args, samples, skipped,
+        names=args.tls_names, port_of=lambda proc: proc.tls_port, expect=HELLO,
+        precheck_requests=3, label="tls", tag="tls", duration=args.tls_duration,
+        warmup=args.tls_warmup, scheme="https")
+
+
 def _run_wrk_part(procs: Procs, proxies: dict[str, tuple[Proc, int]],
                   origins: list[tuple[str, Proc]], args: argparse.Namespace,
                   samples: list[Sample], skipped: dict[str, str], *, names: list[str],
                   port_of: Callable[[Proc], int], expect: bytes, precheck_requests: int,
-                  label: str, tag: str, duration: float, warmup: float) -> bool:
+                  label: str, tag: str, duration: float, warmup: float,
+                  scheme: str = "http") -> bool:
     """A wrk part after the HTTP/1.1 rows, on another listener of the same proxies: a
     keep-alive pre-check per proxy, a wrk warm-up, then ``--rounds`` rounds of ``duration``
     with the order rotating. A proxy that fails the pre-check, dies or whose wrk fails gets a
@@ -2307,7 +2478,7 @@ def _run_wrk_part(procs: Procs, proxies: dict[str, tuple[Proc, int]],
     for name in names:
         if name not in skipped:
             problem = keepalive_check(port_of(proxies[name][0]), requests=precheck_requests,
-                                      expect=expect)
+                                      expect=expect, tls=scheme == "https")
             if problem:
                 fail(name, f"pre-check: {problem}; no rounds")
     active = [n for n in names if n not in skipped]
@@ -2316,7 +2487,7 @@ def _run_wrk_part(procs: Procs, proxies: dict[str, tuple[Proc, int]],
             print(f"warm-up {name} {label} {warmup:g}s", flush=True)
             try:
                 run_wrk(procs, args.load_cpu, port_of(proxies[name][0]), warmup,
-                        args.connections, args.threads)
+                        args.connections, args.threads, scheme=scheme)
             except BenchError as e:
                 fail(name, f"warm-up: {e}")
     for rnd in range(1, args.rounds + 1):
@@ -2326,7 +2497,8 @@ def _run_wrk_part(procs: Procs, proxies: dict[str, tuple[Proc, int]],
                 continue
             proc = proxies[name][0]
             try:
-                s = measure(procs, name, proc, port_of(proc), args, rnd, duration)
+                s = measure(procs, name, proc, port_of(proc), args, rnd, duration,
+                            scheme=scheme)
             except BenchError as e:
                 fail(name, f"round {rnd}: {e}")
                 continue
@@ -3141,7 +3313,8 @@ def main(argv: list[str] | None = None) -> int:
                  *(["nginx"] if "nginx" in args.names or args.h2up_names or args.shapes_names
                    or args.worker_counts or args.origin == "nginx" else []),
                  *(["h2load"] if args.h2_names else []),
-                 *(["curl"] if args.h2up_names or args.h2_names else [])):
+                 *(["curl"] if args.h2up_names or args.h2_names else []),
+                 *(["openssl"] if args.tls_names else [])):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             print(f"bench: {tool} not found (make bench installs wrk, haproxy, nginx-light, "
                   "nghttp2-client; --no-h2 skips the h2load rows, --no-h2-upstream the rows "
@@ -3172,6 +3345,10 @@ def main(argv: list[str] | None = None) -> int:
     pool_samples: list[Sample] = []
     pool_skipped: dict[str, str] = {}  # proxy -> why its pool row is FAILED
     pool_notes: list[str] = []
+    tls_samples: list[Sample] = []
+    tls_skipped: dict[str, str] = {}  # proxy -> why its TLS row is FAILED
+    tls_notes: list[str] = []
+    tls_files: tuple[Path, Path, Path] | None = None
     shapes_part: ShapesPart | None = None
     workers: WorkersResult | None = None
     idle = background_load((args.proxy_cpu, args.load_cpu))
@@ -3238,6 +3415,14 @@ def main(argv: list[str] | None = None) -> int:
             if shapes_part.floor:
                 print(f"floor relay: pid {shapes_part.floor[0].pid} on "
                       f"127.0.0.1:{shapes_part.floor[1]} (CPU {args.proxy_cpu})")
+        if args.tls_names:
+            try:
+                tls_files = make_tls_files(workdir)
+            except (BenchError, OSError) as e:  # the other parts still run; these read FAILED
+                keep = True
+                for n in args.tls_names:
+                    tls_skipped[n] = f"no certificate: {e}"
+                print(f"bench: warning: no TLS rounds: {e}", file=sys.stderr)
         proxies: dict[str, tuple[Proc, int]] = {}
         for name in args.names:
             kw: dict = {"h2": True} if name in args.h2_names else {}
@@ -3251,6 +3436,11 @@ def main(argv: list[str] | None = None) -> int:
             if shapes_part and name in args.shapes_names:
                 kw["shapes_origin_port"] = shapes_part.origins.get("nginx", (None, 0))[1]
                 kw["plain_origin_port"] = shapes_part.origins.get("plain", (None, 0))[1]
+            if tls_files and name in args.tls_names:
+                if name == "haproxy":
+                    kw["tls_pem"] = tls_files[2]
+                else:
+                    kw["tls_files"] = tls_files[:2]
             if name == BASE:
                 kw.update(name=BASE, binary=args.lameduck_base)
             starter = STARTERS[name if name != BASE else "lameduck"]
@@ -3263,7 +3453,8 @@ def main(argv: list[str] | None = None) -> int:
                   + (f", pool listener on :{proc.pool_port}" if proc.pool_port else "")
                   + (f", shapes listener on :{proc.shapes_port}" if proc.shapes_port else "")
                   + (f", plain shape listener on :{proc.plain_port}" if proc.plain_port
-                     else ""))
+                     else "")
+                  + (f", TLS listener on :{proc.tls_port}" if proc.tls_port else ""))
         for name, (proc, port) in proxies.items():
             problem = keepalive_check(port)
             if problem:
@@ -3338,6 +3529,28 @@ def main(argv: list[str] | None = None) -> int:
                 if lameduck and "lameduck" in args.pool_names:
                     print(f"bench: note: the pool checks failed; tail of {lameduck[0].log}:\n"
                           f"{lameduck[0].tail(40)}", file=sys.stderr)
+        if tls_files:
+            negotiated = {}
+            for n in args.tls_names:
+                try:
+                    negotiated[n] = tls_negotiated(proxies[n][0].tls_port)
+                except (OSError, ssl.SSLError) as e:
+                    tls_skipped.setdefault(n, f"TLS handshake: {type(e).__name__}: {e}")
+            tls_notes.append("negotiated with OpenSSL's default client: " + ", ".join(
+                f"{n} {v}" for n, v in negotiated.items()))
+            print("tls: " + tls_notes[-1])
+            problem = tls_cipher_problem(negotiated)
+            if problem:
+                tls_notes.append(problem + "; the CPU per request compares ciphers too")
+                print(f"bench: warning: {problem}", file=sys.stderr)
+            if not run_tls_rounds(procs, proxies, origin, args, tls_samples, tls_skipped):
+                keep = True
+            if lameduck and lameduck[0].alive():
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    c = lameduck_counters(lameduck[0], tls=True)
+                    tls_notes.append("lameduck counters of its TLS listener after the run "
+                                     "(warm-up and pre-checks included; a connection is a "
+                                     "handshake): " + ", ".join(f"{k}={v}" for k, v in c.items()))
         if args.worker_counts:
             workers = run_workers(procs, args, workdir, origin, origin_port)
             if workers.failures or any(n.startswith("CHECK FAILED") for n in workers.notes):
@@ -3445,10 +3658,29 @@ def main(argv: list[str] | None = None) -> int:
             print("  failed: " + f)
         for n in pool_notes:
             print("note: " + n)
+    if args.tls and not args.tls_names:
+        notes.append("no TLS rows: --proxies has neither lameduck nor haproxy")
+    tls = None
+    if args.tls_names:
+        tls_rows, tls_info, tls_failures = summarize_tls(
+            tls_samples, args.tls_names, args.load_cpu, tls_skipped, samples)
+        tls = (tls_rows, tls_info, tls_failures, tls_samples, tls_notes)
+        print()
+        print(f"HTTPS keep-alive GET / (TLS in, plain HTTP/1.1 to the origin; wrk "
+              f"-t{args.threads} -c{args.connections}; {args.tls_duration:g} s rounds)")
+        print(text_table(tls_rows))
+        print()
+        print(TARGET_TLS_LINE)
+        for x in tls_info:
+            print("  " + x)
+        for f in tls_failures:
+            print("  failed: " + f)
+        for n in tls_notes:
+            print("note: " + n)
     if workers is not None:
         print_workers(workers, args)
     write_markdown(args.out, summary, samples, args, command, notes, h2, h2up, pool, workers,
-                   (shapes, shapes_part) if shapes and shapes_part else None)
+                   (shapes, shapes_part) if shapes and shapes_part else None, tls)
     print(f"\nwritten {args.out}")
     return 0
 

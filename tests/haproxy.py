@@ -102,7 +102,7 @@ class Haproxy:
             raise RuntimeError(f"haproxy rejected {self.cfg}:\n{r.stdout}{r.stderr}\n"
                                f"--- config ---\n{self.cfg.read_text()}")
 
-    def start(self, timeout: float = 10.0) -> Haproxy:
+    def start(self, timeout: float = 30.0) -> Haproxy:
         self.check_config()
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(["haproxy", "-f", str(self.cfg), "-db"],

@@ -357,10 +357,12 @@ class Lameduck:
         self.addrs: dict[str, str] = {lc["name"]: lc["address"] for lc in cfg["listeners"]}
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 10.0, wrapper: list[str] | None = None,
+    def start(self, timeout: float = 30.0, wrapper: list[str] | None = None,
               env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
               command: str = "run", args: tuple[str, ...] = ()) -> Lameduck:
-        """``wrapper``: argv run first, that execs the rest (e.g. tests/sdactivate.py);
+        """``timeout``: generous, as it is only an upper bound (this returns once ready): on
+        a loaded 2-core machine two workers' start-up alone has taken over 10 s.
+        ``wrapper``: argv run first, that execs the rest (e.g. tests/sdactivate.py);
         ``env``: variables added; ``pass_fds``: descriptors the process inherits;
         ``command``: ``run`` or ``supervise``; ``args``: more options (``--hot-restart``)."""
         self.admin_path.unlink(missing_ok=True)
@@ -849,7 +851,7 @@ class H2Origin:
     ``wait_line(...)`` polls for one."""
 
     def __init__(self, max_streams: int | None = None, window: int | None = None,
-                 args: tuple[str, ...] = (), timeout: float = 10.0) -> None:
+                 args: tuple[str, ...] = (), timeout: float = 30.0) -> None:
         import tempfile
         import threading
 

@@ -38,7 +38,7 @@ class RedisServer:
         self.log_path = workdir / "redis.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 10.0) -> RedisServer:
+    def start(self, timeout: float = 30.0) -> RedisServer:
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 ["redis-server", "--port", "0", "--unixsocket", str(self.sock),

@@ -126,7 +126,16 @@ def client_requests(body: bytes) -> list[bytes]:
     ends: list[int] = []  # where each message ended (only while feeding byte by byte)
     fed = [0]
 
+    upgrade: list[bytes | None] = [None, None]  # the request's Upgrade, Connection
+
     class Cb:
+        def on_header(self, name: bytes, value: bytes) -> None:
+            n = name.lower()
+            if n == b"upgrade":
+                upgrade[0] = value
+            elif n == b"connection":
+                upgrade[1] = (upgrade[1] or b"") + b"," + value
+
         def on_headers_complete(self) -> None:
             if parser.get_http_version()[0] != "1":
                 methods.append(b"GET")  # answered with a body, and the last one
@@ -136,14 +145,30 @@ def client_requests(body: bytes) -> list[bytes]:
         def on_message_complete(self) -> None:
             ends.append(fed[0])
 
-    parser = httptools.HttpRequestParser(Cb())
-    try:
-        parser.feed_data(body)
-        return methods
-    except httptools.HttpParserInvalidMethodError:
-        pass
-    except (httptools.HttpParserError, httptools.HttpParserUpgrade):
-        return methods
+    rest = body
+    while True:
+        upgrade[:] = [None, None]
+        parser = httptools.HttpRequestParser(Cb())
+        try:
+            parser.feed_data(rest)
+            return methods
+        except httptools.HttpParserInvalidMethodError:
+            break
+        except httptools.HttpParserUpgrade as e:
+            # A GET's WebSocket Upgrade hands the connection to the tunnel, and a CONNECT to
+            # its destination; any other Upgrade the codec strips (RFC 9110 §7.8: a server
+            # may ignore it) and reads on, the next request from where llhttp stopped.
+            up, conn = upgrade
+            websocket = (up is not None and up.strip().lower() == b"websocket"
+                         and b"upgrade" in [t.strip().lower() for t in (conn or b"").split(b",")])
+            if (websocket and methods[-1:] == [b"GET"]) or methods[-1:] == [b"CONNECT"] \
+                    or not e.args:
+                return methods
+            rest = rest[e.args[0]:]
+            if not rest:
+                return methods
+        except httptools.HttpParserError:
+            return methods
     # Again, a byte at a time, so that where a refused method begins is known.
     methods.clear()
     parser = httptools.HttpRequestParser(Cb())

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -227,8 +228,35 @@ def test_prometheus_exposition(lameduck) -> None:
     assert samples['envoy_http_downstream_rq_xx{envoy_response_code_class="2",'
                    'envoy_http_conn_manager_prefix="ingress"}'] == "1"
     assert samples["envoy_server_live"] == "1"
-    # The same through ?format=prometheus.
-    assert ld.admin("GET", "/stats?format=prometheus").text == r.text
+    # A listener's name is a label (Envoy's envoy_listener_address), never in the family.
+    key = 'envoy_listener_downstream_global_cx_overflow{envoy_listener_address="ingress"}'
+    assert samples[key] == "0"
+    assert not [s for s in samples if s.split("{")[0].count("ingress")], samples
+    # The client libraries' process_* metrics, read by prometheus_client's own parser.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    parsed = {f.name: f for f in text_string_to_metric_families(r.text)}
+    proc = {n: f.samples[0].value for n, f in parsed.items() if n.startswith("process_")}
+    assert set(proc) == {"process_cpu_seconds", "process_virtual_memory_bytes",
+                         "process_resident_memory_bytes", "process_start_time_seconds",
+                         "process_open_fds", "process_max_fds"}
+    assert 0 < proc["process_open_fds"] <= proc["process_max_fds"]
+    assert proc["process_max_fds"] == _soft_nofile(ld.pid)
+    assert proc["process_cpu_seconds"] > 0 and proc["process_resident_memory_bytes"] > 1 << 20
+    # The same series through ?format=prometheus (values move on: uptime, CPU time).
+    again = ld.admin("GET", "/stats?format=prometheus").text
+    assert _series(again) == _series(r.text)
+
+
+def _soft_nofile(pid: int) -> int:
+    """The process's soft RLIMIT_NOFILE, from /proc/PID/limits."""
+    text = Path(f"/proc/{pid}/limits").read_text()
+    return int(next(ln for ln in text.splitlines() if ln.startswith("Max open files")).split()[3])
+
+
+def _series(text: str) -> list[str]:
+    """The exposition without its values: HELP and TYPE lines, and each sample's series."""
+    return [ln if ln.startswith("#") else ln.rsplit(" ", 1)[0] for ln in text.splitlines()]
 
 
 STAT_NAMES = [

@@ -79,3 +79,31 @@ def test_past_the_cap_counted_served_and_recovered(origin_port: int, tmp_path: P
         ld.kill()
     assert log.count("downstream connections (RLIMIT_NOFILE") <= 2, log
     assert "EMFILE" not in log and "Too many open files" not in log, log
+
+
+def test_the_soft_limit_is_raised_to_the_hard_one(origin_port: int, tmp_path: Path) -> None:
+    """A soft limit below the hard one (the common 1024 of a login shell or a unit without
+    LimitNOFILE=) would cap the clients at (soft - 32) / 2: lameduck takes the hard limit, as
+    HAProxy does, and logs it."""
+    ld = Lameduck(base_config(origin_port, listener={"idle_timeout": "60s"}), tmp_path)
+    ld.start(wrapper=["prlimit", f"--nofile={NOFILE}:{NOFILE * 4}", "--"])
+    try:
+        limits = Path(f"/proc/{ld.pid}/limits").read_text()
+        [line] = [ln for ln in limits.splitlines() if ln.startswith("Max open files")]
+        assert line.split()[3:5] == [str(NOFILE * 4), str(NOFILE * 4)], line
+        log = ld.log()
+        assert (f"RLIMIT_NOFILE: soft limit raised from {NOFILE} to {NOFILE * 4} open files"
+                in log), log
+        # and the connection cap follows the raised limit: past the old cap of CAP, all served
+        held = []
+        try:
+            for _ in range(CAP + 12):
+                s = socket.create_connection(("127.0.0.1", ld.port), timeout=5)
+                held.append(s)
+                assert _get(s), len(held)
+            assert ld.stat("listener.ingress.downstream_global_cx_overflow") == 0
+        finally:
+            for s in held:
+                s.close()
+    finally:
+        ld.kill()

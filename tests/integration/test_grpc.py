@@ -195,3 +195,30 @@ def test_drain_under_load_fails_no_unary_call(
     assert all(code in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE) for _, code in long_codes)
     assert any(code is grpc.StatusCode.UNAVAILABLE for _, code in long_codes), long_codes
     assert "deadline: cutting" in a.log()
+
+
+def test_a_static_address_list_is_the_authority_and_every_call_is_ok(
+    peers: Callable[[str], Peer], lameduck: Callable[..., Lameduck],
+) -> None:
+    """grpcio given ``ipv4:127.0.0.1:p,127.0.0.1:q`` with round_robin (and no default
+    authority) sends that whole list as :authority. lameduck forwards it, as HAProxy and nginx
+    do, and routes by its first host: each lameduck's one route names host 127.0.0.1, so a
+    call routed by the whole value would be 404 (UNIMPLEMENTED)."""
+    peer = peers("p1")
+    a = lameduck(h2_config(peer.port, route={"host": "127.0.0.1"}))
+    b = lameduck(h2_config(peer.port, route={"host": "127.0.0.1"}))
+    target = f"ipv4:127.0.0.1:{a.port},127.0.0.1:{b.port}"
+    with grpc.insecure_channel(target, options=[("grpc.lb_policy_name", "round_robin")]) as ch:
+        unary = ch.unary_unary("/test.Echo/Unary")
+        codes = []
+        for i in range(20):
+            try:
+                _, call = unary.with_call(b"%d" % i, timeout=10)
+                codes.append(call.code())
+            except grpc.RpcError as e:
+                codes.append(e.code())
+        stream = ch.unary_stream("/test.Echo/Stream")
+        assert list(stream(b"3,10", timeout=10)) == [b"0", b"1", b"2"]
+    assert codes == [grpc.StatusCode.OK] * 20, codes
+    # round_robin: both lameducks took calls
+    assert a.stat("cluster.app.upstream_rq_2xx") >= 1 and b.stat("cluster.app.upstream_rq_2xx") >= 1

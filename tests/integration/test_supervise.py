@@ -54,6 +54,20 @@ def test_sighup_hot_restarts_under_load_and_sigterm_drains(
     assert not any(_alive(k) for k in kids)
 
 
+def test_the_start_up_text_says_to_signal_the_supervisor(
+        origin_port: int, tmp_path: Path) -> None:
+    """A child sent SIGTERM alone is restarted: the banner's stop advice names the supervisor
+    (Docker's ENTRYPOINT, pid 1 in a container), never the child."""
+    sup, _ = _supervised(origin_port, tmp_path)
+    (child,) = _children(sup.pid)
+    assert wait_until(lambda: f"kill -TERM {sup.pid}" in sup.log(), 10), sup.log()
+    text = sup.log()
+    assert f"kill -HUP {sup.pid}" in text and "docker stop" in text
+    assert f"kill -TERM {child}" not in text and f"kill -HUP {child}" not in text
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(10) == 0
+
+
 def test_sighup_with_a_broken_config_changes_nothing(origin_port: int, tmp_path: Path) -> None:
     sup, cfg = _supervised(origin_port, tmp_path)
     child = _children(sup.pid)

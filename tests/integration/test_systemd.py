@@ -4,6 +4,7 @@ datagram socket receives the sd_notify states)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -137,3 +138,94 @@ def test_notify_ready_then_stopping(origin_port: int, tmp_path: Path, abstract: 
     finally:
         sock.close()
         ld.kill()
+
+
+SANDBOX = [sys.executable, str(Path(__file__).resolve().parents[1] / "sandbox.py"), "--"]
+
+
+def _sandbox_or_skip() -> None:
+    import subprocess
+
+    ok = subprocess.run([*SANDBOX, "true"], capture_output=True, text=True, check=False)
+    if ok.returncode == 77:
+        pytest.skip(ok.stderr.strip())
+    assert ok.returncode == 0, ok.stderr
+
+
+def _wait_pid(pid: int, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_units_syscall_filter_and_memory_rule_hold_for_run(
+        origin_port: int, tmp_path: Path) -> None:
+    """lameduck.service's SystemCallFilter=@system-service ~@privileged (EPERM) and
+    MemoryDenyWriteExecute=yes, enforced by the kernel (tests/sandbox.py): lameduck run
+    (CPython, uvloop, httptools, RE2, the mypyc-compiled modules) serves HTTP/1.1 and HTTP/2,
+    answers /stats?filter= (RE2), raises its descriptor limit, hot-restarts on SIGHUP (the
+    successor exec'd under the same rules) and drains out on SIGTERM with exit 0."""
+    _sandbox_or_skip()
+    ld = Lameduck(base_config(origin_port), tmp_path).start(wrapper=SANDBOX)
+    successor = None
+    try:
+        assert _get(ld.port).status_code == 200
+        with httpx.Client(http2=True, http1=False, timeout=5) as c:
+            assert c.get(ld.url("/")).http_version == "HTTP/2"
+        assert ld.admin("GET", "/stats?filter=^server\\.").status_code == 200
+        ld.signal(signal.SIGHUP)
+        end = time.monotonic() + 15
+        while time.monotonic() < end and successor is None:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                pid = ld.server_info()["pid"]
+                successor = pid if pid != ld.pid else None
+            time.sleep(0.05)
+        assert successor is not None, ld.log()
+        assert _get(ld.port).status_code == 200
+        assert ld.stat("server.hot_restart_epoch") == 1
+        assert ld.wait(30) == 0, ld.log()  # the old process drained out
+        os.kill(successor, signal.SIGTERM)
+        assert _wait_pid(successor, 30), ld.log()
+    finally:
+        log = ld.log()
+        if successor is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(successor, signal.SIGKILL)
+        ld.kill()
+    assert "Operation not permitted" not in log and "Permission denied" not in log, log
+    assert "Traceback" not in log and "cannot raise the soft limit" not in log, log
+
+
+@pytest.mark.parametrize("command", ["workers", "supervise"])
+def test_the_units_syscall_filter_and_memory_rule_hold_for(
+        command: str, origin_port: int, tmp_path: Path) -> None:
+    """The same rules over `workers: 2` (a pool of processes) and `lameduck supervise` (held
+    sockets, sd_notify, /proc/PID/status): serve, reload where there is one, exit 0."""
+    _sandbox_or_skip()
+    cfg = base_config(origin_port)
+    if command == "workers":
+        cfg["workers"] = 2
+    ld = Lameduck(cfg, tmp_path).start(
+        wrapper=SANDBOX, command="supervise" if command == "supervise" else "run")
+    try:
+        for _ in range(4):
+            assert _get(ld.port).status_code == 200
+        if command == "supervise":
+            ld.signal(signal.SIGHUP)
+            end = time.monotonic() + 15
+            while time.monotonic() < end and "SIGHUP: child" not in ld.log():
+                time.sleep(0.05)
+            assert "serves; child" in ld.log(), ld.log()
+            assert _get(ld.port).status_code == 200
+        ld.signal(signal.SIGTERM)
+        assert ld.wait(30) == 0, ld.log()
+    finally:
+        log = ld.log()
+        ld.kill()
+    assert "Operation not permitted" not in log and "Permission denied" not in log, log
+    assert "Traceback" not in log, log

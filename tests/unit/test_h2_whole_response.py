@@ -141,3 +141,12 @@ def test_any_whole_response_reads_the_same(fields: list[tuple[bytes, bytes]], bo
         return  # not plain enough for the fast path: the parser's path takes it anyway
     assert response_fields(out[:end]) == parsed(raw)
     assert client_view(raw, whole=True)[:2] == client_view(raw, whole=False)[:2]
+
+
+def test_no_field_value_reaches_the_client_with_whitespace_around_it() -> None:
+    """llhttp keeps a value's trailing OWS; an HTTP/2 field value has none (RFC 9113 §8.2.1:
+    nghttp2 resets such a stream as malformed). Whichever path the response took."""
+    raw = nginx(extra=b"X-T: v  \r\nX-Tab:\tw\t\r\nX-Mid: a  b \r\n")
+    for whole in (True, False):
+        head = dict(client_view(raw, whole)[0])
+        assert (head[b"x-t"], head[b"x-tab"], head[b"x-mid"]) == (b"v", b"w", b"a  b")

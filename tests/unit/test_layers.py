@@ -14,6 +14,8 @@ PKG = Path(__file__).resolve().parents[2] / "src" / "lameduck"
 ALLOWED: dict[str, set[str]] = {
     "drain": set(),
     "stats": set(),
+    # what a missing optional dependency says (the extra to install): a leaf
+    "extras": set(),
     "config": {"drain"},
     "upstream": {"stats", "config", "drain"},
     "proxy": {"tunnel", "upstream", "drain", "stats", "config"},
@@ -24,8 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     "listeners": {"http1", "http2", "proxy", "tunnel", "upstream", "drain", "stats",
                   "config"},
     "demo": {"resume"},
-    "resume": {"drain"},
-    "client": {"resume", "drain"},
+    "resume": {"drain", "extras"},
+    "client": {"resume", "drain", "extras"},
     "restart": {"config"},
     "orchestrate": {"config", "drain"},
     # the simulator drives the drain core; it reads configs and budget's pod timers, never the

@@ -363,3 +363,111 @@ def test_resp_field_is_logged_whichever_path_the_response_took(proto: str, whole
     logfile.flush()
     (line,) = (tmp_path / "access.log").read_text().splitlines()
     assert ' 200 - 0 2 0 7 "' in line, line
+
+
+# -- a client that goes away with its request in flight: one rule (``Exchange.client_gone``) --
+# Its upstream request is cut (the connection closed, never pooled; an HTTP/2 upstream stream
+# cancelled) and it ends unanswered: Envoy's DC (the connection ended, or an HTTP/1.1 client
+# half-closed: Envoy's connection manager takes the FIN for the end) or DR (the client reset
+# its HTTP/2 stream), with the status already sent, or 0.
+
+@dataclass
+class Gone:
+    name: str
+    proto: str
+    how: str  # "fin": the client half-closes; "rst": the socket ends; "stream": RST_STREAM
+    started: bool  # the response head (and 3 body bytes) went out first
+    flags: str
+    destroyed: int  # downstream_cx_destroy_remote_active_rq
+    rx_reset: int = 0  # downstream_rq_rx_reset
+
+
+GONE = [
+    Gone("HTTP/1.1 FIN before the response", "http1", "fin", False, "DC", 1),
+    Gone("HTTP/1.1 FIN once the response began", "http1", "fin", True, "DC", 1),
+    Gone("HTTP/1.1 connection reset before the response", "http1", "rst", False, "DC", 1),
+    Gone("HTTP/2 RST_STREAM before the response", "http2", "stream", False, "DR", 0, 1),
+    Gone("HTTP/2 RST_STREAM once the response began", "http2", "stream", True, "DR", 0, 1),
+    Gone("HTTP/2 FIN before the response", "http2", "fin", False, "DC", 1),
+    Gone("HTTP/2 connection reset once the response began", "http2", "rst", True, "DC", 1),
+]
+
+
+@pytest.mark.parametrize("g", GONE, ids=[g.name for g in GONE])
+def test_client_gone_rule(g: Gone, tmp_path: Path) -> None:
+    ls, logfile = _listener(tmp_path)
+    conn, t = (_h1 if g.proto == "http1" else _h2)(ls, Rule(g.name))
+    up = ls.connects[0].succeed()
+    if g.started:
+        up.sink.cork()
+        up.sink.on_response_head(200, [(b"content-length", b"9")], 9, False)
+        up.sink.on_response_body(b"par")
+        up.sink.uncork()
+    t.take()
+    if g.how == "stream":  # RST_STREAM(CANCEL) on stream 1
+        conn.data_received(b"\x00\x00\x04\x03\x00" + (1).to_bytes(4, "big")
+                           + (8).to_bytes(4, "big"))
+    elif g.how == "fin":
+        if not conn.eof_received():  # False: asyncio closes the transport, then reports it
+            conn.connection_lost(None)
+    else:
+        conn.connection_lost(ConnectionResetError())
+
+    assert up.closed and not ls.eps[0].idle  # the upstream request cut, its connection not pooled
+    line = _logged(tmp_path, logfile)
+    assert (line["response_code"], line["response_flags"]) == (200 if g.started else 0, g.flags)
+    assert line["bytes_sent"] == (3 if g.started else 0)
+    st = ls.stats
+    assert (st.downstream_cx_destroy_remote_active_rq, st.downstream_rq_rx_reset) == (
+        g.destroyed, g.rx_reset)
+    assert _counts(ls) == _books({"2xx": 1} if g.started else {})  # never completed
+    assert ls.cluster.stats.upstream_rq_active == 0
+
+
+# -- which authorities go on, and which host routes them: HTTP/1.1 Host and HTTP/2 :authority
+# alike. The listener's one route names host 127.0.0.1 (a virtual host match), so a value is
+# routed by its first host; one lameduck refuses never reaches a routing decision.
+
+AUTHORITIES = [
+    (b"127.0.0.1:8080", 200),
+    (b"127.0.0.1", 200),
+    (b"127.0.0.1:50051,127.0.0.1:50052", 200),  # grpcio's static address list
+    (b"127.0.0.1,10.0.0.1", 200),
+    (b"10.0.0.1:50051,127.0.0.1:50052", 404),  # routed by its first host, which no route has
+    (b"127.0.0.1:1:2", 400),  # a second colon: which port?
+    (b"u@127.0.0.1:1", 400),  # userinfo (RFC 9110 §4.2.4)
+    (b"127.0.0.1:1,u@10.0.0.1", 400),
+    (b"127.0.0.1:1, 10.0.0.1:2", 400),  # whitespace
+    (b"127.0.0.1:1,", 400),  # an empty element
+    (b",127.0.0.1", 400),
+    (b"127.0.0.1/x", 400),  # outside nghttp2's set of octets (nghttp2_check_authority)
+]
+AUTHORITY_CASES = [(v, s, p) for v, s in AUTHORITIES for p in ("http1", "http2")]
+
+
+@pytest.mark.parametrize(("value", "status", "proto"), AUTHORITY_CASES,
+                         ids=[f"{v.decode()}-{p}" for v, _, p in AUTHORITY_CASES])
+def test_authority_is_forwarded_whole_and_routed_by_its_first_host(
+        value: bytes, status: int, proto: str, tmp_path: Path) -> None:
+    ls, logfile = _listener(tmp_path)
+    ls.router = Router([Route("/x", ls.cluster, "127.0.0.1", 30.0)])
+    _conn, t = (_h1 if proto == "http1" else _h2)(ls, Rule("authority", authority=value))
+    if proto == "http2" and b" " in value:
+        # not even a field value HTTP/2 takes there (RFC 9113 §8.3.1): the stream is reset
+        # PROTOCOL_ERROR before any exchange begins
+        assert (3, 1, b"\0\0\0\x01") in [(typ, sid, p) for typ, _, sid, p in _h2_frames(t.take())]
+        assert ls.connects == []
+        return
+    if status == 200:
+        (connecting,) = ls.connects
+        up = connecting.succeed()
+        assert up.head.authority == value  # forwarded as it came (HAProxy, nginx, Envoy)
+        up.sink.on_response_head(200, [(b"content-length", b"2")], 2, False)
+        up.sink.on_response_body(b"ok")
+        up.sink.on_response_complete()
+    else:
+        assert ls.connects == []
+    line = _logged(tmp_path, logfile)
+    flags = {200: "-", 404: "NR", 400: "DPE"}[status]
+    assert (line["response_code"], line["response_flags"]) == (status, flags)
+    assert line["authority"] == value.decode()

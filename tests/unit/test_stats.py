@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import fields
 
@@ -589,3 +591,99 @@ def test_a_counter_kept_outside_a_scope_is_carried_and_reset_as_any_counter() ->
     assert registry.snapshot()[0].value == 2
     with pytest.raises(ValueError, match="already registered"):
         registry.add_gauge_fn("server.workers_replaced", lambda: 0)
+
+
+# --- every family labelled by scope, with a HELP that says something, parsed by the client ----
+
+# Where each scope class is registered (server/build.py, server/pool.py), with two names for the
+# scopes there are several of, so a family that carries a name in it shows as two families.
+_SCOPES = {
+    HttpStats: ("http.ingress", "http.api"), Http2Stats: ("http.ingress.http2", "http.api.http2"),
+    ClusterStats: ("cluster.app", "cluster.db"), TcpStats: ("tcp.db", "tcp.mq"),
+    HealthCheckStats: ("cluster.app.health_check", "cluster.db.health_check"),
+    OutlierStats: ("cluster.app.outlier_detection", "cluster.db.outlier_detection"),
+    ServerStats: ("server",), DrainStats: ("server.drain",),
+    ListenerManagerStats: ("listener_manager",),
+    ListenerStats: ("listener.ingress", "listener.api"),
+}
+
+
+def _every_stat() -> list[Stat]:
+    """One of every stat lameduck registers, for every scope class and the workers' stats."""
+    assert set(_SCOPES) == set(SCOPE_CLASSES)
+    registry = StatsRegistry()
+    for cls, prefixes in _SCOPES.items():
+        for prefix in prefixes:
+            registry.add(prefix, cls())
+    registry.add_gauge_fn("server.workers", lambda: 2)
+    for name in ("server.workers_replaced", "server.worker_lost_requests"):
+        registry.add_counter_fn(name, lambda: 0)
+    extra = [Stat(f"worker.{i}.downstream_{x}_total", 1, "counter") for i in (0, 1)
+             for x in ("cx", "rq")]
+    return sorted([*registry.snapshot(), *extra])
+
+
+def test_a_listeners_name_is_a_label_so_its_families_sum() -> None:
+    """Envoy's listener scope is tagged envoy_listener_address: one family for every
+    listener, which sum() adds up, not one family per listener name."""
+    assert prometheus_name("listener.ingress.downstream_global_cx_overflow") == (
+        "envoy_listener_downstream_global_cx_overflow",
+        (("envoy_listener_address", "ingress"),))
+    families = parse_prometheus(render_prometheus(_every_stat()))
+    names = {"ingress", "api", "app", "db", "mq"}
+    assert not [f for f in families if names & set(f.split("_"))], families.keys()
+    kind, samples = families["envoy_listener_downstream_global_cx_overflow"]
+    assert kind == "counter"
+    assert set(samples) == {(("envoy_listener_address", "ingress"),),
+                            (("envoy_listener_address", "api"),)}
+
+
+def test_every_family_has_a_help_line_of_its_own() -> None:
+    """No family falls back to the generic line, and no HELP just repeats the name."""
+    from lameduck.stats.help import HELP
+
+    families = {prometheus_name(s.name)[0] for s in _every_stat()}
+    assert families <= set(HELP), sorted(families - set(HELP))
+    text = render_prometheus(_every_stat())
+    helps = [line.split(" ", 3) for line in text.splitlines() if line.startswith("# HELP ")]
+    assert len(helps) == len(families)
+    for _, _, family, words in helps:
+        assert words == HELP[family], family
+        stem = family.removeprefix("envoy_").replace("_", " ")
+        assert len(words) > 15 and words.rstrip(".").lower() != stem, (family, words)
+
+
+def test_the_exposition_parses_with_the_prometheus_client() -> None:
+    """prometheus_client's own text parser (what its tests and many exporters use) reads every
+    family, with its type, HELP and labels, and the process_* families after them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lameduck.stats import process_metrics, render_process
+
+    text = render_prometheus(_every_stat()) + render_process(process_metrics())
+    parsed = {f.name: f for f in text_string_to_metric_families(text)}
+    ours = parse_prometheus(text)
+    # the client drops a counter's _total from the family name
+    assert {n for n in ours} == {n if n in ours else n + "_total" for n in parsed}
+    proc = {n: f for n, f in parsed.items() if n.startswith("process_")}
+    assert set(proc) == {"process_cpu_seconds", "process_virtual_memory_bytes",
+                         "process_resident_memory_bytes", "process_start_time_seconds",
+                         "process_open_fds", "process_max_fds"}
+    assert proc["process_cpu_seconds"].type == "counter"
+    value = {n: f.samples[0].value for n, f in proc.items()}
+    assert 0 < value["process_open_fds"] <= value["process_max_fds"]
+    assert value["process_resident_memory_bytes"] > 1 << 20
+    # this process started before the test, after the machine booted
+    assert time.time() - 86400 * 365 < value["process_start_time_seconds"] <= time.time()
+    assert abs(value["process_start_time_seconds"] - _ps_start(os.getpid())) < 2
+    for f in parsed.values():
+        assert f.documentation and f.documentation != f.name, f.name
+
+
+def _ps_start(pid: int) -> float:
+    """The process's start time as ps(1) computes it (/proc/stat's btime + starttime)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        stat = f.read()
+    return btime + int(stat[stat.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")

@@ -22,7 +22,9 @@ from lameduck.stats import (
     HISTOGRAM,
     StatKind,
     of_type,
+    process_metrics,
     render_json,
+    render_process,
     render_prometheus,
     render_text,
     used_only,
@@ -216,8 +218,9 @@ class AdminHandlers:
         return 200, TEXT, render_text(snap, flt).encode()
 
     def prometheus(self, q: Query) -> Reply:
-        """The stats in Prometheus text exposition, Envoy's names and labels."""
-        body = render_prometheus(self.c.stats_snapshot())
+        """The stats in Prometheus text exposition, Envoy's names and labels, then the
+        client libraries' ``process_*`` metrics of the process that answers (the main one)."""
+        body = render_prometheus(self.c.stats_snapshot()) + render_process(process_metrics())
         return 200, "text/plain; version=0.0.4; charset=utf-8", body.encode()
 
     def quit(self, q: Query) -> Reply:

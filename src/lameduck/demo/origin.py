@@ -487,6 +487,9 @@ class _Conn(asyncio.Protocol):
                     "pid": os.getpid(),
                     "port": self._port().port,
                     "requests": _requests_served,
+                    # client connections not ended by the client (no FIN read yet), this one
+                    # too: a test sees a proxy let one go while its answer is still due
+                    "connections": sum(1 for c in self._state.connections if not c._eof),
                 }
                 if self._state.name is not None:
                     info["name"] = self._state.name

@@ -470,19 +470,21 @@ class H1Downstream(Downstream):
             self.timer = None
 
     def eof_received(self) -> bool:
-        # A client half-close: finish what is in flight, then close (HTTP/1 has no half-open
-        # use). Keeping the transport lets the responses still go out.
+        """The client half-closed: HTTP/1.1 gives that no meaning of its own (RFC 9112 §9.6
+        has a client close when it is done), and a client that gives up waiting sends just
+        this FIN. As Envoy's connection manager (which takes a downstream FIN for the
+        connection's end) and nginx (499), what is still in flight ends here as the client's
+        going away (``Exchange.client_gone``: its upstream request cut); the connection
+        closes (False: asyncio closes the transport)."""
         if self.gone:
             return True  # handed over: the transport is not ours to close
-        if self.closing or not self.queue:
-            return False
-        if self.reading is not None:
-            # The client ended the connection in the middle of a request body: the request
-            # can never complete, so nothing useful can be answered.
-            self.ctx.stats.downstream_rq_rx_reset += 1
-            return False
-        self.closing_after_queue()
-        return True
+        if not self.closing and self.queue:
+            if self.reading is not None:
+                # in the middle of a request body: that request can never complete
+                self.ctx.stats.downstream_rq_rx_reset += 1
+            self.closing = True
+            self._clients_gone()
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.gone:  # else handed over (see ``hand_over``): no longer ours
@@ -495,13 +497,21 @@ class H1Downstream(Downstream):
 
     def abandon_all(self) -> None:
         self.stats.downstream_cx_http1_active -= 1
-        if self.queue:
-            if not self.aborted:
-                self.stats.downstream_cx_destroy_remote_active_rq += 1
-            for ex in list(self.queue):
-                ex.detach()
-                ex.settle(False)
-            self.queue.clear()
+        self._clients_gone()
+
+    def _clients_gone(self) -> None:
+        """The connection ended (or the client half-closed) with requests in flight: each ends
+        by the exchange's rule, off the books unanswered."""
+        queue = self.queue
+        if not queue:
+            return
+        if not self.aborted:
+            self.stats.downstream_cx_destroy_remote_active_rq += 1
+        self.queue = []
+        self.reading = None
+        for ex in queue:
+            ex.client_gone()
+            ex.settle(False)
 
     def busy(self) -> bool:
         """A request is being read or answered (not just a local answer awaiting a body)."""
@@ -883,12 +893,6 @@ class H1Downstream(Downstream):
         """An upstream failed after this response started: the client can only see a reset."""
         self.ctx.stats.downstream_cx_destroy_local_active_rq += 1
         self.reset()
-
-    def closing_after_queue(self) -> None:
-        if self.queue:
-            self.queue[-1].close = True
-        else:
-            self.staged_close()
 
     # -- tunnel (after a 101) -------------------------------------------------------------------
     def start_tunnel(self, ex: H1Exchange, head: bytes, ut: asyncio.Transport, rest: bytes,

@@ -940,7 +940,13 @@ class H2Connection:
         if out is None:
             out = _out_name(name)
         if out:
-            octets, stamp = enc.field((out, value))
+            sent_value = value
+            if value and (value[-1] == 32 or value[-1] == 9 or value[0] == 32 or value[0] == 9):
+                # An HTTP/1.1 field value as llhttp reports it keeps trailing OWS (and a
+                # caller's may carry either); HTTP/2 has none (RFC 9113 §8.2.1, a peer treats
+                # it as malformed), and it is no part of the value (RFC 9110 §5.5).
+                sent_value = value.strip(b" \t")
+            octets, stamp = enc.field((out, sent_value))
         else:
             octets = b""
             stamp = STATELESS
@@ -1053,7 +1059,7 @@ class H2Connection:
         for name, value in headers:
             out = _out_name(name)
             if out and out[:1] != b":":
-                fields.append((out, value))
+                fields.append((out, value.strip(b" \t")))  # no OWS in HTTP/2 (§8.2.1)
         if st.pending is not None:
             st.pending_trailers = fields
             return

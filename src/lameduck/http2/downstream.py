@@ -182,8 +182,8 @@ class H2Downstream(Downstream):
             s = self.streams.get(cast(StreamReset, ev).stream_id)
             if s is not None:
                 self.stats.downstream_rq_rx_reset += 1
-                s.response_over()
                 self._detach(s)
+                s.client_gone(stream_reset=True)
                 self._settle(s, completed=False)
         elif t is WindowOpened:
             s = self.streams.get(cast(WindowOpened, ev).stream_id)
@@ -209,8 +209,8 @@ class H2Downstream(Downstream):
             if not self.aborted:
                 self.stats.downstream_cx_destroy_remote_active_rq += 1
             for s in list(self.streams.values()):
-                s.response_over()
                 self._detach(s)
+                s.client_gone()
                 self._settle(s, completed=False)
 
     def busy(self) -> bool:

@@ -130,7 +130,8 @@ class Listener:
         now = time.monotonic()
         if now - self._overflow_logged >= OVERFLOW_LOG_INTERVAL:
             log.warning("listener %s: %d connection(s) closed at once: the process holds its "
-                        "cap of %d downstream connections (RLIMIT_NOFILE %d); raise ulimit -n",
+                        "cap of %d downstream connections (RLIMIT_NOFILE %d); raise the hard "
+                        "limit (ulimit -Hn, systemd's LimitNOFILE=)",
                         self.name, self._overflow_unlogged, Listener.cap,
                         resource.getrlimit(resource.RLIMIT_NOFILE)[0])
             self._overflow_logged = now

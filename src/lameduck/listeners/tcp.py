@@ -314,7 +314,7 @@ class TcpDownstream(Downstream):
             return
         self.ex = None
         ex.settled_here()  # a connect still under way finds it over
-        ex.detach()
+        ex.client_gone()
         ex.settle(False)
 
     # -- from outside: the shutdown deadline ------------------------------------------------------

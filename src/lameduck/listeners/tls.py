@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from lameduck.config import ListenerConfig
 from lameduck.http1.downstream import H1Downstream
@@ -16,6 +16,25 @@ from lameduck.http2.downstream import H2Downstream
 
 if TYPE_CHECKING:
     from lameduck.listeners.http import HttpListener
+
+
+class DirectSSLObject(ssl.SSLObject):
+    """An ``ssl.SSLObject`` whose ``read``, ``write`` and ``pending`` are the C methods of the
+    ``_ssl`` object it wraps. uvloop's SSLProtocol looks these three up once, after
+    ``wrap_bio`` (its sslproto.pyx caches ``_sslobj_read`` and friends), and calls them for
+    every record: on the stock class each call runs a Python frame of ssl.py that only forwards
+    its arguments (``read(len, buffer)`` to ``_sslobj.read(len, buffer)``). Same results and
+    exceptions for the positional calls uvloop makes (``read(n)``, ``read(n, buffer)``,
+    ``write(data)``, ``pending()``); the C ``read`` takes no keywords and no ``buffer=None``,
+    which nothing here passes."""
+
+    @classmethod
+    def _create(cls, *args: Any, **kwargs: Any) -> DirectSSLObject:  # type: ignore[override]
+        self = super()._create(*args, **kwargs)  # type: ignore[misc]
+        raw = self._sslobj
+        # instance attributes shadow the class's forwarding methods
+        self.__dict__.update(read=raw.read, write=raw.write, pending=raw.pending)
+        return cast(DirectSSLObject, self)
 
 
 def server_context(cfg: ListenerConfig) -> ssl.SSLContext | None:
@@ -27,6 +46,7 @@ def server_context(cfg: ListenerConfig) -> ssl.SSLContext | None:
     ctx.load_cert_chain(tls.certificate, tls.key)
     ctx.set_alpn_protocols(list(tls.alpn))
     ctx.options |= ssl.OP_NO_COMPRESSION
+    ctx.sslobject_class = DirectSSLObject
     return ctx
 
 

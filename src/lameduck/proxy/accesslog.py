@@ -49,11 +49,13 @@ CA: Final = 1 << 12  # cut at the shutdown deadline after the response started (
 RD: Final = 1 << 13  # this response drained its connection (Connection: close / GOAWAY)
 PD: Final = 1 << 14  # its connection was drained proactively (at its drain moment)
 SV: Final = 1 << 15  # its upstream connection was severed by the endpoint's drain stop
+DR: Final = 1 << 16  # downstream remote reset (the client reset the HTTP/2 stream)
 
 FLAG_CODES: Final = (
     (UH, "UH"), (UF, "UF"), (UT, "UT"), (URX, "URX"), (UC, "UC"), (UR, "UR"), (LR, "LR"),
     (DC, "DC"), (NR, "NR"), (DPE, "DPE"), (GA, "GA"), (CB, "CB"), (CA, "CA"), (RD, "RD"),
     (PD, "PD"), (SV, "SV"),
+    (DR, "DR"),
 )
 
 # Envoy's default format string (its access-log docs, "Default Format String").

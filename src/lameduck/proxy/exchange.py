@@ -40,6 +40,7 @@ from lameduck.proxy.accesslog import (
     CB,
     DC,
     DPE,
+    DR,
     GA,
     LR,
     NR,
@@ -997,14 +998,27 @@ class Exchange(ExchangeSink):
         """The access log line, at settle (``now``: the loop time read for the stats, or 0):
         the connection's drain facts join this request's."""
         down = self.down
-        flags = self.flags | down.drain_flags
-        if not completed and down.gone and not down.aborted and not flags & (CA | CB):
-            flags |= DC  # the client went away with this request in flight
-        self.flags = flags
+        self.flags |= down.drain_flags
         ctx = down.ctx
         log: AccessLog | None = ctx.access_log  # typed: a native call, ``now`` unboxed
         if log is not None:
             log.record(self, now or down.loop.time())
+
+    def client_gone(self, stream_reset: bool = False) -> None:
+        """The client went away with this exchange in flight: its connection closed, or it
+        half-closed an HTTP/1.1 connection before this response was complete (Envoy's
+        connection manager takes a downstream FIN as the connection's end; RFC 9112 §9.6 gives
+        a half-close no meaning a server must wait out), or (``stream_reset``) it reset this
+        HTTP/2 stream. Nobody is left to answer: the upstream request is cut (its connection
+        closed, never pooled mid-response; an HTTP/2 stream cancelled), and the exchange ends
+        unanswered, flagged DC (Envoy's DownstreamConnectionTermination) or DR
+        (DownstreamRemoteReset) with the status already sent if the response head went out,
+        0 if none did (nginx logs 499). Not when lameduck reset the connection, nor when the
+        drain's cut ended it first (CA/CB). The codec then settles it."""
+        self.resp_done = True
+        self.detach()
+        if not self.down.aborted and not self.flags & (CA | CB):
+            self.flags |= DR if stream_reset else DC
 
     def cut_off(self) -> bool:
         """The shutdown deadline (or a drain's end for a tunnel) cut this request: off the

@@ -35,12 +35,25 @@ NEVER_NOMINATED: Final = frozenset({
 })
 
 
+# ``nominated``'s answers by the tokens as they came: an origin repeats its Connection value
+# (",keep-alive") on every response, and the split and two sets cost ~4,000 instructions each
+# time. Bounded: a full cache is dropped, so endless distinct values only cost their splits.
+_NOMINATED: Final[dict[bytes, frozenset[bytes]]] = {}
+_NOMINATED_MAX: Final = 256
+
+
 def nominated(tokens: bytes) -> frozenset[bytes]:
     """The field names (lower case) that ``Connection`` values ``tokens`` (joined with commas)
     remove from a forwarded message: every listed name except those lameduck frames, routes or
     retries by."""
-    names = frozenset(t.strip().lower() for t in tokens.split(b","))
-    return names - NEVER_NOMINATED
+    drop = _NOMINATED.get(tokens)
+    if drop is None:
+        drop = frozenset(t.strip().lower() for t in tokens.split(b",")) - NEVER_NOMINATED
+        if len(tokens) <= _NOMINATED_MAX:
+            if len(_NOMINATED) >= _NOMINATED_MAX:
+                _NOMINATED.clear()
+            _NOMINATED[tokens] = drop
+    return drop
 
 
 def drop_nominated_fields(fields: list[tuple[bytes, bytes]],
@@ -53,19 +66,26 @@ def drop_nominated_fields(fields: list[tuple[bytes, bytes]],
 
 
 # RFC 9110 §4.2.3 / RFC 3986 §3.2.2: uri-host [ ":" port ]; uri-host is an IP-literal in
-# brackets, or a reg-name / IPv4 address (unreserved, pct-encoded, sub-delims). No userinfo:
-# RFC 9110 §4.2.4 forbids it in http(s) URIs, and it has no place in Host. Empty as a whole
-# (RFC 9112 §3.2: a target without authority), but not a port without a host (RFC 9110
+# brackets, or a reg-name / IPv4 address (unreserved, pct-encoded, sub-delims but the comma).
+# No userinfo: RFC 9110 §4.2.4 forbids it in http(s) URIs, and it has no place in Host. Empty as
+# a whole (RFC 9112 §3.2: a target without authority), but not a port without a host (RFC 9110
 # §4.2.1: an http URI with an empty host is invalid).
-_AUTHORITY: Final = re.compile(
-    rb"(?:(?:\[[0-9A-Fa-f:.]+\]|(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})+)"
-    rb"(?::[0-9]*)?)?")
+#
+# Or a list of them joined by commas (no spaces): gRPC clients with a static address list
+# (grpcio's "ipv4:127.0.0.1:50051,127.0.0.1:50052") send the whole target as :authority, and
+# HAProxy, nginx and Envoy (which checks only nghttp2's set of octets, nghttp2_check_authority:
+# RFC 3986's unreserved, sub-delims, ":", "@", "%", "[" and "]") forward it. Every byte allowed
+# here is in nghttp2's set but "@"; each element is a whole host[:port], so the first one -- the
+# host a route matches (``Router.match``) -- is as valid as a lone authority.
+_ELEMENT: Final = (rb"(?:\[[0-9A-Fa-f:.]+\]|(?:[A-Za-z0-9\-._~!$&'()*+;=]|%[0-9A-Fa-f]{2})+)"
+                   rb"(?::[0-9]*)?")
+_AUTHORITY: Final = re.compile(rb"(?:%s(?:,%s)*)?" % (_ELEMENT, _ELEMENT))
 
 
 def valid_authority(value: bytes) -> bool:
-    """``value`` may stand as a Host field or an ``:authority``: the name lameduck routes by
-    and forwards, so one that could mean two things (spaces, ``@``, a second colon) is
-    refused rather than guessed at.
+    """``value`` may stand as a Host field or an ``:authority``: what lameduck forwards, whose
+    first host[:port] it routes by, so one that could mean two things (spaces, ``@``, a second
+    colon, an empty element) is refused rather than guessed at.
 
     Two implementations of the one grammar (``_AUTHORITY``; a test holds them to the same
     answers): compiled, a scan over byte tables (the regex's per-byte alternation cost 6,000
@@ -79,8 +99,8 @@ def valid_authority(value: bytes) -> bool:
 # True when this module runs compiled by mypyc (its file is then the extension module).
 COMPILED: Final = not __file__.endswith(".py")
 # 1 at a byte's index where ``_AUTHORITY`` allows it: a reg-name's unreserved and sub-delims
-# (RFC 3986 §3.2.2), an IP literal's hex digits, colons and dots, and hex digits.
-_REG_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;="
+# but the comma (RFC 3986 §3.2.2), an IP literal's hex digits, colons and dots, and hex digits.
+_REG_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+;="
 _REG_NAME: Final = bytes(1 if bytes([c]) in _REG_CHARS else 0 for c in range(256))
 _IP_LITERAL: Final = bytes(1 if bytes([c]) in b"0123456789ABCDEFabcdef:." else 0
                            for c in range(256))
@@ -88,45 +108,45 @@ _HEX: Final = bytes(1 if bytes([c]) in b"0123456789ABCDEFabcdef" else 0 for c in
 
 
 def _scan_authority(value: bytes) -> bool:
-    """``_AUTHORITY.fullmatch`` as one pass over the bytes: empty, or a host (an IP literal in
-    brackets, or a reg-name of allowed bytes and %XX escapes) and an optional ``:`` port of
-    digits."""
+    """``_AUTHORITY.fullmatch`` as one pass over the bytes: empty, or host[:port] elements
+    joined by commas, each a host (an IP literal in brackets, or a reg-name of allowed bytes
+    and %XX escapes) and an optional ``:`` port of digits."""
     n = len(value)
     if n == 0:
         return True
     i = 0
-    if value[0] == 91:  # "[": an IP literal
-        i = 1
-        while i < n and _IP_LITERAL[value[i]]:
+    while True:
+        start = i
+        if value[i] == 91:  # "[": an IP literal
             i += 1
-        if i == 1 or i >= n or value[i] != 93:  # "]"
-            return False
-        i += 1
-    else:
-        while i < n:
-            c = value[i]
-            if _REG_NAME[c]:
+            while i < n and _IP_LITERAL[value[i]]:
                 i += 1
-            elif c == 37:  # "%": two hex digits follow
-                if i + 2 < n and _HEX[value[i + 1]] and _HEX[value[i + 2]]:
-                    i += 3
+            if i == start + 1 or i >= n or value[i] != 93:  # "]"
+                return False
+            i += 1
+        else:
+            while i < n:
+                c = value[i]
+                if _REG_NAME[c]:
+                    i += 1
+                elif c == 37:  # "%": two hex digits follow
+                    if i + 2 < n and _HEX[value[i + 1]] and _HEX[value[i + 2]]:
+                        i += 3
+                    else:
+                        return False
                 else:
-                    return False
-            else:
-                break
-        if i == 0:
-            return False  # a port with no host
-    if i == n:
-        return True
-    if value[i] != 58:  # ":"
-        return False
-    i += 1
-    while i < n:
-        c = value[i]
-        if c < 48 or c > 57:
+                    break
+            if i == start:
+                return False  # a port with no host, or an empty element
+        if i < n and value[i] == 58:  # ":" and a port
+            i += 1
+            while i < n and 48 <= value[i] <= 57:
+                i += 1
+        if i == n:
+            return True
+        if value[i] != 44 or i + 1 == n:  # "," and another element
             return False
         i += 1
-    return True
 
 
 def cookie_value(header: bytes, name: bytes) -> str | None:

@@ -37,6 +37,10 @@ log = logging.getLogger("lameduck.supervise")
 READY_TIMEOUT = 60.0  # a new child not ready by then is stopped; the old one keeps serving
 RESTART_BACKOFF = (0.2, 5.0)  # seconds before restarting a child that died, doubling
 EXIT_SECOND_SIGINT = 128 + signal.SIGINT  # the shell's code for "killed by SIGINT"
+# Each child finds the supervisor's pid here: its start-up text then says to signal the
+# supervisor, not the child (a child stopped alone is restarted; one hot-restarted alone leaves
+# a successor the supervisor does not know).
+SUPERVISOR_ENV = "LAMEDUCK_SUPERVISOR_PID"
 
 # What a child runs: take the held sockets as systemd would pass them, then `lameduck ...` (the
 # command line is the top of the import graph: restart/ does not import it).
@@ -136,6 +140,7 @@ class Supervisor:
         from the current child (hot restart)."""
         held = self.sockets.held if held is None else held
         env = dict(os.environ, NOTIFY_SOCKET=self.notify_path)
+        env[SUPERVISOR_ENV] = str(os.getpid())
         extra = ([] if self.admin_address_path is None
                  else ["--admin-address-path", self.admin_address_path])
         if successor:

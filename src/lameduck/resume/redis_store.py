@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 from lameduck.drain.commit import SeqGap
+from lameduck.extras import missing_extra
 from lameduck.resume.store import (
     KEY_TTL,
     LOCK_TTL,
@@ -103,7 +104,10 @@ class RedisStore(SessionStore):
         if client is None:
             if url is None:
                 raise ValueError("RedisStore needs a URL or a client")
-            import redis.asyncio as aioredis  # the optional dependency: lameduck[resume]
+            try:
+                import redis.asyncio as aioredis  # the optional dependency: lameduck[resume]
+            except ModuleNotFoundError as e:
+                raise missing_extra("resume", "RedisStore", e) from e
             # A bounded pool that waits for a free connection (up to ``wait`` s): redis-py's
             # default pool fails a request outright past 100 connections, which a burst of
             # reconnecting sessions reaches at once.

@@ -1,6 +1,7 @@
 """`lameduck run`: one process's start-up, from the command line to its exit code.
 
-In order: a signal that arrives while starting waits for the start to finish; the config; a
+In order: a signal that arrives while starting waits for the start to finish; the soft
+descriptor limit is raised to the hard one (server/limits.py); the config; a
 plain start refuses where another lameduck serves (its hot-restart socket or admin address);
 the admin address file is opened; sockets passed by systemd are matched to listeners; the demo
 origin starts (no -c); a hot restart takes the running process's sockets; the ``Server`` (with
@@ -22,9 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from lameduck.config import Config, ConfigError, HostPort, default_config, load_config
+from lameduck.listeners.base import Listener, downstream_cap
 from lameduck.restart import Notifier, listen_fds, match_listeners
 from lameduck.restart.hot import connect_parent, default_path
+from lameduck.restart.supervisor import SUPERVISOR_ENV
 from lameduck.server.lifecycle import run_loop
+from lameduck.server.limits import raise_nofile
 from lameduck.server.running import refusal
 from lameduck.server.server import SIGNALS, Server
 from lameduck.server.workers import worker_count
@@ -96,6 +100,9 @@ def run(opts: RunOptions) -> int:
     previous = {sig: signal.signal(sig, lambda n, _f: early.append(signal.Signals(n)))
                 for sig in SIGNALS}
     try:
+        raise_nofile()
+        # the cap is derived from the limit when listeners/ is imported, before the raise
+        Listener.cap = downstream_cap()
         prepared = _prepare(opts)
         if isinstance(prepared, int):
             return prepared
@@ -213,7 +220,8 @@ async def _serve(opts: RunOptions, start: _Start, early: list[signal.Signals]) -
     admin = server.admin_address()
     bound = {name: str(HostPort(host, port))
              for name, host, port in server.listener_addresses()}
-    print(banner(cfg, start.demo, admin, bound, os.getpid()), file=sys.stderr, flush=True)
+    print(banner(cfg, start.demo, admin, bound, os.getpid(), supervisor_pid()),
+          file=sys.stderr, flush=True)
     for sig in early:
         server.handle_signal(sig)
     code = await server.done
@@ -247,9 +255,24 @@ def worker_argv(opts: RunOptions) -> list[str]:
     return argv
 
 
-def banner(cfg: Config, demo: bool, admin: str, bound: dict[str, str], pid: int) -> str:
+def supervisor_pid() -> int | None:
+    """The pid of the `lameduck supervise` this process is a child of, or None. The supervisor
+    names itself in SUPERVISOR_ENV; it counts only while it is still our parent (the variable
+    is inherited by whatever a child starts)."""
+    try:
+        pid = int(os.environ.get(SUPERVISOR_ENV, ""))
+    except ValueError:
+        return None
+    return pid if pid == os.getppid() else None
+
+
+def banner(cfg: Config, demo: bool, admin: str, bound: dict[str, str], pid: int,
+           supervisor: int | None = None) -> str:
     """What to try, at the addresses bound (``bound``: listener name → host:port; a port 0
-    in the config shows as the port the kernel gave)."""
+    in the config shows as the port the kernel gave). Under `lameduck supervise`
+    (``supervisor``: its pid) the signals go to the supervisor: a child that exits on its own
+    is restarted, and one that hot-restarts itself leaves a successor the supervisor does not
+    know."""
     lines = ["", "lameduck is running" + (" on its embedded default config" if demo else "")]
     for ls in cfg.listeners:
         base = f"http://{bound.get(ls.name, ls.address)}"
@@ -263,10 +286,22 @@ def banner(cfg: Config, demo: bool, admin: str, bound: dict[str, str], pid: int)
         f"  admin: http://{admin}/   (stats: http://{admin}/stats, ready: http://{admin}/ready)",
         "  start a graceful drain:",
         f"    curl -X POST 'http://{admin}/drain_listeners?graceful&skip_exit'",
-        f"  or stop it the way Kubernetes does: kill -TERM {pid} (drains, then exits)",
-        f"  hot-restart it with the config re-read: kill -HUP {pid}",
-        "",
     ]
+    if supervisor is None:
+        lines += [
+            f"  or stop it the way Kubernetes does: kill -TERM {pid} (drains, then exits)",
+            f"  hot-restart it with the config re-read: kill -HUP {pid}",
+        ]
+    else:
+        lines += [
+            f"  this is child {pid} of lameduck supervise (pid {supervisor}): signal the "
+            "supervisor, not the child (a child stopped alone is restarted)",
+            f"  stop it (drains, then exits): docker stop <container> (or systemctl stop, "
+            f"kubectl delete pod), or kill -TERM {supervisor}",
+            f"  hot-restart it with the config re-read: kill -HUP {supervisor} "
+            "(docker kill --signal=HUP <container>)",
+        ]
+    lines.append("")
     return "\n".join(lines)
 
 

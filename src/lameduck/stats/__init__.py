@@ -4,6 +4,7 @@ A leaf package: it imports nothing else of lameduck, so every layer may depend o
 """
 
 from lameduck.stats.histogram import BUCKETS, QUANTILES, Histogram, HistogramValue, quantile
+from lameduck.stats.process import ProcessMetric, process_metrics
 from lameduck.stats.registry import (
     COUNTER,
     GAUGE,
@@ -19,6 +20,7 @@ from lameduck.stats.render import (
     escape_label_value,
     prometheus_name,
     render_json,
+    render_process,
     render_prometheus,
     render_text,
     select,
@@ -57,6 +59,7 @@ __all__ = [
     "ListenerManagerStats",
     "ListenerStats",
     "OutlierStats",
+    "ProcessMetric",
     "ServerStats",
     "Stat",
     "StatKind",
@@ -65,9 +68,11 @@ __all__ = [
     "escape_label_value",
     "merge",
     "of_type",
+    "process_metrics",
     "prometheus_name",
     "quantile",
     "render_json",
+    "render_process",
     "render_prometheus",
     "render_text",
     "select",

@@ -17,12 +17,14 @@ import re2  # type: ignore[import-untyped]
 
 from lameduck.stats.help import help_text
 from lameduck.stats.histogram import BUCKETS, QUANTILES, HistogramValue
+from lameduck.stats.process import ProcessMetric
 from lameduck.stats.registry import HISTOGRAM, Stat
 
 __all__ = [
     "escape_label_value",
     "prometheus_name",
     "render_json",
+    "render_process",
     "render_prometheus",
     "render_text",
     "select",
@@ -36,6 +38,9 @@ _TAGGED: Final = (
     # workers: N: what each worker took (Envoy's per-worker listener stats are tagged
     # envoy_worker_id)
     ("worker.", "envoy_worker_", "envoy_worker_id"),
+    # Envoy's listener scope, tagged envoy.listener_address (Envoy extracts it from an address
+    # such as 0.0.0.0_8080; a lameduck listener's scope is its name, tagged alike)
+    ("listener.", "envoy_listener_", "envoy_listener_address"),
 )
 # A cluster's sub-scopes, whose names are part of the family in Envoy
 # (envoy_cluster_health_check_attempt{envoy_cluster_name="app"}).
@@ -141,6 +146,7 @@ def prometheus_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     envoy_cluster_X{envoy_cluster_name="<C>"} (`cluster.<C>.health_check.X` ->
     envoy_cluster_health_check_X, likewise outlier_detection); `tcp.<L>.X` ->
     envoy_tcp_X{envoy_tcp_prefix="<L>"}; `worker.<i>.X` -> envoy_worker_X{envoy_worker_id="<i>"};
+    `listener.<L>.X` -> envoy_listener_X{envoy_listener_address="<L>"};
     `*_rq_<N>xx` -> `*_rq_xx` with
     envoy_response_code_class="<N>" (so Envoy dashboards' `envoy_cluster_upstream_rq_xx` work);
     anything else -> envoy_<name, dots as _>. Stat fields never contain dots, so <L>/<C> is all up
@@ -207,6 +213,17 @@ def render_prometheus(stats: Iterable[Stat], filter: str | None = None) -> str:
 
 
 _LE: Final = (*(_num(bound) for bound in BUCKETS), "+Inf")
+
+
+def render_process(metrics: Iterable[ProcessMetric]) -> str:
+    """The ``process_*`` families (stats/process.py), as the Prometheus client libraries write
+    them: unlabelled, a HELP and a TYPE line each."""
+    lines: list[str] = []
+    for m in metrics:
+        lines.append(f"# HELP {m.name} {_escape_help(m.help)}\n")
+        lines.append(f"# TYPE {m.name} {m.kind}\n")
+        lines.append(f"{m.name} {_num(float(m.value))}\n")
+    return "".join(lines)
 
 
 def _histogram_lines(lines: list[str], family: str, labels: str, hist: HistogramValue) -> None:

@@ -29,11 +29,16 @@ class Router:
         self.by_host = any(route.host is not None for route in routes)
 
     def match(self, host: bytes | None, path: bytes) -> Route | None:
-        """``host`` as sent (port and case ignored); ``path`` in origin form."""
+        """``host`` as sent (port and case ignored), validated (``fields.valid_authority``);
+        ``path`` in origin form. A list of authorities (a gRPC client's static address list) is
+        routed by its first element's host: a route's host is one host, never a list."""
         if host is not None and self.by_host:
             host = host.lower()
-            # [v6]:port keeps the brackets; name:port loses the port
-            host = host[: host.find(b"]") + 1] if host[:1] == b"[" else host.partition(b":")[0]
+            # [v6]:port keeps the brackets; name:port loses the port; a host never holds a comma
+            if host[:1] == b"[":
+                host = host[: host.find(b"]") + 1]
+            else:
+                host = host.partition(b":")[0].partition(b",")[0]
         for route in self.routes:
             if route.host is not None and route.host != host:
                 continue
