@@ -54,8 +54,8 @@ wheel: $(STAMP)
 # /usr/local/bin/lameduck): a venv of its own under $(PREFIX)/lib/lameduck with lameduck's wheel
 # built by that venv's Python (the hot path compiled, as `make wheel`) and its dependencies from
 # the package index, and a symlink $(PREFIX)/bin/lameduck to its entry point. Run again to
-# upgrade in place (the old lameduck is uninstalled first: a wheel of the same version would
-# not replace it). No DESTDIR: a venv records its own path, so it must be built where it runs.
+# upgrade in place (the wheel installed with its dependencies, then once more forced: pip keeps
+# an installed lameduck of the same version otherwise, and rolls a failed replacement back). No DESTDIR: a venv records its own path, so it must be built where it runs.
 # PYTHON: the interpreter the venv links to; the unit's ProtectHome=yes hides /root and /home,
 # so under systemd it must live elsewhere (Debian's /usr/bin/python3, not a pyenv shim). For
 # Debian's own python3 the compiler and headers come from its packages (gcc, python3-dev) when
@@ -80,8 +80,9 @@ ifeq ($(WHEEL),)
 	rm -rf build
 	$(LIBDIR)/bin/python -m pip wheel -q --no-deps -w $(WHEELS) .
 endif
-	$(LIBDIR)/bin/python -m pip uninstall -q -y lameduck 2>/dev/null || true
 	$(LIBDIR)/bin/python -m pip install -q $(or $(WHEEL),$(WHEELS)/lameduck-*.whl)
+	$(LIBDIR)/bin/python -m pip install -q --force-reinstall --no-deps \
+	  $(or $(WHEEL),$(WHEELS)/lameduck-*.whl)
 ifeq ($(WHEEL),)
 	rm -rf build
 endif
