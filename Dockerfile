@@ -1,7 +1,8 @@
 # lameduck's image: `docker build -t lameduck:0.1.0 .` at the repository root.
 #
-# Two stages: the first builds the wheel from this source tree (pure Python, no compiler), the
-# second installs it with its dependencies into a venv of a slim image and runs
+# Two stages: the first builds the wheel from this source tree with the hot path compiled by
+# mypyc (setup.py; gcc and the C library's headers are installed there, and only there), the
+# second installs it with its dependencies into a venv of a slim image (no compiler) and runs
 # `lameduck supervise` (SIGTERM drains, SIGHUP hot-restarts: docs/hot-restart.md) as a user
 # that is not root. The config is deploy/kubernetes/lameduck.yaml (listener on 0.0.0.0:8000,
 # proxying to 127.0.0.1:8080 in the same pod); mount your own over it:
@@ -10,10 +11,16 @@
 
 FROM python:3.12-slim AS wheel
 WORKDIR /src
-RUN pip install --no-cache-dir "build>=1.0"
-COPY pyproject.toml README.md ./
+# The image's Python has its headers; the compiler is the builder's alone.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && pip install --no-cache-dir "build>=1.0"
+COPY pyproject.toml setup.py README.md ./
 COPY src ./src
-RUN python -m build --wheel --outdir /dist
+# LAMEDUCK_MYPYC=1: a wheel that cannot be compiled fails the build instead of shipping the
+# pure-Python fallback
+RUN LAMEDUCK_MYPYC=1 python -m build --wheel --outdir /dist
 
 FROM python:3.12-slim
 ENV PATH=/opt/lameduck/bin:$PATH \
@@ -23,6 +30,7 @@ COPY --from=wheel /dist/ /tmp/dist/
 RUN python -m venv /opt/lameduck \
     && /opt/lameduck/bin/pip install --no-cache-dir /tmp/dist/lameduck-*.whl \
     && rm -rf /tmp/dist \
+    && lameduck --version | grep -F "(compiled: mypyc)" \
     && groupadd --system --gid 10001 lameduck \
     && useradd --system --uid 10001 --gid 10001 --no-create-home \
        --shell /usr/sbin/nologin lameduck

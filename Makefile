@@ -4,26 +4,15 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 FAST  := $(VENV)/.compiled
-# The per-request path, compiled with mypyc from the same typed Python source; the pure-Python
-# modules are the fallback when no compiler works. Compiled together, the codec reaches the
-# stats, the connection drain state, the router and the pools as native classes (struct fields
-# and direct calls instead of attribute lookups by name). Interpreted classes cannot inherit
-# from compiled ones, which is why http2/client.py (H2Client subclasses connection.py's
-# H2Connection) must be here with it.
-HOT   := lameduck/http1/wire.py lameduck/http1/upstream.py lameduck/http1/downstream.py \
-         lameduck/upstream/router.py lameduck/upstream/pool.py lameduck/upstream/cluster.py \
-         lameduck/upstream/balancer.py \
-         lameduck/drain/listener.py lameduck/drain/connection.py lameduck/stats/scopes.py \
-         lameduck/http2/frames.py lameduck/http2/events.py lameduck/http2/codec.py \
-         lameduck/http2/connection.py lameduck/http2/client.py lameduck/http2/downstream.py \
-         lameduck/http2/upstream.py lameduck/proxy/fields.py lameduck/proxy/local.py \
-         lameduck/proxy/replay.py lameduck/proxy/exchange.py lameduck/proxy/downstream.py \
-         lameduck/upstream/connector.py lameduck/stats/histogram.py lameduck/proxy/accesslog.py \
-         lameduck/proxy/message.py lameduck/proxy/admission.py lameduck/drain/ledger.py
+# The per-request path compiled with mypyc: the modules listed in src/lameduck/hot.txt (the one
+# list: setup.py compiles the same for the wheel, and `lameduck --version` checks it; why these
+# modules go together is said there). `make fast` compiles them in place, for this tree.
+HOT_LIST := src/lameduck/hot.txt
+HOT   := $(shell sed -e 's/\#.*//' $(HOT_LIST))
 # Every compiled module (also those of an older HOT list).
 BUILT := src/*__mypyc*.so $$(find src/lameduck -name '*.so')
 
-.PHONY: run test lint bench bench-resources clean fast pure install fuzz
+.PHONY: run test lint bench bench-resources bench-exit clean fast pure install wheel fuzz
 
 $(STAMP): pyproject.toml
 	python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -34,7 +23,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test,fast,resume,client,report,sim]'
 	touch $(STAMP)
 
-$(FAST): $(STAMP) Makefile $(addprefix src/,$(HOT))
+$(FAST): $(STAMP) Makefile $(HOT_LIST) $(addprefix src/,$(HOT))
 	rm -f $(BUILT)
 	# mypyc relinks only what changed and copies with the old time: stamp the result as new,
 	# or the stale-build check in lameduck/__init__.py would (rightly) refuse a module's shim.
@@ -51,27 +40,57 @@ pure:
 run: $(FAST)
 	$(VENV)/bin/lameduck run $(if $(CONFIG),-c $(CONFIG))
 
+# A wheel of this tree for the venv's Python: dist/lameduck-<version>-cp3XX-cp3XX-<platform>.whl
+# with the hot path compiled by mypyc (setup.py, from src/lameduck/hot.txt), as mypy and black
+# ship theirs; dist/lameduck-<version>-py3-none-any.whl when it cannot be (no C compiler or
+# Python headers: setup.py warns; LAMEDUCK_MYPYC=1 fails instead, =0 never compiles). Built
+# from the sdist (python -m build), so nothing of this tree's in-place build (src/*.so) gets in.
+wheel: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	@ls dist/*.whl
+
 # The installed command the systemd unit runs (deploy/systemd/lameduck.service: ExecStart=
-# /usr/local/bin/lameduck): a venv of its own under $(PREFIX)/lib/lameduck with lameduck and
-# its dependencies from the package index (pure Python: no compiler needed), and a symlink
-# $(PREFIX)/bin/lameduck to its entry point. Run again to upgrade in place. No DESTDIR: a venv
-# records its own path, so it must be built where it runs.
+# /usr/local/bin/lameduck): a venv of its own under $(PREFIX)/lib/lameduck with lameduck's wheel
+# built by that venv's Python (the hot path compiled, as `make wheel`) and its dependencies from
+# the package index, and a symlink $(PREFIX)/bin/lameduck to its entry point. Run again to
+# upgrade in place (the wheel installed with its dependencies, then once more forced: pip keeps
+# an installed lameduck of the same version otherwise, and rolls a failed replacement back). No DESTDIR: a venv records its own path, so it must be built where it runs.
 # PYTHON: the interpreter the venv links to; the unit's ProtectHome=yes hides /root and /home,
-# so under systemd it must live elsewhere (Debian's /usr/bin/python3, not a pyenv shim).
+# so under systemd it must live elsewhere (Debian's /usr/bin/python3, not a pyenv shim). For
+# Debian's own python3 the compiler and headers come from its packages (gcc, python3-dev) when
+# missing; without them (not root, another interpreter without headers) the wheel is pure
+# Python: the last line, `lameduck --version`, says which was installed. WHEEL: install that
+# wheel (`make wheel`'s, built elsewhere for the same Python and platform) instead of building.
 PREFIX ?= /usr/local
 PYTHON ?= python3
+WHEEL  ?=
+LIBDIR  = $(PREFIX)/lib/lameduck
+WHEELS  = build/install-wheel
 
 install:
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 	  { echo "lameduck needs Python >= 3.11 as $(PYTHON)" >&2; exit 1; }
-	$(PYTHON) -m venv $(PREFIX)/lib/lameduck || \
-	  { bash scripts/ensure-debs.sh python3-venv && $(PYTHON) -m venv $(PREFIX)/lib/lameduck; }
-	$(PREFIX)/lib/lameduck/bin/python -m pip install -q --upgrade pip
-	$(PREFIX)/lib/lameduck/bin/python -m pip install -q .
+	$(PYTHON) -m venv $(LIBDIR) || \
+	  { bash scripts/ensure-debs.sh python3-venv && $(PYTHON) -m venv $(LIBDIR); }
+	$(LIBDIR)/bin/python -m pip install -q --upgrade pip
+ifeq ($(WHEEL),)
+	case "$$(readlink -f "$$(command -v $(PYTHON))")" in /usr/bin/python3*) \
+	  bash scripts/ensure-debs.sh gcc libc6-dev python3-dev || true;; esac
+	rm -rf build
+	$(LIBDIR)/bin/python -m pip wheel -q --no-deps -w $(WHEELS) .
+endif
+	$(LIBDIR)/bin/python -m pip install -q $(or $(WHEEL),$(WHEELS)/lameduck-*.whl)
+	$(LIBDIR)/bin/python -m pip install -q --force-reinstall --no-deps \
+	  $(or $(WHEEL),$(WHEELS)/lameduck-*.whl)
+ifeq ($(WHEEL),)
+	rm -rf build
+endif
 	mkdir -p $(PREFIX)/bin
-	ln -sfn $(abspath $(PREFIX))/lib/lameduck/bin/lameduck $(PREFIX)/bin/lameduck
+	ln -sfn $(abspath $(LIBDIR))/bin/lameduck $(PREFIX)/bin/lameduck
 	$(PREFIX)/bin/lameduck validate >/dev/null
-	@echo "installed $(PREFIX)/bin/lameduck -> $(abspath $(PREFIX))/lib/lameduck"
+	@echo "installed $(PREFIX)/bin/lameduck -> $(abspath $(LIBDIR)):" \
+	  "$$($(PREFIX)/bin/lameduck --version)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
@@ -108,6 +127,12 @@ bench: $(FAST)
 	bash scripts/ensure-debs.sh wrk haproxy nginx-light nghttp2-client
 	$(PY) bench/run.py $(BENCH_ARGS)
 
+# SIGTERM -> exit at a 150 ms deadline with a request held (cut), 10 runs: the median and the
+# lag behind the last log line (bench/README.md, Exit). BENCH_EXIT_ARGS: e.g. --lameduck CMD.
+BENCH_EXIT_ARGS ?=
+bench-exit: $(FAST)
+	$(PY) bench/exit.py $(BENCH_EXIT_ARGS)
+
 # RSS per idle keep-alive connection, a client that reads nothing of a 100 MB response, and
 # a soak (SOAK=minutes, 0 = none): lameduck, HAProxy and nginx in one run (bench/README.md).
 SOAK ?= 2
@@ -116,4 +141,4 @@ bench-resources: $(FAST)
 	$(PY) bench/resources.py --soak $(SOAK)
 
 clean: pure
-	rm -rf $(VENV) build src/build src/*.egg-info
+	rm -rf $(VENV) build dist src/build src/*.egg-info

@@ -24,6 +24,7 @@ from lameduck.server.boot import (
     run_loop,
     say_config_error,
 )
+from lameduck.server.lifecycle import exit_now
 from lameduck.server.logfile import formatter as log_formatter
 from lameduck.server.logfile import open_log_file
 from lameduck.upstream.errlog import DEFAULT_INTERVAL as DEFAULT_ERRLOG_INTERVAL
@@ -33,10 +34,13 @@ EXIT_PIPE = 128 + signal.SIGPIPE  # stdout's reader went away
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """Does not return: the process ends with run's exit code as soon as it is known
+    (exit_now), not after the interpreter's teardown."""
     from lameduck.demo.origin import serve, shutdown
 
-    return run(RunOptions(args.config, args.hot_restart, args.admin_address_path,
-                          args.log_file, _log_argv(args), DemoOrigin(serve, shutdown)))
+    exit_now(run(RunOptions(args.config, args.hot_restart, args.admin_address_path,
+                            args.log_file, _log_argv(args), DemoOrigin(serve, shutdown))))
+    return 0  # not reached
 
 
 def _log_argv(args: argparse.Namespace) -> list[str]:
@@ -58,8 +62,10 @@ def cmd_supervise(args: argparse.Namespace) -> int:
         return EXIT_LISTEN
     from lameduck.restart.supervisor import supervise
 
-    return run_loop(lambda: supervise(args.config, _log_argv(args), args.admin_address_path,
-                                       passed))
+    # the supervisor's exit is the unit's: at once, as its child's (exit_now)
+    exit_now(run_loop(lambda: supervise(args.config, _log_argv(args), args.admin_address_path,
+                                         passed)))
+    return 0  # not reached
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -71,6 +77,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"{args.config or '<embedded default>'}: OK ({len(cfg.listeners)} listeners, "
           f"{len(cfg.clusters)} clusters)")
     return 0
+
+
+class _Version(argparse.Action):
+    """``lameduck 0.1.0 (compiled: mypyc)`` or ``(pure Python)``: which one runs is found
+    only when asked (hotpath.py looks up every hot module)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        from lameduck.hotpath import build_kind
+
+        print(f"lameduck {__version__} ({build_kind()})")
+        parser.exit()
 
 
 def _duration_arg(text: str) -> float:
@@ -285,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lameduck",
         description="A drain-aware HTTP proxy: take an instance out of a fleet without a "
                     "single failed request.")
-    p.add_argument("--version", action="version", version=f"lameduck {__version__}")
+    p.add_argument("--version", action=_Version, nargs=0,
+                   help="the version, and whether the hot path is compiled, then exit")
     _log_options(p, defaults=True)
     common = argparse.ArgumentParser(add_help=False)
     _log_options(common, defaults=False)

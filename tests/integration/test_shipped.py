@@ -3,10 +3,12 @@ deploy/kubernetes/ pass `lameduck budget` with the load balancer values written 
 `make install` puts lameduck where the systemd unit's ExecStart looks (checked by
 `systemd-analyze verify`, which fails on an ExecStart that does not exist); the Dockerfile and
 the Kubernetes manifests agree with each other and with the config; `python -m build` makes a
-wheel that installs into a fresh venv and runs.
+wheel with the hot path compiled by mypyc that installs into a fresh venv and runs compiled
+(`lameduck --version`), and without a C compiler a pure-Python one.
 
 The install and wheel tests need the package index (dependencies come from it, as with
-`make run`): without a network they fail, they do not skip."""
+`make run`) and a C compiler: without a network they fail, they do not skip. The module
+compiles once (the wheel `make install WHEEL=` installs too), at gcc -O0 (BUILD_TIMEOUT)."""
 
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
+from lameduck import __version__
 from lameduck.config import load_config
 from lameduck.config.durations import parse_duration
+from lameduck.hotpath import hot_modules
 from tests.procs import _env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +41,13 @@ DEFAULT_YAML = ROOT / "src" / "lameduck" / "config" / "default.yaml"
 LB_FLAGS = ("--lb-interval", "2s", "--lb-fall", "3", "--lb-buffer", "5s",
             "--lb-idle", "60s", "--client-idle", "30s")
 INSTALL_TIMEOUT = 240  # a venv and the dependencies from the index; ~15 s here
+# the same, and the hot path compiled with mypyc: ~2 min at -O0 here, under 5 min with the
+# machine's two cores loaded seven times over
+BUILD_TIMEOUT = 900
+COMPILED = "(compiled: mypyc)"
+# The tests that build a wheel: the first to run pays the module's one compile (pytest-timeout
+# counts a test's fixtures in its time).
+SLOW = pytest.mark.timeout(BUILD_TIMEOUT)
 
 
 def run(cmd: list[str | Path], timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -48,6 +59,13 @@ def outside() -> dict[str, str]:
     """The environment without PYTHONPATH: pip must not find this checkout's lameduck already
     "installed", and an installed command must run only what was installed."""
     return {k: v for k, v in _env().items() if k != "PYTHONPATH"}
+
+
+def building() -> dict[str, str]:
+    """``outside()`` for a build that compiles the hot path (setup.py): at gcc -O0, which
+    compiles it in a fraction of -O3's time. What these tests check is that the installed
+    modules are the compiled ones, not how fast they run (``make bench`` measures that)."""
+    return {**outside(), "LAMEDUCK_MYPYC_OPT": "0"}
 
 
 def kubernetes_default_pod(path: Path) -> Path:
@@ -125,15 +143,36 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def prefix(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`make install PREFIX=...` into a temporary prefix, with this interpreter's Python."""
+def wheel(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`python -m build` (an sdist, then the wheel from it): a platform wheel, the hot path
+    compiled (a C compiler is here). Built once for the module: the compile is most of its
+    time."""
+    where = tmp_path_factory.mktemp("wheel")
+    out = run([sys.executable, "-m", "build", "--outdir", where / "dist", source],
+              timeout=BUILD_TIMEOUT, env=building())
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    [whl] = (where / "dist").glob("lameduck-*.whl")
+    # lameduck-0.1.0-cp311-cp311-linux_x86_64.whl: this interpreter's tags, not py3-none-any
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert whl.name.startswith(f"lameduck-{__version__}-{tag}-{tag}-"), whl.name
+    return whl
+
+
+@pytest.fixture(scope="module")
+def prefix(source: Path, wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`make install PREFIX=...` into a temporary prefix, with this interpreter's Python and
+    the wheel built above (WHEEL=: the same setup.py builds it; one compile per module)."""
     where = tmp_path_factory.mktemp("prefix")
     out = run(["make", "-s", "-C", source, "install", f"PREFIX={where}",
-               f"PYTHON={sys.executable}"], timeout=INSTALL_TIMEOUT, env=outside())
+               f"PYTHON={sys.executable}", f"WHEEL={wheel}"], timeout=INSTALL_TIMEOUT,
+              env=outside())
     assert out.returncode == 0, out.stdout + out.stderr
+    # Its last line says which hot path it installed.
+    assert out.stdout.rstrip().endswith(COMPILED), out.stdout + out.stderr
     return where
 
 
+@SLOW
 def test_make_install_puts_lameduck_in_prefix_bin(prefix: Path) -> None:
     exe = prefix / "bin" / "lameduck"
     assert exe.is_symlink()
@@ -145,6 +184,9 @@ def test_make_install_puts_lameduck_in_prefix_bin(prefix: Path) -> None:
     where = run([prefix / "lib" / "lameduck" / "bin" / "python", "-c",
                  "import lameduck; print(lameduck.__file__)"], cwd=prefix, env=outside())
     assert where.stdout.startswith(str(prefix)), where.stdout + where.stderr
+    # The installed hot path is the compiled one (a wheel built by the venv's Python).
+    version = run([exe, "--version"], cwd=prefix, env=outside())
+    assert version.stdout.strip() == f"lameduck {__version__} {COMPILED}", version.stdout
     # The unit runs what the default PREFIX installs.
     default = re.search(r"^PREFIX \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)
     assert default is not None
@@ -160,6 +202,7 @@ def _verify(tmp_path: Path, exe: str) -> subprocess.CompletedProcess[str]:
     return run(["systemd-analyze", "verify", tmp_path / "lameduck.service"], timeout=30)
 
 
+@SLOW
 def test_systemd_analyze_verifies_the_unit_against_the_install(prefix: Path,
                                                                tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
@@ -238,9 +281,16 @@ def test_dockerfile_builds_from_source_runs_supervise_as_non_root() -> None:
     exposed = {int(p.split("/")[0]) for word, args in last if word == "EXPOSE"
                for p in args.split()}
     assert exposed == {ls.address.port for ls in cfg.listeners}
-    # The wheel stage builds from the tree; the image installs that wheel.
-    assert any(word == "RUN" and "-m build" in args for word, args in steps)
-    assert any(word == "RUN" and ".whl" in args for word, args in last)
+    # The wheel stage builds from the tree, compiled or failing (gcc there only); the image
+    # installs that wheel and checks it runs the compiled hot path.
+    builder = steps[:len(steps) - len(last)]
+    assert any(word == "RUN" and "LAMEDUCK_MYPYC=1 python -m build" in args
+               for word, args in builder)
+    assert any(word == "RUN" and "gcc" in args for word, args in builder)
+    assert not any("gcc" in args for word, args in last)
+    assert any(word == "COPY" and "setup.py" in args.split() for word, args in builder)
+    assert any(word == "RUN" and ".whl" in args and f'lameduck --version | grep -F "{COMPILED}"'
+               in args for word, args in last)
 
 
 def test_dockerignore_keeps_the_context_small_but_buildable() -> None:
@@ -290,14 +340,10 @@ def test_deployment_runs_the_image_entrypoint_with_the_mounted_config() -> None:
 
 
 @pytest.fixture(scope="module")
-def wheel_venv(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """`python -m build` (an sdist, then the wheel from it), installed into a fresh venv."""
-    where = tmp_path_factory.mktemp("wheel")
-    out = run([sys.executable, "-m", "build", "--outdir", where / "dist", source],
-              timeout=INSTALL_TIMEOUT, env=outside())
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    [whl] = (where / "dist").glob("lameduck-*.whl")
-    venv = where / "venv"
+def wheel_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The wheel installed into a fresh venv."""
+    whl = wheel
+    venv = tmp_path_factory.mktemp("wheel-venv") / "venv"
     out = run([sys.executable, "-m", "venv", venv], timeout=60, env=outside())
     assert out.returncode == 0, out.stderr
     out = run([venv / "bin" / "python", "-m", "pip", "install", "-q", whl],
@@ -306,6 +352,7 @@ def wheel_venv(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     yield venv
 
 
+@SLOW
 def test_wheel_installs_and_validates_the_default_config(wheel_venv: Path,
                                                           tmp_path: Path) -> None:
     exe = wheel_venv / "bin" / "lameduck"
@@ -324,3 +371,39 @@ def test_wheel_installs_and_validates_the_default_config(wheel_venv: Path,
     bad.write_text("drain: {time: soon}\n")
     out = run([exe, "validate", "-c", bad], cwd=tmp_path, env=env)
     assert out.returncode == 2 and "drain.time" in out.stderr
+
+
+@SLOW
+def test_the_wheel_runs_the_compiled_hot_path(wheel_venv: Path, tmp_path: Path) -> None:
+    out = run([wheel_venv / "bin" / "lameduck", "--version"], cwd=tmp_path, env=outside())
+    assert out.stdout.strip() == f"lameduck {__version__} {COMPILED}", out.stdout + out.stderr
+    # every module of hot.txt from an extension module of the venv, none from this tree
+    where = run([wheel_venv / "bin" / "python", "-c",
+                 "import importlib, sys\n"
+                 "from lameduck.hotpath import hot_modules\n"
+                 "for m in hot_modules(): print(importlib.import_module(m).__file__)"],
+                cwd=tmp_path, env=outside())
+    files = where.stdout.split()
+    assert len(files) == len(hot_modules()) > 0, where.stdout + where.stderr
+    assert all(f.startswith(str(wheel_venv)) and f.endswith(".so") for f in files), files
+
+
+@SLOW
+def test_without_a_compiler_the_wheel_is_pure_python(source: Path, tmp_path: Path) -> None:
+    """The fallback: no C compiler (CC names none), a py3-none-any wheel of the same source,
+    with a warning; installed, it says so."""
+    out = run([sys.executable, "-m", "build", "--wheel", "--outdir", tmp_path / "dist", source],
+              timeout=BUILD_TIMEOUT, env={**outside(), "CC": str(tmp_path / "no-cc")})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "hot path is not compiled (no C compiler" in out.stdout + out.stderr
+    [whl] = (tmp_path / "dist").glob("lameduck-*.whl")
+    assert whl.name == f"lameduck-{__version__}-py3-none-any.whl"
+    # Unpacked alone (its dependencies are this interpreter's): nothing compiled in it.
+    target = tmp_path / "site"
+    out = run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target,
+               whl], timeout=INSTALL_TIMEOUT, env=outside())
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert not list(target.rglob("*.so"))
+    out = run([sys.executable, "-m", "lameduck", "--version"], cwd=tmp_path,
+              env={**outside(), "PYTHONPATH": str(target)})
+    assert out.stdout.strip() == f"lameduck {__version__} (pure Python)", out.stdout + out.stderr

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
@@ -23,6 +25,7 @@ from lameduck.drain import Cause, DrainEvent, ListenerDrain, ProcessDrain, Step
 from lameduck.drain.prestop import Prestop, PrestopAction, PrestopStrategy
 from lameduck.drain.timeline import KEEP_REPORTS, Reading, Timeline, build_report, file_name
 from lameduck.listeners import Listener
+from lameduck.proxy.accesslog import flush_access_logs
 from lameduck.restart import Notifier
 from lameduck.restart.hot import HasFileno
 from lameduck.server.views import drain_report_view, prestop_view
@@ -534,3 +537,20 @@ def run_loop(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return asyncio.run(main())
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(main())
+
+
+def exit_now(code: int) -> None:
+    """The end of a server process (``run``, ``supervise``, a worker) once its exit code is
+    known: what is buffered is written (access logs, log handlers, stdout, stderr; the drain
+    report is already on disk), then the process ends without the interpreter's teardown.
+    That teardown (freeing every module and object, joining the resolver's threads) took 0.2 to
+    1 s after the last log line, while a supervisor waiting for the exit (systemd, the kubelet,
+    a load balancer's health check) has nothing more to learn: os._exit, as Python's docs say
+    for a process that must not run its cleanup twice (and as forking servers do)."""
+    flush_access_logs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        # a reader gone (EPIPE) or a stream closed: nothing left to keep
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)

@@ -159,7 +159,7 @@ class LocalPlane:
         for ls in self.listeners:
             for conn in list(ls.connections):
                 conn.close_at_end()
-        return self._closed_after_flush(limit)
+        return self._closed_after_flush(limit, linger=step is Step.EXIT and quit_why is None)
 
     def _unsent(self) -> bool:
         """Response bytes still waiting in a connection's write buffer."""
@@ -170,10 +170,13 @@ class LocalPlane:
                     return True
         return False
 
-    async def _closed_after_flush(self, limit: float) -> None:
+    async def _closed_after_flush(self, limit: float, linger: bool) -> None:
         """Connections close as their last writes leave; past ``limit`` (or once nothing is
-        left to write, after a short flush) the rest are aborted."""
-        short = self.loop.time() + EXIT_FLUSH
+        left to write) the rest are aborted. A clean exit (``linger``) also gives clients a
+        short flush to close first. After a cut or a quit the deadline has passed: once every
+        byte is with the kernel (which still sends it after the close, and the connection's
+        FIN with it: a staged close sent that already) the process goes."""
+        short = self.loop.time() + (EXIT_FLUSH if linger else 0.0)
         while self.connections() and self.loop.time() < limit:
             if self.loop.time() >= short and not self._unsent():
                 break  # what is left has been written; its clients may linger

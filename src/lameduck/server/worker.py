@@ -33,11 +33,10 @@ from lameduck.drain import Cause, Step
 from lameduck.drain.endpoint import AdminState
 from lameduck.drain.retry import RetryBudget
 from lameduck.listeners import TcpListener
-from lameduck.proxy.accesslog import flush_access_logs
 from lameduck.server.build import build
 from lameduck.server.channel import Channel, Message, encode, open_channel, read_one
 from lameduck.server.inflight import InFlight
-from lameduck.server.lifecycle import EXIT_CUT, EXIT_OK, flush_limit, run_loop
+from lameduck.server.lifecycle import EXIT_CUT, EXIT_OK, exit_now, flush_limit, run_loop
 from lameduck.server.local import LocalPlane
 from lameduck.server.logfile import (
     formatter,
@@ -508,16 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_loop(lambda: serve(control))
 
 
-def exit_now(code: int) -> None:
-    """What is buffered is written, then the process ends without the interpreter's
-    teardown (hundreds of milliseconds for the modules a worker loads): the main process
-    waits for its workers before it exits itself."""
-    flush_access_logs()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
+    # the main process waits for its workers before it exits itself: a worker's teardown
+    # would be the main process's too
     exit_now(main())
