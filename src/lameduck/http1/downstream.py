@@ -511,12 +511,10 @@ class H1Downstream(Downstream):
         queue = self.queue
         if not queue:
             return
-        if not self.aborted:
-            self.stats.downstream_cx_destroy_remote_active_rq += 1
         self.queue = []
         self.reading = None
+        self.clients_gone(queue)  # type: ignore[arg-type]  # (H1Exchanges)
         for ex in queue:
-            ex.client_gone()
             ex.settle(False)
 
     def busy(self) -> bool:

@@ -206,11 +206,11 @@ class H2Downstream(Downstream):
     def abandon_all(self) -> None:
         self.stats.downstream_cx_http2_active -= 1
         if self.streams:
-            if not self.aborted:
-                self.stats.downstream_cx_destroy_remote_active_rq += 1
-            for s in list(self.streams.values()):
+            gone = list(self.streams.values())
+            for s in gone:
                 self._detach(s)
-                s.client_gone()
+            self.clients_gone(gone)  # type: ignore[arg-type]  # (H2Streams)
+            for s in gone:
                 self._settle(s, completed=False)
 
     def busy(self) -> bool:

@@ -155,6 +155,17 @@ class Downstream(asyncio.Protocol):
         """The connection is gone: take what was in flight off the books."""
         raise NotImplementedError
 
+    def clients_gone(self, gone: list[Exchange]) -> None:
+        """The connection ended (or its client half-closed) with ``gone`` in flight: each ends
+        by the exchange's rule (``Exchange.client_gone``), and the connection counts once as
+        destroyed by its client with requests active (Envoy's
+        downstream_cx_destroy_remote_active_rq), unless lameduck reset it. The codec settles
+        each after (its own books: a queue, a stream's window)."""
+        if gone and not self.aborted:
+            gone[0].stats.downstream_cx_destroy_remote_active_rq += 1
+        for ex in gone:
+            ex.client_gone()
+
     # -- the drain core's decisions --------------------------------------------------------------
     def response_drains(self, ex: Any = None) -> bool:
         """The drain core's per-response decision; the first one that drains sends the notice
