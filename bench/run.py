@@ -1967,6 +1967,26 @@ HEADERS = ["proxy", "req/s (median)", "p50", "p99", "CPU µs/req", "proxy CPU", 
            "vs HAProxy req/s", "errors", "limit"]
 
 
+NO_TARGET_LINE = "no target for this path (informational):"
+
+
+def print_part(title: str, rows: list[list[str]], target: str, info: list[str],
+               failures: list[str], part_notes: list[str]) -> None:
+    """One part's text summary, as every part after the first prints it: title, table, its
+    target line (or that it has none), what it says, what failed, its notes."""
+    print()
+    print(title)
+    print(text_table(rows))
+    print()
+    print(target)
+    for x in info:
+        print("  " + x)
+    for f in failures:
+        print("  failed: " + f)
+    for n in part_notes:
+        print("note: " + n)
+
+
 def text_table(rows: list[list[str]], headers: list[str] = HEADERS, left: int = 1) -> str:
     """Aligned columns; the first ``left`` ones flush left, the numbers flush right."""
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
@@ -3627,18 +3647,9 @@ def main(argv: list[str] | None = None) -> int:
         up_rows, up_info, up_failures = summarize_h2up(h2up_samples, args.h2up_names,
                                                        args.load_cpu, h2up_skipped, samples)
         h2up = (up_rows, up_info, up_failures, h2up_samples, h2up_notes)
-        print()
-        print(f"HTTP/1.1 clients -> HTTP/2 (h2c) upstream (nginx origin; wrk -t{args.threads} "
-              f"-c{args.connections}; {args.h2up_duration:g} s rounds)")
-        print(text_table(up_rows))
-        print()
-        print("no target for this path (informational):")
-        for x in up_info:
-            print("  " + x)
-        for f in up_failures:
-            print("  failed: " + f)
-        for n in h2up_notes:
-            print("note: " + n)
+        print_part(f"HTTP/1.1 clients -> HTTP/2 (h2c) upstream (nginx origin; wrk "
+                   f"-t{args.threads} -c{args.connections}; {args.h2up_duration:g} s rounds)",
+                   up_rows, NO_TARGET_LINE, up_info, up_failures, h2up_notes)
     if args.pool and not args.pool_names:
         notes.append("no pool rows: --proxies has neither lameduck nor haproxy")
     pool = None
@@ -3646,18 +3657,9 @@ def main(argv: list[str] | None = None) -> int:
         pool_rows, pool_info, pool_failures = summarize_pool(
             pool_samples, args.pool_names, args.load_cpu, pool_skipped, samples)
         pool = (pool_rows, pool_info, pool_failures, pool_samples, pool_notes)
-        print()
-        print(f"HTTP/1.1 through a pool of {POOL_SIZE} origins (round robin, health checks on; "
-              f"wrk -t{args.threads} -c{args.connections}; {args.pool_duration:g} s rounds)")
-        print(text_table(pool_rows))
-        print()
-        print("no target for this path (informational):")
-        for x in pool_info:
-            print("  " + x)
-        for f in pool_failures:
-            print("  failed: " + f)
-        for n in pool_notes:
-            print("note: " + n)
+        print_part(f"HTTP/1.1 through a pool of {POOL_SIZE} origins (round robin, health checks "
+                   f"on; wrk -t{args.threads} -c{args.connections}; {args.pool_duration:g} s "
+                   "rounds)", pool_rows, NO_TARGET_LINE, pool_info, pool_failures, pool_notes)
     if args.tls and not args.tls_names:
         notes.append("no TLS rows: --proxies has neither lameduck nor haproxy")
     tls = None
@@ -3665,18 +3667,9 @@ def main(argv: list[str] | None = None) -> int:
         tls_rows, tls_info, tls_failures = summarize_tls(
             tls_samples, args.tls_names, args.load_cpu, tls_skipped, samples)
         tls = (tls_rows, tls_info, tls_failures, tls_samples, tls_notes)
-        print()
-        print(f"HTTPS keep-alive GET / (TLS in, plain HTTP/1.1 to the origin; wrk "
-              f"-t{args.threads} -c{args.connections}; {args.tls_duration:g} s rounds)")
-        print(text_table(tls_rows))
-        print()
-        print(TARGET_TLS_LINE)
-        for x in tls_info:
-            print("  " + x)
-        for f in tls_failures:
-            print("  failed: " + f)
-        for n in tls_notes:
-            print("note: " + n)
+        print_part(f"HTTPS keep-alive GET / (TLS in, plain HTTP/1.1 to the origin; wrk "
+                   f"-t{args.threads} -c{args.connections}; {args.tls_duration:g} s rounds)",
+                   tls_rows, TARGET_TLS_LINE, tls_info, tls_failures, tls_notes)
     if workers is not None:
         print_workers(workers, args)
     write_markdown(args.out, summary, samples, args, command, notes, h2, h2up, pool, workers,

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import lameduck.listeners  # noqa: F401  (registers the format check, as every command does)
 from lameduck.config import ConfigError, load_config_text
 from lameduck.proxy.accesslog import (
     CB,

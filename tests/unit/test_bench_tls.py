@@ -82,3 +82,12 @@ def test_haproxy_tls_frontend_pins_the_suite(bench):
     assert ("bind 127.0.0.1:1234 ssl crt /tmp/x.pem alpn http/1.1 ciphersuites "
             "TLS_AES_256_GCM_SHA384") in text
     assert "default_backend origin" in text
+
+
+def test_a_part_prints_title_table_target_then_what_it_says(bench, capsys) -> None:
+    """Every part after the first prints itself one way (``print_part``)."""
+    row = ["lameduck", *["1"] * (len(bench.HEADERS) - 1)]
+    bench.print_part("TITLE", [row], bench.NO_TARGET_LINE, ["said"], ["broke"], ["noted"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "TITLE" and any("lameduck" in line for line in out[2:5])
+    assert out[-4:] == [bench.NO_TARGET_LINE, "  said", "  failed: broke", "note: noted"]

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
+import lameduck.listeners  # noqa: F401  (registers the format check, as every command does)
 from lameduck.config import (
     AdminConfig,
     ClusterConfig,

@@ -463,9 +463,9 @@ class ConnectConfig(BaseModel):
     connect_timeout: PositiveDuration = 5.0
 
 
-# The access log's format compiler, registered by the data plane (``proxy.accesslog`` appends
-# its ``compile_format`` when imported; the configuration imports nothing above it). Every
-# command that reads a config (validate, run, supervise) has it loaded by then.
+# The access log's format compiler, registered by the data plane (``lameduck.listeners`` appends
+# ``proxy.accesslog.compile_format`` when imported; the configuration imports nothing above
+# it). Every command that reads a config (validate, run, supervise) has it loaded by then.
 FORMAT_CHECKS: list[Callable[[str | None], object]] = []
 
 

@@ -90,7 +90,8 @@ class TlsAccept(asyncio.Protocol):
         """Drive ``start_tls``: it waits on one future (its handshake), then returns the TLS
         transport or raises."""
         coro = self.handshake
-        assert coro is not None
+        if coro is None:
+            return  # cut at the exit (``abort``): it ended here already
         try:
             waiting = coro.send(None)
         except StopIteration as done:
@@ -140,6 +141,9 @@ class TlsAccept(asyncio.Protocol):
         proto.connection_made(tls)
 
     def abort(self) -> None:
-        """The process ends with this handshake under way: reset it (counted by the caller)."""
+        """The process ends with this handshake under way: reset it (counted by the caller),
+        and off the listener's handshakes now, not when the reset is reported: the exit's
+        last sweep, which may come before that, must not count it again."""
         if self.transport is not None:
             self.transport.abort()
+        self._end()

@@ -29,7 +29,6 @@ from binascii import hexlify
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Final
 
-from lameduck.config.schema import FORMAT_CHECKS
 from lameduck.proxy.message import HTTP2, HTTP10, HTTP11, SERVICE_TIME, STREAM
 
 if TYPE_CHECKING:
@@ -499,9 +498,6 @@ def compile_format(fmt: str | None) -> Callable[[Any, float, float], str] | None
         raise FormatError(f"{fmt!r} is neither \"json\" nor a format string (one with a "
                           "command operator such as %RESPONSE_CODE%)")
     return compile_text(fmt)
-
-
-FORMAT_CHECKS.append(compile_format)  # validate refuses what the listener would
 
 
 def _literal(text: str) -> Op:
