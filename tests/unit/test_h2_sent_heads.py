@@ -228,3 +228,15 @@ def test_stream_id_octets() -> None:
 
     for sid in [*range(0, 1 << 17, 3), 0xFF, 0x100, 0xFFFF, 0x10000, 2**31 - 1]:
         assert stream_id_octets(sid) == sid.to_bytes(4, "big")
+
+
+def test_a_head_of_the_kept_fields_after_a_longer_one_sends_only_its_own() -> None:
+    """Only the first ``_SENT_MAX`` fields of a head are kept to compare: a head that is the
+    last one's first fields, all sent as before, is not the last head's block (which holds the
+    fields past them too: another response's headers, or another request's credentials)."""
+    s = Server()
+    longer = [(b"x-%d" % i, b"v") for i in range(connection._SENT_MAX + 5)]
+    s.head(200, longer)
+    s.head(200, longer)  # every field indexed now: the next head matches field for field
+    s.head(200, longer[:connection._SENT_MAX - 1])  # with :status, _SENT_MAX fields
+    s.head(200, longer[:connection._SENT_MAX - 1])

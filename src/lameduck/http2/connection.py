@@ -289,6 +289,7 @@ class H2Connection:
         # The last head sent, field by field (``_octets``), and its block.
         self._sent: list[_Sent] = []
         self._sent_block = b""
+        self._sent_count = 0  # fields (with :status) of the head ``_sent_block`` holds
         self._head_missed = False
         self._streams: dict[int, _Stream] = {}
         self._closed_ids: dict[int, int] = {}
@@ -903,6 +904,11 @@ class H2Connection:
             del sent[i:]
             if out is None:
                 out = [f.octets for f in sent]
+        elif out is None and self._sent_count != i:
+            # The last head had more fields than are kept (``_SENT_MAX``): its block holds
+            # them too, so this one's is joined from its own.
+            out = [f.octets for f in sent]
+        self._sent_count = i
         if out is None:
             # The same fields as the last head, every one sent as it was then with the table
             # as it was then: the same octets (joining them would give the same bytes again).
