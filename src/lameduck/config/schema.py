@@ -802,6 +802,17 @@ def _bind_overlaps(a: HostPort, b: HostPort) -> bool:
     return va == vb and (xa is None or xb is None or xa == xb)
 
 
+def _name_once(kind: str, i: int, name: str, seen: dict[str, int],
+               problems: list[tuple[tuple[str | int, ...], str, object]]) -> None:
+    """A cluster's or listener's name is its key (routes, stats, the admin API): the first
+    takes it, a later one is a problem naming both."""
+    if name in seen:
+        problems.append(((f"{kind}s", i, "name"),
+                         f"duplicate {kind} name {name!r} (also {kind}s[{seen[name]}])", name))
+    else:
+        seen[name] = i
+
+
 def _bind_clash(a: HostPort, b: HostPort, who: str) -> str:
     """Why ``a`` cannot be bound beside ``b`` (which ``who`` binds)."""
     (va, xa), (vb, xb) = _bind_key(a), _bind_key(b)
@@ -875,17 +886,7 @@ def cross_problems(admin: AdminConfig | None, drain: DrainConfig | None,
         )
     cluster_seen: dict[str, int] = {}
     for i, cluster in clusters:
-        if cluster.name in cluster_seen:
-            problems.append(
-                (
-                    ("clusters", i, "name"),
-                    f"duplicate cluster name {cluster.name!r} "
-                    f"(also clusters[{cluster_seen[cluster.name]}])",
-                    cluster.name,
-                )
-            )
-        else:
-            cluster_seen[cluster.name] = i
+        _name_once("cluster", i, cluster.name, cluster_seen, problems)
     known_names = set(cluster_seen) | other_cluster_names
     names: dict[str, int] = {}
     # What binds so far: (address, who) — port 0 is left out, each bind gets its own port.
@@ -893,17 +894,7 @@ def cross_problems(admin: AdminConfig | None, drain: DrainConfig | None,
     if admin is not None and admin.address.port != 0:
         bound.append((admin.address, "the admin API (admin.address)"))
     for i, listener in listeners:
-        if listener.name in names:
-            problems.append(
-                (
-                    ("listeners", i, "name"),
-                    f"duplicate listener name {listener.name!r} "
-                    f"(also listeners[{names[listener.name]}])",
-                    listener.name,
-                )
-            )
-        else:
-            names[listener.name] = i
+        _name_once("listener", i, listener.name, names, problems)
         if listener.address.port != 0:
             clash = next((_bind_clash(listener.address, addr, who)
                           for addr, who in bound if _bind_overlaps(listener.address, addr)),
