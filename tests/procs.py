@@ -805,6 +805,8 @@ def refused(addr: str) -> bool:
             return False
     except ConnectionRefusedError:
         return True
+    except TimeoutError:  # a SYN still queued as the listener closes (a loaded machine): ask again
+        return False
 
 
 WSECHO = Path(__file__).resolve().parent / "wsecho.py"

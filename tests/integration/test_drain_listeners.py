@@ -86,10 +86,10 @@ def test_long_request_survives_graceful_skip_exit(lameduck) -> None:
 def test_not_graceful_stops_accepting_at_once_and_drains_existing(lameduck) -> None:
     ld = lameduck(drain={"time": "2s", "strategy": "gradual", "connection_grace": "200ms"})
     busy = RawConn(ld.addr)
-    busy.send("/sleep?ms=600")
+    busy.send("/sleep?ms=3000")
     assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 1)
     assert ld.admin("POST", "/drain_listeners").text == "OK\n"
-    assert wait_until(lambda: refused(ld.addr), 1)
+    assert wait_until(lambda: refused(ld.addr), 10)
     assert ld.server_info()["listeners"][0]["accepting"] is False
     r = busy.read_response()
     assert r.status == 200 and r.complete
