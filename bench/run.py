@@ -243,21 +243,82 @@ class Proc:
         return "\n".join(text.rstrip().splitlines()[-lines:]) or "(empty log)"
 
 
+class CpuQuota:
+    """``--proxy-quota``: each proxy in a cgroup of its own whose CFS quota is PCT % of a core.
+
+    On a 2-core machine a fast proxy (HAProxy over h2c) outruns what one load core can send,
+    so it idles at 75-80 % and its CPU per request is not a saturated figure. Capped, every
+    proxy is the limit again (at >= 85 % of its quota) while the load core keeps headroom;
+    CPU per request is still its CPU time over its requests. cgroup v1 (``cpu`` controller,
+    ``cpu.cfs_quota_us``) or v2 (``cpu.max``)."""
+
+    PERIOD_US = 100_000
+
+    def __init__(self, pct: int) -> None:
+        self.pct = pct
+        v2 = Path("/sys/fs/cgroup")
+        if "cpu" in _read(v2 / "cgroup.controllers").split():
+            self.root, self.v2 = v2 / f"lameduck-bench-{os.getpid()}", True
+        elif (Path("/sys/fs/cgroup/cpu") / "cpu.cfs_quota_us").exists():
+            self.root, self.v2 = Path(f"/sys/fs/cgroup/cpu/lameduck-bench-{os.getpid()}"), False
+        else:
+            raise BenchError("--proxy-quota needs the cgroup cpu controller (v1 cpu.cfs_quota_us "
+                             "or v2 cpu.max), writable: run as root")
+        self.groups: list[Path] = []
+
+    def group(self, name: str) -> Path:
+        """A new cgroup with the quota; its cgroup.procs file is what a child joins by."""
+        g = self.root / re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+        g.mkdir(parents=True, exist_ok=True)
+        quota = self.PERIOD_US * self.pct // 100
+        if self.v2:
+            if self.root not in self.groups:  # let the children use the controller
+                (self.root / "cgroup.subtree_control").write_text("+cpu")
+            (g / "cpu.max").write_text(f"{quota} {self.PERIOD_US}")
+        else:
+            (g / "cpu.cfs_period_us").write_text(str(self.PERIOD_US))
+            (g / "cpu.cfs_quota_us").write_text(str(quota))
+        self.groups.append(g)
+        return g / "cgroup.procs"
+
+    def remove(self) -> None:
+        """After every process is stopped (a cgroup with a member cannot be removed)."""
+        for g in [*reversed(self.groups), self.root]:
+            with contextlib.suppress(OSError):
+                g.rmdir()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 class Procs:
     """Every process this run started, so that ``stop_all`` can end each one by its pid."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.procs: list[Proc] = []
+        self.quota: CpuQuota | None = None  # --proxy-quota: for what runs on quota_cpu
+        self.quota_cpu = -1
 
     def start(self, name: str, cpu: int | str, argv: list[str]) -> Proc:
         """``cpu``: one CPU, or a taskset list ("0,1") for the rows spread over all cores."""
         log = self.workdir / f"{name}.log"
+        setup = _child_setup
+        if self.quota is not None and cpu == self.quota_cpu:
+            procs_file = self.quota.group(name)
+
+            def setup() -> None:  # joins before exec: its forks (workers) are inside too
+                _child_setup()
+                procs_file.write_text(str(os.getpid()))
         with log.open("wb") as fh:
             popen = subprocess.Popen(
                 ["taskset", "-c", str(cpu), *argv],  # taskset execs argv: same pid
                 stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                cwd=self.workdir, preexec_fn=_child_setup,
+                cwd=self.workdir, preexec_fn=setup,
             )
         proc = Proc(name, popen, log)
         self.procs.append(proc)
@@ -2228,6 +2289,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    f"measured as {BASE} beside lameduck, with the same generated config, in the "
                    "same interleaved HTTP/1.1, h2 and h2-upstream rounds")
     p.add_argument("--proxy-cpu", type=int, default=0, help="CPU for the proxies (0)")
+    p.add_argument("--proxy-quota", type=int, default=None, metavar="PCT",
+                   help="cap every proxy (each in a cgroup of its own, CFS quota) at PCT %% of "
+                   "its core, so that a proxy faster than one load core can feed is still the "
+                   "limit: 'saturated' then means >= 85%% of PCT. Needs root (cgroup v1 or v2)")
     p.add_argument("--load-cpu", type=int, default=1, help="CPU for origin and wrk (1)")
     p.add_argument("--out", type=Path, default=OUT_DIR / "results.md",
                    help="markdown results file (bench/out/results.md)")
@@ -2349,6 +2414,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.builds = {}  # lameduck (and lameduck-base) version, commit, compiled or not
     if args.rounds < 1 or args.duration <= 0 or args.connections < 1 or args.threads < 1:
         p.error("--rounds, --duration, --connections and --threads must be positive")
+    if args.proxy_quota is not None and not 10 <= args.proxy_quota <= 100:
+        p.error("--proxy-quota: a percentage of one core from 10 to 100")
     # Each later part's measured and warm-up seconds: its own flag, else --duration capped at
     # the part's default (and --warmup at 1 s); its proxies among --proxies, when it runs.
     for part, flag, cap, on, proxies, duration, warmup in (
@@ -3354,6 +3421,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, _on_sigterm)
     workdir = Path(tempfile.mkdtemp(prefix="lameduck-bench-"))
     procs = Procs(workdir)
+    if args.proxy_quota is not None:
+        global PROXY_SATURATED
+        try:
+            procs.quota = CpuQuota(args.proxy_quota)
+        except BenchError as e:
+            print(f"bench: {e}", file=sys.stderr)
+            return 2
+        procs.quota_cpu = args.proxy_cpu
+        PROXY_SATURATED = PROXY_SATURATED * args.proxy_quota / 100
     keep = args.keep
     samples: list[Sample] = []
     h2_samples: list[H2Sample] = []
@@ -3378,6 +3454,11 @@ def main(argv: list[str] | None = None) -> int:
             f"cpu{c} {pct:.0f}% busy" for c, pct in idle.items())
             + " (other jobs were running; expect noisy numbers)")
         print(f"bench: warning: {notes[-1]}", file=sys.stderr)
+    if procs.quota is not None:
+        notes.append(f"--proxy-quota {args.proxy_quota}: every proxy ran in a cgroup of its "
+                     f"own capped at {args.proxy_quota}% of CPU {args.proxy_cpu} (CFS quota), "
+                     f"so a proxy is saturated at >= {PROXY_SATURATED:g}% of a core (85% of "
+                     "its quota); proxy CPU columns are % of a whole core")
     try:
         # What each lameduck measured is (inside the try: a missing one fails as bench: ...)
         if "lameduck" in args.names or args.worker_counts:
@@ -3584,6 +3665,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         procs.stop_all()
+        if procs.quota is not None:
+            procs.quota.remove()
         if keep:
             print(f"bench: configs and logs kept in {workdir}", file=sys.stderr)
         else:
