@@ -24,7 +24,7 @@ from typing import Final, Protocol, cast
 import httptools
 from mypy_extensions import i64
 
-from lameduck.drain import ConnectionDrain, DrainedBy
+from lameduck.drain import DrainedBy
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http1.wire import (
     LAST_CHUNK,
@@ -224,8 +224,9 @@ class Reader:
         else:
             ex.close = True
             ex.malformed()
-            conn._local(ex, 505 if version >= "2" else 400,
-                        b"http version not supported\n" if version >= "2" else b"bad request\n")
+            ex.answer_local(505 if version >= "2" else 400,
+                            b"http version not supported\n" if version >= "2"
+                            else b"bad request\n")
         if len(queue) == 1:
             conn._begin(ex)
         else:
@@ -326,17 +327,8 @@ class H1Downstream(Downstream):
 
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        ctx = self.ctx
-        self.take(transport)
-        now = self.loop.time()
-        self.idle_since = now
-        self.drain = ConnectionDrain(ctx.drain, now, ctx.rng, ctx.max_connection_duration)
-        ctx.connections.add(self)
-        st = ctx.stats
-        st.downstream_cx_total += 1
-        st.downstream_cx_active += 1
-        st.downstream_cx_http1_active += 1
-        self.arm(now + ctx.idle_timeout)
+        self.opened(transport, self.accepted())
+        self.stats.downstream_cx_http1_active += 1
         self.arm_drain()
 
     def data_received(self, data: bytes) -> None:
@@ -584,16 +576,6 @@ class H1Downstream(Downstream):
             return "1.1"
         return rd.parser.get_http_version()
 
-    def _local(self, ex: H1Exchange, status: int, body: bytes) -> None:
-        """Answer ``ex`` from here instead of an upstream (sent when its turn comes)."""
-        ex.answer_here(status, len(body))
-        self._queue_answer(ex, status, body)
-
-    def _queue_answer(self, ex: H1Exchange, status: int, body: bytes) -> None:
-        """The bytes of an answer the exchange booked, sent when its turn comes."""
-        ex.reply = simple_response(status, body, close=ex.close or not ex.keep_alive,
-                                   head_only=ex.is_head)
-
     def _prepare(self, ex: H1Exchange, method: bytes, rd: Reader) -> None:
         """Translate the request line and fields into a ``RequestHead`` (what only HTTP/1.1
         frames: its target forms, Transfer-Encoding) and hand it to admission, or answer it
@@ -610,7 +592,7 @@ class H1Downstream(Downstream):
                 # llhttp framed it (chunked last) or will reject it; either way we cannot
                 # forward a coding we do not know the end of (RFC 9112 §6.1).
                 ex.close = True
-                self._local(ex, 501, b"transfer coding not implemented\n")
+                ex.answer_local(501, b"transfer coding not implemented\n")
                 return
             if ex.version == HTTP10:
                 # RFC 9112 §6.1: Transfer-Encoding in HTTP/1.0 means faulty framing: answer this
@@ -626,7 +608,7 @@ class H1Downstream(Downstream):
             if absolute is None:
                 ex.close = True
                 ex.malformed()
-                self._local(ex, 400, b"bad request target\n")
+                ex.answer_local(400, b"bad request target\n")
                 return
             # RFC 9112 §3.2.2: the target's authority replaces Host, for routing and upstream;
             # the upstream gets the origin form.
@@ -687,10 +669,12 @@ class H1Downstream(Downstream):
         # Answered here, a client that sent "Expect: 100-continue" will not send the body it
         # held back: the connection cannot be reused after the answer (RFC 9110 §10.1.1); nor
         # after a malformed request, or an Upgrade answered without a 101.
+        # (Sent when its turn comes.)
         h = cast(H1Exchange, ex)
         if ex.expect or ex.upgrade or ex.flags & DPE:
             h.close = True
-        self._queue_answer(h, status, body)
+        h.reply = simple_response(status, body, close=h.close or not h.keep_alive,
+                                  head_only=h.is_head)
 
     def going_away(self, ex: Exchange) -> None:
         h = cast(H1Exchange, ex)
@@ -901,7 +885,7 @@ class H1Downstream(Downstream):
         if self.queue and self.queue[0] is not ex:
             # queued behind others: it never reaches the upstream
             ex.request_cut_short()
-            self._local(ex, status, body)
+            ex.answer_local(status, body)
             return
         if ex.resp_started:
             self.abort_with_active_request()
@@ -933,9 +917,7 @@ class H1Downstream(Downstream):
         relay = Relay(self.loop, t, ut, kind, self.ctx.drain.grace,
                       lambda cut: self._tunnel_ended(ex, up, cut), rsv1_allowed=deflate)
         self.relay = relay
-        relay.start(early, rest)
-        if self.drain.proactive_fired:
-            relay.drain_by(DrainedBy.PROACTIVE)  # its moment has passed already
+        self.start_relay(relay, early, rest)
 
     def _tunnel_ended(self, ex: H1Exchange, up: UpstreamConn | None, cut: bool) -> None:
         """Both sockets of the tunnel are closed: settle the books of both connections."""

@@ -111,28 +111,18 @@ class H2Downstream(Downstream):
     # -- asyncio ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """A connection that spoke HTTP/2 from its first byte (TLS with ALPN h2)."""
-        now = self.loop.time()
-        st = self.stats
-        st.downstream_cx_total += 1
-        st.downstream_cx_active += 1
-        ctx = self.ctx
-        self.adopt(transport, ConnectionDrain(ctx.drain, now, ctx.rng, ctx.max_connection_duration),
-                   b"")
+        self.adopt(transport, self.accepted(), b"")
 
     def adopt(self, transport: asyncio.BaseTransport, drain: ConnectionDrain,
               data: bytes) -> None:
         """Take the connection over (from its first byte, or from the HTTP/1 protocol that saw
         the prior-knowledge preface: its drain state, with its proactive moment, carries on)."""
         ctx = self.ctx
-        self.take(transport)
-        self.drain = drain
-        ctx.connections.add(self)
+        self.opened(transport, drain)
         st = self.stats
         st.downstream_cx_http2_total += 1
         st.downstream_cx_http2_active += 1
-        self.idle_since = now = self.loop.time()
         self.h2.initiate()
-        self.arm(now + ctx.idle_timeout)
         if drain.drained_by is not None:
             self.drain_notice()  # drained before it spoke HTTP/2
         if not ctx.process.ledger.accepting:
@@ -451,7 +441,7 @@ class H2Downstream(Downstream):
         ctx = self.ctx
         if ev.protocol is not None:
             # an extended CONNECT for a protocol other than websocket
-            self._local(s, 501, b"protocol not supported\n")
+            s.answer_local(501, b"protocol not supported\n")
             return
         if not s.admit_connect(ctx, ev.authority):
             return
@@ -502,9 +492,7 @@ class H2Downstream(Downstream):
                       lambda cut: self._relay_ended(s, up, cut), rsv1_allowed=deflate,
                       http2=True)
         s.relay = relay
-        relay.start(b"", to_client)
-        if self.drain.proactive_fired:
-            relay.drain_by(DrainedBy.PROACTIVE)  # the moment has passed already
+        self.start_relay(relay, b"", to_client)
         self.kick()
         return relay
 
@@ -524,11 +512,6 @@ class H2Downstream(Downstream):
             self._settle(s, completed=not reset)
             self.kick()
 
-    def _local(self, s: H2Stream, status: int, body: bytes) -> None:
-        s.answer_here(status, len(body))
-        self.respond(s, status, body)
-        s.finish()
-
     def _too_large(self, sid: int) -> None:
         st = self.stats
         st.downstream_rq_total += 1
@@ -537,7 +520,7 @@ class H2Downstream(Downstream):
         s = H2Stream(self, b"", sid)
         s.request_cut_short()  # H2Server drops the body and resets the stream after our answer
         self.streams[sid] = s
-        self._local(s, 431, b"request header fields too large\n")
+        s.answer_local(431, b"request header fields too large\n")
 
     def respond(self, s: Exchange, status: int, body: bytes,
                 extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:

@@ -40,7 +40,7 @@ from lameduck.proxy.accesslog import PD, RD
 from lameduck.proxy.admission import Client, client_for
 from lameduck.proxy.exchange import Exchange, ExchangeContext
 from lameduck.stats import ConnectionStats, DrainStats
-from lameduck.tunnel.relay import abort_with_rst
+from lameduck.tunnel.relay import Relay, abort_with_rst
 from lameduck.upstream.connector import Fields
 
 LINGER: Final = 2.0  # seconds a staged close keeps reading before it closes
@@ -120,6 +120,33 @@ class Downstream(asyncio.Protocol):
         self.client = client_for(peer[0] if peer else "", ctx.scheme, ctx.generate_request_id)
         self.unseen = True
         self.ledger.accepted()
+
+    def accepted(self) -> ConnectionDrain:
+        """A connection accepted by this listener (not one taken over from another codec):
+        on the listener's books, with a drain state of its own."""
+        st = self.cx_stats
+        st.downstream_cx_total += 1
+        st.downstream_cx_active += 1
+        ctx = self.ctx
+        return ConnectionDrain(ctx.drain, self.loop.time(), ctx.rng, ctx.max_connection_duration)
+
+    def opened(self, transport: asyncio.BaseTransport, drain: ConnectionDrain) -> float:
+        """Serve ``transport`` under ``drain`` (its own, or the one the connection carries
+        on with): among the listener's connections, its idle clock started. Returns now."""
+        ctx = self.ctx
+        self.take(transport)
+        self.drain = drain
+        ctx.connections.add(self)
+        self.idle_since = now = self.loop.time()
+        self.arm(now + ctx.idle_timeout)
+        return now
+
+    def start_relay(self, relay: Relay, early: bytes, rest: bytes) -> None:
+        """A tunnel begins (after a 101, or CONNECT's 200): one that begins after this
+        connection's proactive drain moment is drained at once, its moment passed already."""
+        relay.start(early, rest)
+        if self.drain.proactive_fired:
+            relay.drain_by(DrainedBy.PROACTIVE)
 
     # -- what the codec says ----------------------------------------------------------------
     def busy(self) -> bool:

@@ -297,24 +297,24 @@ class Exchange(ExchangeSink):
         if refused is not None:
             if refused.malformed:
                 self.flags |= DPE
-            self._answer(refused.status, refused.body)
+            self.answer_local(refused.status, refused.body)
             return False
         path = route_path(up.path)
         host = up.authority
         hc = ctx.health_check_path
         if hc is not None and path == hc:
             live = ctx.process.live
-            self._answer(200 if live else 503, b"OK\n" if live else b"DRAINING\n")
+            self.answer_local(200 if live else 503, b"OK\n" if live else b"DRAINING\n")
             return False
         route = ctx.router.match(host, path)
         if route is None:
             self.flags |= NR
-            self._answer(404, b"no route\n")
+            self.answer_local(404, b"no route\n")
             return False
         cluster = route.cluster
         if self.upgrade and cluster.connector is not None:
             # an HTTP/2 cluster: a WebSocket would need RFC 8441 upstream, not supported
-            self._answer(501, b"websocket to an HTTP/2 upstream not supported\n")
+            self.answer_local(501, b"websocket to an HTTP/2 upstream not supported\n")
             return False
         if not self._on_books(ctx):
             return False
@@ -332,7 +332,7 @@ class Exchange(ExchangeSink):
         """A CONNECT: its destination if the listener allows it (else 403), on the books."""
         target = ctx.connect_target(authority)
         if target is None:
-            self._answer(403, b"CONNECT not allowed\n")
+            self.answer_local(403, b"CONNECT not allowed\n")
             return False
         if not self._on_books(ctx):
             return False
@@ -353,8 +353,9 @@ class Exchange(ExchangeSink):
         self.pkey = pkey
         return True
 
-    def _answer(self, status: int, body: bytes) -> None:
-        """Admission refused it: booked here, answered by the codec."""
+    def answer_local(self, status: int, body: bytes) -> None:
+        """Answered from here, not by an upstream (admission refused it, or the codec could
+        not read it as a request): booked here, sent by the codec."""
         self.answer_here(status, len(body))
         self.down.answer(self, status, body)
 
