@@ -12,6 +12,7 @@ from typing import Any
 from lameduck import __version__
 from lameduck.config import ConfigError, format_duration, parse_duration
 from lameduck.orchestrate.budget import PRESTOP_STRATEGIES
+from lameduck.orchestrate.lbpresets import LB_PRESETS
 from lameduck.restart import listen_fds, match_listeners
 from lameduck.server.boot import (
     EXIT_CONFIG,
@@ -111,6 +112,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
     import yaml
 
     from lameduck.orchestrate import budget as bud
+    from lameduck.orchestrate import lbpresets as lbp
 
     cfg = load_or_report(args.config)
     if cfg is None:
@@ -121,9 +123,11 @@ def cmd_budget(args: argparse.Namespace) -> int:
         if not docs:
             raise bud.BudgetError("the file holds no YAML document")
         pod = bud.pod_timers(docs[0], args.container)
+        lb, delay = lbp.lb_settings(args.lb, interval=args.lb_interval, fall=args.lb_fall,
+                                    rise=args.lb_rise,
+                                    deregistration_delay=args.lb_deregistration_delay)
         b = bud.budget_from(cfg, pod, max_request=args.max_request, prestop=args.prestop,
-                            exit_margin=args.exit_margin, lb_interval=args.lb_interval,
-                            lb_fall=args.lb_fall, lb_rise=args.lb_rise,
+                            exit_margin=args.exit_margin, **lb,
                             lb_buffer=args.lb_buffer, lb_idle=args.lb_idle,
                             client_idle=args.client_idle)
     except (OSError, yaml.YAMLError, bud.BudgetError) as e:
@@ -133,8 +137,14 @@ def cmd_budget(args: argparse.Namespace) -> int:
     ok = all(q.holds for q in ineqs)
     solved = bud.solve(b) if args.solve else None
     notes = [*pod.notes, *pod.prestop.notes]
+    preset = lbp.LB_PRESETS[args.lb] if args.lb else None
+    warning = lbp.deregistration_warning(delay, b.grace_period,
+                                         preset.name if preset else "load balancer")
+    warnings = [warning] if warning else []
     if args.json:
         out: dict[str, Any] = {"ok": ok, "prestop": pod.prestop.source, "notes": notes,
+                               "lb": preset.as_dict() if preset else None,
+                               "deregistration_delay": delay, "warnings": warnings,
                                "inequalities": [q.as_dict() for q in ineqs]}
         if solved is not None:
             out["proposal"] = bud.proposal(cfg, b, solved)
@@ -144,6 +154,14 @@ def cmd_budget(args: argparse.Namespace) -> int:
           + ("" if args.prestop is None else " (--prestop)"))
     for note in notes:
         print(f"note: {note}")
+    if preset is not None:
+        print(f"lb: {preset.name}: {preset.title}: interval {format_duration(b.lb_interval)}"
+              f" x fall {b.lb_fall}, deregistration delay "
+              + ("none" if delay is None else f"{delay:g}s"))
+        for note in preset.notes:
+            print(f"note: {preset.name}: {note}")
+    for w in warnings:
+        print(f"warning: {w}")
     print("\n".join(bud.render(ineqs)))
     if solved is not None:
         print("\n# --solve: the smallest consistent values (grace = max request + LB "
@@ -349,12 +367,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the longest request (default: the largest route timeout)")
     bg.add_argument("--exit-margin", type=_duration_arg, default=5.0,
                     help="slack between the shutdown deadline and SIGKILL (default 5s)")
-    bg.add_argument("--lb-interval", type=_duration_arg, default=2.0,
-                    help="LB health-check interval (default 2s)")
-    bg.add_argument("--lb-fall", type=_count_arg, default=3,
-                    help="failed checks before the LB takes the instance out (default 3)")
-    bg.add_argument("--lb-rise", type=_count_arg, default=2,
-                    help="good checks before the LB puts an instance in (default 2)")
+    bg.add_argument("--lb", choices=list(LB_PRESETS),
+                    help="the load balancer's documented defaults for the values below "
+                         "(docs/budget.md, Balancer presets); flags override them")
+    bg.add_argument("--lb-interval", type=_duration_arg,
+                    help="LB health-check interval (default 2s, or the --lb preset's)")
+    bg.add_argument("--lb-fall", type=_count_arg,
+                    help="failed checks before the LB takes the instance out (default 3, or "
+                         "the --lb preset's)")
+    bg.add_argument("--lb-rise", type=_count_arg,
+                    help="good checks before the LB puts an instance in (default 2, or the "
+                         "--lb preset's)")
+    bg.add_argument("--lb-deregistration-delay", type=_duration_arg,
+                    help="how long the LB drains a deregistered pod (AWS target groups' "
+                         "deregistration_delay.timeout_seconds; default: the --lb preset's, "
+                         "else none): warned about when longer than the grace period")
     bg.add_argument("--lb-buffer", type=_duration_arg, default=5.0,
                     help="slack after the LB should have noticed (LB_BUFFER, "
                          "default 5s)")

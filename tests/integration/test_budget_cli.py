@@ -129,3 +129,40 @@ def test_bad_input_exits_2_naming_the_field(tmp_path: Path) -> None:
     cfg.write_text("drain: {time: soon}\n")
     out = budget("--pod", write(tmp_path / "ok.yaml", pitfall_pod()), "--config", str(cfg))
     assert out.returncode == EXIT_INPUT and "drain.time" in out.stderr
+
+
+def test_lb_preset_warns_when_the_deregistration_delay_outlives_the_grace_period(
+        tmp_path: Path) -> None:
+    """`--lb aws-alb`: the target group's defaults (30 s x 2 checks, a 300 s deregistration
+    delay) against a 60 s grace period: the hold breaks and the delay is warned about with
+    both numbers; a delay set within the grace period is not."""
+    pod = write(tmp_path / "pod.yaml", pitfall_pod())
+    cfg = write(tmp_path / "lameduck.yaml", pitfall_config())
+    out = budget("--pod", pod, "--config", cfg, "--lb", "aws-alb")
+    assert out.returncode == EXIT_BROKEN, out.stderr
+    assert ("lb: aws-alb: AWS Application Load Balancer target group defaults: interval 30s x "
+            "fall 2, deregistration delay 300s") in out.stdout
+    assert ("warning: aws-alb deregistration delay (300s) outlives the pod's "
+            "terminationGracePeriodSeconds (60s)") in out.stdout
+    assert "FAIL lb-detection: LB interval x fall (60s)" in out.stdout
+
+    report = json.loads(budget("--pod", pod, "--config", cfg, "--lb", "aws-alb",
+                               "--json").stdout)
+    assert report["lb"]["name"] == "aws-alb" and report["deregistration_delay"] == 300
+    assert report["lb"]["sources"][0].startswith("https://docs.aws.amazon.com/")
+    [warning] = report["warnings"]
+    assert "(300s)" in warning and "(60s)" in warning
+
+    short = budget("--pod", pod, "--config", cfg, "--lb", "aws-alb",
+                   "--lb-deregistration-delay", "30s", "--lb-interval", "5s", "--json")
+    assert json.loads(short.stdout)["warnings"] == []
+
+
+def test_lb_preset_without_a_documented_interval_exits_2(tmp_path: Path) -> None:
+    pod = write(tmp_path / "pod.yaml", pitfall_pod())
+    out = budget("--pod", pod, "--lb", "envoy")
+    assert out.returncode == EXIT_INPUT
+    assert "--lb envoy: the balancer documents no default health-check interval" in out.stderr
+    ok = budget("--pod", pod, "--lb", "envoy", "--lb-interval", "1s")
+    assert "lb: envoy:" in ok.stdout and "fall 1" in ok.stdout
+    assert "warning:" not in ok.stdout

@@ -305,7 +305,7 @@ def test_dockerignore_keeps_the_context_small_but_buildable() -> None:
 
 def test_kubernetes_service_selects_the_deployment_and_reaches_the_listener() -> None:
     kinds = manifests()
-    assert set(kinds) == {"Deployment", "Service"}
+    assert set(kinds) == {"Deployment", "Service", "PodDisruptionBudget"}
     dep, svc = kinds["Deployment"], kinds["Service"]
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()

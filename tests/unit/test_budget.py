@@ -281,3 +281,65 @@ def test_proposal_snippets() -> None:
     assert p["lameduck"]["drain"] == {"time": "10s"}
     assert p["lameduck"]["listeners"] == [{"name": "a", "idle_timeout": "81s"}]
     assert "load_balancer" not in p
+
+
+# --- balancer presets (orchestrate/lbpresets.py) --------------------------------------------------
+
+
+def test_presets_carry_the_vendors_defaults_with_their_sources() -> None:
+    from lameduck.orchestrate.lbpresets import LB_PRESETS
+
+    got = {name: (p.interval, p.fall, p.rise, p.deregistration_delay)
+           for name, p in LB_PRESETS.items()}
+    assert got == {
+        "haproxy": (2.0, 3, 2, None),  # inter 2000 ms, fall 3, rise 2
+        "envoy": (None, 1, None, None),  # interval REQUIRED; a 503 fails a host at once
+        "aws-alb": (30.0, 2, 5, 300.0),  # CreateTargetGroup and TargetGroupAttribute defaults
+        "aws-nlb": (30.0, 2, 5, 300.0),
+        "kube-proxy": (0.0, 1, None, None),  # no health check, no documented bound
+    }
+    for p in LB_PRESETS.values():
+        assert p.sources and all(s.startswith("https://") for s in p.sources), p.name
+    assert any("connection_termination" in n for n in LB_PRESETS["aws-nlb"].notes)
+    assert any("--lb-buffer" in n for n in LB_PRESETS["kube-proxy"].notes)
+
+
+def test_preset_values_give_way_to_flags() -> None:
+    from lameduck.orchestrate.lbpresets import lb_settings
+
+    # no preset: budget's defaults before presets (HAProxy's), and no deregistration delay
+    assert lb_settings(None) == ({"lb_interval": 2.0, "lb_fall": 3, "lb_rise": 2}, None)
+    assert lb_settings("aws-alb") == ({"lb_interval": 30.0, "lb_fall": 2, "lb_rise": 5}, 300.0)
+    assert lb_settings("aws-alb", interval=10, deregistration_delay=30) == (
+        {"lb_interval": 10, "lb_fall": 2, "lb_rise": 5}, 30)
+    assert lb_settings("envoy", interval=5) == ({"lb_interval": 5, "lb_fall": 1,
+                                                 "lb_rise": 2}, None)
+    with pytest.raises(BudgetError, match=r"--lb envoy: .*no default.*--lb-interval"):
+        lb_settings("envoy")
+    with pytest.raises(BudgetError, match="'f5' is not one of"):
+        lb_settings("f5")
+
+
+def test_alb_defaults_need_a_longer_hold_than_the_kubernetes_example() -> None:
+    """30 s x 2 failures + 5 s buffer = 65 s of detection: a 20 s preStop and a 15 s drain do
+    not hold that long."""
+    from lameduck.orchestrate.lbpresets import lb_settings
+
+    lb, _ = lb_settings("aws-alb")
+    b = replace(GOOD, **lb)
+    assert b.lb_detection == 60
+    assert broken(b) == ["lb-detection"]
+    assert broken(replace(GOOD, **lb_settings("kube-proxy")[0])) == []
+
+
+def test_deregistration_delay_longer_than_the_grace_period_is_warned_with_both_numbers() -> None:
+    from lameduck.orchestrate.lbpresets import deregistration_warning
+
+    w = deregistration_warning(300, 45, "aws-alb")
+    assert w is not None
+    assert w.startswith("aws-alb deregistration delay (300s) outlives the pod's "
+                        "terminationGracePeriodSeconds (45s)")
+    assert "SIGKILL" in w
+    assert deregistration_warning(45, 45) is None  # drained by the time the kubelet kills
+    assert deregistration_warning(None, 45) is None  # a balancer without a delay
+    assert "(2.5s)" in (deregistration_warning(2.5, 1) or "")

@@ -1,9 +1,14 @@
-"""The example systemd units stay consistent with the config they run (deploy/systemd/)."""
+"""The example deployments stay consistent with the config they run: the systemd units
+(deploy/systemd/) and the Kubernetes manifests (deploy/kubernetes/)."""
 
 from __future__ import annotations
 
 import configparser
+import ipaddress
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from lameduck.config import load_config
 from lameduck.config.durations import parse_duration
@@ -54,8 +59,156 @@ def test_kubernetes_example_passes_the_budget_and_solve_changes_nothing() -> Non
     spec = doc["spec"]["template"]["spec"]
     [ld] = [c for c in spec["containers"] if c["name"] == "lameduck"]
     assert ld["lifecycle"]["preStop"]["exec"]["command"][:2] == ["lameduck", "prestop"]
-    assert "/ready" in " ".join(ld["readinessProbe"]["exec"]["command"])
-    assert str(cfg.admin.address) in " ".join(ld["readinessProbe"]["exec"]["command"])
+    assert str(cfg.admin.address) in ld["lifecycle"]["preStop"]["exec"]["command"]
+
+
+def _kube_docs(path: Path) -> list[dict[str, Any]]:
+    import yaml
+
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def _pod_spec(path: Path) -> dict[str, Any]:
+    [dep] = [d for d in _kube_docs(path) if d["kind"] == "Deployment"]
+    spec: dict[str, Any] = dep["spec"]["template"]["spec"]
+    return spec
+
+
+def test_kubernetes_readiness_is_an_http_get_of_the_listeners_health_check_path() -> None:
+    """The kubelet asks the listener's health_check_path on the pod IP: 200 while live, 503
+    once the health check fails (as /ready, which is on the loopback admin API it cannot
+    reach)."""
+    cfg = load_config(KUBE / "lameduck.yaml")
+    [ld] = [c for c in _pod_spec(KUBE / "deployment.yaml")["containers"]
+            if c["name"] == "lameduck"]
+    probe = ld["readinessProbe"]
+    assert set(probe) & {"exec", "httpGet", "tcpSocket", "grpc"} == {"httpGet"}
+    ports = {p["name"]: p["containerPort"] for p in ld["ports"]}
+    port = probe["httpGet"]["port"]
+    port = ports[port] if isinstance(port, str) else port
+    [listener] = [ls for ls in cfg.listeners if ls.address.port == port]
+    assert str(listener.address.host) == "0.0.0.0"  # reachable on the pod IP
+    assert probe["httpGet"]["path"] == listener.health_check_path
+
+
+def test_kubernetes_app_prestop_is_the_sleep_action_outliving_lameduck() -> None:
+    """The sleep action (no `sleep` binary needed in the app's image), long enough for the app
+    to answer what lameduck sends until lameduck's own hook is over."""
+    from lameduck.orchestrate import budget as bud
+
+    spec = _pod_spec(KUBE / "deployment.yaml")
+    [app] = [c for c in spec["containers"] if c["name"] == "app"]
+    assert "exec" not in app["lifecycle"]["preStop"]
+    seconds = app["lifecycle"]["preStop"]["sleep"]["seconds"]
+    lameduck_hook = bud.pod_timers({"kind": "Pod", "spec": spec}).prestop.seconds
+    assert lameduck_hook < seconds <= spec["terminationGracePeriodSeconds"]
+
+
+# Pod Security Standards, "restricted" (kubernetes.io/docs/concepts/security/pod-security-standards)
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def _all_containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+@pytest.mark.parametrize("manifest", ["deployment.yaml", "sidecar/deployment.yaml"])
+def test_kubernetes_pods_are_restricted_and_sized(manifest: str) -> None:
+    spec = _pod_spec(KUBE / manifest)
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in _all_containers(spec):
+        assert RESTRICTED_CONTAINER.items() <= c["securityContext"].items(), c["name"]
+        assert {"cpu", "memory"} <= set(c["resources"]["requests"]), c["name"]
+        assert "memory" in c["resources"]["limits"], c["name"]
+    [ld] = [c for c in _all_containers(spec) if c["name"] == "lameduck"]
+    assert ld["securityContext"]["readOnlyRootFilesystem"] is True
+    # what lameduck writes (the admin address file, hot-restart sockets) goes to /tmp
+    mounts = {m["mountPath"]: m["name"] for m in ld["volumeMounts"]}
+    [tmp] = [v for v in spec["volumes"] if v["name"] == mounts["/tmp"]]
+    assert "emptyDir" in tmp
+    # the image's user, so a non-root check does not need to read the image
+    import re
+
+    [user] = re.findall(r"^USER (\d+)", (KUBE.parents[1] / "Dockerfile").read_text(), re.M)
+    assert spec["securityContext"]["runAsUser"] == int(user)
+
+
+def test_kubernetes_disruption_budget_covers_the_deployment() -> None:
+    import yaml
+
+    kust = yaml.safe_load((KUBE / "kustomization.yaml").read_text())
+    kinds = {d["kind"]: d for r in kust["resources"] for d in _kube_docs(KUBE / r)}
+    pdb, dep = kinds["PodDisruptionBudget"], kinds["Deployment"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pdb["spec"]["maxUnavailable"] < dep["spec"]["replicas"]
+
+
+def test_native_sidecar_variant_is_an_outbound_proxy_that_stops_last() -> None:
+    """A native sidecar gets SIGTERM after the app has exited: right for an outbound proxy
+    (the app's calls while it drains go through), wrong for an inbound one. The grace period
+    covers the app's preStop, lameduck's whole deadline after the app has gone, and a margin."""
+    side = KUBE / "sidecar"
+    cfg = load_config(side / "lameduck.yaml")
+    spec = _pod_spec(side / "deployment.yaml")
+    [ld] = spec["initContainers"]
+    assert ld["name"] == "lameduck" and ld["restartPolicy"] == "Always"
+    assert "lifecycle" not in ld  # no LB to wait for: no preStop hook
+    assert all(c["name"] != "lameduck" for c in spec["containers"])
+    assert [ls.direction.value for ls in cfg.listeners] == ["outbound"]
+    assert all(ipaddress.ip_address(ls.address.host).is_loopback for ls in cfg.listeners)
+    assert cfg.shutdown.stop_accepting.value == "immediately"  # its one client has exited
+    [app] = spec["containers"]
+    app_prestop = app["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert app_prestop + cfg.shutdown.deadline + 5 <= spec["terminationGracePeriodSeconds"]
+    # the ConfigMap the pod mounts is the one the kustomization generates from this config
+    import yaml
+
+    kust = yaml.safe_load((side / "kustomization.yaml").read_text())
+    [gen] = kust["configMapGenerator"]
+    [vol] = [v for v in spec["volumes"] if "configMap" in v]
+    assert gen["name"] == vol["configMap"]["name"] and gen["files"] == ["lameduck.yaml"]
+
+
+# kubernetes-validate's schemas for this version: the sleep action (1.29 alpha, on by default
+# since 1.30 beta) and native sidecars (restartPolicy in initContainers: 1.29 beta, 1.33 stable)
+# are both in the 1.33 API.
+KUBE_VERSION = "1.33.0"
+
+
+def _manifests() -> list[Path]:
+    """Every Kubernetes object the kustomizations apply (not the kustomizations themselves,
+    which are kustomize's input, nor the lameduck configs they turn into ConfigMaps)."""
+    import yaml
+
+    out = []
+    for kust in sorted(KUBE.rglob("kustomization.yaml")):
+        out += [kust.parent / r for r in yaml.safe_load(kust.read_text())["resources"]]
+    return out
+
+
+def test_every_kubernetes_manifest_is_applied_by_a_kustomization() -> None:
+    listed = set(_manifests())
+    on_disk = {p for p in KUBE.rglob("*.yaml")
+               if p.name != "kustomization.yaml" and p.name != "lameduck.yaml"}
+    assert on_disk == listed
+
+
+@pytest.mark.parametrize("manifest", _manifests(), ids=lambda p: str(p.relative_to(KUBE)))
+def test_kubernetes_validate_strict(manifest: Path) -> None:
+    """`kubernetes-validate --strict` (a test dependency, pyproject.toml): every field is one
+    the Kubernetes API schema knows; a misspelt or misplaced one fails."""
+    import shutil
+    import subprocess
+    import sys
+
+    exe = shutil.which("kubernetes-validate", path=str(Path(sys.executable).parent))
+    assert exe is not None, "kubernetes-validate is a test dependency: make test installs it"
+    out = subprocess.run([exe, "--strict", "-k", KUBE_VERSION, str(manifest)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "INFO" in out.stdout and "ERROR" not in out.stdout, out.stdout
 
 
 def _keys(name: str) -> dict[str, list[str]]:
