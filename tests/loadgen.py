@@ -26,6 +26,7 @@ class Counts:
     stale_retries: int = 0
     connections: int = 0
     samples: list[str] = field(default_factory=list)  # the first failures, for the message
+    failed_at: list[float] = field(default_factory=list)  # when each failure came (monotonic)
 
     @property
     def failed(self) -> int:
@@ -33,6 +34,7 @@ class Counts:
 
     def fail(self, kind: str, detail: str) -> None:
         setattr(self, kind, getattr(self, kind) + 1)
+        self.failed_at.append(time.monotonic())
         if len(self.samples) < 10:
             self.samples.append(f"{kind}: {detail}")
 
