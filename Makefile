@@ -12,7 +12,7 @@ HOT   := $(shell sed -e 's/\#.*//' $(HOT_LIST))
 # Every compiled module (also those of an older HOT list).
 BUILT := src/*__mypyc*.so $$(find src/lameduck -name '*.so')
 
-.PHONY: run test lint bench bench-resources bench-exit clean fast pure install wheel fuzz
+.PHONY: run test lint bench bench-resources bench-exit bench-leave clean fast pure install wheel fuzz
 
 $(STAMP): pyproject.toml
 	python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -132,6 +132,15 @@ bench: $(FAST)
 BENCH_EXIT_ARGS ?=
 bench-exit: $(FAST)
 	$(PY) bench/exit.py $(BENCH_EXIT_ARGS)
+
+# One instance out of a fleet behind HAProxy under load: lameduck prestop with a short and a
+# long --lb-buffer (and --leave confirm once it exists), then SIGTERM; how long CLOSING lasted,
+# when HAProxy marked the server DOWN, and the failed requests (bench/README.md, Leave).
+# BENCH_LEAVE_ARGS: e.g. --runs 5.
+BENCH_LEAVE_ARGS ?=
+bench-leave: $(FAST)
+	bash scripts/ensure-debs.sh haproxy
+	$(PY) bench/leave.py $(BENCH_LEAVE_ARGS)
 
 # RSS per idle keep-alive connection, a client that reads nothing of a 100 MB response, and
 # a soak (SOAK=minutes, 0 = none): lameduck, HAProxy and nginx in one run (bench/README.md).
