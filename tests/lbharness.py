@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -151,6 +152,7 @@ class Prober(threading.Thread):
         self.every = every
         self.timeout = timeout
         self.answers: list[tuple[float, int]] = []
+        self.local: str | None = None  # the address its last probe went from
         self._halt = threading.Event()
 
     def probe(self) -> int:
@@ -158,6 +160,7 @@ class Prober(threading.Thread):
             s.settimeout(5)
             s.bind((self.source, 0))
             s.connect((self.host, self.port))
+            self.local = s.getsockname()[0]
             s.sendall(f"GET {self.path} HTTP/1.1\r\nHost: {self.host}\r\n"
                       "Connection: close\r\n\r\n".encode())
             head = b""
@@ -296,6 +299,13 @@ class Leave:
             return None
         return self.start_hi + self.closing - self.down.before
 
+    @property
+    def drained_by_response(self) -> int | None:
+        """Connections lameduck #1 closed after a response said ``Connection: close`` (its
+        drain report at the exit): HAProxy's, from the moment the health check failed."""
+        m = re.search(r"drain report: .* connections drained by response=(\d+)", self.log)
+        return int(m.group(1)) if m else None
+
     def failures_from_start(self) -> list[float]:
         return [round(t - self.start, 3) for t in self.counts.failed_at]
 
@@ -305,7 +315,8 @@ class Leave:
 
         return (f"{self.name:<10} CLOSING {s(self.closing)}s, HAProxy DOWN after "
                 f"{s(self.down_after)}s, prestop rc {self.rc}, exit {s(self.exited - self.start)}s"
-                f" after the start; {self.requests} requests, {self.counts.failed} failed "
+                f" after the start; {self.drained_by_response} connections drained by response;"
+                f" {self.requests} requests, {self.counts.failed} failed "
                 f"({self.counts.refused} refused, {self.counts.errors} errors, "
                 f"{self.counts.bad_status} bad status)")
 

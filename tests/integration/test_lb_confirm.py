@@ -28,6 +28,7 @@ its upper bound.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,9 @@ def test_lb_buffer_longer_than_detection_fails_nothing(tmp_path: Path) -> None:
     # the precondition of the claim: HAProxy took s1 out before the drain began
     assert run.down is not None and run.closing is not None
     assert run.down.seen <= run.start_lo + run.closing, report(run)
+    # lameduck #1 closed HAProxy's connections as it still sent (from the health check's
+    # failure on, every response says Connection: close), and nothing failed
+    assert run.drained_by_response, report(run)
     assert run.counts.failed == 0, report(run)
 
 
@@ -131,7 +135,9 @@ def test_lameduck_prestop_as_a_hook_with_a_long_buffer_fails_nothing(tmp_path: P
 def test_confirm_leaves_once_haproxy_marked_down(tmp_path: Path) -> None:
     """``leave=confirm`` and ``lb_buffer=30s``: CLOSING ends on the evidence (HAProxy's third
     failing check, and nobody still sending), within one probe interval of HAProxy's DOWN plus
-    the machine's margin, long before the 30 s bound; nothing fails."""
+    the machine's margin, long before the 30 s bound; nothing fails. The SIGTERM follows the
+    FSM's end at once, so an end before HAProxy's DOWN would fail requests as the short timer
+    does: zero failures is what says it did not leave early."""
     with fleet(tmp_path, listener={"lb_probes": {"fall": FALL}}) as f:
         run = run_leave(f, "B", deregister_first("30s", "--leave", "confirm"))
     print(f"\n{report(run)}")
@@ -169,9 +175,25 @@ def test_confirm_waits_for_a_slow_second_prober_up_to_the_bound(tmp_path: Path) 
     assert run.counts.failed == 0, report(run)
 
 
-def _answers(prober: Prober, n: int, timeout: float = 30.0) -> bool:
-    import time
+def test_second_prober_probes_from_its_own_address(lameduck) -> None:
+    """The harness's second prober (run now, for the skipped test above): it probes from
+    127.0.0.2 and sees the health check turn 503."""
+    ld = lameduck()
+    prober = Prober(ld.addr, source="127.0.0.2", every=0.1)
+    prober.start()
+    try:
+        assert _answers(prober, 1), prober.answers
+        assert ld.admin("POST", "/healthcheck/fail").status_code == 200
+        n = len(prober.answers)
+        assert _answers(prober, n + 2), prober.answers
+    finally:
+        prober.stop()
+    assert prober.local == "127.0.0.2"
+    assert prober.answers[0][1] == 200, prober.answers
+    assert prober.answers[-1][1] == 503, prober.answers
 
+
+def _answers(prober: Prober, n: int, timeout: float = 30.0) -> bool:
     end = time.monotonic() + timeout
     while len(prober.answers) < n:
         if time.monotonic() > end:
