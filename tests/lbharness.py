@@ -274,12 +274,6 @@ class Leave:
                 return float(t["after"])
         return None
 
-    def reason(self, source: str, target: str) -> str | None:
-        for t in self.summary.get("transitions", []):
-            if (t["from"], t["to"]) == (source, target):
-                return str(t["reason"])
-        return None
-
     @property
     def closing(self) -> float | None:
         """How long the instance stayed out of rotation before its drain began (deregister-
@@ -301,8 +295,9 @@ class Leave:
 
     @property
     def drained_by_response(self) -> int | None:
-        """Connections lameduck #1 closed after a response said ``Connection: close`` (its
-        drain report at the exit): HAProxy's, from the moment the health check failed."""
+        """Connections lameduck #1 closed after a response said ``Connection: close``, as its
+        drain report at the exit counts them: HAProxy's, which it keeps sending on until DOWN
+        (from the health check's failure on, every response closes its connection)."""
         m = re.search(r"drain report: .* connections drained by response=(\d+)", self.log)
         return int(m.group(1)) if m else None
 
