@@ -10,6 +10,7 @@ import pytest
 from hyperframe.frame import HeadersFrame
 
 from lameduck.http2 import codec, connection
+from lameduck.proxy import sections
 from lameduck.http2.codec import Encoder
 from lameduck.http2.connection import ErrorCode, RequestReceived, StreamReset, TrailersReceived
 from tests.unit.test_h2_connection import GET, Pair, Raw
@@ -56,14 +57,14 @@ def test_cached_kinds_still_meet_the_rules_between_fields() -> None:
 
 def test_field_cache_stays_bounded() -> None:
     raw = Raw()
-    for i in range(connection._CACHE_MAX + 50):
+    for i in range(sections.CACHE_MAX + 50):
         sid = 2 * i + 1
         assert accepted(raw, sid, [*GET, (b"x-n", b"%d" % i)])
         raw.server.reset_stream(sid)
-        assert len(connection._FIELD_KINDS) <= connection._CACHE_MAX
-    long = (b"x-long", b"v" * (connection._CACHE_ENTRY_MAX + 1))
+        assert len(sections.FIELD_KINDS) <= sections.CACHE_MAX
+    long = (b"x-long", b"v" * (sections.CACHE_ENTRY_MAX + 1))
     assert accepted(raw, 2 * i + 3, [*GET, long])
-    assert long not in connection._FIELD_KINDS
+    assert long not in sections.FIELD_KINDS
 
 
 def test_trailers_use_the_cache_but_not_for_pseudo_fields() -> None:
@@ -91,9 +92,9 @@ def test_response_names_lowered_and_filtered_every_time() -> None:
 
 
 def test_response_name_cache_stays_bounded() -> None:
-    for i in range(connection._CACHE_MAX + 10):
+    for i in range(sections.CACHE_MAX + 10):
         connection._out_name(b"X-%d" % i)
-        assert len(connection._OUT_NAMES) <= connection._CACHE_MAX
+        assert len(connection._OUT_NAMES) <= sections.CACHE_MAX
 
 
 def test_encoder_fixed_encodings_decode_right_and_stay_bounded() -> None:
