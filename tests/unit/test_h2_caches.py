@@ -10,9 +10,9 @@ import pytest
 from hyperframe.frame import HeadersFrame
 
 from lameduck.http2 import codec, connection
-from lameduck.proxy import sections
 from lameduck.http2.codec import Encoder
 from lameduck.http2.connection import ErrorCode, RequestReceived, StreamReset, TrailersReceived
+from lameduck.proxy import sections
 from tests.unit.test_h2_connection import GET, Pair, Raw
 
 EHS = ["END_HEADERS", "END_STREAM"]
@@ -88,13 +88,13 @@ def test_response_names_lowered_and_filtered_every_time() -> None:
         resp = next(e for e in cli if isinstance(e, ce.ResponseReceived))
         assert resp.headers == [(b":status", b"200"), (b"x-up", b"1"),
                                 (b"content-length", b"0")]
-    assert connection._OUT_NAMES[b"Connection"] == b""
+    assert sections.OUT_NAMES[b"Connection"] == b""
 
 
 def test_response_name_cache_stays_bounded() -> None:
     for i in range(sections.CACHE_MAX + 10):
-        connection._out_name(b"X-%d" % i)
-        assert len(connection._OUT_NAMES) <= sections.CACHE_MAX
+        sections.out_name(b"X-%d" % i)
+        assert len(sections.OUT_NAMES) <= sections.CACHE_MAX
 
 
 def test_encoder_fixed_encodings_decode_right_and_stay_bounded() -> None:

@@ -67,9 +67,10 @@ from typing import Final
 
 from lameduck.proxy.sections import (
     CACHE_ENTRY_MAX,
-    CACHE_MAX,
-    CONNECTION_SPECIFIC,
+    OUT_NAMES,
     Malformed,
+    out_name,
+    outgoing,
     request_fields,
     trailers_ok,
 )
@@ -925,9 +926,9 @@ class H2Connection:
                     and prev.name == name):
                 return prev.octets
         self._head_missed = True
-        out = _OUT_NAMES.get(name)
+        out = OUT_NAMES.get(name)
         if out is None:
-            out = _out_name(name)
+            out = out_name(name)
         if out:
             sent_value = value
             if value and (value[-1] == 32 or value[-1] == 9 or value[0] == 32 or value[0] == 9):
@@ -1044,11 +1045,7 @@ class H2Connection:
         if st is None or st.send_ended or self.closed:
             return
         st.send_ended = True
-        fields = []
-        for name, value in headers:
-            out = _out_name(name)
-            if out and out[:1] != b":":
-                fields.append((out, value.strip(b" \t")))  # no OWS in HTTP/2 (§8.2.1)
+        fields = outgoing(headers)
         if st.pending is not None:
             st.pending_trailers = fields
             return
@@ -1295,18 +1292,3 @@ class H2Server(H2Connection):
 
 _STATUS_NAME: Final = b":status"
 _STATUS: Final[tuple[bytes, ...]] = tuple(b"%d" % code for code in range(100, 600))
-
-# Response field names as sent: lower-cased, b"" for connection-specific ones (dropped).
-_OUT_NAMES: Final[dict[bytes, bytes]] = {}
-
-
-def _out_name(name: bytes) -> bytes:
-    """The HTTP/2 form of a response field name; b"" if it must not be sent (§8.2.2)."""
-    out = name.lower()
-    if out in CONNECTION_SPECIFIC:
-        out = b""
-    if len(name) <= CACHE_ENTRY_MAX:
-        if len(_OUT_NAMES) >= CACHE_MAX:
-            _OUT_NAMES.clear()
-        _OUT_NAMES[name] = out
-    return out

@@ -216,3 +216,35 @@ def trailers_ok(headers: list[tuple[bytes, bytes]]) -> bool:
                 or name in CONNECTION_SPECIFIC):
             return False
     return True
+
+
+# Field names as sent: lower-cased, b"" for connection-specific ones (dropped).
+OUT_NAMES: Final[dict[bytes, bytes]] = {}
+
+
+def out_name(name: bytes) -> bytes:
+    """The form a field name is sent in (from an HTTP/1.1 upstream's head, say): lower case,
+    or b"" if it must not be sent (RFC 9113 §8.2.2, RFC 9114 §4.2). Cached (``OUT_NAMES``)."""
+    out = name.lower()
+    if out in CONNECTION_SPECIFIC:
+        out = b""
+    if len(name) <= CACHE_ENTRY_MAX:
+        if len(OUT_NAMES) >= CACHE_MAX:
+            OUT_NAMES.clear()
+        OUT_NAMES[name] = out
+    return out
+
+
+def outgoing(fields: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``fields`` (a head's or a trailer section's, as an HTTP/1.1 upstream gave them) as
+    HTTP/2 or HTTP/3 sends them: names lower-cased, connection-specific and pseudo-fields
+    left out, values without the edge whitespace those protocols forbid (RFC 9113 §8.2.1,
+    RFC 9114 §4.2; no part of the value, RFC 9110 §5.5)."""
+    out = []
+    for name, value in fields:
+        sent = OUT_NAMES.get(name)
+        if sent is None:
+            sent = out_name(name)
+        if sent and sent[:1] != b":":
+            out.append((sent, value.strip(b" \t")))
+    return out
