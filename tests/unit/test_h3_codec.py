@@ -342,6 +342,20 @@ def test_a_drain_begun_before_the_handshake_goes_out_after_settings(certs):
     assert len(link.of(RequestReceived, sid)) == 1
 
 
+def test_a_response_that_ends_before_the_request_stops_it_with_no_error(certs):
+    link = Link(certs)
+    sid = link.request([(b":method", b"POST"), *GET[1:]], body=b"a", end=False)
+    link.answer(sid)
+    assert link.stops[sid] == H3_NO_ERROR  # RFC 9114 §4.1.1: stop sending, not an error
+    assert sid not in link.server.streams
+    assert link.resets.get(sid) is None  # the response itself went out whole
+    assert any(isinstance(e, DataReceived) and e.stream_id == sid and e.stream_ended
+               for e in link.client_events)
+    ok = link.request(GET)
+    link.answer(ok)
+    assert link.closed is None
+
+
 def test_a_request_the_client_gives_up_is_reported_and_later_writes_are_dropped(certs):
     link = Link(certs)
     sid = link.request([(b":method", b"POST"), *GET[1:]], body=b"a", end=False)
