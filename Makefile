@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV) || \
 	  { rm -rf $(VENV); bash scripts/ensure-debs.sh python3-venv && python3 -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,fast,resume,client,report,sim]'
+	$(PY) -m pip install -q -e '.[test,fast,resume,client,report,sim,http3]'
 	touch $(STAMP)
 
 $(FAST): $(STAMP) Makefile $(HOT_LIST) $(addprefix src/,$(HOT))

@@ -54,6 +54,24 @@ except ModuleNotFoundError as e:  # still one: code that catches ImportError kee
                                   "pip install 'lameduck[resume]' redis")
 
 
+@pytest.mark.parametrize("blocked", [{"aioquic"}, {"pylsqpack"}])
+def test_lameduck_http3_names_the_http3_extra(blocked: set[str]) -> None:
+    out = _run(blocked, "import lameduck.http3")
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    (name,) = blocked
+    assert last == (f"lameduck.extras.MissingExtra: lameduck.http3 needs {name}, an optional "
+                    "dependency: pip install 'lameduck[http3]'"), out.stderr
+
+
+def test_the_proxy_runs_without_the_http3_extra() -> None:
+    """No listener serves HTTP/3 yet: the command and the server never import aioquic."""
+    out = _run({"aioquic", "pylsqpack"},
+               "import sys, lameduck.cli, lameduck.server.boot, lameduck.listeners.http\n"
+               "assert not [m for m in sys.modules if m.startswith('aioquic')]")
+    assert out.returncode == 0, out.stderr
+
+
 def test_the_sqlite_store_needs_no_extra(tmp_path: Path) -> None:
     out = _run({"redis", "httpx", "websockets"},
                f"from lameduck.resume import open_store; open_store('sqlite:///{tmp_path}/s.db')")
@@ -66,6 +84,7 @@ def test_the_extras_named_are_the_ones_declared() -> None:
     extras = meta["optional-dependencies"]
     assert [d.split(">")[0] for d in extras["resume"]] == ["redis"]
     assert sorted(d.split(">")[0] for d in extras["client"]) == ["httpx", "websockets"]
+    assert [d.split(">")[0] for d in extras["http3"]] == ["aioquic"]
     docs = (ROOT / "docs" / "resume.md").read_text()
     assert "pip install 'lameduck[resume]'" in docs and "pip install 'lameduck[client]'" in docs
 

@@ -12,6 +12,7 @@ from hyperframe.frame import HeadersFrame
 from lameduck.http2 import codec, connection
 from lameduck.http2.codec import Encoder
 from lameduck.http2.connection import ErrorCode, RequestReceived, StreamReset, TrailersReceived
+from lameduck.proxy import sections
 from tests.unit.test_h2_connection import GET, Pair, Raw
 
 EHS = ["END_HEADERS", "END_STREAM"]
@@ -56,14 +57,14 @@ def test_cached_kinds_still_meet_the_rules_between_fields() -> None:
 
 def test_field_cache_stays_bounded() -> None:
     raw = Raw()
-    for i in range(connection._CACHE_MAX + 50):
+    for i in range(sections.CACHE_MAX + 50):
         sid = 2 * i + 1
         assert accepted(raw, sid, [*GET, (b"x-n", b"%d" % i)])
         raw.server.reset_stream(sid)
-        assert len(connection._FIELD_KINDS) <= connection._CACHE_MAX
-    long = (b"x-long", b"v" * (connection._CACHE_ENTRY_MAX + 1))
+        assert len(sections.FIELD_KINDS) <= sections.CACHE_MAX
+    long = (b"x-long", b"v" * (sections.CACHE_ENTRY_MAX + 1))
     assert accepted(raw, 2 * i + 3, [*GET, long])
-    assert long not in connection._FIELD_KINDS
+    assert long not in sections.FIELD_KINDS
 
 
 def test_trailers_use_the_cache_but_not_for_pseudo_fields() -> None:
@@ -87,13 +88,13 @@ def test_response_names_lowered_and_filtered_every_time() -> None:
         resp = next(e for e in cli if isinstance(e, ce.ResponseReceived))
         assert resp.headers == [(b":status", b"200"), (b"x-up", b"1"),
                                 (b"content-length", b"0")]
-    assert connection._OUT_NAMES[b"Connection"] == b""
+    assert sections.OUT_NAMES[b"Connection"] == b""
 
 
 def test_response_name_cache_stays_bounded() -> None:
-    for i in range(connection._CACHE_MAX + 10):
-        connection._out_name(b"X-%d" % i)
-        assert len(connection._OUT_NAMES) <= connection._CACHE_MAX
+    for i in range(sections.CACHE_MAX + 10):
+        sections.out_name(b"X-%d" % i)
+        assert len(sections.OUT_NAMES) <= sections.CACHE_MAX
 
 
 def test_encoder_fixed_encodings_decode_right_and_stay_bounded() -> None:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from lameduck.http2 import connection
 from lameduck.http2.codec import Encoder
 from lameduck.http2.connection import H2Server
+from lameduck.proxy import sections
 from tests.unit.test_h2_connection import GET, Pair, Raw, frames_of
 
 EHS = ["END_HEADERS", "END_STREAM"]
@@ -135,10 +136,10 @@ def test_fields_in_another_order_number_or_case() -> None:
     s.head(302, [(b"Location", b"/y"), *h])
     s.head(200, h + [(b"X-%d" % i, b"v") for i in range(connection._SENT_MAX + 5)])
     s.head(200, h + [(b"X-%d" % i, b"v") for i in range(connection._SENT_MAX + 5)])
-    big = (b"X-Big", b"b" * (connection._CACHE_ENTRY_MAX + 1))
+    big = (b"X-Big", b"b" * (sections.CACHE_ENTRY_MAX + 1))
     s.head(200, [big, *h])
     s.head(200, [big, *h])
-    assert all(len(f.value) <= connection._CACHE_ENTRY_MAX for f in s.raw.server._sent)
+    assert all(len(f.value) <= sections.CACHE_ENTRY_MAX for f in s.raw.server._sent)
 
 
 def test_trailers_and_interim_heads_in_between() -> None:

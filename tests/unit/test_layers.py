@@ -21,6 +21,9 @@ ALLOWED: dict[str, set[str]] = {
     "proxy": {"tunnel", "upstream", "drain", "stats", "config"},
     "http1": {"proxy", "tunnel", "upstream", "drain", "stats", "config"},
     "http2": {"proxy", "tunnel", "upstream", "drain", "stats", "config"},
+    # the HTTP/3 codec: neutral heads (proxy), and the extra its absence names; no listener
+    # imports it yet
+    "http3": {"proxy", "extras"},
     "tunnel": {"drain"},
     "admin": {"stats", "config", "drain"},
     "listeners": {"http1", "http2", "proxy", "tunnel", "upstream", "drain", "stats",

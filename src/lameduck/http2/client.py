@@ -3,8 +3,8 @@ bytes in, events out, bytes to send.
 
 It is ``H2Server``'s other half: the frame loop, flow control, control frames, stream endings
 and abuse counters are ``connection.H2Connection``'s, shared with the server; field checks
-and their cache are ``connection._classify``'s. This module adds what only a client does:
-the preface it sends, opening streams, and judging responses.
+and their cache are ``proxy.sections``' (HTTP/3 keeps the same rules). This module adds what
+only a client does: the preface it sends, opening streams, and judging responses.
 
 Rules it keeps (RFC 9113 unless noted), from the client's side:
 
@@ -56,22 +56,25 @@ from __future__ import annotations
 
 from typing import Final, cast
 
-from .codec import Row
+from lameduck.proxy.sections import (
+    CONTENT_LENGTH,
+    COOKIE,
+    FIELD_KINDS,
+    STATUS_FIELD,
+    Malformed,
+    Row,
+    classify,
+)
+
 from .connection import (
     _CLOSED_BY_US,
     _CLOSED_DONE,
-    _CONTENT_LENGTH,
-    _COOKIE,
-    _FIELD_KINDS,
-    _STATUS_FIELD,
     AWAITING_HEAD_RESPONSE,
     AWAITING_RESPONSE,
     MAX_STREAM_ID,
     PREFACE,
     H2Connection,
     H2Limits,
-    _classify,
-    _Malformed,
     _ProtocolError,
     _Stream,
 )
@@ -165,7 +168,7 @@ class H2Client(H2Connection):
             return
         try:
             status, cl = _response(headers)
-        except _Malformed:
+        except Malformed:
             self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
             return
         if status < 200:
@@ -201,30 +204,30 @@ class H2Client(H2Connection):
 
 def _response(headers: list[tuple[bytes, bytes]]) -> tuple[int, int]:
     """Validate a response head (RFC 9113 §8.1.1, §8.2, §8.3.2): its status and
-    content-length (-1 if none). Raises _Malformed. ``headers``, the decoder's own list, is
+    content-length (-1 if none). Raises Malformed. ``headers``, the decoder's own list, is
     left with the regular fields only."""
     status = -1
     cl = -1
     seen = 0
-    kinds = _FIELD_KINDS
+    kinds = FIELD_KINDS
     for row in cast("list[Row]", headers):
         kind = kinds.get(row, -1)
         if kind < 0:
-            kind = _classify(row)
+            kind = classify(row)
         seen += 1
-        if kind <= _COOKIE:  # a regular field (in a response, cookie is just one more)
+        if kind <= COOKIE:  # a regular field (in a response, cookie is just one more)
             continue
         value = cast("tuple[bytes, bytes]", row)[1]
-        if kind == _CONTENT_LENGTH:
+        if kind == CONTENT_LENGTH:
             n = int(value)
             if cl >= 0 and n != cl:
-                raise _Malformed
+                raise Malformed
             cl = n
-        elif kind == _STATUS_FIELD and seen == 1:  # first, hence also the only one
+        elif kind == STATUS_FIELD and seen == 1:  # first, hence also the only one
             status = int(value)
         else:  # a request's pseudo-field, or :status again or after a regular field
-            raise _Malformed
+            raise Malformed
     if status < 0:
-        raise _Malformed
+        raise Malformed
     del headers[:1]
     return status, cl

@@ -36,8 +36,9 @@ drain are kept by the client too — see client.py for how they read from its si
   (RFC 8441 :protocol) has all four; names lower-case visible ASCII, values without NUL/CR/LF
   or edge whitespace; no connection-specific fields; te only "trailers"; content-length must
   match the DATA received. A malformed request → RST_STREAM(PROTOCOL_ERROR) + StreamReset.
-  Trailers must end the stream and carry no pseudo-fields. Host vs :authority is left to
-  the shell.
+  Trailers must end the stream and carry no pseudo-fields. The field rules are HTTP/3's too
+  (RFC 9114 §4.2, §4.3): they live in ``proxy.sections``, for both codecs. Host vs
+  :authority is left to the shell.
 - Refusal: past MAX_CONCURRENT_STREAMS or above the final GOAWAY's id → RST_STREAM
   (REFUSED_STREAM), not reported. A PRIORITY (frame or HEADERS flag) that depends on its own
   stream → stream error PROTOCOL_ERROR; PRIORITY is otherwise ignored and opens nothing.
@@ -62,11 +63,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Final
 
-from lameduck.proxy.fields import HOP_BY_HOP
+from lameduck.proxy.sections import (
+    CACHE_ENTRY_MAX,
+    OUT_NAMES,
+    Malformed,
+    out_name,
+    outgoing,
+    request_fields,
+    trailers_ok,
+)
 
-from .codec import INSERTED, STATELESS, DecodeError, Decoder, Encoder, HeaderBomb, Row
+from .codec import INSERTED, STATELESS, DecodeError, Decoder, Encoder, HeaderBomb
 from .events import (
     ConnectionError,
     DataReceived,
@@ -154,19 +163,6 @@ _CLOSED_BY_PEER: Final = 2  # the client reset it
 _CLOSED_DONE: Final = 3  # both sides ended
 _CLOSED_MEMORY: Final = 4096
 
-# RFC 9113 §8.2.2: connection-specific fields make a request malformed; responses drop them.
-# The hop-by-hop set, but TE, which HTTP/2 allows as "trailers" (checked on its own).
-_CONNECTION_SPECIFIC: Final = HOP_BY_HOP - {b"te"}
-_SPECIAL: Final = _CONNECTION_SPECIFIC | {b"te", b"content-length", b"cookie"}
-
-# bytes.translate(None, delete=OK) leaves only what is not OK: one C pass per field.
-_NAME_OK: Final = bytes(c for c in range(0x21, 0x7F) if not 0x41 <= c <= 0x5A and c != 0x3A)
-_VALUE_OK: Final = bytes(c for c in range(256) if c not in (0x00, 0x0A, 0x0D))
-_TOKEN_OK: Final = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-_TARGET_OK: Final = bytes(c for c in range(0x21, 0x100) if c != 0x7F)
-_WS: Final = b" \t"
-
-
 class _ProtocolError(Exception):
     """A connection error: unwinds ``receive`` to the point where GOAWAY is queued."""
 
@@ -174,10 +170,6 @@ class _ProtocolError(Exception):
         super().__init__(reason)
         self.code = code
         self.reason = reason
-
-
-class _Malformed(Exception):
-    """A malformed request (RFC 9113 §8.1.1): stream error PROTOCOL_ERROR."""
 
 
 @dataclass(slots=True)
@@ -685,17 +677,9 @@ class H2Connection:
         if bad_priority or not end_stream:
             self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
             return
-        kinds = _FIELD_KINDS
-        for row in cast("list[Row]", headers):
-            if kinds.get(row, _METHOD) < _METHOD:
-                continue  # a request carried it: fine in trailers too
-            name, value = cast("tuple[bytes, bytes]", row)
-            if (name[:1] == b":" or name.translate(None, _NAME_OK) or not name
-                    or value.translate(None, _VALUE_OK)
-                    or (value and (value[0] in _WS or value[-1] in _WS))
-                    or name in _CONNECTION_SPECIFIC):
-                self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
-                return
+        if not trailers_ok(headers):
+            self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
+            return
         if st.content_length >= 0 and st.received != st.content_length:
             self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
             return
@@ -942,9 +926,9 @@ class H2Connection:
                     and prev.name == name):
                 return prev.octets
         self._head_missed = True
-        out = _OUT_NAMES.get(name)
+        out = OUT_NAMES.get(name)
         if out is None:
-            out = _out_name(name)
+            out = out_name(name)
         if out:
             sent_value = value
             if value and (value[-1] == 32 or value[-1] == 9 or value[0] == 32 or value[0] == 9):
@@ -957,7 +941,7 @@ class H2Connection:
             octets = b""
             stamp = STATELESS
         kept = octets
-        if len(name) + len(value) > _CACHE_ENTRY_MAX:
+        if len(name) + len(value) > CACHE_ENTRY_MAX:
             # Not kept: a large field would be held (twice) until the next head.
             value = kept = b""
             stamp = INSERTED
@@ -1061,11 +1045,7 @@ class H2Connection:
         if st is None or st.send_ended or self.closed:
             return
         st.send_ended = True
-        fields = []
-        for name, value in headers:
-            out = _out_name(name)
-            if out and out[:1] != b":":
-                fields.append((out, value.strip(b" \t")))  # no OWS in HTTP/2 (§8.2.1)
+        fields = outgoing(headers)
         if st.pending is not None:
             st.pending_trailers = fields
             return
@@ -1140,9 +1120,10 @@ class _Again:
     decoding is a function of the block and of the dynamic table (RFC 7541 §3): a block that
     decoded without touching the table (no insertion, no size update) decodes to the same
     fields again for as long as the table has not changed (``Decoder.generation``), and the
-    same fields pass the same checks (``_request``, RFC 9113 §8.2, §8.3) and have the same
-    size (§6.5.2). So the server keeps the last such block and, once it came twice in a row,
-    what ``_request`` made of it: the next time, neither decoding nor checking it again."""
+    same fields pass the same checks (``sections.request_fields``, RFC 9113 §8.2, §8.3) and
+    have the same size (§6.5.2). So the server keeps the last such block and, once it came
+    twice in a row, what ``request_fields`` made of it: the next time, neither decoding nor
+    checking it again."""
 
     __slots__ = ("authority", "cl", "method", "path", "protocol", "regular", "scheme", "size")
 
@@ -1228,17 +1209,20 @@ class H2Server(H2Connection):
             return
         if again is not None:
             cl = again.cl
-            if end_stream and cl > 0:  # the one check of _request that the frame decides
+            if end_stream and cl > 0:  # the one check of request_fields the frame decides
                 self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
                 return
             ev = RequestReceived(sid, again.method, again.scheme, again.authority, again.path,
                                  again.protocol, list(again.regular), end_stream)
         else:
             try:
-                ev, cl = _request(sid, headers, end_stream)
-            except _Malformed:
+                method, scheme, authority, path, protocol, regular, cl = request_fields(
+                    headers, end_stream)
+            except Malformed:
                 self._stream_error(sid, ErrorCode.PROTOCOL_ERROR, events)
                 return
+            ev = RequestReceived(sid, method, scheme, authority, path, protocol, regular,
+                                 end_stream)
             if dec.generation == gen and len(block) <= _AGAIN_MAX:
                 if same:
                     self._again = _Again(size, ev, cl)  # the second time in a row: kept
@@ -1308,180 +1292,3 @@ class H2Server(H2Connection):
 
 _STATUS_NAME: Final = b":status"
 _STATUS: Final[tuple[bytes, ...]] = tuple(b"%d" % code for code in range(100, 600))
-
-# Per-field work is cached: a client repeats the same fields on every request (and an
-# upstream the same names on every response), and the byte-wise checks (a bytes.translate
-# each) were most of a stream's cost. Keys are the bytes themselves, so a different (say,
-# invalid) value is always checked afresh. The caches are process-wide and bounded: entries
-# are small and a full dict is dropped, so endless distinct fields only cost their checks.
-_CACHE_MAX: Final = 2048
-_CACHE_ENTRY_MAX: Final = 512  # name + value octets; longer fields are checked every time
-
-# Response field names as sent: lower-cased, b"" for connection-specific ones (dropped).
-_OUT_NAMES: Final[dict[bytes, bytes]] = {}
-
-
-def _out_name(name: bytes) -> bytes:
-    """The HTTP/2 form of a response field name; b"" if it must not be sent (§8.2.2)."""
-    out = name.lower()
-    if out in _CONNECTION_SPECIFIC:
-        out = b""
-    if len(name) <= _CACHE_ENTRY_MAX:
-        if len(_OUT_NAMES) >= _CACHE_MAX:
-            _OUT_NAMES.clear()
-        _OUT_NAMES[name] = out
-    return out
-
-
-# What a field is, once it passed the checks that need no other field (``_classify``).
-_REGULAR: Final = 0
-_COOKIE: Final = 1
-_CONTENT_LENGTH: Final = 2
-_METHOD: Final = 3  # this and above: pseudo-fields
-_SCHEME: Final = 4
-_AUTHORITY: Final = 5
-_PATH: Final = 6
-_PROTOCOL: Final = 7
-_STATUS_FIELD: Final = 8  # a response's :status (client.py); malformed in a request
-_PSEUDO: Final[dict[bytes, int]] = {
-    b":method": _METHOD, b":scheme": _SCHEME, b":authority": _AUTHORITY, b":path": _PATH,
-    b":protocol": _PROTOCOL, b":status": _STATUS_FIELD,
-}
-# (name, value) → kind, for requests and responses alike: a regular field's rules do not
-# depend on the direction (RFC 9113 §8.2), and each pseudo-field has its own kind.
-_FIELD_KINDS: Final[dict[Row, int]] = {}
-
-
-def _classify(field: Row) -> int:
-    """The kind of a request or response field, after the checks that depend on it alone
-    (RFC 9113 §8.2.1, §8.2.2, §8.3.1, §8.3.2): names lower-case visible ASCII or a known
-    pseudo-field, values without NUL/CR/LF or edge whitespace, no connection-specific field,
-    te only "trailers", content-length digits, :method a token, :path and :authority visible
-    octets, :path not empty, :status three digits from 100 to 599 but not 101 (no 101 in
-    HTTP/2, §8.6). Raises _Malformed; remembers the kind of a field that passed. Whether a
-    pseudo-field belongs in the message at hand is for ``_request``/``_response`` to judge."""
-    name, value = cast("tuple[bytes, bytes]", field)
-    if value:
-        if value.translate(None, _VALUE_OK):
-            raise _Malformed
-        first = value[0]
-        last = value[-1]
-        if first == 0x20 or first == 0x09 or last == 0x20 or last == 0x09:
-            raise _Malformed
-    kind = _PSEUDO.get(name, _REGULAR)
-    if kind == _METHOD:
-        if not value or value.translate(None, _TOKEN_OK):
-            raise _Malformed
-    elif kind == _PATH:
-        if not value or value.translate(None, _TARGET_OK):
-            raise _Malformed
-    elif kind == _AUTHORITY:
-        if value.translate(None, _TARGET_OK):
-            raise _Malformed
-    elif kind == _REGULAR:
-        if not name or name.translate(None, _NAME_OK):  # also unknown pseudo-fields
-            raise _Malformed
-        if name in _SPECIAL:
-            if name == b"te":
-                if value != b"trailers":
-                    raise _Malformed
-            elif name == b"content-length":
-                if not value.isdigit():
-                    raise _Malformed
-                kind = _CONTENT_LENGTH
-            elif name == b"cookie":
-                kind = _COOKIE
-            else:
-                raise _Malformed
-    elif kind == _STATUS_FIELD and (len(value) != 3 or not value.isdigit()
-                                    or not 0x31 <= value[0] <= 0x35 or value == b"101"):
-        raise _Malformed
-    if len(name) + len(value) <= _CACHE_ENTRY_MAX:
-        cache = _FIELD_KINDS
-        if len(cache) >= _CACHE_MAX:
-            cache.clear()
-        cache[field] = kind
-    return kind
-
-
-def _request(sid: int, headers: list[tuple[bytes, bytes]],
-             end_stream: bool) -> tuple[RequestReceived, int]:
-    """Validate a request head (RFC 9113 §8.2, §8.3, RFC 8441 §4); the event and the
-    content-length (-1 if none). Raises _Malformed. The event's list of regular fields is
-    ``headers`` (the decoder's own list) or a new one: the caller's is left as it was."""
-    method = scheme = authority = path = protocol = None
-    cl = -1
-    cookies = 0
-    pseudo = 0  # how many pseudo-fields lead the list
-    seen = 0
-    kinds = _FIELD_KINDS
-    for row in cast("list[Row]", headers):
-        kind = kinds.get(row, -1)
-        if kind < 0:
-            kind = _classify(row)
-        seen += 1
-        if kind == _REGULAR:
-            continue
-        value = cast("tuple[bytes, bytes]", row)[1]
-        if kind >= _METHOD:
-            if pseudo + 1 != seen:  # after a regular field
-                raise _Malformed
-            pseudo = seen
-            if kind == _METHOD:
-                if method is not None:
-                    raise _Malformed
-                method = value
-            elif kind == _PATH:
-                if path is not None:
-                    raise _Malformed
-                path = value
-            elif kind == _SCHEME:
-                if scheme is not None:
-                    raise _Malformed
-                scheme = value
-            elif kind == _AUTHORITY:
-                if authority is not None:
-                    raise _Malformed
-                authority = value
-            elif kind == _PROTOCOL:
-                if protocol is not None:
-                    raise _Malformed
-                protocol = value
-            else:  # :status
-                raise _Malformed
-        elif kind == _CONTENT_LENGTH:
-            n = int(value)
-            if cl >= 0 and n != cl:
-                raise _Malformed
-            cl = n
-        else:
-            cookies += 1
-    if method is None:
-        raise _Malformed
-    if method == b"CONNECT" and protocol is None:
-        if authority is None or scheme is not None or path is not None:
-            raise _Malformed
-    else:
-        if protocol is not None and method != b"CONNECT":
-            raise _Malformed
-        if scheme is None or path is None or (protocol is not None and authority is None):
-            raise _Malformed
-        if path[0] != 0x2F and not (path == b"*" and method == b"OPTIONS"):
-            raise _Malformed
-    if end_stream and cl > 0:
-        raise _Malformed
-    if pseudo:
-        headers = headers[pseudo:]
-    if cookies > 1:
-        headers = _join_cookies(headers)
-    return RequestReceived(sid, method, scheme, authority, path, protocol, headers,
-                           end_stream), cl
-
-
-def _join_cookies(regular: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """Cookie crumbs as one field where the first was (RFC 9113 §8.2.3)."""
-    crumbs = [v for n, v in regular if n == b"cookie"]
-    first = next(i for i, (n, _) in enumerate(regular) if n == b"cookie")
-    joined = [f for f in regular if f[0] != b"cookie"]
-    joined.insert(first, (b"cookie", b"; ".join(crumbs)))
-    return joined

@@ -29,7 +29,7 @@ from binascii import hexlify
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Final
 
-from lameduck.proxy.message import HTTP2, HTTP10, HTTP11, SERVICE_TIME, STREAM
+from lameduck.proxy.message import HTTP2, HTTP3, HTTP10, HTTP11, SERVICE_TIME, STREAM
 
 if TYPE_CHECKING:
     from lameduck.proxy.exchange import Exchange
@@ -294,6 +294,8 @@ def protocol_bytes(version: int) -> bytes:
         return b"HTTP/2"
     if version == HTTP10:
         return b"HTTP/1.0"
+    if version == HTTP3:
+        return b"HTTP/3"
     return b"-" if version == STREAM else b"HTTP/1.1"
 
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 HTTP10: Final = 10
 HTTP11: Final = 11
 HTTP2: Final = 20
+HTTP3: Final = 30  # RFC 9114 (lameduck.http3: a codec, not served by a listener yet)
 # An opaque byte stream (a TCP listener's connection): no HTTP version, method or status; the
 # access log writes "-" for its protocol, as Envoy's does for a TCP proxy.
 STREAM: Final = 1
@@ -64,7 +65,7 @@ class RequestHead:
         self.authority = authority
         self.path = path
         self.fields = fields
-        self.version = version  # HTTP10, HTTP11 or HTTP2
+        self.version = version  # HTTP10, HTTP11, HTTP2 or HTTP3
         self.has_body = has_body
         self.protocol = protocol
         self.chunked = False

@@ -1,0 +1,26 @@
+"""HTTP/3 for lameduck (RFC 9114): the sans-IO server codec (``codec``) over aioquic's QUIC.
+Needs the ``http3`` extra (pip install 'lameduck[http3]'); nothing else in lameduck imports
+it yet: no listener serves HTTP/3 (docs/http3.md says what remains)."""
+
+from .codec import (
+    GOAWAY_ALL,
+    H3_ALPN,
+    H3_MESSAGE_ERROR,
+    H3_NO_ERROR,
+    H3_REQUEST_CANCELLED,
+    H3_REQUEST_REJECTED,
+    BodyReceived,
+    ConnectionClosed,
+    Event,
+    H3Server,
+    RequestReceived,
+    StreamRefused,
+    StreamReset,
+    TrailersReceived,
+)
+
+__all__ = [
+    "GOAWAY_ALL", "H3_ALPN", "H3_MESSAGE_ERROR", "H3_NO_ERROR", "H3_REQUEST_CANCELLED",
+    "H3_REQUEST_REJECTED", "BodyReceived", "ConnectionClosed", "Event", "H3Server",
+    "RequestReceived", "StreamRefused", "StreamReset", "TrailersReceived",
+]
