@@ -55,8 +55,10 @@ class LocalPlane:
 
     # -- counts -----------------------------------------------------------------------------
     def connections(self) -> int:
-        """Downstream connections open, on every listener (those in their TLS handshake too)."""
-        return sum(len(ls.connections) + len(ls.handshakes) for ls in self.listeners)
+        """Downstream connections open, on every listener (those in their TLS handshake, and
+        TLS ones that have sent nothing yet, too)."""
+        return sum(len(ls.connections) + len(ls.handshakes) + len(ls.silent)
+                   for ls in self.listeners)
 
     def handshakes(self) -> int:
         return sum(len(ls.handshakes) for ls in self.listeners)
@@ -151,6 +153,8 @@ class LocalPlane:
 
     def finish(self, step: Step, quit_why: str | None, limit: float) -> Awaitable[None]:
         self.stop_accepting()
+        for ls in self.listeners:
+            ls.close_silent()  # idle: closed, as an idle HTTP/1.1 connection is below
         if step is Step.CUT:
             for ls in self.listeners:
                 ls.cut_handshakes()
@@ -182,6 +186,7 @@ class LocalPlane:
                 break  # what is left has been written; its clients may linger
             await asyncio.sleep(0.01)
         for ls in self.listeners:
+            ls.close_silent()
             ls.cut_handshakes()  # begun after the exit was decided: what it ends is counted
             for conn in list(ls.connections):
                 if conn.transport is not None:
