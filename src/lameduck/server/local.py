@@ -60,8 +60,16 @@ class LocalPlane:
         return sum(len(ls.connections) + len(ls.handshakes) + len(ls.silent)
                    for ls in self.listeners)
 
-    def handshakes(self) -> int:
-        return sum(len(ls.handshakes) for ls in self.listeners)
+    def unread(self) -> int:
+        """TLS handshakes under way, and request heads partly read (RFC 9112 §2.2 lets nothing
+        answer one before it ends, and it is a request its client sent)."""
+        n = 0
+        for ls in self.listeners:
+            n += len(ls.handshakes)
+            for conn in ls.connections:
+                if conn.head_unread():
+                    n += 1
+        return n
 
     def queued(self) -> int:
         """Connections in the accept queues of the listeners still accepting."""
