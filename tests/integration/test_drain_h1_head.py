@@ -68,9 +68,10 @@ def test_part_of_a_request_head_holds_the_exit_and_is_cut_at_the_deadline(lamedu
     """A head begun but not ended across T: the process waits for it (exit at the deadline,
     not at T), then answers it 503 going away (RFC 9110 §15.6.4: nothing of a response was
     sent) and counts it: cut=1 (503=1), exit 3."""
-    ld: Lameduck = lameduck(drain={"time": "1s", "connection_grace": "100ms"},
-                            shutdown={"deadline": "4s", "min_drain": "0s"},
-                            hot_restart={"parent_shutdown_time": "4s"})
+    # T well after the head's bytes are in (an exit at T would not have waited for it)
+    ld: Lameduck = lameduck(drain={"time": "4s", "connection_grace": "100ms"},
+                            shutdown={"deadline": "5s", "min_drain": "0s"},
+                            hot_restart={"parent_shutdown_time": "5s"})
     host, port = ld.addr.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # no blank line: the head goes on

@@ -60,15 +60,17 @@ class LocalPlane:
         return sum(len(ls.connections) + len(ls.handshakes) + len(ls.silent)
                    for ls in self.listeners)
 
-    def unread(self) -> int:
-        """TLS handshakes under way, and request heads partly read (RFC 9112 §2.2 lets nothing
-        answer one before it ends, and it is a request its client sent)."""
+    def unread(self, heads: bool = True) -> int:
+        """TLS handshakes under way, and request heads partly read (a request its client
+        sent, which nothing answers before it ends). ``heads`` False: the handshakes only,
+        without a look at every connection (a worker's status outside a shutdown)."""
         n = 0
         for ls in self.listeners:
             n += len(ls.handshakes)
-            for conn in ls.connections:
-                if conn.head_unread():
-                    n += 1
+            if heads:
+                for conn in ls.connections:
+                    if conn.head_unread():
+                        n += 1
         return n
 
     def queued(self) -> int:

@@ -144,7 +144,9 @@ class WorkerProcess:
         return {
             "op": "status", "ack": self.ack, "active": self.process.ledger.active,
             "in_flight": plane.in_flight(),
-            "connections": plane.connections(), "unread": plane.unread(),
+            "connections": plane.connections(),
+            # request heads only matter to an exit: not looked for at every status before it
+            "unread": plane.unread(heads=self.process.shutdown is not None),
             "requests": r.requests,
             "upgrades": r.upgrades,
             "accepting": [ls.name for ls in plane.listeners if ls.accepting],
