@@ -12,6 +12,7 @@ way for exactly as long as the test says. No sleeps: each step waits on what the
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import socket
@@ -145,6 +146,62 @@ def test_a_tls_handshake_still_under_way_at_the_deadline_is_cut(lameduck, tls_fi
         code = ld.wait(30)
     finally:
         client.close()
+    assert code == 3, ld.log()
+    _, _, cut, _, reset = report_counts(ld)
+    assert (cut, reset) == (1, 1), ld.log()
+
+
+def client_hello(addr: str, ca: Path) -> bytes:
+    """The first flight of a real TLS client: its ClientHello record."""
+    host = addr.rsplit(":", 1)[0]
+    ctx = ssl.create_default_context(cafile=str(ca))
+    out = ssl.MemoryBIO()
+    tls = ctx.wrap_bio(ssl.MemoryBIO(), out, server_hostname=host)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    hello = out.read()
+    assert len(hello) > 10, hello
+    return hello
+
+
+def connected(ld: Lameduck) -> bool:
+    """The process holds a downstream connection (accepted: not in the accept queue)."""
+    return ld.stat("server.total_connections") >= 1
+
+
+def test_a_tls_connection_that_sent_nothing_does_not_hold_the_exit(lameduck, tls_files) -> None:
+    """A TCP connect to the TLS listener that sends nothing (a balancer's TCP check, a port
+    scan, a pre-connect pool) is an idle connection: the exit at T closes it, exit 0, cut=0
+    — not a handshake under way held to the deadline and counted as cut."""
+    _, cert, key = tls_files
+    ld: Lameduck = lameduck(listener={"tls": {"certificate": str(cert), "key": str(key)}},
+                            drain={"time": "1s"}, shutdown={"deadline": "20s", "min_drain": "0s"},
+                            hot_restart={"parent_shutdown_time": "20s"})
+    host, port = ld.addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        assert wait_until(lambda: connected(ld), timeout=10), ld.log()
+        ld.signal(signal.SIGTERM)
+        assert ld.wait(15) == 0, ld.log()
+        with contextlib.suppress(ConnectionResetError):
+            assert sock.recv(1) == b"", ld.log()  # closed by the exit
+    assert report_counts(ld)[2] == 0, ld.log()
+
+
+def test_a_tls_connection_with_part_of_a_client_hello_is_cut_at_the_deadline(
+        lameduck, tls_files) -> None:
+    """Part of a ClientHello sent: the handshake is under way, so it holds the exit past T
+    and the deadline resets it and counts it: cut=1 (reset=1), exit 3."""
+    ca, cert, key = tls_files
+    ld: Lameduck = lameduck(listener={"tls": {"certificate": str(cert), "key": str(key)}},
+                            drain={"time": "4s", "connection_grace": "100ms"},
+                            shutdown={"deadline": "5s", "min_drain": "0s"})
+    host, port = ld.addr.rsplit(":", 1)
+    hello = client_hello(ld.addr, ca)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(hello[:len(hello) // 2])
+        assert wait_until(lambda: connected(ld), timeout=10), ld.log()
+        ld.signal(signal.SIGTERM)
+        code = ld.wait(30)
     assert code == 3, ld.log()
     _, _, cut, _, reset = report_counts(ld)
     assert (cut, reset) == (1, 1), ld.log()

@@ -5,25 +5,9 @@ saturation rule). The bench itself is run by `make bench`, not here."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-
-RUN = Path(__file__).resolve().parents[2] / "bench" / "run.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_run_under_test", RUN)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being built
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def head(*fields: str, status: str = "200 OK") -> bytes:

@@ -3,26 +3,6 @@ TLS rows and their summary, the generated configs). The bench itself is run by `
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-import pytest
-
-RUN = Path(__file__).resolve().parents[2] / "bench" / "run.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_run_tls_under_test", RUN)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being built
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
-
 
 def med(cpu: float, pct: float, rps: float = 10_000.0) -> dict[str, float]:
     return {"cpu_us_per_req": cpu, "proxy_cpu_pct": pct, "rps": rps}

@@ -471,18 +471,18 @@ class TestShutdownStep:
         idle process past min_drain waits for it, before T and after."""
         pd = process()
         pd.start_shutdown(SIGTERM)
-        assert pd.shutdown_step(SIGTERM + 5.0, connections=1, handshakes=1) is Step.WAIT
-        assert pd.shutdown_step(SIGTERM + T, connections=1, handshakes=1) is Step.WAIT
-        assert pd.shutdown_step(SIGTERM + 15.0, connections=1, handshakes=0) is Step.EXIT
+        assert pd.shutdown_step(SIGTERM + 5.0, connections=1, unread=1) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + T, connections=1, unread=1) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + 15.0, connections=1, unread=0) is Step.EXIT
 
     def test_a_tls_handshake_under_way_at_the_deadline_is_cut(self) -> None:
         pd = process()
         pd.start_shutdown(SIGTERM)
-        assert pd.shutdown_step(BELOW(SIGTERM + 20.0, 0.0), 1, handshakes=1) is Step.WAIT
-        assert pd.shutdown_step(SIGTERM + 20.0, connections=1, handshakes=1) is Step.CUT
+        assert pd.shutdown_step(BELOW(SIGTERM + 20.0, 0.0), 1, unread=1) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + 20.0, connections=1, unread=1) is Step.CUT
         pd.ledger.cut_unheard(1)
         assert pd.ledger.cut == 1
-        assert pd.shutdown_step(SIGTERM + 20.0, connections=0, handshakes=0) is Step.EXIT
+        assert pd.shutdown_step(SIGTERM + 20.0, connections=0, unread=0) is Step.EXIT
 
     def test_step_applies_the_t_tick(self) -> None:
         pd = process()

@@ -71,8 +71,9 @@ class Ledger:
             self.slots[0] = self.active
 
     def cut_unheard(self, n: int) -> None:
-        """``n`` connections accepted whose requests were never read (a TLS handshake under
-        way) were reset at the deadline: their clients lose what they sent, counted as cut."""
+        """``n`` requests on the way that were never read (a TLS handshake under way, a
+        request head partly read) were cut at the deadline: their clients lose what they
+        sent, counted as cut."""
         self.cut += n
 
     def accepted(self) -> None:

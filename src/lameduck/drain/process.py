@@ -217,18 +217,20 @@ class ProcessDrain:
         elif self.ledger.draining and not self.drain_exits and not self.drain_active(now):
             self.ledger.draining = False
 
-    def shutdown_step(self, now: float, connections: int, handshakes: int = 0) -> Step:
+    def shutdown_step(self, now: float, connections: int, unread: int = 0) -> Step:
         """The exit decision; ``connections`` is the number of downstream connections open,
-        ``handshakes`` those of them still in their TLS handshake. A client mid-handshake
-        has requests on the way (a TLS 1.3 client sends them right behind its Finished, RFC
-        8446 §2) that nothing can turn away before the handshake ends — no response, no
-        GOAWAY — so it is waited for like a request in flight, also after T (its
-        connection is then told no new work as soon as it speaks), and the deadline cuts it."""
+        ``unread`` those of them with a request on the way not read yet: still in their TLS
+        handshake, or with a request head partly read. A client mid-handshake has requests
+        on the way (a TLS 1.3 client sends them right behind its Finished, RFC 8446 §2) that
+        nothing can turn away before the handshake ends — no response, no GOAWAY — and a
+        head partly read is a request its client sent; so each is waited for like a request
+        in flight, also after T (its connection is then told no new work as soon as it
+        speaks), and the deadline cuts it."""
         ev = self.shutdown
         if ev is None:
             return Step.WAIT
         self.tick(now)
-        busy = not self.ledger.idle or handshakes > 0
+        busy = not self.ledger.idle or unread > 0
         if now >= ev.start + self.exit_after:
             return Step.CUT if busy else Step.EXIT
         if now < ev.start + self.min_drain:

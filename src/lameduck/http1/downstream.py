@@ -934,13 +934,22 @@ class H1Downstream(Downstream):
             ex.settle(not cut)
         self.connection_lost(None)
 
+    def head_unread(self) -> bool:
+        return self.in_headers
+
     def cut(self) -> None:
         """The shutdown deadline (``Exchange.deadline_cut`` decides): the first request's 503,
-        or a reset; those pipelined behind it are dropped unanswered."""
+        or a reset; those pipelined behind it are dropped unanswered. A head partly read is
+        cut too (``head_cut``): answered 503 going away if it is first, else dropped."""
         if self.relay is not None:
             self.relay.drain_by(DrainedBy.END)  # reset both sides; counted when they are gone
             return
         queue = self.queue
+        head = self.in_headers
+        if head:
+            self.in_headers = False
+            self.last_read = True  # the rest of that head is not read as a request
+            self.head_cut()
         send = queue[0].deadline_cut() if queue and queue[0].admitted else CUT_DROPPED
         for ex in queue[1:]:
             if ex.admitted:
@@ -954,6 +963,8 @@ class H1Downstream(Downstream):
         elif send != CUT_DROPPED:
             self.reset()  # (a gRPC call too: gRPC is HTTP/2's, no status can end it here)
             return
+        elif head and not queue:
+            self.write(GOING_AWAY)  # RFC 9110 §15.6.4; a server may answer before a head ends
         self.staged_close()
 
     # -- the drain manager's questions --------------------------------------------------------

@@ -103,9 +103,14 @@ class Listener:
         self.process = process
         self.drain = drain
         self.connections: set[Any] = set()
-        # Connections accepted whose TLS handshake is under way (``TlsAccept``): not yet in
-        # ``connections``, and counted as connections by every exit decision.
+        # Connections accepted whose TLS handshake is under way (``TlsAccept``, from the
+        # client's first bytes): not yet in ``connections``, and counted as connections and as
+        # busy by every exit decision.
         self.handshakes: set[Any] = set()
+        # TLS connections accepted that have sent nothing yet (a TCP health check, a port
+        # scan, a client's pre-connect pool): open connections, idle like an HTTP/1.1 one
+        # before its first request, so an exit closes them.
+        self.silent: set[Any] = set()
         self.server: asyncio.AbstractServer | None = None
         self.sockname: tuple = ()
         self.stop_handle: asyncio.TimerHandle | None = None
@@ -123,7 +128,7 @@ class Listener:
         """True while the process holds fewer downstream connections than ``cap``."""
         held = 0
         for ln in Listener.running:
-            held += len(ln.connections) + len(ln.handshakes)
+            held += len(ln.connections) + len(ln.handshakes) + len(ln.silent)
         return held < Listener.cap
 
     def overflowed(self) -> None:
@@ -144,8 +149,15 @@ class Listener:
         raise NotImplementedError
 
     def handshake_done(self) -> None:
-        """A TLS handshake ended (either way): during a shutdown the exit may be decided now."""
+        """A TLS handshake ended (either way), began, or a silent TLS connection closed:
+        during a shutdown the exit may be decided now."""
         self._on_change()
+
+    def close_silent(self) -> None:
+        """The exit: TLS connections that have sent nothing are closed, not counted (nothing
+        of theirs is lost; RFC 9112 §9.6 lets a server close an idle connection)."""
+        for acc in list(self.silent):
+            acc.abort()
 
     def cut_handshakes(self) -> int:
         """The deadline (or a quit) with TLS handshakes under way: each is reset and counted

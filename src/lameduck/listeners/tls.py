@@ -54,6 +54,12 @@ def server_context(cfg: ListenerConfig) -> ssl.SSLContext | None:
     return ctx
 
 
+# A TLS connection that sends nothing is closed this long after its accept, and its handshake
+# must end by then too: the loop's own default ssl_handshake_timeout, as before the handshake
+# waited for the first bytes.
+HANDSHAKE_TIMEOUT = 60.0
+
+
 class TlsAccept(asyncio.Protocol):
     """A TLS connection from its accept to the end of its handshake, which runs here
     (``loop.start_tls``), then handed to the codec that ALPN chose. It lives for the
@@ -63,28 +69,69 @@ class TlsAccept(asyncio.Protocol):
     done, and one that fails is never seen at all. But a client mid-handshake has requests on
     the way: a TLS 1.3 client sends its first requests right behind its Finished (RFC 8446
     §2), before the server has read it, and nothing can turn them away yet (no response, no
-    GOAWAY). So the listener counts the connection from its accept (``handshakes``, and the
-    ledger's ``fresh``): the exit waits for it, and the deadline counts it as cut."""
+    GOAWAY). So the listener counts the connection from its first bytes (``handshakes``, and
+    the ledger's ``fresh`` from the accept): the exit waits for it, and the deadline counts it
+    as cut. Before its first bytes it is ``silent``: idle, like an HTTP/1.1 connection that
+    has sent nothing, and the exit closes it (a TCP health check or a port scan does not hold
+    a SIGTERM until the deadline)."""
 
-    __slots__ = ("handshake", "listener", "transport")
+    __slots__ = ("handshake", "listener", "timer", "transport")
 
     def __init__(self, listener: HttpListener) -> None:
         self.listener = listener
         self.transport: asyncio.Transport | None = None
         self.handshake: Coroutine[Any, Any, asyncio.Transport | None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Counted from here; the handshake starts now, in this callback: ``start_tls`` runs
-        up to its wait at once (not a task's step later), so the SSL protocol is the
-        transport's before the loop reads a byte (uvloop starts reading as this returns)."""
+        """Counted as an open connection, silent until its first bytes."""
         t: asyncio.Transport = transport  # type: ignore[assignment]
         self.transport = t
         ls = self.listener
-        ls.handshakes.add(self)
+        ls.silent.add(self)
         ls.process.ledger.accepted()
-        coro = ls.loop.start_tls(t, self, ls.ssl, server_side=True)  # type: ignore[arg-type]
+        self.timer = ls.loop.call_later(HANDSHAKE_TIMEOUT, self.abort)
+
+    def data_received(self, data: bytes) -> None:
+        """The first bytes (a ClientHello, or part of one): the handshake is under way from
+        here. ``start_tls`` runs up to its wait at once, in this callback: it pauses reading
+        and makes its SSL protocol the transport's, whose ``connection_made`` it schedules;
+        the bytes read here go to that protocol right after (``_replay``), before the loop
+        reads another."""
+        ls = self.listener
+        if self.handshake is not None or self not in ls.silent:  # pragma: no cover
+            raise RuntimeError("TlsAccept got data outside its handshake")
+        t = self.transport
+        assert t is not None
+        ls.silent.discard(self)
+        ls.handshakes.add(self)
+        left = HANDSHAKE_TIMEOUT
+        if self.timer is not None:
+            left = max(self.timer.when() - ls.loop.time(), 0.001)
+            self.timer.cancel()
+            self.timer = None
+        coro = ls.loop.start_tls(t, self, ls.ssl, server_side=True,  # type: ignore[arg-type]
+                                 ssl_handshake_timeout=left)
         self.handshake = coro
         self._resume(None)
+        if self.handshake is not None:
+            ls.loop.call_soon(self._replay, data)
+        ls.handshake_done()  # a worker tells its main process now, not at its next status
+
+    def _replay(self, data: bytes) -> None:
+        """The first bytes to the SSL protocol (a buffered protocol, in asyncio and uvloop
+        alike), now that its ``connection_made`` has run."""
+        t = self.transport
+        if self.handshake is None or t is None or t.is_closing():
+            return  # ended already
+        proto: Any = t.get_protocol()
+        view = memoryview(data)
+        while view:
+            buf = proto.get_buffer(len(view))
+            n = min(len(buf), len(view))
+            buf[:n] = view[:n]
+            proto.buffer_updated(n)
+            view = view[n:]
 
     def _resume(self, _: object) -> None:
         """Drive ``start_tls``: it waits on one future (its handshake), then returns the TLS
@@ -107,19 +154,22 @@ class TlsAccept(asyncio.Protocol):
         assert asyncio.isfuture(waiting), waiting
         waiting.add_done_callback(self._resume)
 
-    def connection_lost(self, exc: Exception | None) -> None:  # pragma: no cover
-        """Closed before the handshake took the transport over (it takes it at once)."""
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Closed before its first bytes (the handshake takes the transport over then)."""
         self._end()
 
-    def data_received(self, data: bytes) -> None:  # pragma: no cover - the SSL protocol reads
-        raise RuntimeError("TlsAccept got data outside its handshake")
-
     def _end(self) -> None:
-        """Off the listener's handshakes, once, however the handshake ended."""
+        """Off the listener's silent connections or handshakes, once, however it ended."""
         ls = self.listener
-        if self not in ls.handshakes:
+        if self in ls.handshakes:
+            ls.handshakes.discard(self)
+        elif self in ls.silent:
+            ls.silent.discard(self)
+        else:
             return
-        ls.handshakes.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         ls.process.ledger.heard()  # the codec counts it again from its connection_made
         self.transport = None
         self.handshake = None
@@ -141,9 +191,10 @@ class TlsAccept(asyncio.Protocol):
         proto.connection_made(tls)
 
     def abort(self) -> None:
-        """The process ends with this handshake under way: reset it (counted by the caller),
-        and off the listener's handshakes now, not when the reset is reported: the exit's
-        last sweep, which may come before that, must not count it again."""
+        """The process ends with this connection silent or its handshake under way (counted
+        as cut by the caller), or it stayed silent for HANDSHAKE_TIMEOUT: reset it, and off
+        the listener's sets now, not when the reset is reported: the exit's last sweep, which
+        may come before that, must not count it again."""
         if self.transport is not None:
             self.transport.abort()
         self._end()

@@ -53,14 +53,15 @@ RD: Final = 1 << 13  # this response drained its connection (Connection: close /
 PD: Final = 1 << 14  # its connection was drained proactively (at its drain moment)
 SV: Final = 1 << 15  # its upstream connection was severed by the endpoint's drain stop
 DR: Final = 1 << 16  # downstream remote reset (the client reset the HTTP/2 stream)
+UPE: Final = 1 << 17  # upstream protocol error (a response that is no HTTP response: 502)
 # Drain facts (%DRAIN_FLAGS%), not failures: a drained 200 logs no %RESPONSE_FLAGS%.
 DRAIN_BITS: Final = RD | PD
 FAILURE_BITS: Final = ~DRAIN_BITS
 
 FLAG_CODES: Final = (
     (UH, "UH"), (UF, "UF"), (UT, "UT"), (URX, "URX"), (UC, "UC"), (UR, "UR"), (LR, "LR"),
-    (DC, "DC"), (NR, "NR"), (DPE, "DPE"), (GA, "GA"), (CB, "CB"), (CA, "CA"), (RD, "RD"),
-    (PD, "PD"), (SV, "SV"),
+    (DC, "DC"), (NR, "NR"), (DPE, "DPE"), (UPE, "UPE"), (GA, "GA"), (CB, "CB"), (CA, "CA"),
+    (RD, "RD"), (PD, "PD"), (SV, "SV"),
     (DR, "DR"),
 )
 

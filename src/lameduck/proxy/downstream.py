@@ -152,6 +152,18 @@ class Downstream(asyncio.Protocol):
     def busy(self) -> bool:
         raise NotImplementedError
 
+    def head_unread(self) -> bool:
+        """A request head has begun to arrive and not ended (HTTP/1.1): a request its client
+        sent, not yet on the ledger's books, that nothing can answer before it ends. An exit
+        waits for it and the deadline cuts it (``head_cut``), as a request in flight."""
+        return False
+
+    def head_cut(self) -> None:
+        """The shutdown deadline cut a request head partly read: counted as a request cut
+        before its response (the codec answers it 503 going away if nothing is ahead of it)."""
+        self.ledger.cut_unheard(1)
+        self.ctx.drain_stats.cut_before_response += 1
+
     def timeouts(self, now: float) -> float:
         """Act on the codec's own deadlines: the next one (``math.inf``: none), or ``STOP``."""
         raise NotImplementedError

@@ -49,6 +49,7 @@ from lameduck.proxy.accesslog import (
     UC,
     UF,
     UH,
+    UPE,
     UR,
     URX,
     UT,
@@ -744,13 +745,20 @@ class Exchange(ExchangeSink):
         self._detach(reusable=False)
 
     # -- ExchangeSink: what the upstream reports ------------------------------------------------
+    # RFC 9110 §15: a status code is three digits from 100 to 599; any other (llhttp passes
+    # 000-999; an HTTP/2 :status is only bytes) is checked here, once for every codec.
     def on_informational(self, status: int, fields: Fields) -> None:
-        if not self.resp_started:
+        if status < 100:
+            self.upstream_protocol_error()
+        elif not self.resp_started:
             self.down.send_informational(self, status, fields)
 
     def on_response_head(
         self, status: int, fields: Fields, length: int | None, chunked: bool,
     ) -> None:
+        if status > 599:
+            self.upstream_protocol_error()
+            return
         self.answered(status)
         self.resp_started = True
         self.resp_fields = fields
@@ -791,8 +799,8 @@ class Exchange(ExchangeSink):
                           fields: Fields | None) -> bool:
         """A complete plain response in one piece (see ``http1.wire.whole_response``): the
         downstream may forward it as it came. False: the caller parses it instead."""
-        if self.set_cookie is not None or not self.req_done:
-            return False
+        if self.set_cookie is not None or not self.req_done or status > 599:
+            return False  # (parsed instead: a status past 599 is refused as its head comes)
         self.service_time()
         if not self.down.send_whole(self, status, data, end, fields):
             return False
@@ -861,6 +869,26 @@ class Exchange(ExchangeSink):
         if action is Retry.ELSEWHERE and self._retry_elsewhere():
             return
         self.local_error(code, UPSTREAM_ERROR_BODY[code])
+
+    def upstream_protocol_error(self) -> None:
+        """The upstream's response is no HTTP response (a status outside 100-599): as
+        Envoy, an upstream protocol error — 502 to the client, flagged UPE, counted as the
+        cluster's upstream_cx_protocol_error and as an upstream 5xx (its endpoint's too, for
+        outlier detection). Never retried: the upstream answered. Its connection is closed:
+        what follows on it cannot be framed."""
+        cluster = self.cluster
+        ep = self.endpoint
+        assert cluster is not None and ep is not None
+        cs = cluster.stats
+        cs.upstream_cx_protocol_error += 1
+        cs.count_status(UpstreamError.RESET)  # upstream_rq_5xx (Envoy's router charges the 502)
+        self.can_replay = False
+        self.replay = None
+        self._detach(reusable=False)
+        self.flags |= UPE
+        cluster.upstream_error(ep, "protocol error")
+        cluster.request_failed(ep, True)
+        self.local_error(UpstreamError.RESET, UPSTREAM_ERROR_BODY[UpstreamError.RESET])
 
     def _upstream_flags(self, status: int, up: UpstreamConn | None) -> int:
         """The response flags of an upstream failure: UT, or UR (an HTTP/2 stream reset) /

@@ -73,9 +73,10 @@ class DataPlane(Protocol):
         counts as a connection (an exit would reset it)."""
         ...
 
-    def handshakes(self) -> int:
-        """Connections accepted whose TLS handshake is under way (counted in ``connections``
-        too): an exit waits for them, the deadline cuts them."""
+    def unread(self) -> int:
+        """Connections whose client has sent what this process has not read as a request yet
+        and cannot turn away: a TLS handshake under way, a request head partly read (counted
+        in ``connections`` too). An exit waits for them, the deadline cuts them."""
         ...
 
     def in_flight(self) -> int:
@@ -283,7 +284,7 @@ class Lifecycle:
         self.quitting = True
         self.quit_why = why
         log.info("%s: quit requested: exiting at once, without a drain", why)
-        busy = not self.process.ledger.idle or self.plane.handshakes()
+        busy = not self.process.ledger.idle or self.plane.unread()
         self.loop.call_soon(self._finish, Step.CUT if busy else Step.EXIT)
 
     def _log_event(self, event: DrainEvent, detail: str) -> None:
@@ -323,7 +324,7 @@ class Lifecycle:
         # A client waiting in an accept queue is a connection too: exiting resets it.
         self._step(self.process.shutdown_step(now, self.plane.connections()
                                               + self.plane.queued(),
-                                              self.plane.handshakes()), now)
+                                              self.plane.unread()), now)
 
     def _step(self, step: Step, now: float) -> None:
         """What the shutdown decision says to do now. An exit before T because no connection
@@ -362,11 +363,12 @@ class Lifecycle:
             self._shutdown_timer.cancel()
         plane = self.plane
         if step is Step.CUT:
-            hs = plane.handshakes()
+            unread = plane.unread()
             log.warning("%s: cutting %d requests still in flight%s%s",
                         self.quit_why if self.quitting else "deadline",
                         self.process.ledger.active,
-                        f" and {hs} TLS handshakes under way" if hs else "", plane.cut_where)
+                        f" and {unread} TLS handshakes or request heads under way"
+                        if unread else "", plane.cut_where)
         elif self.quitting:
             log.info("%s: no request in flight", self.quit_why)
         else:

@@ -55,11 +55,23 @@ class LocalPlane:
 
     # -- counts -----------------------------------------------------------------------------
     def connections(self) -> int:
-        """Downstream connections open, on every listener (those in their TLS handshake too)."""
-        return sum(len(ls.connections) + len(ls.handshakes) for ls in self.listeners)
+        """Downstream connections open, on every listener (those in their TLS handshake, and
+        TLS ones that have sent nothing yet, too)."""
+        return sum(len(ls.connections) + len(ls.handshakes) + len(ls.silent)
+                   for ls in self.listeners)
 
-    def handshakes(self) -> int:
-        return sum(len(ls.handshakes) for ls in self.listeners)
+    def unread(self, heads: bool = True) -> int:
+        """TLS handshakes under way, and request heads partly read (a request its client
+        sent, which nothing answers before it ends). ``heads`` False: the handshakes only,
+        without a look at every connection (a worker's status outside a shutdown)."""
+        n = 0
+        for ls in self.listeners:
+            n += len(ls.handshakes)
+            if heads:
+                for conn in ls.connections:
+                    if conn.head_unread():
+                        n += 1
+        return n
 
     def queued(self) -> int:
         """Connections in the accept queues of the listeners still accepting."""
@@ -151,6 +163,8 @@ class LocalPlane:
 
     def finish(self, step: Step, quit_why: str | None, limit: float) -> Awaitable[None]:
         self.stop_accepting()
+        for ls in self.listeners:
+            ls.close_silent()  # idle: closed, as an idle HTTP/1.1 connection is below
         if step is Step.CUT:
             for ls in self.listeners:
                 ls.cut_handshakes()
@@ -182,6 +196,7 @@ class LocalPlane:
                 break  # what is left has been written; its clients may linger
             await asyncio.sleep(0.01)
         for ls in self.listeners:
+            ls.close_silent()
             ls.cut_handshakes()  # begun after the exit was decided: what it ends is counted
             for conn in list(ls.connections):
                 if conn.transport is not None:

@@ -201,8 +201,8 @@ class WorkerPool:
     def connections(self) -> int:
         return self._sum("connections")
 
-    def handshakes(self) -> int:
-        return self._sum("handshakes")
+    def unread(self) -> int:
+        return self._sum("unread")
 
     def queued(self) -> int:
         return sum(accept_queue(s) for name, socks in self.held.items()

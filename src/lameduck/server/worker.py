@@ -144,7 +144,9 @@ class WorkerProcess:
         return {
             "op": "status", "ack": self.ack, "active": self.process.ledger.active,
             "in_flight": plane.in_flight(),
-            "connections": plane.connections(), "handshakes": plane.handshakes(),
+            "connections": plane.connections(),
+            # request heads only matter to an exit: not looked for at every status before it
+            "unread": plane.unread(heads=self.process.shutdown is not None),
             "requests": r.requests,
             "upgrades": r.upgrades,
             "accepting": [ls.name for ls in plane.listeners if ls.accepting],
@@ -177,7 +179,7 @@ class WorkerProcess:
             self.loop.call_soon(self._exit_if_idle)
 
     def _exit_if_idle(self) -> None:
-        if self.process.ledger.idle and not self.plane.handshakes():
+        if self.process.ledger.idle and not self.plane.unread():
             self._finish(Step.EXIT)
 
     # -- the main process's words -----------------------------------------------------------
@@ -236,8 +238,8 @@ class WorkerProcess:
             self._quit_why = str(msg.get("why", "quit"))
         step = Step(msg["step"])
         if step is Step.EXIT and self._quit_why is None and (
-                not self.process.ledger.idle or self.plane.handshakes()):
-            # what the main process saw is older than a request (or a TLS handshake) that
+                not self.process.ledger.idle or self.plane.unread()):
+            # what the main process saw is older than a request (or a TLS handshake, a head) that
             # came since: it is served to its end (the deadline still cuts), nothing new is
             # taken
             self._exit_when_idle = True
@@ -347,7 +349,7 @@ class WorkerProcess:
                       "%d connections", self.process.ledger.active, self.plane.connections())
             self.plane.no_new_work()
         step = self.process.shutdown_step(now, self.plane.connections() + self.plane.queued(),
-                                          self.plane.handshakes())
+                                          self.plane.unread())
         if step is Step.CUT or (step is Step.EXIT and self.parent_gone):
             self._finish(step)
             return

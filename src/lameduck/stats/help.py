@@ -90,6 +90,8 @@ HELP: Final[dict[str, str]] = {
     "envoy_cluster_upstream_rq_timeout": "Upstream requests cut by the route timeout.",
     "envoy_cluster_upstream_rq_per_try_idle_timeout":
         "Upstream tries ended because no byte came for per_try_idle_timeout.",
+    "envoy_cluster_upstream_cx_protocol_error":
+        "Upstream responses that were no HTTP response (a status outside 100-599): 502 UPE.",
     "envoy_cluster_upstream_rq_rx_reset":
         "Upstream requests whose connection the upstream reset or closed mid-exchange.",
     "envoy_cluster_upstream_rq_tx_reset": "Upstream HTTP/2 streams lameduck reset.",

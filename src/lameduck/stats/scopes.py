@@ -145,6 +145,7 @@ class ClusterStats:
     upstream_cx_connect_timeout: int = 0
     upstream_cx_destroy_remote: int = 0
     upstream_cx_idle_timeout: int = 0
+    upstream_cx_protocol_error: int = 0  # responses that were no HTTP response (502 UPE)
     upstream_rq_total: int = 0
     upstream_rq_active: int = 0
     upstream_rq_pending_total: int = 0  # waited in line for a connection (max_connecting)
