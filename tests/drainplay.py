@@ -98,11 +98,13 @@ class ScriptedRng:
 
 def listener_with(*events: DrainEvent, grace: float | None = None, name: str = "ingress",
                   direction: Direction = Direction.INBOUND,
-                  drain_type: DrainType = DrainType.DEFAULT) -> ListenerDrain:
-    """A listener carrying ``events``; its grace is the first event's G unless given."""
+                  drain_type: DrainType = DrainType.DEFAULT,
+                  on_response: bool = False) -> ListenerDrain:
+    """A listener carrying ``events``; its grace is the first event's G unless given.
+    ``on_response``: ``drain.idle_close: on_response``."""
     if grace is None:
         grace = events[0].grace if events else 5.0
-    listener = ListenerDrain(name, direction, drain_type, grace)
+    listener = ListenerDrain(name, direction, drain_type, grace, on_response)
     for event in events:
         listener.add_event(event)
     return listener
@@ -218,7 +220,8 @@ class Play:
         return cls(listener, clock, rng)
 
     @classmethod
-    def through(cls, event: DrainEvent, accepted_at: float = 0.0, *rng_values: float) -> Play:
+    def through(cls, event: DrainEvent, accepted_at: float = 0.0, *rng_values: float,
+                on_response: bool = False) -> Play:
         """The common case: one listener, one event, one connection accepted at ``accepted_at``.
 
         If the connection is accepted before the event starts, the event is pushed to it at
@@ -226,12 +229,12 @@ class Play:
         """
         rng = ScriptedRng(*rng_values)
         if accepted_at < event.start:
-            listener = listener_with(grace=event.grace)
+            listener = listener_with(grace=event.grace, on_response=on_response)
             play = cls.accept(listener, accepted_at, rng)
             play.run(until=event.start)
             play.drain_event(event)
             return play
-        return cls.accept(listener_with(event), accepted_at, rng)
+        return cls.accept(listener_with(event, on_response=on_response), accepted_at, rng)
 
     # -- inputs -------------------------------------------------------------------------------
     def drain_event(self, event: DrainEvent) -> None:

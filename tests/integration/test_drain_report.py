@@ -77,6 +77,7 @@ def test_sigterm_under_load_writes_a_report_that_matches_the_log(lameduck,
     assert cfg["time"] == 2.0 and cfg["connection_grace"] == 0.2
     assert cfg["strategy"] == "gradual" and cfg["deadline"] == 4.0
     assert cfg["proactive_window"] == pytest.approx([1.333, 1.8], abs=0.001)
+    assert cfg["idle_close"] == "immediate"
 
     # samples every ~100 ms over ~T (the load keeps it busy until T; the deadline is 4 s)
     t = column(report, "t")

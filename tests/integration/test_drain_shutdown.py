@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import threading
 import time
 
@@ -239,6 +240,39 @@ def test_idle_keepalive_connection_is_closed_proactively_then_exit(lameduck) -> 
     assert watch.at is not None
     assert watch.at - t0 < 2.5
     assert "proactively=1" in drain_report(ld.log())
+
+
+def test_idle_close_on_response_keeps_idle_connections_until_t_plus_g_then_exits(
+        lameduck) -> None:
+    """``drain.idle_close: on_response``: an idle keep-alive connection is not closed at its
+    moment + G (in [1.4, 1.5) s) nor at T (1.5 s): a request on it is answered and the answer
+    says ``Connection: close`` (the ramp's, or going away past T); one left idle is closed at
+    T + G (1.9 s), and the process exits 0 then. Bounds are lower ones: the process's drain
+    cannot start before the signal is sent."""
+    ld = lameduck(drain={"time": "1500ms", "strategy": "gradual", "connection_grace": "400ms",
+                         "idle_close": "on_response"},
+                  shutdown={"deadline": "8s"})
+    idle, reused = RawConn(ld.addr), RawConn(ld.addr)
+    assert idle.request("/").status == 200 and reused.request("/").status == 200
+    t0 = time.monotonic()
+    ld.signal(signal.SIGTERM)
+    watch = ExitWatch(ld)
+    time.sleep(max(0.0, t0 + 1.2 - time.monotonic()))
+    r = reused.request("/")  # raises if the connection was closed under it
+    assert r.status in (200, 503) and r.closes, (r.status, r.headers)
+    assert reused.wait_eof(5)
+    time.sleep(max(0.0, t0 + 1.7 - time.monotonic()))
+    idle.sock.settimeout(0.0)
+    with pytest.raises(BlockingIOError):  # nothing yet: no EOF, no reset, at 1.7 s at most
+        idle.sock.recv(1, socket.MSG_PEEK)
+    idle.sock.settimeout(8.0)
+    assert idle.wait_eof(8)
+    assert time.monotonic() - t0 >= 1.9
+    for c in (idle, reused):
+        c.close()
+    assert watch.wait(10) == 0
+    assert watch.at is not None and watch.at - t0 >= 1.9
+    assert "at end=1" in drain_report(ld.log())
 
 
 def test_sigint_twice_exits_immediately(lameduck) -> None:

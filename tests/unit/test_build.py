@@ -68,3 +68,17 @@ def test_the_embedded_default_builds() -> None:
         assert built.listeners and built.clusters
     finally:
         loop.close()
+
+
+def test_idle_close_on_response_reaches_http_listeners_not_tcp_ones() -> None:
+    """drain.idle_close is an HTTP rule (a response tells the client); a relayed TCP
+    connection keeps the default."""
+    loop = asyncio.new_event_loop()
+    try:
+        cfg = load_config_text("drain: {idle_close: on_response}\n" + CONFIG)
+        built = build(cfg, loop, random.random, lambda: None)
+        drains = built.process.listeners
+        assert drains["web"].idle_close_on_response is True
+        assert drains["l4"].idle_close_on_response is False
+    finally:
+        loop.close()

@@ -28,6 +28,7 @@ from lameduck.config import (
     load_config_text,
     parse_duration,
 )
+from lameduck.drain import IdleClose
 
 # --- durations ---------------------------------------------------------------------------------
 
@@ -316,7 +317,7 @@ def test_valid_fixture_loads() -> None:
             "drain: {time: 20s}",
             "drain: {time: 20s, tyme: 3s}",
             "lameduck.yaml: drain.tyme: unknown key (allowed: time, strategy, connection_grace, "
-            "report_dir)",
+            "idle_close, report_dir)",
         ),
         (  # unknown top-level section
             "drain: {time: 20s}",
@@ -719,7 +720,8 @@ def test_config_error_keeps_structured_problems() -> None:
         load_config_text("drain: {tyme: 1s}", "f.yaml")
     assert info.value.source == "f.yaml"
     assert info.value.problems == (
-        ("drain.tyme", "unknown key (allowed: time, strategy, connection_grace, report_dir)"),
+        ("drain.tyme",
+         "unknown key (allowed: time, strategy, connection_grace, idle_close, report_dir)"),
     )
 
 
@@ -816,6 +818,24 @@ def test_min_drain_below_t_is_warned_with_what_it_does(
     assert line.startswith("w.yaml: shutdown.min_drain: "), line
     assert "is below drain.time (20s)" in line and "exits before T" in line, line
     assert "ECONNREFUSED" in line and "leave min_drain unset to serve until T" in line, line
+
+
+@pytest.mark.parametrize(("text", "warned"), [
+    ("drain: {time: 20s, idle_close: on_response}\nshutdown: {deadline: 24s}", True),
+    ("drain: {time: 20s, idle_close: on_response}\nshutdown: {deadline: 25s}", False),  # T + G
+    ("drain: {time: 20s}\nshutdown: {deadline: 21s}", False),  # immediate: done by T
+])  # fmt: skip
+def test_on_response_with_a_deadline_before_t_plus_g_is_warned(
+        text: str, warned: bool, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="lameduck.config"):
+        cfg = load_config_text(text, "w.yaml")
+    lines = [r.getMessage() for r in caplog.records if r.name == "lameduck.config"]
+    assert lines == (["w.yaml: shutdown.deadline: 24s is below drain.time + connection_grace "
+                      "(25s) with drain.idle_close: on_response: idle connections no response "
+                      "has closed yet are cut at the deadline instead of closed at T + G; "
+                      "raise the deadline to 25s or more"] if warned else [])
+    assert drain_settings(cfg)[0].idle_close is (
+        IdleClose.ON_RESPONSE if "on_response" in text else IdleClose.IMMEDIATE)
 
 
 @pytest.mark.parametrize(

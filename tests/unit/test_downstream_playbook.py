@@ -496,3 +496,87 @@ def test_h1_and_h2_a_connection_is_fresh_until_its_first_request_begins() -> Non
     assert (ledger.fresh, ledger.active) == (0, 1)
     h2.connection_lost(None)  # the stream's request is abandoned with it
     assert (ledger.fresh, ledger.active) == (0, 0)
+
+
+# -- drain.idle_close: on_response (HAProxy's option idle-close-on-response) -------------------
+# The same rule, from the one drain manager, through both codecs: an idle connection is never
+# closed (nor, on HTTP/2, sent a GOAWAY) while idle; its next response carries the close; what
+# no request reaches is closed at the drain's end, T + G (23).
+
+
+def deferred_listener(*rng: float) -> Listener:
+    ls = Listener(ScriptedRng(*rng))
+    ls.drain.idle_close_on_response = True
+    return ls
+
+
+def h1_answered(ls: Listener) -> tuple[H1Downstream, Transport]:
+    """An HTTP/1.1 keep-alive connection with one request answered: idle."""
+    conn = H1Downstream(ls)
+    t = accept(ls, conn)
+    conn.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+    answer(ls)
+    assert t.take() == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    return conn, t
+
+
+def test_h1_on_response_idle_connection_is_left_open_then_its_next_response_closes_it() -> None:
+    ls = deferred_listener(0.5)
+    conn, t = h1_answered(ls)
+    ls.drain_starts([conn])
+    ls.loop.advance(22.9)  # past its moment (19.5), its G, and T
+    assert t.out == b"" and t.eof_at is None
+    assert ls.drain_stats.cx_drained_proactive == 0
+    conn.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+    answer(ls)
+    assert t.take() == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nconnection: close\r\n\r\nok"
+    assert t.eof_at == 22.9  # closed after it, staged
+    assert ls.drain_stats.cx_drained_by_response == 1
+
+
+def test_h2_on_response_idle_connection_gets_no_goaway_then_one_with_its_next_response() -> None:
+    ls = deferred_listener(0.5)
+    conn, t = h2_accept(ls, headers(1))
+    answer(ls)
+    t.take()
+    ls.drain_starts([conn])
+    ls.loop.advance(21.0)  # past its moment (19.5) and T - G
+    assert goaways(t.out) == [] and t.eof_at is None
+    conn.data_received(headers(3))
+    answer(ls)
+    out = t.take()
+    assert goaways(out) == [2**31 - 1]  # as the response starts: the drain's notice
+    assert [typ for typ, sid, _ in frames(out) if sid == 3][:2] == [1, 0]  # HEADERS, DATA
+    assert t.eof_at is None
+    ls.loop.advance(22.0)  # G after it: the final GOAWAY names stream 3, and the close
+    assert goaways(t.take()) == [3]
+    assert t.eof_at == 22.0
+    assert ls.drain_stats.cx_drained_by_response == 1
+
+
+def test_h1_on_response_untold_idle_connection_is_closed_at_t_plus_g() -> None:
+    ls = deferred_listener(0.5)
+    conn, t = h1_answered(ls)
+    ls.drain_starts([conn])
+    conn.no_new_work()  # (as at T: the shell's word to every connection; nothing changes)
+    ls.loop.advance(22.99)
+    assert t.eof_at is None
+    ls.loop.advance(23.0)
+    assert t.out == b"" and t.eof_at == 23.0
+    assert ls.drain_stats.cx_closed_at_end == 1
+
+
+def test_h2_on_response_untold_idle_connection_is_closed_at_t_plus_g() -> None:
+    ls = deferred_listener(0.5)
+    conn, t = h2_accept(ls, headers(1))
+    answer(ls)
+    t.take()
+    ls.drain_starts([conn])
+    ls.loop.advance(22.0)
+    conn.no_new_work()  # T: no final GOAWAY to an idle connection nobody told
+    ls.loop.advance(22.99)
+    assert goaways(t.out) == [] and t.eof_at is None
+    ls.loop.advance(23.0)
+    assert goaways(t.take()) == [2**31 - 1, 1]  # both notices, then the close
+    assert t.eof_at == 23.0
+    assert ls.drain_stats.cx_closed_at_end == 1

@@ -259,6 +259,139 @@ class TestNoNewWork:
         assert play.log == [(22.0, FINAL), (22.0, CLOSE)]
 
 
+# -- drain.idle_close: on_response ----------------------------------------------------------------
+# HAProxy's ``option idle-close-on-response``: an idle connection is never closed while idle; its
+# next response carries the close (HTTP/1.1 Connection: close, HTTP/2 GOAWAY); the drain's end
+# (T + G, here 23) closes what is still waiting. A load balancer that reuses an idle connection
+# just as it closes answers 502 (AWS ALB); this never closes one under it.
+
+END_AT = START + T + G  # 23.0
+
+
+def deferred(accepted_at: float = 0.0, *rng_values: float) -> Play:
+    return Play.through(EV, accepted_at, *rng_values, on_response=True)
+
+
+class TestIdleCloseOnResponse:
+    def test_default_closes_the_idle_connection_at_its_moment_plus_g(self) -> None:
+        """What ``on_response`` changes (the default, ``immediate``): closed while idle."""
+        play = Play.through(EV, 0.0, 0.5)
+        assert play.run(until=40.0) == [(19.5, NOTICE), (19.5, DRAIN), (20.5, FINAL),
+                                        (20.5, CLOSE)]
+
+    def test_idle_connection_is_not_closed_or_told_while_idle(self) -> None:
+        """Its moment (19.5) passes with nothing on the wire: no HTTP/2 GOAWAY, no close,
+        through T - G, T and up to the drain's end."""
+        play = deferred(0.0, 0.5)
+        assert play.conn.end_at == END_AT
+        assert play.run(until=END_AT - 0.01) == []
+        assert play.state is ConnState.OPEN
+        assert play.conn.proactive_fired
+        assert play.conn.next_deadline() == END_AT
+        assert play.side.drain_stats.cx_drained_proactive == 0
+
+    def test_closed_after_its_next_response(self) -> None:
+        """A request on it after its moment: that response drains it (the notice as it starts:
+        HTTP/2 GOAWAY; HTTP/1.1 says Connection: close on it), then it closes as a connection
+        a response drained does (HTTP/2: the final GOAWAY G later)."""
+        play = deferred(0.0, 0.5)
+        play.run(until=21.0)
+        play.begin(at=21.0)
+        play.end(at=21.2, drains=True)  # past its moment: no rng draw, the script is empty
+        assert play.conn.drained_by is DrainedBy.RESPONSE
+        assert play.conn.told
+        assert play.run(until=40.0) == [(22.2, FINAL), (22.2, CLOSE)]
+        assert play.actions == [(21.2, NOTICE), (21.2, RESPONSE_DRAINS), (22.2, FINAL),
+                                (22.2, CLOSE)]
+        assert play.side.drain_stats.cx_drained_by_response == 1
+
+    def test_a_response_before_its_moment_drains_it_as_by_default(self) -> None:
+        """The ramp is unchanged: at 13 (ramp 0.5) rng 0.3 drains it, G later it closes."""
+        play = deferred(0.0, 0.5, 0.3)
+        play.begin(at=13.0)
+        play.end(at=13.0, drains=True)
+        assert play.run(until=40.0) == [(14.0, FINAL), (14.0, CLOSE)]
+
+    def test_the_window_still_spreads_the_connections_busy_at_their_moments(self) -> None:
+        """A connection with a request in flight at its moment is drained then, as by
+        default: the notices spread over [2T/3, T - G) by the rng; each closes after its
+        response."""
+        for r in (0.1, 0.5, 0.9):
+            for on_response in (False, True):
+                play = Play.through(EV, 0.0, r, on_response=on_response)
+                play.begin(at=17.0)
+                x = moment(r)
+                assert play.run(until=21.9)[:2] == [(x, NOTICE), (x, DRAIN)]
+                assert play.conn.drained_by is DrainedBy.PROACTIVE
+                play.end(at=21.9, drains=True)
+                assert play.log[-1] == (21.9, CLOSE)
+
+    def test_drained_busy_but_untold_waits_for_a_response_or_the_end(self) -> None:
+        """Busy at its moment with a response already under way (its head went out before,
+        without Connection: close): once idle it has not been told, so it is not closed at
+        G (HTTP/1.1, which has no notice outside a response) until a response or the end."""
+        play = deferred(0.0, 0.5, 0.9)
+        play.begin(at=12.0)
+        assert play.response(at=12.5) is False  # ramp 0.25: rng 0.9 keeps it open
+        play.run(until=20.0)  # its moment 19.5: drained with the response still streaming
+        conn = play.conn
+        assert conn.drained_by is DrainedBy.PROACTIVE
+        play.codec.in_flight = 0  # the response ends (its head said keep-alive)
+        assert conn.on_idle(20.0) is ConnAction.NONE
+        assert conn.on_timer(20.5, idle=True) is ConnAction.NONE  # G: not closed, waits
+        assert conn.waits_for_response()
+        assert conn.next_deadline() == END_AT
+        assert conn.on_timer(END_AT, idle=True) is ConnAction.CLOSE  # the drain's end
+
+    def test_cut_at_the_drain_end_when_no_request_comes(self) -> None:
+        """Still idle and untold at T + G: drained at the end and closed, counted as such."""
+        play = deferred(0.0, 0.5)
+        assert play.run(until=40.0) == [(END_AT, NOTICE), (END_AT, FINAL), (END_AT, CLOSE)]
+        assert play.conn.drained_by is DrainedBy.END
+        assert play.side.drain_stats.cx_closed_at_end == 1
+        assert play.side.drain_stats.cx_drained_proactive == 0
+
+    def test_busy_at_the_drain_end_closes_when_its_request_ends(self) -> None:
+        play = deferred(0.0, 0.5)
+        play.begin(at=22.5)
+        assert play.run(until=30.0) == [(END_AT, NOTICE), (END_AT, FINAL)]
+        play.end(at=30.0)
+        assert play.log[-2:] == [(30.0, RESPONSE_DRAINS), (30.0, CLOSE)]
+
+    def test_shutdown_deadline_still_ends_it(self) -> None:
+        """The process's deadline (``close_at_end``) before T + G closes it whatever it
+        waits for."""
+        play = deferred(0.0, 0.5)
+        play.close_at_end(at=22.5)
+        assert play.log == [(22.5, END), (22.5, FINAL), (22.5, CLOSE)]
+
+    def test_t_passing_leaves_an_idle_untold_connection_open(self) -> None:
+        """At T (no new work) the default says the last word and closes what is idle; on
+        response leaves it: a request that still comes is answered going away, which tells
+        it, and T + G closes it otherwise."""
+        play = deferred(0.0, 0.5)
+        play.no_new_work(at=START + T)
+        assert play.log == []
+        assert play.conn.holds_open(START + T)
+        assert play.run(until=40.0) == [(END_AT, NOTICE), (END_AT, FINAL), (END_AT, CLOSE)]
+
+    def test_t_passing_still_tells_a_busy_connection(self) -> None:
+        play = deferred(18.5)  # accepted after 2T/3: no moment
+        play.begin(at=21.0)
+        play.no_new_work(at=START + T)
+        assert play.log == [(22.0, FINAL)]
+
+    def test_a_connection_without_a_moment_is_held_at_t_and_not_closed_by_itself(self) -> None:
+        """Accepted after 2T/3: no moment, so no end of its own either (a drain that stays
+        up keeps serving it); a shutdown closes it at its exit, T + G at the earliest."""
+        play = deferred(18.5)
+        play.no_new_work(at=START + T)
+        assert play.run(until=100.0) == []
+        assert not play.conn.holds_open(100.0)
+        play.close_at_end(at=100.0)
+        assert play.log == [(100.0, END), (100.0, FINAL), (100.0, CLOSE)]
+
+
 # -- drain events reaching a connection -----------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from lameduck.drain import (
     Direction,
     DrainSettings,
     DrainType,
+    IdleClose,
     Ledger,
     ListenerDrain,
     ProcessDrain,
@@ -43,9 +44,10 @@ def process(
     time: float = T,
     strategy: Strategy = Strategy.GRADUAL,
     grace: float = G,
+    idle_close: IdleClose = IdleClose.IMMEDIATE,
 ) -> ProcessDrain:
     pd = ProcessDrain(
-        DrainSettings(time=time, strategy=strategy, grace=grace),
+        DrainSettings(time=time, strategy=strategy, grace=grace, idle_close=idle_close),
         ShutdownSettings(deadline=deadline, min_drain=min_drain,
                          stop_accepting_at_drain_end=at_drain_end),
     )
@@ -429,6 +431,26 @@ class TestShutdownStep:
         assert pd.shutdown_step(BELOW(SIGTERM + T, 0.0), connections=3) is Step.WAIT
         assert pd.shutdown_step(SIGTERM + T, connections=3) is Step.EXIT
         assert pd.shutdown_step(SIGTERM + 15.0, connections=3) is Step.EXIT
+
+    def test_idle_close_on_response_waits_for_open_connections_until_t_plus_g(self) -> None:
+        """``drain.idle_close: on_response``: an idle connection is closed only after a
+        response or at the drain's end, T + G; the exit waits for it until then."""
+        pd = process(idle_close=IdleClose.ON_RESPONSE)
+        assert all(ls.idle_close_on_response for ls in pd.listeners.values())
+        pd.start_shutdown(SIGTERM)
+        assert pd.shutdown_step(SIGTERM + T, connections=3) is Step.WAIT
+        assert pd.shutdown_step(BELOW(SIGTERM + T + G, 0.0), connections=3) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + T + G, connections=3) is Step.EXIT
+        assert pd.next_deadline(SIGTERM + T) == SIGTERM + T + G
+        # with no connection left the exit is as early as by default (T: min_drain unset)
+        pd2 = process(idle_close=IdleClose.ON_RESPONSE, min_drain=None)
+        pd2.start_shutdown(SIGTERM)
+        assert pd2.shutdown_step(SIGTERM + T, connections=0) is Step.EXIT
+
+    def test_idle_close_on_response_the_deadline_still_ends_it(self) -> None:
+        pd = process(deadline=12.5, idle_close=IdleClose.ON_RESPONSE)  # before T + G
+        pd.start_shutdown(SIGTERM)
+        assert pd.shutdown_step(SIGTERM + 12.5, connections=3) is Step.EXIT
 
     def test_busy_after_t_waits_then_exits_when_idle(self) -> None:
         pd = process()

@@ -36,7 +36,17 @@ from lameduck.drain import (
     proactive_window,
     response_drains,
 )
-from tests.drainplay import CLOSE, DRAIN, END, FINAL, NOTICE, Play, ScriptedRng
+from tests.drainplay import (
+    CLOSE,
+    DRAIN,
+    END,
+    FINAL,
+    NOTICE,
+    RESPONSE,
+    RESPONSE_DRAINS,
+    Play,
+    ScriptedRng,
+)
 
 FAST = settings(max_examples=120, deadline=None)
 
@@ -308,3 +318,56 @@ def test_idle_drained_connection_closes_exactly_at_drained_at_plus_g(
     assert closes == [close_at]
     assert [t for t, a in play.log if a == FINAL] == [close_at]  # the last word, then the close
     assert conn.state is ConnState.CLOSING
+
+
+# -- drain.idle_close: on_response: nothing reaches an idle, untold connection before T + G --------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    start=st.floats(0.0, 1e6),
+    time=st.floats(0.1, 600.0),
+    grace=st.floats(0.0, 60.0),
+    strategy=strategies,
+    r=unit,
+    ramp=st.lists(unit, min_size=6, max_size=6),
+    requests=st.lists(st.tuples(unit, unit), max_size=6),
+)
+def test_on_response_never_tells_or_closes_an_idle_untold_connection_before_t_plus_g(
+    start: float, time: float, grace: float, strategy: Strategy, r: float, ramp: list[float],
+    requests: list[tuple[float, float]],
+) -> None:
+    """Requests at random moments (the client stops after a response that drains); whatever
+    the drain does: a notice goes out only during a request (with its response, or at the
+    moment of a busy connection) and a close only after a draining response, until T + G,
+    which ends what is left."""
+    ev = DrainEvent(start, strategy, time, grace)
+    rng_values = ([r] if proactive_window(ev) is not None else []) + ramp
+    play = Play.through(ev, start, *rng_values, on_response=True)
+    end_at = start + time + grace
+    busy: list[tuple[float, float]] = []
+    told_at: float | None = None
+    t = start
+    for u, d in sorted(requests):
+        begin = max(t, start + u * (time + grace))
+        if play.state is not ConnState.OPEN and play.state is not ConnState.DRAINING:
+            break
+        play.begin(at=begin)
+        finish = begin + d * (grace + 0.5)
+        play.end(at=finish)
+        busy.append((begin, finish))
+        t = finish
+        answers = [e for _, e in play.log if e in (RESPONSE, RESPONSE_DRAINS)]
+        if answers[-1] == RESPONSE_DRAINS:  # its client is told: it sends no more here
+            told_at = finish
+            break
+    play.run(until=max(end_at, t + grace) + 1.0)  # (a response after T + G: G after it)
+    for when, entry in play.log:
+        if when >= end_at:
+            continue
+        if entry == NOTICE:
+            assert any(b <= when <= f for b, f in busy), (when, play.log)
+        if entry is CLOSE:
+            assert told_at is not None and when >= told_at, (when, play.log)
+    if play.conn.proactive_at is not None:  # a connection with a moment is not left open
+        assert play.state in (ConnState.CLOSING, ConnState.CLOSED), play.log

@@ -109,7 +109,7 @@ def test_report_is_json_with_settings_and_samples() -> None:
     assert again["duration"] == pytest.approx(0.2)
     assert again["config"] == {"time": 3.0, "connection_grace": 0.2, "strategy": "gradual",
                                "deadline": 5.0, "min_drain": 0.0,
-                               "proactive_window": [2.0, 2.8]}
+                               "proactive_window": [2.0, 2.8], "idle_close": "immediate"}
     assert again["timeline"]["columns"] == list(COLUMNS)
     assert len(again["timeline"]["samples"]) == 2
 

@@ -45,6 +45,8 @@ def load(**over: Any) -> Any:
     ({"lameduck": {"drain": {"tme": "5s"}}}, "drain.tme"),
     ({"lameduck": {"shutdown": {"deadline": "5s"}}}, "shutdown.deadline: must be >= "
                                                      "drain.time"),
+    ({"lameduck": {"drain": {"idle_close": "on_response"}}},
+     "s.yaml: lameduck: drain.idle_close: on_response is not simulated"),
     ({"pod": {"kind": "Pod", "spec": {"terminationGracePeriodSeconds": -1,
                                       "containers": [{"name": "x"}]}}},
      "s.yaml: pod: spec.terminationGracePeriodSeconds"),

@@ -34,7 +34,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from lameduck.config.durations import Duration, LongDuration, format_duration
 from lameduck.drain.endpoint import AdminState
-from lameduck.drain.event import Direction, DrainType, Strategy
+from lameduck.drain.event import Direction, DrainType, IdleClose, Strategy
 from lameduck.drain.policy import WINDOW_EPSILON
 
 __all__ = [
@@ -313,6 +313,9 @@ class DrainConfig(BaseModel):
     time: Duration = 20.0
     strategy: Strategy = Strategy.GRADUAL
     connection_grace: Duration = 5.0
+    # When an idle keep-alive connection is closed by the drain: immediate (its proactive
+    # moment, then G) or on_response (only after its next response, or at T + G).
+    idle_close: IdleClose = IdleClose.IMMEDIATE
     # A directory each drain's report (its counts, settings and 100 ms timeline) is written to
     # as JSON at the drain's end; None: kept in memory only (GET /drain_report).
     report_dir: str | None = None
@@ -341,11 +344,22 @@ def shutdown_warnings(shutdown: ShutdownConfig, drain: DrainConfig) -> list[tupl
     reads like "no minimum" (``0s``), but it asks for an exit as soon as the process is
     idle after it, before T, closing the listeners under clients that have not yet seen the
     endpoint removal (Kubernetes removes a terminating pod's endpoints while it still runs).
-    Unset, an idle process serves until T (docs/drain.md, Shutdown)."""
+    Unset, an idle process serves until T (docs/drain.md, Shutdown). And a deadline
+    before T + G with ``drain.idle_close: on_response``, which keeps idle connections until
+    then: the deadline ends them first."""
+    out = []
+    end = drain.time + drain.connection_grace
+    if drain.idle_close is IdleClose.ON_RESPONSE and shutdown.deadline < end:
+        out.append(("shutdown.deadline",
+                    f"{format_duration(shutdown.deadline)} is below drain.time + "
+                    f"connection_grace ({format_duration(end)}) with drain.idle_close: "
+                    f"on_response: idle connections no response has closed yet are cut at the "
+                    f"deadline instead of closed at T + G; raise the deadline to "
+                    f"{format_duration(end)} or more"))
     md, t = shutdown.min_drain, drain.time
     if md is None or md >= t or shutdown.stop_accepting is not StopAccepting.AT_DRAIN_END:
-        return []
-    return [("shutdown.min_drain",
+        return out
+    return [*out, ("shutdown.min_drain",
              f"{format_duration(md)} is below drain.time ({format_duration(t)}): from "
              f"{format_duration(md)} after SIGTERM an idle lameduck (no request in flight, no "
              f"connection open) exits before T and closes its listeners, so a client that has "

@@ -12,7 +12,8 @@ from lameduck.drain.process import DrainSettings, ShutdownSettings
 
 def drain_settings(cfg: Config) -> tuple[DrainSettings, ShutdownSettings]:
     """The ``(DrainSettings, ShutdownSettings)`` a process configured by ``cfg`` drains with."""
-    drain = DrainSettings(cfg.drain.time, cfg.drain.strategy, cfg.drain.connection_grace)
+    drain = DrainSettings(cfg.drain.time, cfg.drain.strategy, cfg.drain.connection_grace,
+                          cfg.drain.idle_close)
     shutdown = ShutdownSettings(cfg.shutdown.deadline, cfg.shutdown.min_drain,
                                 cfg.shutdown.stop_accepting is StopAccepting.AT_DRAIN_END)
     return drain, shutdown

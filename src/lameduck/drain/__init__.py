@@ -1,7 +1,7 @@
 """The drain core: sans-IO, no asyncio, no sockets. Clock and randomness are the caller's."""
 
 from lameduck.drain.connection import ConnAction, ConnectionDrain, ConnState, DrainedBy
-from lameduck.drain.event import Cause, Direction, DrainEvent, DrainType, Strategy
+from lameduck.drain.event import Cause, Direction, DrainEvent, DrainType, IdleClose, Strategy
 from lameduck.drain.ledger import Ledger
 from lameduck.drain.listener import ListenerDrain
 from lameduck.drain.policy import Rng, proactive_moment, proactive_window, response_drains
@@ -23,6 +23,7 @@ __all__ = [
     "DrainSettings",
     "DrainType",
     "DrainedBy",
+    "IdleClose",
     "Ledger",
     "ListenerDrain",
     "ProcessDrain",

@@ -14,6 +14,14 @@ Rules kept here (docs/drain.md):
 - A connection drained by a response keeps its tunnels (WebSocket, CONNECT) until its
   proactive moment comes as well (as in Envoy): that moment still fires, as ``ConnAction.DRAIN``,
   for the shell to end its tunnels; nothing else changes (it stays drained by the response).
+- ``drain.idle_close: on_response`` (the listener's ``idle_close_on_response``; HAProxy's
+  ``option idle-close-on-response``): the drain never closes a connection while it is idle
+  and its client has not been told. Its proactive moment, if it comes while the connection is
+  idle, changes nothing on the wire: its next response drains it (HTTP/1.1 ``Connection:
+  close``, HTTP/2 GOAWAY) and it closes after that response. One drained at its moment while
+  busy closes once a later response has told its client. The drain's end, T + G of the first
+  event (``end_at``), closes whatever is still waiting; the process's shutdown deadline still
+  cuts everything.
 
 The shell asks ``next_deadline()`` for the one timer it must keep, and reports time with
 ``on_timer``; the answer is a ``ConnAction`` for the shell to carry out.
@@ -70,8 +78,8 @@ TRANSITIONS: dict[tuple[ConnState, Input], ConnState] = {
 class ConnectionDrain:
     """The drain side of one downstream connection; the shell owns the socket."""
 
-    __slots__ = ("accepted_at", "drained_at", "drained_by", "grace_elapsed", "listener",
-                 "max_at", "proactive_at", "proactive_fired", "state")
+    __slots__ = ("accepted_at", "drained_at", "drained_by", "end_at", "grace_elapsed",
+                 "listener", "max_at", "proactive_at", "proactive_fired", "state", "told")
 
     def __init__(self, listener: ListenerDrain, accepted_at: float, rng: Rng,
                  max_duration: float = math.inf) -> None:
@@ -84,6 +92,10 @@ class ConnectionDrain:
         self.drained_by: DrainedBy | None = None
         self.grace_elapsed = False
         self.proactive_fired = False
+        # on_response: a response went out since the connection drained (its client knows),
+        # and the drain's end (T + G of the first event), when what still waits is closed.
+        self.told = False
+        self.end_at = math.inf
         for event in listener.events:  # replay events that started before this accept
             self.on_drain_event(event, rng)
 
@@ -106,6 +118,9 @@ class ConnectionDrain:
         moment = proactive_moment(event, self.accepted_at, rng)
         if moment is not None and (self.proactive_at is None or moment < self.proactive_at):
             self.proactive_at = moment
+        end = event.ends_at + event.grace
+        if end < self.end_at:
+            self.end_at = end
 
     def _drain(self, now: float, by: DrainedBy) -> None:
         if self._go(Input.DRAIN):
@@ -113,11 +128,15 @@ class ConnectionDrain:
             self.drained_by = by
 
     def on_response(self, now: float, rng: Rng) -> bool:
-        """Called as a response starts; True means this response drains the connection."""
+        """Called as a response starts; True means this response drains the connection.
+
+        An open connection whose proactive moment passed while it was idle (on_response) is
+        drained by this response, whatever the ramp says."""
         if self.state is ConnState.OPEN:
-            if not self.listener.response_drains(now, rng):
+            if not self.proactive_fired and not self.listener.response_drains(now, rng):
                 return False
             self._drain(now, DrainedBy.RESPONSE)
+        self.told = True
         return True
 
     def drain_by_limit(self, now: float, by: DrainedBy) -> bool:
@@ -132,6 +151,8 @@ class ConnectionDrain:
         """The one moment the shell must call ``on_timer`` at, or None."""
         if self.state is ConnState.OPEN:
             p = self.proactive_at
+            if self.proactive_fired:  # on_response: its moment passed while idle
+                p = self.end_at if self.end_at != math.inf else None
             if self.max_at != math.inf and (p is None or self.max_at < p):
                 return self.max_at
             return p
@@ -141,6 +162,8 @@ class ConnectionDrain:
         if not self.grace_elapsed:
             assert self.drained_at is not None
             at = self.drained_at + self.listener.grace
+        elif self.waits_for_response():
+            at = self.end_at
         p = self.proactive_at
         if p is not None and not self.proactive_fired and (at is None or p < at):
             at = p  # drained by a response: the moment still ends its tunnels
@@ -149,15 +172,20 @@ class ConnectionDrain:
     def on_timer(self, now: float, idle: bool) -> ConnAction:
         """Advance time; ``idle`` means no request is in flight on the connection."""
         if self.state is ConnState.OPEN:
-            if self.proactive_at is None or now < self.proactive_at:
-                if now < self.max_at:
-                    return ConnAction.NONE
-                # its max duration: drained, its tunnels keep their proactive moment (if any)
-                self._drain(now, DrainedBy.MAX_DURATION)
-                return self._close_if_graced(now, idle) or ConnAction.NONE
-            self.proactive_fired = True
-            self._drain(now, DrainedBy.PROACTIVE)
-            return self._close_if_graced(now, idle) or ConnAction.DRAIN
+            if self.proactive_fired:  # on_response: its moment passed while idle
+                if now >= self.end_at:
+                    return self._end(now, idle)
+            elif self.proactive_at is not None and now >= self.proactive_at:
+                self.proactive_fired = True
+                if idle and self.listener.idle_close_on_response:
+                    return ConnAction.NONE  # nothing on the wire: its next response drains it
+                self._drain(now, DrainedBy.PROACTIVE)
+                return self._close_if_graced(now, idle) or ConnAction.DRAIN
+            if now < self.max_at:
+                return ConnAction.NONE
+            # its max duration: drained, its tunnels keep their proactive moment (if any)
+            self._drain(now, DrainedBy.MAX_DURATION)
+            return self._close_if_graced(now, idle) or ConnAction.NONE
         moment = False
         if (self.state is ConnState.DRAINING and self.proactive_at is not None
                 and not self.proactive_fired and now >= self.proactive_at):
@@ -172,14 +200,42 @@ class ConnectionDrain:
         assert self.drained_at is not None
         if now >= self.drained_at + self.listener.grace:
             self.grace_elapsed = True
-            if idle:
+            if idle and (now >= self.end_at or not self.waits_for_response()):
                 self._go(Input.CLOSE)
                 return ConnAction.CLOSE
         return None
 
+    def _end(self, now: float, idle: bool) -> ConnAction:
+        """on_response: the drain's end (T + G) came for a connection still waiting for a
+        response: drained now (``END``), closed now if idle, else once idle."""
+        self._drain(now, DrainedBy.END)
+        self.grace_elapsed = True
+        if idle:
+            self._go(Input.CLOSE)
+            return ConnAction.CLOSE
+        return ConnAction.NONE
+
+    def waits_for_response(self) -> bool:
+        """on_response: a connection the drain's own moment drained stays open, idle, until a
+        response has told its client (an HTTP/1.1 client learns it only from a response's
+        ``Connection: close``) or the drain's end. Drained by a response or a limit of its
+        own, it was told by that response."""
+        return (self.listener.idle_close_on_response and not self.told
+                and self.drained_by is DrainedBy.PROACTIVE)
+
+    def holds_open(self, now: float) -> bool:
+        """on_response, before the drain's end: the drain must not close this connection while
+        it is idle (T passing included), since its client has not been told yet."""
+        if not self.listener.idle_close_on_response or now >= self.end_at:
+            return False
+        return self.state is ConnState.OPEN or (self.state is ConnState.DRAINING
+                                                and self.waits_for_response())
+
     def on_idle(self, now: float) -> ConnAction:
-        """The last in-flight request ended: a draining connection past its grace closes now."""
-        if self.state is ConnState.DRAINING and self.grace_elapsed:
+        """The last in-flight request ended: a draining connection past its grace closes now
+        (on_response: once told, or at the drain's end)."""
+        if (self.state is ConnState.DRAINING and self.grace_elapsed
+                and (now >= self.end_at or not self.waits_for_response())):
             self._go(Input.CLOSE)
             return ConnAction.CLOSE
         return ConnAction.NONE

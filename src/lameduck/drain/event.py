@@ -18,6 +18,19 @@ class Strategy(StrEnum):
     IMMEDIATE = "immediate"
 
 
+class IdleClose(StrEnum):
+    """When the drain closes a keep-alive connection that is idle (``drain.idle_close``).
+
+    ``immediate``: at its proactive moment (HTTP/2: GOAWAY) and G later (Envoy's draining).
+    ``on_response``: never while it is idle: after its next response, which says so, or at the
+    end of the drain (T + G), like HAProxy's ``option idle-close-on-response``. A load balancer
+    that reuses idle connections (AWS ALB) then never sends a request into a close.
+    """
+
+    IMMEDIATE = "immediate"
+    ON_RESPONSE = "on_response"
+
+
 class Direction(StrEnum):
     """Envoy's ``traffic_direction``; ``/drain_listeners?inboundonly`` filters on it."""
 

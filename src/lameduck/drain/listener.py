@@ -14,8 +14,8 @@ from lameduck.drain.policy import Rng, response_drains
 class ListenerDrain:
     """Drain state of one listener."""
 
-    __slots__ = ("direction", "drain_type", "events", "grace", "hc_failed", "name", "quiet",
-                 "stop_at")
+    __slots__ = ("direction", "drain_type", "events", "grace", "hc_failed",
+                 "idle_close_on_response", "name", "quiet", "stop_at")
 
     def __init__(
         self,
@@ -23,11 +23,15 @@ class ListenerDrain:
         direction: Direction = Direction.INBOUND,
         drain_type: DrainType = DrainType.DEFAULT,
         grace: float = 5.0,
+        idle_close_on_response: bool = False,
     ) -> None:
         self.name = name
         self.direction = direction
         self.drain_type = drain_type
         self.grace = grace
+        # drain.idle_close: on_response (event.IdleClose): an idle connection is not closed by
+        # the drain until a response has told its client, or the drain's end (T + G).
+        self.idle_close_on_response = idle_close_on_response
         self.events: tuple[DrainEvent, ...] = ()
         self.hc_failed = False
         self.stop_at: float | None = None

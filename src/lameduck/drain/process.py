@@ -10,7 +10,9 @@ Rules kept here (docs/drain.md; Envoy's admin drain and server state):
 - Shutdown (SIGTERM): not ready at once; one event over every listener; accept until T
   (``at_drain_end``) or stop at once (``immediately``); from T on no new work; exit when no
   request is in flight and either no connection is left (after min_drain) or T has passed, and
-  never later than the deadline, where what is left is cut.
+  never later than the deadline, where what is left is cut. With ``idle_close: on_response``
+  open connections are waited for until T + G (the drain's end: an idle one is closed only
+  after a response that tells its client, or then).
 - min_drain unset means "serve until T" while listeners accept until T: an idle moment early
   in the drain says nothing about clients that have not yet seen the endpoint removal, and an
   exit then closes the port under them (ECONNREFUSED). It means 0 where nobody can still be
@@ -23,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 
-from lameduck.drain.event import Cause, DrainEvent, Strategy
+from lameduck.drain.event import Cause, DrainEvent, IdleClose, Strategy
 from lameduck.drain.ledger import Ledger
 from lameduck.drain.listener import ListenerDrain
 
@@ -42,6 +44,7 @@ class DrainSettings:
     time: float = 20.0
     strategy: Strategy = Strategy.GRADUAL
     grace: float = 5.0
+    idle_close: IdleClose = IdleClose.IMMEDIATE
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,7 @@ class ProcessDrain:
     # -- the tree ---------------------------------------------------------------------------
     def add_listener(self, listener: ListenerDrain) -> ListenerDrain:
         listener.grace = self.settings.grace
+        listener.idle_close_on_response = self.settings.idle_close is IdleClose.ON_RESPONSE
         listener.set_health_check_failed(self.hc_failed)
         self.listeners[listener.name] = listener
         return listener
@@ -201,6 +205,16 @@ class ProcessDrain:
     def deadline(self) -> float | None:
         return None if self.shutdown is None else self.shutdown.start + self.exit_after
 
+    @property
+    def connections_end(self) -> float:
+        """From when the shutdown closes connections left open: T, or T + G with
+        ``idle_close: on_response`` (an idle one the drain has not told yet waits until then)."""
+        ev = self.shutdown
+        assert ev is not None
+        if self.settings.idle_close is IdleClose.ON_RESPONSE:
+            return ev.ends_at + ev.grace
+        return ev.ends_at
+
     def drain_active(self, now: float) -> bool:
         """A drain is under way: its time T has not passed, or requests it let in are still
         in flight (``server.drain.active``)."""
@@ -236,7 +250,7 @@ class ProcessDrain:
         if now < ev.start + self.min_drain:
             return Step.WAIT
         # Completion counts requests, not connections: no EXIT while any is active.
-        if not busy and (connections == 0 or now >= ev.ends_at):
+        if not busy and (connections == 0 or now >= self.connections_end):
             return Step.EXIT
         return Step.WAIT
 
@@ -245,7 +259,7 @@ class ProcessDrain:
         ev = self.shutdown
         if ev is None:
             return None
-        marks = (ev.start + self.min_drain, ev.ends_at,
+        marks = (ev.start + self.min_drain, ev.ends_at, self.connections_end,
                  ev.start + self.exit_after)
         future = [m for m in marks if m > now]
         return min(future) if future else None

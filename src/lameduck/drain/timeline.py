@@ -131,7 +131,8 @@ def proactive_window(time: float, grace: float) -> list[float] | None:
 
 def build_report(tl: Timeline, *, started_wall: float, pid: int, cause: str, strategy: str,
                  time: float, grace: float, deadline: float | None, min_drain: float | None,
-                 counts: dict[str, int], shutdown: bool) -> dict[str, Any]:
+                 counts: dict[str, int], shutdown: bool,
+                 idle_close: str = "immediate") -> dict[str, Any]:
     """The JSON kept, served and written at a drain's end: what happened (``counts``, the
     log line's), when, under which settings, and the timeline to draw it from."""
     ended = tl.ended if tl.ended is not None else tl.start
@@ -150,6 +151,7 @@ def build_report(tl: Timeline, *, started_wall: float, pid: int, cause: str, str
             "deadline": deadline,
             "min_drain": min_drain,
             "proactive_window": proactive_window(time, grace),
+            "idle_close": idle_close,
         },
         "counts": counts,
         "timeline": {

@@ -233,6 +233,8 @@ class Downstream(asyncio.Protocol):
             self.ctx.stats.downstream_cx_max_duration_reached += 1
         elif by is DrainedBy.MAX_REQUESTS:
             self.ctx.stats.downstream_cx_max_requests_reached += 1
+        elif by is DrainedBy.END:  # idle_close: on_response, still untold at T + G
+            ds.cx_closed_at_end += 1
         else:
             ds.cx_drained_proactive += 1
             self.drain_flags |= PD
@@ -360,8 +362,12 @@ class Downstream(asyncio.Protocol):
     def no_new_work(self) -> None:
         """T has passed: the process takes no new request. HTTP/2 says so now (the final
         GOAWAY), rather than G after a drain that may have begun just before T; HTTP/1.1 has no
-        notice outside a response, and a request that still comes is answered going away."""
+        notice outside a response, and a request that still comes is answered going away.
+        With ``drain.idle_close: on_response`` an idle connection whose client has not been told
+        is left alone: that answer tells it, or the drain's end (T + G) closes it."""
         if not self.closing:
+            if not self.busy() and self.drain.holds_open(self.loop.time()):
+                return
             self.final_notice()
             if self.final_sent and not self.busy():
                 self.staged_close()  # the last word is said and nothing is in flight

@@ -83,6 +83,9 @@ def build(cfg: Config, loop: asyncio.AbstractEventLoop, rng: Callable[[], float]
         ld = process.add_listener(ListenerDrain(lc.name, lc.direction, lc.drain_type))
         if lc.protocol == "tcp":
             assert lc.cluster is not None
+            # drain.idle_close is for HTTP: no response ever tells a relayed TCP client, so its
+            # connections keep the default (closed once quiet from their proactive moment).
+            ld.idle_close_on_response = False
             tstats = registry.add(f"tcp.{lc.name}", TcpStats())
             listeners.append(TcpListener(lc, loop, process, ld, clusters[lc.cluster], tstats,
                                          drain_stats, on_change, rng))

@@ -499,6 +499,7 @@ class Lifecycle:
             strategy=ev.strategy.value, time=ev.time, grace=ev.grace,
             deadline=self.process.exit_after if shutdown else None,
             min_drain=self.process.min_drain if shutdown else None, shutdown=shutdown,
+            idle_close=self.process.settings.idle_close.value,
             counts={"completed": ds.completed, "refused": ds.refused, "cut": ds.cut,
                     "cut_before_response": ds.cut_before_response, "cut_reset": ds.cut_reset,
                     "cx_drained_by_response": ds.cx_drained_by_response,

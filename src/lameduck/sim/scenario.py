@@ -37,6 +37,7 @@ from lameduck.config import (
     parse_duration,
     strict_yaml_documents,
 )
+from lameduck.drain.event import IdleClose
 from lameduck.drain.prestop import PrestopStrategy
 from lameduck.orchestrate.budget import BudgetError, PodTimers, pod_timers
 from lameduck.sim.walk import Proto
@@ -351,6 +352,11 @@ def scenario_from(data: object, base: Path, source: str = "<scenario>") -> Scena
         config = load_config_text(yaml.safe_dump(merged), f"{source}: lameduck")
     except ConfigError as e:
         raise ScenarioError(str(e)) from None
+    if config.drain.idle_close is IdleClose.ON_RESPONSE:
+        # The walk (sim/walk.py) runs the default's rules over arrays; a result for the other
+        # setting would be the default's, mislabelled.
+        raise ScenarioError(f"{source}: lameduck: drain.idle_close: on_response is not "
+                            f"simulated (the walk models immediate); simulate with immediate")
     # the load balancer: lameduck budget's --lb-* values and what it does between checks
     f = top.sub("lb")
     lb = Lb(
