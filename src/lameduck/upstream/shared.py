@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -46,10 +46,11 @@ class QueuedStream(Protocol):
         """It will never be sent here: refused (it leaves the queue with ``SharedConn.leave``)."""
 
 
-# What ``SharedConn.start`` decides for a stream whose request is ready.
-SEND = 0  # a slot is free: send it now
-QUEUED = 1  # in the queue, sent when a slot frees (or refused with the rest)
-REFUSE = 2  # never sent here: refused, safe to send again elsewhere
+# What ``SharedConn.start`` decides for a stream whose request is ready (Final: compiled in
+# as constants, not looked up by name per request).
+SEND: Final = 0  # a slot is free: send it now
+QUEUED: Final = 1  # in the queue, sent when a slot frees (or refused with the rest)
+REFUSE: Final = 2  # never sent here: refused, safe to send again elsewhere
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the tests' fake connections
@@ -219,12 +220,21 @@ class Placement:
             # Every connection being opened is full and there are ``max_connecting`` of them:
             # in the endpoint's line (the one HTTP/1.1 requests wait in), placed again when
             # one of those is open (or failed).
-            ep.waiting.append(lambda: self.place(ep, fut) if not fut.done() else None)
+            self._line_up(ep, fut)
             return
+        self._open_for(ep, fut)
+
+    # (The closures are made here, off the path of a stream placed on an open connection: a
+    # function with a lambda allocates its environment at every call.)
+    def _line_up(self, ep: Endpoint, fut: asyncio.Future[UpstreamConn]) -> None:
+        ep.waiting.append(lambda: self.place(ep, fut) if not fut.done() else None)
+
+    def _open_for(self, ep: Endpoint, fut: asyncio.Future[UpstreamConn]) -> None:
+        """A new connection, ``fut`` its first waiter."""
         conn_fut = asyncio.ensure_future(self.open(ep, self.learned.get(ep, self.max_streams)),
                                          loop=self.loop)
         waiters = [fut]
-        pending.append((conn_fut, waiters))
+        self.opening[ep].append((conn_fut, waiters))
         conn_fut.add_done_callback(lambda f: self.opened(ep, f, waiters))
 
     def opened(self, ep: Endpoint, f: asyncio.Future[SharedConn],
