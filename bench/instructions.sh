@@ -4,7 +4,7 @@
 # tens of percent between runs; instruction counts by a few percent). Kernel time (the
 # socket calls, about half of the bench's CPU per request) is not counted.
 #
-#   bench/instructions.sh [--log] [--h2] [--nginx] [--tls] [SECONDS]
+#   bench/instructions.sh [--log] [--h2] [--nginx] [--h2-upstream] [--tls] [SECONDS]
 #
 # From the repository (its .venv's python, or PYTHON=...; PYTHONPATH=src to measure a clone).
 #
@@ -20,15 +20,19 @@
 # (a self-signed P-256 certificate made by openssl in the temp dir, ALPN http/1.1) and wrk
 # sends https keep-alive: one wrk for warm-up (10 s) and measurement, so that the connections'
 # handshakes are made before the counters are zeroed: what TLS records cost per request,
-# OpenSSL's own instructions included.
+# OpenSSL's own instructions included. --h2-upstream: the cluster speaks HTTP/2 (h2c prior
+# knowledge, `protocol: h2`) to an nginx origin that listens with `http2` (implies --nginx):
+# every request is a stream on the connections lameduck shares to it.
 set -euo pipefail
 LOG=0
 H2=0
 NGINX=0
 TLS=0
+H2UP=0
 while [ "${1:-}" = --log ] || [ "${1:-}" = --h2 ] || [ "${1:-}" = --nginx ] ||
-      [ "${1:-}" = --tls ]; do
+      [ "${1:-}" = --tls ] || [ "${1:-}" = --h2-upstream ]; do
   [ "$1" = --tls ] && TLS=1
+  [ "$1" = --h2-upstream ] && H2UP=1 && NGINX=1
   [ "$1" = --log ] && LOG=1
   [ "$1" = --h2 ] && H2=1
   [ "$1" = --nginx ] && NGINX=1
@@ -36,7 +40,8 @@ while [ "${1:-}" = --log ] || [ "${1:-}" = --h2 ] || [ "${1:-}" = --nginx ] ||
 done
 SECS=${1:-8}
 [ $# -le 1 ] || {
-  echo "usage: bench/instructions.sh [--log] [--h2] [--nginx] [--tls] [SECONDS]" >&2; exit 2; }
+  echo "usage: bench/instructions.sh [--log] [--h2] [--nginx] [--h2-upstream] [--tls] [SECONDS]" >&2
+  exit 2; }
 if [ "$TLS" = 1 ] && [ "$H2" = 1 ]; then
   echo "--tls is measured with wrk (HTTP/1.1 over TLS), not with --h2" >&2; exit 2
 fi
@@ -76,7 +81,7 @@ http {
     keepalive_timeout 60s;
     keepalive_requests 100000000;
     server {
-        listen 127.0.0.1:$ORIGIN;
+        listen 127.0.0.1:$ORIGIN$([ "$H2UP" = 1 ] && echo " http2");
         location / { return 200 "hello from the lameduck demo origin\\n"; }
     }
 }
@@ -84,11 +89,13 @@ EOF
   taskset -c 1 nginx -p "$W/nginx" -e "$W/nginx/error.log" -c "$W/nginx/nginx.conf" \
     > "$W/origin.log" 2>&1 &
   PIDS+=($!)
+  CURL_ORIGIN=(curl -sf -o /dev/null -m 1)
+  [ "$H2UP" = 1 ] && CURL_ORIGIN+=(--http2-prior-knowledge)
   for _ in $(seq 100); do
-    curl -sf -o /dev/null -m 1 "http://127.0.0.1:$ORIGIN/" && break
+    "${CURL_ORIGIN[@]}" "http://127.0.0.1:$ORIGIN/" && break
     sleep 0.1
   done
-  curl -sf -o /dev/null -m 1 "http://127.0.0.1:$ORIGIN/" || {
+  "${CURL_ORIGIN[@]}" "http://127.0.0.1:$ORIGIN/" || {
     echo "the nginx origin did not start:" >&2; cat "$W/origin.log" "$W/nginx/error.log" >&2
     exit 1; }
 else
@@ -117,7 +124,7 @@ fi
   echo "     routes: [{prefix: /, cluster: origin, timeout: 30s}]}"
   echo "clusters:"
   echo "  - {name: origin, endpoints: [127.0.0.1:$ORIGIN], connect_timeout: 5s,"
-  echo "     max_idle_connections: 256, idle_timeout: 60s}"
+  echo "     max_idle_connections: 256, idle_timeout: 60s$([ "$H2UP" = 1 ] && echo ", protocol: h2")}"
 } > "$W/lameduck.yaml"
 taskset -c 0 valgrind --tool=callgrind --callgrind-out-file="$W/cg.out" \
   "$PY" -m lameduck run -c "$W/lameduck.yaml" > "$W/lameduck.log" 2>&1 &
@@ -172,5 +179,5 @@ if [ -z "$N0" ] || [ -z "$N1" ] || [ "$N" -le 0 ]; then
   exit 1
 fi
 IR=$(grep -h -m1 '^summary:' "$W"/cg.out.* | awk '{print $2}')
-echo "$([ "$TLS" = 1 ] && echo "TLS, ")$([ "$NGINX" = 1 ] && echo "nginx origin, ")$([ "$H2" = 1 ] && echo "h2c 5x10, ")access log $([ "$LOG" = 1 ] && echo on || echo off): $N requests, $IR instructions, $(( IR / N )) per request"
+echo "$([ "$TLS" = 1 ] && echo "TLS, ")$([ "$NGINX" = 1 ] && echo "nginx $([ "$H2UP" = 1 ] && echo "h2c ")origin, ")$([ "$H2" = 1 ] && echo "h2c 5x10, ")access log $([ "$LOG" = 1 ] && echo on || echo off): $N requests, $IR instructions, $(( IR / N )) per request"
 [ -z "${CG_OUT:-}" ] || cp "$W"/cg.out.1 "$CG_OUT"

@@ -5,18 +5,19 @@ way (``UpstreamConn`` in ``http1.upstream``); here each exchange gets an ``H2Ups
 and the streams of an endpoint share the ``H2UpstreamConnection``s kept in its
 ``Endpoint.shared`` list. A connection takes new streams while the upstream's
 MAX_CONCURRENT_STREAMS (and ours) allow; past that, or once the upstream sent GOAWAY, a new
-connection is opened. What HTTP/2 proves unprocessed (REFUSED_STREAM, or a stream above a
-GOAWAY's last id, RFC 9113 §8.7) is handed back to the exchange as refused: safe to send
-again whatever the method (RFC 9113 §8.7). That is how lameduck rides through an upstream's
-own drain without failing a request.
+connection is opened. Where a stream goes and when it is sent is decided in
+``upstream.shared`` (``Placement``, ``SharedConn``); this module is the HTTP/2 of it: the
+frame layer, the streams' events, the socket. What HTTP/2 proves unprocessed
+(REFUSED_STREAM, or a stream above a GOAWAY's last id) is handed back to the exchange as
+refused: safe to send again whatever the method (RFC 9113 §8.7). That is how lameduck rides
+through an upstream's own drain without failing a request.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final
 
 from lameduck.proxy.fields import trailer_fields
 from lameduck.proxy.message import RequestHead
@@ -26,6 +27,7 @@ from lameduck.upstream.connector import (
     UpstreamConn,
     UpstreamError,
 )
+from lameduck.upstream.shared import REFUSE, SEND, Placement, SharedConn
 
 from .client import H2Client
 from .connection import H2Limits
@@ -99,24 +101,18 @@ class H2UpstreamStream(UpstreamConn):
 
     # -- what an exchange calls ----------------------------------------------------------------
     def start(self, sink: ExchangeSink, head: RequestHead) -> None:
-        conn = self.conn
-        conn.reserved -= 1
         self.started = True
         self.sink = sink
-        if not conn.alive or conn.goaway:
-            # lost, or GOAWAY came between the hand-out and now: never sent, so refused
-            self.refuse()
-            return
         self.fields = head_fields(head)
         self.body = head.has_body
         self.no_body = head.method == b"HEAD"
         self.ended = not self.body
-        if conn.has_room:
+        how = self.conn.start(self)
+        if how == SEND:
             self.send_head()
-        elif conn.allows_none:
+        elif how == REFUSE:
             self.refuse()  # never sent: the exchange may try again, then answers 503
-        else:
-            conn.waiting.append(self)  # sent when a stream ends (or refused with the rest)
+        # else queued: sent when a slot frees (or refused with the rest)
 
     def send_head(self) -> None:
         conn = self.conn
@@ -199,7 +195,7 @@ class H2UpstreamStream(UpstreamConn):
         conn = self.conn
         self._finish()
         if not self.started:
-            conn.reserved -= 1
+            conn.give_back()
         elif self.sid:
             conn.h2.reset_stream(self.sid, ErrorCode.CANCEL)
             conn.stats.upstream_rq_tx_reset += 1
@@ -218,8 +214,8 @@ class H2UpstreamStream(UpstreamConn):
             self.timer = None
         if self.sid:
             self.conn.streams.pop(self.sid, None)
-        elif self.started and self in self.conn.waiting:
-            self.conn.waiting.remove(self)
+        elif self.started:
+            self.conn.leave(self)  # it waited for a slot
         self.unacked = 0  # only stream credit, and the stream is done
 
     def _timed_out(self) -> None:
@@ -308,82 +304,36 @@ class H2UpstreamStream(UpstreamConn):
             sink.on_upstream_error(UpstreamError.RESET, self.head_seen)
 
 
-class H2UpstreamConnection(asyncio.Protocol):
-    """One HTTP/2 connection to an endpoint, shared by the streams of many exchanges."""
+class H2UpstreamConnection(SharedConn):
+    """One HTTP/2 connection to an endpoint, shared by the streams of many exchanges; its
+    stream slots are counted by ``SharedConn``."""
 
     def __init__(self, endpoint: Endpoint, stats: ClusterStats, limits: H2Limits,
-                 max_streams: int, loop: asyncio.AbstractEventLoop) -> None:
+                 max_streams: int, expected: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(max_streams, expected)
         self.endpoint = endpoint
         self.stats = stats
         self.loop = loop
         self.h2 = H2Client(limits, loop.time())
-        self.max_streams = max_streams
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, H2UpstreamStream] = {}
-        self.expected = max_streams  # the upstream's limit as guessed before its SETTINGS
-        self.reserved = 0  # streams handed out, not yet started
-        self.waiting: deque[H2UpstreamStream] = deque()  # started, waiting for room
-        self.alive = True
-        self.goaway = False  # the upstream is draining this connection
         self.closed_here = False
         self.flush_pending = False
         self.idle_since = loop.time()
         self.on_closed: list[Callable[[H2UpstreamConnection], None]] = []
 
-    # -- the pool's view ---------------------------------------------------------------------
-    @property
-    def limit(self) -> int:
-        """Streams it may carry: ours and the upstream's limit (until its SETTINGS come, what
-        the endpoint's earlier connections said)."""
-        peer = self.h2.peer_max_concurrent_streams if self.h2.settings else self.expected
-        return min(self.max_streams, peer)
+    # -- what SharedConn asks ----------------------------------------------------------------
+    def wire_can_open(self) -> bool:
+        return self.h2.can_open
 
-    @property
-    def has_room(self) -> bool:
-        """A stream can be opened on the wire now. Until the upstream's SETTINGS are in, one
-        stream at a time: its stream limit is not known, and a stream over it is refused."""
-        n = len(self.streams)
-        return self.h2.can_open and n < self.max_streams and (n == 0 or self.h2.settings > 0)
-
-    @property
-    def can_open(self) -> bool:
-        """A stream may be handed out: it will be sent at once, or after the ones before it."""
-        return (self.alive and not self.goaway and self.h2.can_open
-                and self.busy < self.limit)
-
-    @property
-    def allows_none(self) -> bool:
-        """The upstream's SETTINGS said MAX_CONCURRENT_STREAMS 0: nothing can be sent here."""
-        return self.h2.settings > 0 and self.h2.peer_max_concurrent_streams == 0
-
-    @property
-    def busy(self) -> int:
-        return len(self.streams) + self.reserved + len(self.waiting)
+    def on_wire(self) -> int:
+        return len(self.streams)
 
     def new_stream(self) -> H2UpstreamStream:
-        self.reserved += 1
         return H2UpstreamStream(self)
 
-    def stream_gone(self) -> None:
-        """A stream ended: start one that waited for room; the idle clock starts when the
-        last one ends; a drained connection closes."""
-        self._start_waiting()
-        if not self.busy:
-            self.idle_since = self.loop.time()
-            if self.goaway or not self.alive:
-                self.close()
-
-    def _start_waiting(self) -> None:
-        waiting = self.waiting
-        if self.allows_none:
-            self._refuse_waiting()  # they would wait for good
-            return
-        while waiting and self.alive and not self.goaway and self.has_room:
-            waiting.popleft().send_head()
-
-    def _refuse_waiting(self) -> None:
-        while self.waiting:
-            self.waiting[0].refuse()  # leaves the queue
+    def now(self) -> float:
+        return self.loop.time()
 
     def close(self) -> None:
         """GOAWAY(NO_ERROR) and close: no stream is cut (only idle ones are closed so)."""
@@ -425,7 +375,10 @@ class H2UpstreamConnection(asyncio.Protocol):
         self.flush()
 
     def data_received(self, data: bytes) -> None:
-        events = self.h2.receive(data, self.loop.time())
+        h2 = self.h2
+        events = h2.receive(data, self.loop.time())
+        if h2.settings:  # the upstream's stream limit, as its last SETTINGS said
+            self.peer_limit = h2.peer_max_concurrent_streams
         streams = self.streams
         # What one read produces for a client leaves in one write, and leaves at all: an
         # HTTP/2 client connection writes what its streams queued when uncorked.
@@ -482,11 +435,11 @@ class H2UpstreamConnection(asyncio.Protocol):
             self.transport.close()  # connection_lost fails what is left
             return
         if self.goaway:
-            self._refuse_waiting()  # retried on another connection
+            self.refuse_waiting()  # retried on another connection
             if not self.busy:
                 self.close()
             return
-        self._start_waiting()  # the upstream's SETTINGS may have made room
+        self.start_waiting()  # the upstream's SETTINGS may have made room
 
     def eof_received(self) -> bool:
         return False
@@ -499,7 +452,7 @@ class H2UpstreamConnection(asyncio.Protocol):
         ep = self.endpoint
         ep.cx_active -= 1
         ep.conns.discard(self)
-        self._refuse_waiting()
+        self.refuse_waiting()
         for s in list(self.streams.values()):
             s.on_reset(ErrorCode.INTERNAL_ERROR)
         for cb in self.on_closed:
@@ -507,91 +460,23 @@ class H2UpstreamConnection(asyncio.Protocol):
         self.on_closed = []
 
 
-class H2Pool:
-    """Streams for the exchanges of one ``protocol: h2`` cluster (its ``connect``)."""
+class H2Pool(Placement):
+    """Streams for the exchanges of one ``protocol: h2`` cluster (its ``connect``): placed by
+    ``Placement``, on connections opened here."""
 
     def __init__(self, cluster: Cluster, limits: H2Limits, max_streams: int,
                  loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(max_streams, loop)
         self.cluster = cluster
         self.limits = limits
-        self.max_streams = max_streams
-        self.loop = loop
-        # Each endpoint's stream limit as its connections' SETTINGS said: a new connection
-        # expects it until its own SETTINGS come.
-        self.learned: dict[Endpoint, int] = {}
-        # Connections being opened, per endpoint, with the streams promised on each.
-        self.opening: dict[Endpoint, list[tuple[asyncio.Future[H2UpstreamConnection], list[
-            asyncio.Future[H2UpstreamStream]]]]] = {}
 
-    def connect(self, ep: Endpoint) -> asyncio.Future[H2UpstreamStream]:
-        """A stream on a connection with room, or on one being opened for it."""
-        fut: asyncio.Future[H2UpstreamStream] = self.loop.create_future()
-        self._place(ep, fut)
-        return fut
-
-    def _place(self, ep: Endpoint, fut: asyncio.Future[H2UpstreamStream]) -> None:
-        room = self.max_streams  # what a new connection is expected to take
-        for c in ep.shared:
-            conn = cast("H2UpstreamConnection", c)
-            if conn.can_open or (conn.alive and not conn.goaway and conn.allows_none):
-                # (an upstream that allows no stream refuses it: no new connection for that)
-                fut.set_result(conn.new_stream())
-                return
-            if conn.h2.settings:
-                # the endpoint's SETTINGS, as its last connection said (at least one: an
-                # upstream that allows none must not make every request open a connection)
-                room = max(conn.limit, 1)
-                self.learned[ep] = room
-        pending = self.opening.setdefault(ep, [])
-        for _, waiters in pending:
-            if len(waiters) < room:
-                waiters.append(fut)
-                return
-        if ep.max_connecting and len(pending) >= ep.max_connecting:
-            # Every connection being opened is full and there are ``max_connecting`` of them:
-            # in the endpoint's line (the one HTTP/1.1 requests wait in), placed again when
-            # one of those is open (or failed).
-            ep.waiting.append(lambda: self._place(ep, fut) if not fut.done() else None)
-            return
-        conn_fut = asyncio.ensure_future(self._open(ep))
-        waiters = [fut]
-        pending.append((conn_fut, waiters))
-        conn_fut.add_done_callback(lambda f: self._opened(ep, f, waiters))
-
-    def _opened(self, ep: Endpoint, f: asyncio.Future[H2UpstreamConnection],
-                waiters: list[asyncio.Future[H2UpstreamStream]]) -> None:
-        pending = self.opening.get(ep, [])
-        for i, (cf, _) in enumerate(pending):
-            if cf is f:
-                del pending[i]
-                break
-        if not pending:
-            self.opening.pop(ep, None)
-        exc = f.exception() if not f.cancelled() else asyncio.CancelledError()
-        for w in waiters:
-            if w.done():
-                continue
-            if exc is not None:
-                w.set_exception(exc)
-            else:
-                w.set_result(f.result().new_stream())
-        if exc is None and f.result().alive:
-            # Shared only now, with its waiters' streams reserved: were it shared when the
-            # connect finished, a request in between would see it empty and take a stream,
-            # and the waiters would then overfill it (one queued behind the limit).
-            ep.shared.append(f.result())
-        # A connect slot is free (and maybe streams on the new connection): those in line
-        # are placed again, in order (one that finds no room yet joins the line again).
-        for wake in ep.take_line():
-            wake()
-
-    async def _open(self, ep: Endpoint) -> H2UpstreamConnection:
+    async def open(self, ep: Endpoint, expected: int) -> SharedConn:
         cluster = self.cluster
         stats = cluster.stats
 
         def factory() -> H2UpstreamConnection:
-            conn = H2UpstreamConnection(ep, stats, self.limits, self.max_streams, self.loop)
-            conn.expected = self.learned.get(ep, self.max_streams)
+            conn = H2UpstreamConnection(ep, stats, self.limits, self.max_streams, expected,
+                                        self.loop)
             conn.on_closed.append(ep.forget_shared)
             return conn
 

@@ -470,7 +470,8 @@ class Exchange(ExchangeSink):
 
     def _open(self, ep: Endpoint) -> None:
         """A new connection to ``ep``: opened now, or in line for the first free one when
-        ``max_connecting`` connects to it are under way (HTTP/2 pools keep their own line)."""
+        ``max_connecting`` connects to it are under way (an HTTP/2 cluster's connector places
+        its streams itself, in the same line: ``upstream.shared.Placement``)."""
         cluster = self.cluster
         assert cluster is not None
         if not self.deadline and self.route_timeout > 0:

@@ -11,6 +11,9 @@ rest wait in line for the first connection that is free — one that finished co
 frees a slot, one given back to the pool is taken — instead of opening a storm of connects at
 once. Only handshakes under way are counted: where they finish at once (loopback), a short
 accept queue can still overflow, and the dropped connect is the retry's to save.
+
+Shared (HTTP/2) connections are listed here too (``Endpoint.shared``), but where a new stream
+goes and when it is sent is ``upstream.shared``'s: its streams wait in the same line.
 """
 
 from __future__ import annotations
