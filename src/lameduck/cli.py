@@ -181,7 +181,8 @@ def cmd_prestop(args: argparse.Namespace) -> int:
 
     code, summary = run_prestop(admin, args.strategy, args.drain_timeout, args.lb_buffer,
                                 lambda line: print(line, file=sys.stderr, flush=True),
-                                live=live if sys.stderr.isatty() else None)
+                                live=live if sys.stderr.isatty() else None,
+                                leave=args.leave)
     print(json.dumps(summary, indent=2))
     return code
 
@@ -379,7 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the longest the drain waits for requests in flight (default 20s)")
     ps.add_argument("--lb-buffer", default="10s",
                     help="the LB's detection time (interval x fall) plus a margin "
-                         "(default 10s)")
+                         "(default 10s); with --leave confirm, the bound")
+    ps.add_argument("--leave", choices=["timer", "confirm"], default="timer",
+                    help="when the health check's failing phase ends: timer: after "
+                         "--lb-buffer; confirm: once every prober of the health-check path "
+                         "has seen 'fall' failing answers and traffic has stopped, "
+                         "--lb-buffer at the latest (default timer)")
     ps.set_defaults(func=cmd_prestop)
     tp = add("top", help="a live view of a running lameduck from its admin API: state, "
                          "drain progress, in-flight requests, closes per second, listeners "

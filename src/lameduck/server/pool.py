@@ -20,6 +20,7 @@ from typing import Any
 
 from lameduck.config import Config
 from lameduck.drain import Cause, DrainEvent, ListenerDrain, Step
+from lameduck.drain.probers import ProbeTracker
 from lameduck.drain.timeline import Reading
 from lameduck.listeners import Listener
 from lameduck.listeners.base import accept_queue
@@ -424,6 +425,12 @@ class WorkerPool:
                  "connections": sum(int(s.get("listeners", {}).get(ls.name, 0))
                                     for s in statuses)}
                 for ls in self.listeners]
+
+    def probe_trackers(self) -> list[tuple[str, ProbeTracker]] | None:
+        return None  # each worker answers its own probes; they are not reported here
+
+    def watch_traffic(self, on: bool) -> None:
+        pass
 
     def workers_info(self) -> dict[str, Any]:
         ws = self.workers
