@@ -133,6 +133,12 @@ def cmd_budget(args: argparse.Namespace) -> int:
     ok = all(q.holds for q in ineqs)
     solved = bud.solve(b) if args.solve else None
     notes = [*pod.notes, *pod.prestop.notes]
+    leaves = bud.confirmed_leaves(cfg.drain.report_dir) if cfg.drain.report_dir else []
+    for lv in leaves:  # the confirmed path, as the last drains took it; the bound is counted
+        took = lv.get("confirmed_after")
+        notes.append(f"leave: confirm ({lv.get('by')}) in {lv['report']}: "
+                     + (f"confirmed after {took}s" if took is not None else "the bound won")
+                     + f" (bound {lv.get('bound')}s)")
     if args.json:
         out: dict[str, Any] = {"ok": ok, "prestop": pod.prestop.source, "notes": notes,
                                "inequalities": [q.as_dict() for q in ineqs]}

@@ -10,6 +10,7 @@ and on which of the two ended CLOSING, never on how long anything took.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -146,3 +147,30 @@ def test_confirm_waits_for_a_direct_client_to_be_quiet(lameduck) -> None:
     assert end["reason"].startswith("lb converged (confirm): prober 127.0.0.1 fell at "), end
     assert stopped < done
     assert "lb_buffer elapsed" not in ld.log()
+
+
+def test_sigterm_with_shutdown_leave_confirm_exits_once_the_prober_fell(lameduck,
+                                                                        tmp_path) -> None:
+    """``shutdown.leave: confirm``: min_drain (30 s here) is only the bound; the exit comes
+    once the prober has fallen (and the process is idle). The drain report records it, for
+    ``lameduck budget``."""
+    reports = tmp_path / "reports"
+    ld = lameduck(listener={"lb_probes": {"fall": 3}}, drain={"report_dir": str(reports)},
+                  shutdown={"deadline": "40s", "min_drain": "30s", "leave": "confirm"})
+    prober = Loop(ld.addr, HEALTH, "127.0.0.1", 0.2)
+    try:
+        assert wait_until(lambda: len(prober.answers) >= 4, 10)
+        ld.signal(signal.SIGTERM)
+        code = ld.wait(60)
+    finally:
+        prober.stop()
+    assert code == 0
+    assert prober.failing() >= 3
+    log = ld.log()
+    assert "shutdown: lb converged (confirm) after" in log, log
+    assert "prober 127.0.0.1 fell at" in log
+    assert "min_drain elapsed before the LB was seen to stop" not in log
+    (report,) = reports.glob("drain-*.json")
+    leave = json.loads(report.read_text())["leave"]
+    assert leave["by"] == "shutdown" and leave["bound"] == 30.0
+    assert 0 < leave["confirmed_after"] < 30.0

@@ -228,3 +228,16 @@ def test_timer_ignores_the_evidence() -> None:
     p = Prestop(PrestopStrategy.DEREGISTER_FIRST, 1.0, 5.0)
     p.start(0.0)
     assert p.tick(1.0, 0, t.evidence(1.0)) == [] and p.state is PrestopState.CLOSING
+
+
+def test_shutdown_leave_confirm_min_drain_is_only_the_bound() -> None:
+    """SIGTERM's not-ready phase: an idle process waits min_drain, unless the LB was seen to
+    let go (``lb_confirmed``)."""
+    from lameduck.drain import Cause, ProcessDrain, ShutdownSettings, Step
+
+    pd = ProcessDrain(shutdown=ShutdownSettings(deadline=40.0, min_drain=30.0))
+    pd.start_shutdown(0.0, Cause.SHUTDOWN)
+    assert pd.shutdown_step(5.0, 0) is Step.WAIT
+    pd.lb_confirmed()
+    assert pd.min_drain == 0.0
+    assert pd.shutdown_step(5.0, 0) is Step.EXIT

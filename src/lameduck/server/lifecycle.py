@@ -214,6 +214,8 @@ class Lifecycle:
         self.prestop: Prestop | None = None
         self._prestop_timer: asyncio.TimerHandle | None = None
         self._leave_timer: asyncio.TimerHandle | None = None  # shutdown.leave: confirm
+        self._shutdown_leave_watched = False
+        self._shutdown_confirmed_after: float | None = None
         self.quitting = False
         self.quit_why = ""
         self._drain_exit_timer: asyncio.TimerHandle | None = None
@@ -283,8 +285,9 @@ class Lifecycle:
                                f"stop_accepting={s.stop_accepting.value}")
         self.plane.shutdown(event, reached, notify=start is None)
         self._record_start(event)
-        if (s.leave is Leave.CONFIRM and cause is Cause.SHUTDOWN
+        if (s.leave.value == Leave.CONFIRM.value and cause is Cause.SHUTDOWN
                 and not self.process.deregistered):
+            self._shutdown_leave_watched = True
             self._watch(now)
             self._leave_tick()
         self._schedule_shutdown_check(now)
@@ -479,6 +482,7 @@ class Lifecycle:
         if lb.confirmed:
             log.info("shutdown: lb converged (confirm) after %.3fs: %s", now - ev.start,
                      lb.detail)
+            self._shutdown_confirmed_after = now - ev.start
             self.process.lb_confirmed()
             self._watch_done()
             self.changed()
@@ -579,10 +583,31 @@ class Lifecycle:
                     "cx_drained_proactive": ds.cx_drained_proactive,
                     "cx_closed_at_end": ds.cx_closed_at_end,
                     "cx_reset_listener_close": ds.cx_reset_listener_close})
+        leave = self._leave_record()
+        if leave is not None:
+            report["leave"] = leave
         self.reports.append(report)
         where = self.cfg.drain.report_dir
         if where:
             _write_report(where, report)
+
+    def _leave_record(self) -> dict[str, Any] | None:
+        """For the drain report (``lameduck budget`` reads it): how long the confirmed path
+        took against its bound, when a confirm ran (``confirmed_after`` None: the bound won or
+        it is still waiting)."""
+        p = self.prestop
+        if p is not None and p.leave is Leave.CONFIRM:
+            return {"by": "prestop", "bound": p.lb_buffer, "confirmed_after": (
+                None if p.confirmed_after is None else round(p.confirmed_after, 3))}
+        if self._shutdown_confirmed_after is not None or self._shutdown_leave_watched:
+            ev = self.process.shutdown
+            bound = self.cfg.shutdown.min_drain
+            if bound is None and ev is not None:
+                bound = ev.time
+            after = self._shutdown_confirmed_after
+            return {"by": "shutdown", "bound": bound,
+                    "confirmed_after": None if after is None else round(after, 3)}
+        return None
 
     def drain_reports(self, last: int | None) -> dict[str, Any]:
         return drain_report_view(self.reports, last)
