@@ -18,7 +18,11 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from tests.procs import Lameduck, _env, wait_until
+
+pytestmark = pytest.mark.usefixtures("workers")
 
 HEALTH = "/health_check.html"
 

@@ -241,3 +241,33 @@ def test_shutdown_leave_confirm_min_drain_is_only_the_bound() -> None:
     pd.lb_confirmed()
     assert pd.min_drain == 0.0
     assert pd.shutdown_step(5.0, 0) is Step.EXIT
+
+
+def test_a_workers_journal_replayed_in_the_main_process_gives_the_same_verdict() -> None:
+    """Workers report what their health-check paths saw every 100 ms; the main process
+    replays every worker's batches into one tracker and decides on all of them."""
+    w1, w2 = ProbeTracker(ProbeSettings(fall=3)), ProbeTracker(ProbeSettings(fall=3))
+    w1.journal, w2.journal = [], []
+    main = ProbeTracker(ProbeSettings(fall=3))
+    assert w1.take_journal() is None
+    # SO_REUSEPORT spreads the prober's connections over both workers
+    for i, at in enumerate([0.0, 1.0, 2.0, 3.0]):
+        w = w1 if i % 2 == 0 else w2
+        w.connection(at, LB)
+        w.probe(at, LB, 503 if at >= 1.0 else 200)
+    for at in (0.5, 0.6, 2.2):
+        w2.connection(at, CLIENT)
+        w2.request(at, CLIENT)
+    b1, b2 = w1.take_journal(), w2.take_journal()
+    assert b1 is not None and b2 is not None
+    assert ["c", CLIENT, 3, 2.2] in b2["traffic"] and ["r", CLIENT, 3, 2.2] in b2["traffic"]
+    assert w2.journal == []
+    main.replay(b2)
+    main.replay(b1)  # out of order across workers: each probe keeps its own time
+    assert main.probers[LB].probes == 4 and main.probers[LB].failing == 3
+    assert main.probers[LB].fell == 3.0
+    assert main.talkers[CLIENT].requests == 3
+    e = main.evidence(3.0)
+    assert main.interval(main.probers[LB]) == 1.0  # learned from all four, in time order
+    assert not e.confirmed and CLIENT in e.detail  # quiet: two intervals from 2.2
+    assert main.evidence(4.2).confirmed

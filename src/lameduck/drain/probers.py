@@ -21,18 +21,24 @@ Rules kept here:
   last straggler), from any other address nothing for ``quiet``. A probe may come on a new
   connection: a prober's connections after it fell are traffic only beyond its probes.
 - No prober seen: no proof; the caller's bound (``lb_buffer``) decides.
+- Everything is by the time of the event, not the order it came in: with worker processes the
+  main process replays each worker's 100 ms reports (``take_journal`` / ``replay``), which
+  interleave; a late 2xx older than a failing answer does not undo it.
 
 Pure: the clock is the caller's, every method takes ``now``.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from bisect import insort
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 GONE_INTERVALS = 3.0  # a prober silent for this many intervals has stopped probing
 SPACINGS = 8  # recent probe spacings kept per prober for the learned interval
 QUIET_INTERVALS = 2.0  # ``quiet`` unset: this many probe intervals
+MAX_FAILS = 4096  # failing answers kept per prober (the count stops there)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +64,11 @@ class Prober:
     first: float
     last: float
     probes: int = 0
-    failing: int = 0  # consecutive failing answers
+    failing: int = 0  # consecutive failing answers (since the latest 2xx)
     fell: float | None = None  # when ``failing`` reached fall
-    spacings: deque[float] = field(default_factory=lambda: deque(maxlen=SPACINGS))
+    last_ok: float = float("-inf")  # the latest 2xx answer
+    fails: list[float] = field(default_factory=list)  # failing answers since, in time order
+    times: list[float] = field(default_factory=list)  # the recent probes, in time order
     # after it fell: probes, connections and non-probe requests from its address
     probes_after: int = 0
     cx_after: int = 0
@@ -70,7 +78,7 @@ class Prober:
 
     def learned(self) -> float | None:
         """The median of the recent spacings (None before the second probe)."""
-        s = sorted(self.spacings)
+        s = sorted(b - a for a, b in pairwise(self.times))
         if not s:
             return None
         mid = len(s) // 2
@@ -115,10 +123,15 @@ class ProbeTracker:
         self.evicted_last = -1.0  # the latest traffic of an evicted talker
         self.marked: float | None = None
         self.gone_logged: set[str] = set()
+        # In a worker process: what it saw since it last reported, for the main process
+        # (``take_journal`` there, ``replay`` here); None: nobody reads it.
+        self.journal: list[tuple[str, float, str, int]] | None = None
 
     # -- input -----------------------------------------------------------------------------
     def probe(self, now: float, addr: str, status: int) -> None:
         """A request on the health-check path from ``addr``, answered ``status``."""
+        if self.journal is not None:
+            self.journal.append(("p", now, addr, status))
         p = self.probers.get(addr)
         if p is None:
             if len(self.probers) >= self.settings.max_peers:
@@ -127,24 +140,34 @@ class ProbeTracker:
             p = self.probers[addr] = Prober(addr, now, now)
         else:
             self.probers.move_to_end(addr)
-            if now > p.last:
-                p.spacings.append(now - p.last)
-            p.last = now
+            p.last = max(p.last, now)
+        insort(p.times, now)
+        if len(p.times) > SPACINGS + 1:
+            del p.times[0]
         p.probes += 1
         self.gone_logged.discard(addr)
-        if p.fell is not None:
-            p.probes_after += 1
+        # Counted by time, not by arrival: the probes of one prober may come through several
+        # worker processes, whose reports interleave (a late 2xx older than a failing answer
+        # does not undo it).
         if 200 <= status < 300:
-            p.failing = 0
-            p.fell = None  # back in rotation (HAProxy ``rise``): it must fall again
-            p.probes_after = p.cx_after = p.rq_after = 0
-            return
-        p.failing += 1
-        if p.fell is None and p.failing >= self.settings.fall:
-            p.fell = now
+            if now >= p.last_ok:
+                p.last_ok = now
+                p.fails = [t for t in p.fails if t > now]
+        elif now > p.last_ok and len(p.fails) < MAX_FAILS:
+            insort(p.fails, now)
+        fall = self.settings.fall
+        fell = p.fails[fall - 1] if len(p.fails) >= fall else None
+        if fell is None and p.fell is not None:
+            p.probes_after = p.cx_after = p.rq_after = 0  # back in rotation (HAProxy rise)
+        p.fell = fell
+        p.failing = len(p.fails)
+        if fell is not None and now > fell:
+            p.probes_after += 1
 
     def connection(self, now: float, addr: str) -> None:
         """A new connection from ``addr``."""
+        if self.journal is not None:
+            self.journal.append(("c", now, addr, 0))
         t = self._talker(now, addr)
         t.connections += 1
         t.since_connections += 1
@@ -155,6 +178,8 @@ class ProbeTracker:
 
     def request(self, now: float, addr: str) -> None:
         """A request from ``addr`` that is not a probe."""
+        if self.journal is not None:
+            self.journal.append(("r", now, addr, 0))
         t = self._talker(now, addr)
         t.requests += 1
         t.since_requests += 1
@@ -175,6 +200,47 @@ class ProbeTracker:
             self.talkers.move_to_end(addr)
             t.last = now
         return t
+
+    def take_journal(self) -> dict[str, list[list[object]]] | None:
+        """What to report since the last call (None: nothing): each probe as it was, and the
+        traffic folded per address (count, last time): a worker reports every 100 ms, and
+        a request counted at its address's last time is counted late, never early."""
+        j = self.journal
+        if not j:
+            return None
+        self.journal = []
+        probes: list[list[object]] = []
+        folded: dict[tuple[str, str], list[float]] = {}
+        for kind, at, addr, status in j:
+            if kind == "p":
+                probes.append([at, addr, status])
+                continue
+            f = folded.get((kind, addr))
+            if f is None:
+                folded[(kind, addr)] = [1, at]
+            else:
+                f[0] += 1
+                f[1] = max(f[1], at)
+        traffic: list[list[object]] = [[kind, addr, int(f[0]), f[1]]
+                                       for (kind, addr), f in folded.items()]
+        return {"probes": probes, "traffic": traffic}
+
+    def replay(self, batch: dict[str, list[list[object]]]) -> None:
+        """Another process's ``take_journal``, fed in time order."""
+        events: list[tuple[float, int, str, str, int]] = []
+        for at, addr, status in batch.get("probes", []):
+            events.append((float(at), 1, "p", str(addr), int(status)))  # type: ignore[arg-type]
+        for kind, addr, n, at in batch.get("traffic", []):
+            events.append((float(at), 0, str(kind), str(addr), int(n)))  # type: ignore[arg-type]
+        for at, _, kind, addr, n in sorted(events):
+            if kind == "p":
+                self.probe(at, addr, n)
+            elif kind == "c":
+                for _ in range(n):
+                    self.connection(at, addr)
+            else:
+                for _ in range(n):
+                    self.request(at, addr)
 
     def mark(self, now: float) -> None:
         """The leave window begins (the health check fails): counts in words start here."""
