@@ -34,6 +34,7 @@ from bisect import insort
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 GONE_INTERVALS = 3.0  # a prober silent for this many intervals has stopped probing
 SPACINGS = 8  # recent probe spacings kept per prober for the learned interval
@@ -225,13 +226,13 @@ class ProbeTracker:
                                        for (kind, addr), f in folded.items()]
         return {"probes": probes, "traffic": traffic}
 
-    def replay(self, batch: dict[str, list[list[object]]]) -> None:
+    def replay(self, batch: dict[str, list[list[Any]]]) -> None:
         """Another process's ``take_journal``, fed in time order."""
         events: list[tuple[float, int, str, str, int]] = []
         for at, addr, status in batch.get("probes", []):
-            events.append((float(at), 1, "p", str(addr), int(status)))  # type: ignore[arg-type]
+            events.append((float(at), 1, "p", str(addr), int(status)))
         for kind, addr, n, at in batch.get("traffic", []):
-            events.append((float(at), 0, str(kind), str(addr), int(n)))  # type: ignore[arg-type]
+            events.append((float(at), 0, str(kind), str(addr), int(n)))
         for at, _, kind, addr, n in sorted(events):
             if kind == "p":
                 self.probe(at, addr, n)

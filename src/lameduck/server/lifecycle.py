@@ -162,9 +162,9 @@ class DataPlane(Protocol):
         """``/server_info``'s listeners: address, accepting, draining, connections."""
         ...
 
-    def probe_trackers(self) -> list[tuple[str, ProbeTracker]] | None:
-        """Each listener with a health-check path: (name, what its path saw); None: the
-        probes are answered elsewhere and not seen here (worker processes)."""
+    def probe_trackers(self) -> list[tuple[str, ProbeTracker]]:
+        """Each listener with a health-check path: (name, what its path saw, in every
+        worker process if there are any)."""
         ...
 
     def watch_traffic(self, on: bool) -> None:
@@ -452,17 +452,13 @@ class Lifecycle:
         """The health check fails from ``now``: the counts in words start here, and every
         request is recorded per source address until the balancer is seen to let go."""
         self.plane.watch_traffic(True)
-        for _, tracker in self.plane.probe_trackers() or []:
+        for _, tracker in self.plane.probe_trackers():
             tracker.mark(now)
 
     def lb_evidence(self, now: float) -> Evidence:
         """Has the balancer let go? (``drain/probers.py``), over every listener with a
         health-check path; a prober that stopped probing is logged once."""
         named = self.plane.probe_trackers()
-        if named is None:
-            return Evidence(False, "the health-check paths are answered in the worker "
-                                   "processes, whose probes are not seen here: no proof, "
-                                   "the bound decides", ("workers",))
         for name, tracker in named:
             for p in tracker.newly_gone(now):
                 log.info("leave: listener %s: prober %s gone (silent %.3fs): no longer "

@@ -229,7 +229,7 @@ class LocalPlane:
     def workers_info(self) -> dict[str, Any]:
         return {}
 
-    def probe_trackers(self) -> list[tuple[str, ProbeTracker]] | None:
+    def probe_trackers(self) -> list[tuple[str, ProbeTracker]]:
         return [(ls.name, t) for ls in self.listeners
                 if (t := getattr(ls, "probes", None)) is not None]
 

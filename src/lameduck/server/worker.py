@@ -100,7 +100,7 @@ class WorkerProcess:
             c.on_record = self._record_made(c)
         # made or refreshed here, not yet sent: cluster → key → endpoint address
         self._records: dict[str, dict[str, str]] = {}
-        for _, tracker in self.plane.probe_trackers() or []:
+        for _, tracker in self.plane.probe_trackers():
             tracker.journal = []  # reported with each status
 
     # -- start ------------------------------------------------------------------------------
@@ -160,7 +160,7 @@ class WorkerProcess:
         """What the health-check paths saw since the last status: the main process decides
         ``leave: confirm`` on every worker's probes and traffic together."""
         out = {}
-        for name, tracker in self.plane.probe_trackers() or []:
+        for name, tracker in self.plane.probe_trackers():
             batch = tracker.take_journal()
             if batch is not None:
                 out[name] = batch
