@@ -129,3 +129,16 @@ def test_bad_input_exits_2_naming_the_field(tmp_path: Path) -> None:
     cfg.write_text("drain: {time: soon}\n")
     out = budget("--pod", write(tmp_path / "ok.yaml", pitfall_pod()), "--config", str(cfg))
     assert out.returncode == EXIT_INPUT and "drain.time" in out.stderr
+
+
+def test_notes_what_leave_confirm_took_in_the_last_drains(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "drain-20261203T100000.000Z-7.json").write_text(json.dumps(
+        {"version": 1, "leave": {"by": "prestop", "bound": 30.0, "confirmed_after": 0.61}}))
+    pod = write(tmp_path / "pod.yaml", pitfall_pod())
+    cfg = write(tmp_path / "lameduck.yaml",
+                {**pitfall_config(), "drain": {"time": "5s", "report_dir": str(reports)}})
+    out = budget("--pod", pod, "--config", cfg)
+    assert ("note: leave: confirm (prestop) in drain-20261203T100000.000Z-7.json: confirmed "
+            "after 0.61s (bound 30.0s)") in out.stdout, out.stdout
