@@ -178,3 +178,10 @@ def test_sigterm_with_shutdown_leave_confirm_exits_once_the_prober_fell(lameduck
     leave = json.loads(report.read_text())["leave"]
     assert leave["by"] == "shutdown" and leave["bound"] == 30.0
     assert 0 < leave["confirmed_after"] < 30.0
+
+
+def test_an_unknown_leave_is_refused_and_nothing_starts(lameduck) -> None:
+    ld = lameduck()
+    r = ld.admin("POST", "/prestop?strategy=deregister-first&leave=soon")
+    assert r.status_code == 400 and "unknown leave 'soon'" in r.text
+    assert prestop(ld) == {"state": "SERVING"}

@@ -271,3 +271,13 @@ def test_a_workers_journal_replayed_in_the_main_process_gives_the_same_verdict()
     assert main.interval(main.probers[LB]) == 1.0  # learned from all four, in time order
     assert not e.confirmed and CLIENT in e.detail  # quiet: two intervals from 2.2
     assert main.evidence(4.2).confirmed
+
+
+def test_traffic_reported_late_but_older_than_the_fall_is_not_after_it() -> None:
+    t = ProbeTracker(ProbeSettings(fall=1, quiet=1.0))
+    t.probe(2.0, LB, 503)
+    t.request(1.5, LB)  # a worker's report, older than the fall
+    t.connection(1.5, LB)
+    p = t.probers[LB]
+    assert p.rq_after == 0 and p.cx_after == 0
+    assert t.evidence(2.0).confirmed

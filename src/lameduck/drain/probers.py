@@ -173,7 +173,7 @@ class ProbeTracker:
         t.connections += 1
         t.since_connections += 1
         p = self.probers.get(addr)
-        if p is not None and p.fell is not None:
+        if p is not None and p.fell is not None and now > p.fell:
             p.cx_after += 1
             p.last_cx_after = now
 
@@ -185,7 +185,7 @@ class ProbeTracker:
         t.requests += 1
         t.since_requests += 1
         p = self.probers.get(addr)
-        if p is not None and p.fell is not None:
+        if p is not None and p.fell is not None and now > p.fell:
             p.rq_after += 1
             p.last_rq_after = now
 
@@ -199,7 +199,7 @@ class ProbeTracker:
             t = self.talkers[addr] = Talker(addr, now)
         else:
             self.talkers.move_to_end(addr)
-            t.last = now
+            t.last = max(t.last, now)
         return t
 
     def take_journal(self) -> dict[str, list[list[object]]] | None:
