@@ -266,6 +266,8 @@ class Context:
         self.router = Router([Route("/", self.cluster, None, route_timeout,
                                     per_try_idle_timeout)])
         self.health_check_path: bytes | None = b"/healthz"
+        self.probes = None  # no leave: confirm evidence here
+        self.traffic = None
         self.access_log = None  # off, as by default
         self.generate_request_id = False  # upstream heads stay as the cases write them
         # no x-envoy-upstream-service-time: the cases compare responses with what the upstream

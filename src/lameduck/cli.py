@@ -141,6 +141,12 @@ def cmd_budget(args: argparse.Namespace) -> int:
     warning = lbp.deregistration_warning(delay, b.grace_period,
                                          preset.name if preset else "load balancer")
     warnings = [warning] if warning else []
+    leaves = bud.confirmed_leaves(cfg.drain.report_dir) if cfg.drain.report_dir else []
+    for lv in leaves:  # the confirmed path, as the last drains took it; the bound is counted
+        took = lv.get("confirmed_after")
+        notes.append(f"leave: confirm ({lv.get('by')}) in {lv['report']}: "
+                     + (f"confirmed after {took}s" if took is not None else "the bound won")
+                     + f" (bound {lv.get('bound')}s)")
     if args.json:
         out: dict[str, Any] = {"ok": ok, "prestop": pod.prestop.source, "notes": notes,
                                "lb": preset.as_dict() if preset else None,
@@ -199,7 +205,8 @@ def cmd_prestop(args: argparse.Namespace) -> int:
 
     code, summary = run_prestop(admin, args.strategy, args.drain_timeout, args.lb_buffer,
                                 lambda line: print(line, file=sys.stderr, flush=True),
-                                live=live if sys.stderr.isatty() else None)
+                                live=live if sys.stderr.isatty() else None,
+                                leave=args.leave)
     print(json.dumps(summary, indent=2))
     return code
 
@@ -406,7 +413,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the longest the drain waits for requests in flight (default 20s)")
     ps.add_argument("--lb-buffer", default="10s",
                     help="the LB's detection time (interval x fall) plus a margin "
-                         "(default 10s)")
+                         "(default 10s); with --leave confirm, the bound")
+    ps.add_argument("--leave", choices=["timer", "confirm"], default="timer",
+                    help="when the health check's failing phase ends: timer: after "
+                         "--lb-buffer; confirm: once every prober of the health-check path "
+                         "has seen 'fall' failing answers and traffic has stopped, "
+                         "--lb-buffer at the latest (default timer)")
     ps.set_defaults(func=cmd_prestop)
     tp = add("top", help="a live view of a running lameduck from its admin API: state, "
                          "drain progress, in-flight requests, closes per second, listeners "

@@ -95,6 +95,9 @@ def test_server_info_json(lameduck) -> None:
                                             "drain_strategy": "Gradual"}
     assert info["pid"] == ld.pid
     assert info["drain"] == {"active": False}
+    # the health-check path's probers and top talkers (leave: confirm), none yet
+    assert info["listeners"][0].pop("lb_probes") == {"probers": [], "top_talkers": [],
+                                                     "peers": 0, "evicted": 0}
     assert info["listeners"] == [{"name": "ingress", "address": ld.addr, "accepting": True,
                                   "draining": False, "connections": 0}]
     ld.admin("POST", "/drain_listeners?graceful&skip_exit")

@@ -166,3 +166,15 @@ def test_lb_preset_without_a_documented_interval_exits_2(tmp_path: Path) -> None
     ok = budget("--pod", pod, "--lb", "envoy", "--lb-interval", "1s")
     assert "lb: envoy:" in ok.stdout and "fall 1" in ok.stdout
     assert "warning:" not in ok.stdout
+
+def test_notes_what_leave_confirm_took_in_the_last_drains(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "drain-20261203T100000.000Z-7.json").write_text(json.dumps(
+        {"version": 1, "leave": {"by": "prestop", "bound": 30.0, "confirmed_after": 0.61}}))
+    pod = write(tmp_path / "pod.yaml", pitfall_pod())
+    cfg = write(tmp_path / "lameduck.yaml",
+                {**pitfall_config(), "drain": {"time": "5s", "report_dir": str(reports)}})
+    out = budget("--pod", pod, "--config", cfg)
+    assert ("note: leave: confirm (prestop) in drain-20261203T100000.000Z-7.json: confirmed "
+            "after 0.61s (bound 30.0s)") in out.stdout, out.stdout

@@ -343,3 +343,28 @@ def test_deregistration_delay_longer_than_the_grace_period_is_warned_with_both_n
     assert deregistration_warning(45, 45) is None  # drained by the time the kubelet kills
     assert deregistration_warning(None, 45) is None  # a balancer without a delay
     assert "(2.5s)" in (deregistration_warning(2.5, 1) or "")
+
+def test_leave_confirm_counts_lb_buffer_as_the_bound() -> None:
+    t = pod_timers(pod(exec_("lameduck", "prestop", "--leave", "confirm", "--lb-buffer", "30s",
+                             "--drain-timeout", "5s")))
+    assert t.prestop.seconds == 35
+    assert "--leave confirm (--lb-buffer counted: the bound)" in t.prestop.source
+
+
+def test_confirmed_leaves_from_the_drain_reports(tmp_path: Any) -> None:
+    import json
+
+    from lameduck.orchestrate.budget import confirmed_leaves
+
+    for i, leave in enumerate([{"by": "prestop", "bound": 30.0, "confirmed_after": 0.8},
+                               None,
+                               {"by": "shutdown", "bound": 20.0, "confirmed_after": None}]):
+        report: dict[str, Any] = {"version": 1}
+        if leave is not None:
+            report["leave"] = leave
+        (tmp_path / f"drain-2026120{i}T000000Z-1.json").write_text(json.dumps(report))
+    (tmp_path / "drain-20261209T000000Z-1.json").write_text("{not json")
+    got = confirmed_leaves(str(tmp_path))
+    assert [(g["by"], g["confirmed_after"]) for g in got] == [("shutdown", None),
+                                                             ("prestop", 0.8)]
+    assert confirmed_leaves(str(tmp_path / "none")) == []

@@ -37,7 +37,7 @@ class AdminControl(Protocol):
     def listener_addresses(self) -> list[tuple[str, str, int]]:
         """(name, host, port) of every listener, as bound (an ephemeral port resolved)."""
     def start_prestop(self, strategy: str, drain_timeout: float,
-                      lb_buffer: float) -> dict[str, Any]: ...
+                      lb_buffer: float, leave: str = "timer") -> dict[str, Any]: ...
     def drain_reports(self, last: int | None) -> dict[str, Any]:
         """The finished drains' reports, newest first (``last``: only that many)."""
     def set_endpoint_state(self, cluster: str, address: str, state: str) -> None:

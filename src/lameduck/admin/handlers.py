@@ -261,9 +261,10 @@ class AdminHandlers:
         return 200, TEXT, "".join(lines).encode()
 
     def prestop(self, q: Query) -> Reply:
-        """Start the preStop health-check FSM (strategy, drain_timeout, lb_buffer).
+        """Start the preStop health-check FSM (strategy, drain_timeout, lb_buffer, leave).
 
         POST /prestop?strategy=hold-health|deregister-first&drain_timeout=20s&lb_buffer=10s
+        [&leave=timer|confirm]
         starts the preStop FSM here (``lameduck prestop`` calls it, then follows
         /server_info's ``prestop``). A process runs one: asked again with the same strategy,
         the answer is the running one's state (a retried hook follows it); with another,
@@ -274,7 +275,10 @@ class AdminHandlers:
                              "deregister-first")
         drain_timeout = duration_param(q, "drain_timeout", "20s")
         lb_buffer = duration_param(q, "lb_buffer", "10s")
-        view = self.c.start_prestop(strategy, drain_timeout, lb_buffer)
+        leave = q.get("leave", ["timer"])[0]
+        if leave not in ("timer", "confirm"):
+            raise ValueError(f"unknown leave {leave!r}: use timer or confirm")
+        view = self.c.start_prestop(strategy, drain_timeout, lb_buffer, leave)
         running = view.get("strategy", strategy)
         if running != strategy:
             return 409, TEXT, (

@@ -367,6 +367,29 @@ def shutdown_warnings(shutdown: ShutdownConfig, drain: DrainConfig) -> list[tupl
              f"min_drain unset to serve until T (0 after a completed preStop)")]
 
 
+class Leave(StrEnum):
+    """When a preStop's CLOSING (and SIGTERM's not-ready phase) ends: after a fixed time
+    (``timer``), or once the health-check path shows the load balancer has let go
+    (``confirm``, with the fixed time as the bound)."""
+
+    TIMER = "timer"
+    CONFIRM = "confirm"
+
+
+class LbProbesConfig(BaseModel):
+    """What a listener's health-check path tells about the balancer that probes it
+    (``leave: confirm``): HAProxy ``fall`` / Envoy ``unhealthy_threshold``, the probe interval
+    (null: learned per prober), the quiet window (null: two intervals), a bound on the source
+    addresses tracked."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fall: int = Field(3, ge=1)
+    interval: PositiveDuration | None = None
+    quiet: Duration | None = None
+    max_peers: int = Field(1024, ge=1)
+
+
 class ShutdownConfig(BaseModel):
     """Process exit: the hard deadline (below the supervisor's kill timeout) and when to stop."""
 
@@ -377,6 +400,9 @@ class ShutdownConfig(BaseModel):
     # after a completed preStop); a number asks for an exit as soon as idle after it.
     min_drain: Duration | None = None
     stop_accepting: StopAccepting = StopAccepting.AT_DRAIN_END
+    # confirm: the not-ready phase ends once the load balancer is seen to stop (probers on
+    # the health-check paths have fallen, traffic is quiet), bounded by min_drain (or T)
+    leave: Leave = Leave.TIMER
 
     @model_validator(mode="after")
     def _min_drain_fits(self) -> Self:
@@ -531,6 +557,7 @@ class ListenerConfig(BaseModel):
     direction: Direction = Direction.INBOUND
     drain_type: DrainType = DrainType.DEFAULT
     health_check_path: Annotated[str | None, AfterValidator(_check_path)] = None
+    lb_probes: LbProbesConfig = LbProbesConfig()  # read with health_check_path (leave: confirm)
     request_headers_timeout: Duration = 10.0  # 0 = none
     idle_timeout: Duration = 75.0  # downstream keep-alive idle timeout; 0 = none
     # Envoy's common_http_protocol_options: from then (or at that request) a connection

@@ -17,6 +17,14 @@ deregister-first (Kubernetes Endpoints): leave the rotation first, then drain:
     DRAINING --in flight == 0-->             CLOSED
     DRAINING --drain_timeout-->              CLOSED    (timed out)
 
+The leave rule (``leave``) decides when CLOSING ends. ``timer`` (drain.sh's ``LB_BUFFER``, a
+Kubernetes preStop ``sleep``): at ``lb_buffer``. ``confirm``: as soon as the evidence on the
+health-check path shows the load balancer has let go (``drain/probers.py``: every prober has seen
+``fall`` failing answers and nothing new arrives), with ``lb_buffer`` as the bound:
+
+    CLOSING  --lb confirmed (confirm)-->     CLOSED / DRAINING   (the reason names the probers)
+    CLOSING  --lb_buffer elapsed-->          CLOSED / DRAINING   (the reason names what was awaited)
+
 "In flight" is the drain.sh completion test: downstream_rq_active + upstream_rq_active (requests,
 not connections: a keep-alive connection may stay open after its last response). The shell
 carries out the actions, calls ``tick`` when the count may have changed and at
@@ -27,6 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum, StrEnum
+
+from lameduck.drain.probers import Evidence
 
 
 class PrestopState(IntEnum):
@@ -39,6 +49,13 @@ class PrestopState(IntEnum):
 class PrestopStrategy(StrEnum):
     HOLD_HEALTH = "hold-health"
     DEREGISTER_FIRST = "deregister-first"
+
+
+class Leave(StrEnum):
+    """When CLOSING ends: after ``lb_buffer`` (timer), or once the LB is seen to stop (confirm)."""
+
+    TIMER = "timer"
+    CONFIRM = "confirm"
 
 
 class PrestopAction(Enum):
@@ -59,10 +76,14 @@ class Prestop:
     strategy: PrestopStrategy
     drain_timeout: float  # the longest DRAINING may last with requests in flight
     lb_buffer: float  # how long the LB needs to notice a failed health check, plus a margin
+    leave: Leave = Leave.TIMER
     state: PrestopState = PrestopState.SERVING
     started: float | None = None
     timed_out: bool = False  # DRAINING ended by drain_timeout, requests still in flight
     in_flight_at_timeout: int = 0
+    closing_since: float | None = None  # CLOSING began (the health check fails from here)
+    confirmed_after: float | None = None  # confirm: seconds CLOSING took when the LB was seen
+    awaited: tuple[str, ...] = ()  # confirm, while CLOSING: what the rule still waits for
     transitions: list[Transition] = field(default_factory=list)
     _until: float | None = None  # the current state's deadline
 
@@ -89,10 +110,13 @@ class Prestop:
             return [PrestopAction.DRAIN_LISTENERS]
         self._go(now, PrestopState.CLOSING, "prestop: deregister first (health check fails)")
         self._until = now + self.lb_buffer
+        self.closing_since = now
         return [PrestopAction.FAIL_HEALTH]
 
-    def tick(self, now: float, in_flight: int) -> list[PrestopAction]:
-        """Time passed or the count of requests in flight changed."""
+    def tick(self, now: float, in_flight: int,
+             lb: Evidence | None = None) -> list[PrestopAction]:
+        """Time passed, the count of requests in flight changed or (``confirm``) the evidence
+        ``lb`` on the health-check path changed."""
         hold = self.strategy is PrestopStrategy.HOLD_HEALTH
         until = self._until
         if self.state is PrestopState.DRAINING:
@@ -107,16 +131,36 @@ class Prestop:
             if hold:
                 self._go(now, PrestopState.CLOSING, reason)
                 self._until = now + self.lb_buffer
+                self.closing_since = now
                 return [PrestopAction.FAIL_HEALTH]
             self._go(now, PrestopState.CLOSED, reason)
             self._until = None
             return []
-        if self.state is PrestopState.CLOSING and until is not None and now >= until:
+        if self.state is PrestopState.CLOSING and until is not None:
+            confirm = self.leave is Leave.CONFIRM
+            if confirm and lb is not None and lb.confirmed and now < until:
+                since = self.closing_since if self.closing_since is not None else now
+                self.confirmed_after = now - since
+                self.awaited = ()
+                why = f"lb converged (confirm): {lb.detail}"
+            elif now >= until:
+                if confirm:
+                    left = lb.detail if lb is not None else "no evidence"
+                    why = f"lb_buffer elapsed before the LB was seen to stop: {left}"
+                elif hold:
+                    why = "lb_buffer elapsed: the LB has taken it out"
+                else:
+                    why = "lb_buffer elapsed: deregistered, now drain"
+                self.awaited = lb.awaited if confirm and lb is not None else ()
+            else:
+                if confirm and lb is not None:
+                    self.awaited = lb.awaited
+                return []
             if hold:
-                self._go(now, PrestopState.CLOSED, "lb_buffer elapsed: the LB has taken it out")
+                self._go(now, PrestopState.CLOSED, why)
                 self._until = None
                 return []
-            self._go(now, PrestopState.DRAINING, "lb_buffer elapsed: deregistered, now drain")
+            self._go(now, PrestopState.DRAINING, why)
             self._until = now + self.drain_timeout
             out = [PrestopAction.DRAIN_LISTENERS]
             return out + self.tick(now, in_flight)

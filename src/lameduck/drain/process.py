@@ -100,6 +100,7 @@ class ProcessDrain:
         self.last_event: DrainEvent | None = None
         # A preStop hook ran to its end: the load balancer has already stopped sending here.
         self.deregistered = False
+        self.confirmed = False  # shutdown.leave: confirm saw the load balancer let go
         # A graceful drain_listeners without skip_exit: it becomes the shutdown at its T, so
         # its drain is over only at the exit.
         self.drain_exits = False
@@ -189,6 +190,12 @@ class ProcessDrain:
         """The preStop sequence completed (it waited out the load balancer's removal)."""
         self.deregistered = True
 
+    def lb_confirmed(self) -> None:
+        """``shutdown.leave: confirm``: the health-check path showed the load balancer let
+        go; an idle process may exit from now (min_drain was the bound)."""
+        self.deregistered = True
+        self.confirmed = True
+
     @property
     def min_drain(self) -> float:
         """Seconds from the shutdown's start before an idle process may exit."""
@@ -196,6 +203,8 @@ class ProcessDrain:
         settings = self.shutdown_settings
         if ev is None:
             return settings.min_drain or 0.0
+        if self.confirmed:
+            return 0.0
         return min_drain_for(settings.min_drain, ev.time,
                              accepting_until_t=settings.stop_accepting_at_drain_end,
                              deregistered=self.deregistered,

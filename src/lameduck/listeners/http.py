@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from lameduck.config import ListenerConfig
 from lameduck.drain import ListenerDrain, ProcessDrain
+from lameduck.drain.probers import ProbeSettings, ProbeTracker
 from lameduck.http1.downstream import H1Downstream
 from lameduck.http1.upstream import H1Upstream
 from lameduck.http2.connection import H2Limits
@@ -116,6 +117,10 @@ class HttpListener(Listener):
         self.connections: set[H1Downstream | H2Downstream] = set()
         hc = cfg.health_check_path
         self.health_check_path = hc.encode() if hc else None
+        lp = cfg.lb_probes
+        self.probes = ProbeTracker(ProbeSettings(lp.fall, lp.interval, lp.quiet,
+                                                 lp.max_peers)) if hc else None
+        self.traffic: ProbeTracker | None = None  # = probes while the lifecycle watches
         self.request_headers_timeout = _timeout(cfg.request_headers_timeout)
         self.idle_timeout = _timeout(cfg.idle_timeout)
         self.max_connection_duration = _timeout(cfg.max_connection_duration)

@@ -368,9 +368,17 @@ def _prestop_flags(args: Sequence[str], where: str
     values = dict(PRESTOP_DEFAULTS)
     given: set[str] = set()
     strategy = PRESTOP_STRATEGIES[0]
+    confirm = False
     i = 0
     while i < len(args):
         flag, eq, value = args[i].partition("=")
+        if flag == "--leave":
+            if not eq:
+                i += 1
+                value = args[i] if i < len(args) else ""
+            confirm = value == "confirm"
+            i += 1
+            continue
         if flag in values or flag == "--strategy":
             if not eq:
                 i += 1
@@ -390,6 +398,8 @@ def _prestop_flags(args: Sequence[str], where: str
         i += 1
     parts = [f"{f} {format_duration(v)}" + ("" if f in given else " (default)")
              for f, v in values.items()]
+    if confirm:  # CLOSING may end early, on the evidence; the budget counts the bound
+        parts.append("--leave confirm (--lb-buffer counted: the bound)")
     hook = LameduckPrestop(strategy, values["--drain-timeout"], values["--lb-buffer"])
     return sum(values.values()), parts, hook
 
@@ -520,3 +530,24 @@ def render(ineqs: Sequence[Inequality]) -> list[str]:
         if not q.holds:
             lines.append(f"     broken: {q.reason}")
     return lines
+
+
+def confirmed_leaves(report_dir: str, last: int = 5) -> list[dict[str, Any]]:
+    """The ``leave`` records of the newest drain reports in ``report_dir`` (newest first): how
+    long a ``leave: confirm`` took (``confirmed_after``; None: the bound won) against its
+    bound. Unreadable files are skipped: a budget never fails on a report."""
+    import glob
+    import json
+
+    out: list[dict[str, Any]] = []
+    for path in sorted(glob.glob(os.path.join(report_dir, "drain-*.json")), reverse=True):
+        try:
+            with open(path, encoding="utf-8") as f:
+                leave = json.load(f).get("leave")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(leave, dict):
+            out.append({**leave, "report": os.path.basename(path)})
+            if len(out) >= last:
+                break
+    return out

@@ -38,19 +38,25 @@ def _call(url: str, method: str, timeout: float) -> dict[str, Any]:
 
 def live_line(view: dict[str, Any]) -> str:
     """One line of progress, redrawn in place on a terminal."""
-    return (f"prestop {view.get('strategy', '')}: {view.get('state', '?'):<8} "
+    line = (f"prestop {view.get('strategy', '')}: {view.get('state', '?'):<8} "
             f"{view.get('elapsed', 0.0):7.1f}s  in flight {view.get('in_flight', 0)}")
+    awaited = view.get("awaiting")
+    if awaited:
+        line += "  awaiting " + ", ".join(awaited)
+    return line
 
 
 def run_prestop(admin: str, strategy: str, drain_timeout: str, lb_buffer: str,
                 say: Callable[[str], None], poll: float = 0.1,
                 give_up: float | None = None,
-                live: Callable[[str], None] | None = None) -> tuple[int, dict[str, Any]]:
+                live: Callable[[str], None] | None = None,
+                leave: str = "timer") -> tuple[int, dict[str, Any]]:
     """Start and follow; returns (exit code, summary). ``give_up``: seconds to follow at most
     (None: drain_timeout + lb_buffer + 30 s, read back from the server)."""
     base = f"http://{admin}"
     started = time.monotonic()
-    query = f"strategy={strategy}&drain_timeout={drain_timeout}&lb_buffer={lb_buffer}"
+    query = (f"strategy={strategy}&drain_timeout={drain_timeout}&lb_buffer={lb_buffer}"
+             f"&leave={leave}")
     try:
         view = _call(f"{base}/prestop?{query}", "POST", 5.0)
     except AdminUnreachable as e:

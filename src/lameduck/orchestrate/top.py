@@ -193,6 +193,34 @@ def _listener_table(s: Sample, h: History) -> Table:
     return t
 
 
+def _probes_table(s: Sample) -> Table | None:
+    """Each health-check path's probers (HAProxy's words: UP until ``fall`` failing answers,
+    then DOWN; GONE: stopped probing) and top talkers; None when no listener has any."""
+    rows = []
+    for li in s.info.get("listeners", []):
+        lp = li.get("lb_probes") or {}
+        for p in lp.get("probers", []):
+            state = "GONE" if p.get("gone") else "DOWN" if p.get("fell_ago") is not None else "UP"
+            iv = p.get("interval")
+            rows.append((li.get("name", "?"), "prober", str(p.get("address", "?")), state,
+                         f"{p.get('failing', 0)}/{p.get('fall', '?')}",
+                         "-" if iv is None else _secs(float(iv)),
+                         _secs(float(p.get("last_seen_ago", 0.0)))))
+        for t in lp.get("top_talkers", [])[:5]:
+            rows.append((li.get("name", "?"), "talker", str(t.get("address", "?")),
+                         f"{t.get('requests', 0)} rq, {t.get('connections', 0)} cx", "", "",
+                         _secs(float(t.get("last_seen_ago", 0.0)))))
+    if not rows:
+        return None
+    t = Table(title="health-check probers and top talkers (leave: confirm's evidence)",
+              title_justify="left", box=None, pad_edge=False)
+    for col in ("listener", "kind", "address", "state", "failing", "interval", "last seen"):
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
 def _drain_table(s: Sample, h: History) -> Table:
     t = Table(title="drain counters (server.drain.*)", title_justify="left", box=None,
               pad_edge=False)
@@ -245,8 +273,11 @@ def render(admin: str, s: Sample, h: History, error: str | None = None) -> Group
     line.append(f"  prestop {prestop}  in flight: requests {rq}, connections {cx}")
     parts.append(line)
     parts.extend(_drain_lines(i))
-    parts += [Text(""), _listener_table(s, h), Text(""), _drain_table(s, h), Text(""),
-              _cluster_table(s), Text("")]
+    parts += [Text(""), _listener_table(s, h), Text("")]
+    probes = _probes_table(s)
+    if probes is not None:
+        parts += [probes, Text("")]
+    parts += [_drain_table(s, h), Text(""), _cluster_table(s), Text("")]
     parts.append(Text("Ctrl-C to quit", style="dim"))
     return Group(*parts)
 

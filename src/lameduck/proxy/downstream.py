@@ -117,7 +117,11 @@ class Downstream(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         ctx = self.ctx
-        self.client = client_for(peer[0] if peer else "", ctx.scheme, ctx.generate_request_id)
+        host = peer[0] if peer else ""
+        self.client = client_for(host, ctx.scheme, ctx.generate_request_id)
+        probes = getattr(ctx, "probes", None)  # a new connection: evidence for leave: confirm
+        if probes is not None:
+            probes.connection(self.loop.time(), host)
         self.unseen = True
         self.ledger.accepted()
 

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, Protocol
 
 from lameduck.drain.endpoint import ConnAction, Layer
+from lameduck.drain.probers import ProbeTracker
 from lameduck.drain.retry import Failure, Retry, back_off, decide
 from lameduck.proxy.accesslog import (
     CA,
@@ -104,6 +105,11 @@ class ExchangeContext(Protocol):
     process: ProcessDrain
     router: Router
     health_check_path: bytes | None
+    # What the health-check path saw (``drain/probers.py``): every probe, when there is a
+    # health-check path; ``traffic``, the same tracker while a preStop or a shutdown watches
+    # for the balancer to let go (else None: no per-request cost).
+    probes: ProbeTracker | None
+    traffic: ProbeTracker | None
     rng: Callable[[], float]  # uniform in [0, 1): the retry back-off's jitter
     access_log: AccessLog | None  # None: off (nothing is formatted)
     generate_request_id: bool  # x-request-id when the client sent none (Envoy's default)
@@ -305,8 +311,15 @@ class Exchange(ExchangeSink):
         hc = ctx.health_check_path
         if hc is not None and path == hc:
             live = ctx.process.live
-            self.answer_local(200 if live else 503, b"OK\n" if live else b"DRAINING\n")
+            status = 200 if live else 503
+            probes = ctx.probes
+            if probes is not None:
+                probes.probe(ctx.loop.time(), client.peer.decode(), status)
+            self.answer_local(status, b"OK\n" if live else b"DRAINING\n")
             return False
+        traffic = ctx.traffic
+        if traffic is not None:
+            traffic.request(ctx.loop.time(), client.peer.decode())
         route = ctx.router.match(host, path)
         if route is None:
             self.flags |= NR

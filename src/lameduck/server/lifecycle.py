@@ -22,7 +22,8 @@ from typing import Any, Protocol
 
 from lameduck.config import Config, format_duration
 from lameduck.drain import Cause, DrainEvent, ListenerDrain, ProcessDrain, Step
-from lameduck.drain.prestop import Prestop, PrestopAction, PrestopStrategy
+from lameduck.drain.prestop import Leave, Prestop, PrestopAction, PrestopState, PrestopStrategy
+from lameduck.drain.probers import Evidence, ProbeTracker, combine
 from lameduck.drain.timeline import KEEP_REPORTS, Reading, Timeline, build_report, file_name
 from lameduck.listeners import Listener
 from lameduck.proxy.accesslog import flush_access_logs
@@ -162,6 +163,15 @@ class DataPlane(Protocol):
         """``/server_info``'s listeners: address, accepting, draining, connections."""
         ...
 
+    def probe_trackers(self) -> list[tuple[str, ProbeTracker]]:
+        """Each listener with a health-check path: (name, what its path saw, in every
+        worker process if there are any)."""
+        ...
+
+    def watch_traffic(self, on: bool) -> None:
+        """Record each non-probe request per source address (``leave: confirm`` watches)."""
+        ...
+
     def workers_info(self) -> dict[str, Any]:
         """What ``/server_info`` adds about worker processes ({} without any)."""
         ...
@@ -204,6 +214,9 @@ class Lifecycle:
         self._polled = False  # asked for fresh counts before an exit ahead of T
         self.prestop: Prestop | None = None
         self._prestop_timer: asyncio.TimerHandle | None = None
+        self._leave_timer: asyncio.TimerHandle | None = None  # shutdown.leave: confirm
+        self._shutdown_leave_watched = False
+        self._shutdown_confirmed_after: float | None = None
         self.quitting = False
         self.quit_why = ""
         self._drain_exit_timer: asyncio.TimerHandle | None = None
@@ -273,6 +286,11 @@ class Lifecycle:
                                f"stop_accepting={s.stop_accepting.value}")
         self.plane.shutdown(event, reached, notify=start is None)
         self._record_start(event)
+        if (s.leave.value == Leave.CONFIRM.value and cause is Cause.SHUTDOWN
+                and not self.process.deregistered):
+            self._shutdown_leave_watched = True
+            self._watch(now)
+            self._leave_tick()
         self._schedule_shutdown_check(now)
         self.changed()
 
@@ -386,7 +404,7 @@ class Lifecycle:
         ds = self.plane.sync_drain_counts()
         self.drain_report_line()
         self._record_end()
-        for timer in (self._prestop_timer, self._drain_exit_timer):
+        for timer in (self._prestop_timer, self._drain_exit_timer, self._leave_timer):
             if timer is not None:
                 timer.cancel()
         self.on_exit()
@@ -405,13 +423,16 @@ class Lifecycle:
 
     # -- preStop ----------------------------------------------------------------------------
     def start_prestop(self, strategy: str, drain_timeout: float,
-                      lb_buffer: float) -> dict[str, Any]:
+                      lb_buffer: float, leave: str = "timer") -> dict[str, Any]:
         """Admin ``POST /prestop``: run the preStop FSM in this process (once; a second call
         reports the one running)."""
         if self.prestop is None:
-            self.prestop = Prestop(PrestopStrategy(strategy), drain_timeout, lb_buffer)
-            log.info("prestop: strategy=%s drain_timeout=%s lb_buffer=%s", strategy,
-                     format_duration(drain_timeout), format_duration(lb_buffer))
+            self.prestop = Prestop(PrestopStrategy(strategy), drain_timeout, lb_buffer,
+                                   leave=Leave(leave))
+            log.info("prestop: strategy=%s drain_timeout=%s lb_buffer=%s leave=%s", strategy,
+                     format_duration(drain_timeout), format_duration(lb_buffer), leave)
+            if self.prestop.leave is Leave.CONFIRM:
+                self.plane.watch_traffic(True)
             self._prestop_do(self.prestop.start(self.loop.time()))
             self._prestop_tick()
         return self.prestop_view()
@@ -424,7 +445,56 @@ class Lifecycle:
                 self.drain_listeners(True, True, False)
             else:
                 self.healthcheck_fail()
+                if p.leave is Leave.CONFIRM:
+                    self._watch(self.loop.time())
         self.server_stats.prestop_state = int(p.state)
+
+    # -- leave: confirm ---------------------------------------------------------------------
+    def _watch(self, now: float) -> None:
+        """The health check fails from ``now``: the counts in words start here, and every
+        request is recorded per source address until the balancer is seen to let go."""
+        self.plane.watch_traffic(True)
+        for _, tracker in self.plane.probe_trackers():
+            tracker.mark(now)
+
+    def lb_evidence(self, now: float) -> Evidence:
+        """Has the balancer let go? (``drain/probers.py``), over every listener with a
+        health-check path; a prober that stopped probing is logged once."""
+        named = self.plane.probe_trackers()
+        for name, tracker in named:
+            for p in tracker.newly_gone(now):
+                log.info("leave: listener %s: prober %s gone (silent %.3fs): no longer "
+                         "awaited", name, p.addr, now - p.last)
+        return combine(now, [t for _, t in named])
+
+    def _leave_tick(self) -> None:
+        """SIGTERM with ``shutdown.leave: confirm``: until the balancer is seen to let go
+        (then an idle process may exit) or min_drain (or T) passes, the bound."""
+        self._leave_timer = None
+        ev = self.process.shutdown
+        if ev is None or self.done.done() or self.process.deregistered:
+            return
+        now = self.loop.time()
+        bound = ev.start + self.process.min_drain
+        lb = self.lb_evidence(now)
+        if lb.confirmed:
+            log.info("shutdown: lb converged (confirm) after %.3fs: %s", now - ev.start,
+                     lb.detail)
+            self._shutdown_confirmed_after = now - ev.start
+            self.process.lb_confirmed()
+            self._watch_done()
+            self.changed()
+            return
+        if now >= bound:
+            log.info("shutdown: min_drain elapsed before the LB was seen to stop: %s",
+                     lb.detail)
+            self._watch_done()
+            return
+        self._leave_timer = self.loop.call_at(min(bound, now + 0.1), self._leave_tick)
+
+    def _watch_done(self) -> None:
+        if self._leave_timer is None and (self.prestop is None or self.prestop.done):
+            self.plane.watch_traffic(False)
 
     def _prestop_tick(self) -> None:
         """On a timer: the FSM's own deadline, and a 100 ms look at what is in flight."""
@@ -434,10 +504,16 @@ class Lifecycle:
             return
         seen = len(p.transitions)
         now = self.loop.time()
-        self._prestop_do(p.tick(now, self.plane.in_flight()))
+        confirm = p.leave is Leave.CONFIRM and p.state is PrestopState.CLOSING
+        lb = self.lb_evidence(now) if confirm else None
+        self._prestop_do(p.tick(now, self.plane.in_flight(), lb))
         for t in p.transitions[seen:]:
             log.info("prestop: %s -> %s (%s)", t.source.name, t.target.name, t.reason)
+            if p.leave is Leave.CONFIRM and t.source is PrestopState.CLOSING:
+                log.info("prestop: %s", t.reason)
+                self._watch_done()
         if p.done:
+            self._watch_done()
             # The load balancer has let go: a SIGTERM now may exit as soon as it is idle.
             self.process.prestop_done()
             if self.process.shutdown is not None:
@@ -506,10 +582,31 @@ class Lifecycle:
                     "cx_drained_proactive": ds.cx_drained_proactive,
                     "cx_closed_at_end": ds.cx_closed_at_end,
                     "cx_reset_listener_close": ds.cx_reset_listener_close})
+        leave = self._leave_record()
+        if leave is not None:
+            report["leave"] = leave
         self.reports.append(report)
         where = self.cfg.drain.report_dir
         if where:
             _write_report(where, report)
+
+    def _leave_record(self) -> dict[str, Any] | None:
+        """For the drain report (``lameduck budget`` reads it): how long the confirmed path
+        took against its bound, when a confirm ran (``confirmed_after`` None: the bound won or
+        it is still waiting)."""
+        p = self.prestop
+        if p is not None and p.leave is Leave.CONFIRM:
+            return {"by": "prestop", "bound": p.lb_buffer, "confirmed_after": (
+                None if p.confirmed_after is None else round(p.confirmed_after, 3))}
+        if self._shutdown_confirmed_after is not None or self._shutdown_leave_watched:
+            ev = self.process.shutdown
+            bound = self.cfg.shutdown.min_drain
+            if bound is None and ev is not None:
+                bound = ev.time
+            after = self._shutdown_confirmed_after
+            return {"by": "shutdown", "bound": bound,
+                    "confirmed_after": None if after is None else round(after, 3)}
+        return None
 
     def drain_reports(self, last: int | None) -> dict[str, Any]:
         return drain_report_view(self.reports, last)

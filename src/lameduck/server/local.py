@@ -16,6 +16,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from lameduck.drain import DrainEvent, ListenerDrain, Step
+from lameduck.drain.probers import ProbeTracker
 from lameduck.drain.timeline import Reading
 from lameduck.listeners import Listener, TcpListener
 from lameduck.restart.hot import HasFileno
@@ -228,12 +229,30 @@ class LocalPlane:
         return clusters_view(self.clusters.values())
 
     def listeners_info(self) -> list[dict[str, Any]]:
-        return [{"name": ls.name, "address": fmt_addr(ls.sockname), "accepting": ls.accepting,
-                 "draining": ls.drain.draining, "connections": len(ls.connections)}
-                for ls in self.listeners]
+        now = self.loop.time()
+        out = []
+        for ls in self.listeners:
+            info = {"name": ls.name, "address": fmt_addr(ls.sockname),
+                    "accepting": ls.accepting, "draining": ls.drain.draining,
+                    "connections": len(ls.connections)}
+            probes = getattr(ls, "probes", None)
+            if probes is not None:  # the health-check path's probers and the top talkers
+                info["lb_probes"] = probes.view(now)
+            out.append(info)
+        return out
 
     def workers_info(self) -> dict[str, Any]:
         return {}
+
+    def probe_trackers(self) -> list[tuple[str, ProbeTracker]]:
+        return [(ls.name, t) for ls in self.listeners
+                if (t := getattr(ls, "probes", None)) is not None]
+
+    def watch_traffic(self, on: bool) -> None:
+        for ls in self.listeners:
+            probes = getattr(ls, "probes", None)
+            if probes is not None:
+                ls.traffic = probes if on else None  # type: ignore[attr-defined]
 
     def housekeep(self) -> None:
         now = self.loop.time()

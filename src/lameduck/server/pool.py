@@ -20,6 +20,7 @@ from typing import Any
 
 from lameduck.config import Config
 from lameduck.drain import Cause, DrainEvent, ListenerDrain, Step
+from lameduck.drain.probers import ProbeTracker
 from lameduck.drain.timeline import Reading
 from lameduck.listeners import Listener
 from lameduck.listeners.base import accept_queue
@@ -179,7 +180,15 @@ class WorkerPool:
         return sum(int(s.get(key, 0)) for s in self._statuses())
 
     def _status(self, w: Worker) -> None:
-        """A worker's status: the ledger here is the sum of theirs (the exit decision)."""
+        """A worker's status: the ledger here is the sum of theirs (the exit decision); what
+        its health-check paths saw goes into the main process's trackers (leave: confirm)."""
+        probes = w.status.pop("probes", None)
+        if probes:
+            trackers = dict(self.probe_trackers())
+            for name, batch in probes.items():
+                tracker = trackers.get(name)
+                if tracker is not None:
+                    tracker.replay(batch)
         self.process.ledger.active = self._sum("active")
         self._check_closing()
         self.on_change()
@@ -418,12 +427,28 @@ class WorkerPool:
 
     def listeners_info(self) -> list[dict[str, Any]]:
         statuses = self._statuses()
-        return [{"name": ls.name, "address": fmt_addr(ls.sockname),
-                 "accepting": any(ls.name in s.get("accepting", ()) for s in statuses),
-                 "draining": ls.drain.draining,
-                 "connections": sum(int(s.get("listeners", {}).get(ls.name, 0))
-                                    for s in statuses)}
-                for ls in self.listeners]
+        now = self.loop.time()
+        out = []
+        for ls in self.listeners:
+            info = {"name": ls.name, "address": fmt_addr(ls.sockname),
+                    "accepting": any(ls.name in s.get("accepting", ()) for s in statuses),
+                    "draining": ls.drain.draining,
+                    "connections": sum(int(s.get("listeners", {}).get(ls.name, 0))
+                                       for s in statuses)}
+            probes = getattr(ls, "probes", None)
+            if probes is not None:  # every worker's probers and talkers, as reported
+                info["lb_probes"] = probes.view(now)
+            out.append(info)
+        return out
+
+    def probe_trackers(self) -> list[tuple[str, ProbeTracker]]:
+        """The main process's own trackers, fed from every worker's status (``_status``)."""
+        return [(ls.name, t) for ls in self.listeners
+                if (t := getattr(ls, "probes", None)) is not None]
+
+    def watch_traffic(self, on: bool) -> None:
+        if self.workers is not None:
+            self.workers.broadcast({"op": "watch", "on": on}, replay=True)
 
     def workers_info(self) -> dict[str, Any]:
         ws = self.workers

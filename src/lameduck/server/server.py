@@ -360,8 +360,8 @@ class Server:
         return self.process.state.name
 
     def start_prestop(self, strategy: str, drain_timeout: float,
-                      lb_buffer: float) -> dict[str, Any]:
-        return self.lifecycle.start_prestop(strategy, drain_timeout, lb_buffer)
+                      lb_buffer: float, leave: str = "timer") -> dict[str, Any]:
+        return self.lifecycle.start_prestop(strategy, drain_timeout, lb_buffer, leave)
 
     def drain_reports(self, last: int | None) -> dict[str, Any]:
         return self.lifecycle.drain_reports(last)

@@ -11,7 +11,7 @@ from typing import Any
 from lameduck import __version__
 from lameduck.config import Config, HostPort, format_duration
 from lameduck.drain import ProcessDrain
-from lameduck.drain.prestop import Prestop
+from lameduck.drain.prestop import Prestop, PrestopState
 from lameduck.listeners import Listener
 from lameduck.upstream.cluster import Cluster
 
@@ -30,6 +30,9 @@ def prestop_view(p: Prestop | None, now: float, in_flight: int) -> dict[str, Any
         "strategy": p.strategy.value,
         "drain_timeout": p.drain_timeout,
         "lb_buffer": p.lb_buffer,
+        "leave": p.leave.value,
+        "awaiting": list(p.awaited) if p.state is PrestopState.CLOSING else [],
+        "confirmed_after": None if p.confirmed_after is None else round(p.confirmed_after, 3),
         "elapsed": round(now - (p.started or 0.0), 3),
         "in_flight": in_flight,
         "timed_out": p.timed_out,

@@ -100,6 +100,8 @@ class WorkerProcess:
             c.on_record = self._record_made(c)
         # made or refreshed here, not yet sent: cluster → key → endpoint address
         self._records: dict[str, dict[str, str]] = {}
+        for _, tracker in self.plane.probe_trackers():
+            tracker.journal = []  # reported with each status
 
     # -- start ------------------------------------------------------------------------------
     async def start(self, control: socket.socket) -> None:
@@ -153,7 +155,18 @@ class WorkerProcess:
             "listeners": {ls.name: len(ls.connections) for ls in plane.listeners},
             "rq_total": requests,
             "drain": {key: getattr(ds, key) for key in DRAIN_COUNTS},
+            **self._probes(),
         }
+
+    def _probes(self) -> dict[str, Any]:
+        """What the health-check paths saw since the last status: the main process decides
+        ``leave: confirm`` on every worker's probes and traffic together."""
+        out = {}
+        for name, tracker in self.plane.probe_trackers():
+            batch = tracker.take_journal()
+            if batch is not None:
+                out[name] = batch
+        return {"probes": out} if out else {}
 
     def _status_tick(self) -> None:
         self._status_timer = self.loop.call_later(STATUS_INTERVAL, self._status_tick)
@@ -223,6 +236,11 @@ class WorkerProcess:
             float(msg["start"]), bool(msg["graceful"]), bool(msg["skip_exit"]),
             bool(msg["inbound_only"]))
         self.plane.broadcast(event, reached)
+
+    def _do_watch(self, msg: Message) -> None:
+        """leave: confirm watches: every request is recorded per source address (or no
+        longer)."""
+        self.plane.watch_traffic(bool(msg["on"]))
 
     def _do_poll(self, msg: Message) -> None:
         """The main process wants a status sent now (the reply to any numbered message)."""
