@@ -37,3 +37,30 @@ def test_http09_request_line_is_answered_at_once(lameduck) -> None:
     # a request line that is merely slow to arrive is still served
     answer, _ = _answer(ld.addr, b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 4)
     assert answer.startswith(b"HTTP/1.1 200 "), answer
+
+
+def _closed_after(addr: str, request: bytes) -> bytes:
+    """Send ``request`` and read until the server closes; fail if it keeps the connection."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(request)
+        answer = b""
+        try:
+            while chunk := s.recv(65536):
+                answer += chunk
+        except TimeoutError:
+            raise AssertionError(f"still open 30 s after answering: {answer!r}") from None
+        return answer
+
+
+def test_a_local_answer_to_a_client_that_asked_to_close_closes(lameduck) -> None:
+    # RFC 9112 §9.6: the answer says `connection: close`, so the connection closes after it
+    # (it stayed open to the idle timeout: a client reading to EOF hung).
+    ld = lameduck(listener={"health_check_path": "/healthz", "idle_timeout": "300s"})
+    for request in (b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+                    b"GET /healthz HTTP/1.0\r\n\r\n",
+                    b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\nGET / HTTP/1.1"
+                    b"\r\nHost: a\r\n\r\n"):
+        answer = _closed_after(ld.addr, request)
+        assert answer.startswith((b"HTTP/1.1 200 ", b"HTTP/1.0 200 ")), answer
+        assert b"connection: close" in answer.lower() and answer.count(b"HTTP/1.") == 1, answer

@@ -666,15 +666,14 @@ class H1Downstream(Downstream):
             self.relay.eof(Flow.TO_CLIENT)  # the destination half-closed before the relay began
 
     def answer(self, ex: Exchange, status: int, body: bytes) -> None:
-        # Answered here, a client that sent "Expect: 100-continue" will not send the body it
-        # held back: the connection cannot be reused after the answer (RFC 9110 §10.1.1); nor
-        # after a malformed request, or an Upgrade answered without a 101.
-        # (Sent when its turn comes.)
+        # Sent when its turn comes, and the connection closed after it: for a client that
+        # asked to close (``Connection: close``, HTTP/1.0 without keep-alive; RFC 9112 §9.6);
+        # one that sent "Expect: 100-continue" will not send the body it held back (RFC 9110
+        # §10.1.1); a malformed request; an Upgrade answered without a 101.
         h = cast(H1Exchange, ex)
-        if ex.expect or ex.upgrade or ex.flags & DPE:
+        if ex.expect or ex.upgrade or ex.flags & DPE or not h.keep_alive:
             h.close = True
-        h.reply = simple_response(status, body, close=h.close or not h.keep_alive,
-                                  head_only=h.is_head)
+        h.reply = simple_response(status, body, close=h.close, head_only=h.is_head)
 
     def going_away(self, ex: Exchange) -> None:
         h = cast(H1Exchange, ex)
