@@ -104,7 +104,7 @@ def test_a_client_reusing_idle_connections_through_a_drain(
     tally, unused = drive(ld.addr, start_drain, SEED)
     # at 11 s: by default each is closed by then with a chance of 1/2 (moment + G in [10, 12))
     open_after = sum(still_open(c) for c in unused)
-    record_property("tally", tally)
+    record_property("tally", repr(tally))  # (a report crosses to the xdist controller: plain text)
     print(f"idle_close={idle_close}: {tally}; unused connections open at {LATE[1]:g}s: "
           f"{open_after} of {UNUSED}")
     assert tally.ok + tally.errors == SENDS
