@@ -540,3 +540,18 @@ def _parsed_fields(raw: bytes) -> list[tuple[bytes, bytes]]:
 
     httptools.HttpResponseParser(Sink()).feed_data(raw)
     return [(n, v) for n, v in got if n.lower() not in HOP_BY_HOP]
+
+
+def test_extension_method_stands_in_for_a_token_llhttp_does_not_know() -> None:
+    from lameduck.http1.wire import STAND_IN, extension_method
+
+    # any token is a method (RFC 9110 §9.1): parsed as POST, forwarded as it came
+    assert extension_method(b"FROB /x HTTP/1.1\r\nHost: a\r\n\r\n") == (
+        b"FROB", STAND_IN + b" /x HTTP/1.1\r\nHost: a\r\n\r\n")
+    # after the empty lines a server may skip (RFC 9112 §2.2)
+    assert extension_method(b"\r\n\r\nFROB / HTTP/1.1\r\n\r\n") == (
+        b"FROB", STAND_IN + b" / HTTP/1.1\r\n\r\n")
+    assert extension_method(b"GET / HTTP/1.1\r\n\r\n") is None  # llhttp knows it
+    assert extension_method(b"FR(B / HTTP/1.1\r\n\r\n") is None  # not a token
+    assert extension_method(b" / HTTP/1.1\r\n\r\n") is None  # no method at all
+    assert extension_method(b"FROB") is None  # no request line yet

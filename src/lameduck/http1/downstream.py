@@ -28,9 +28,9 @@ from lameduck.drain import DrainedBy
 from lameduck.drain.tunnel import Flow, TunnelKind
 from lameduck.http1.wire import (
     LAST_CHUNK,
-    TOKEN,
     absolute_form,
     chunk,
+    extension_method,
     simple_response,
     status_line,
 )
@@ -81,38 +81,6 @@ class ListenerContext(HttpConnectionContext, Protocol):
 
 class HeaderTooLarge(Exception):
     pass
-
-
-# llhttp knows only registered methods; an extension method (any token, RFC 9110 §9.1) is
-# parsed in the place of one that llhttp treats like any other (not CONNECT, not HEAD) and
-# forwarded as it came, as HAProxy and nginx do.
-STAND_IN: Final = b"POST"
-
-
-def extension_method(data: bytes) -> tuple[bytes, bytes] | None:
-    """``data`` begins (after the empty lines RFC 9112 §2.2 lets a server skip) with a
-    request line whose method is a token llhttp refused: (that method, ``data`` with the
-    stand-in in its place). None if it does not."""
-    rest = data.lstrip(b"\r\n")
-    sp = rest.find(b" ")
-    if sp <= 0:
-        return None
-    method = rest[:sp]
-    for c in method:
-        if not TOKEN[c]:
-            return None
-    probe = httptools.HttpRequestParser(_Quiet())
-    try:
-        probe.feed_data(method + b" / HTTP/1.1\r\n")
-    except httptools.HttpParserInvalidMethodError:
-        return method, STAND_IN + rest[sp:]
-    except httptools.HttpParserError:
-        pass
-    return None  # a method llhttp knows: what it refused lies further on
-
-
-class _Quiet:
-    """Callbacks for a parser that only checks a method."""
 
 
 class Reader:

@@ -9,6 +9,8 @@ import re
 from http import HTTPStatus
 from typing import Final
 
+import httptools
+
 from lameduck.proxy.fields import valid_authority
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
@@ -386,3 +388,35 @@ def absolute_form(target: bytes) -> tuple[bytes, bytes] | None:
     if not authority or not valid_authority(authority):
         return None  # no host, userinfo (RFC 9110 §4.2.4), or not a host[:port]
     return authority, (path or b"/") + (query or b"")
+
+
+class _Quiet:
+    """Callbacks for a parser that only checks a method."""
+
+
+# llhttp knows only registered methods; an extension method (any token, RFC 9110 §9.1) is
+# parsed in the place of one that llhttp treats like any other (not CONNECT, not HEAD) and
+# forwarded as it came, as HAProxy and nginx do.
+STAND_IN: Final = b"POST"
+
+
+def extension_method(data: bytes) -> tuple[bytes, bytes] | None:
+    """``data`` begins (after the empty lines RFC 9112 §2.2 lets a server skip) with a
+    request line whose method is a token llhttp refused: (that method, ``data`` with the
+    stand-in in its place). None if it does not."""
+    rest = data.lstrip(b"\r\n")
+    sp = rest.find(b" ")
+    if sp <= 0:
+        return None
+    method = rest[:sp]
+    for c in method:
+        if not TOKEN[c]:
+            return None
+    probe = httptools.HttpRequestParser(_Quiet())
+    try:
+        probe.feed_data(method + b" / HTTP/1.1\r\n")
+    except httptools.HttpParserInvalidMethodError:
+        return method, STAND_IN + rest[sp:]
+    except httptools.HttpParserError:
+        pass
+    return None  # a method llhttp knows: what it refused lies further on
