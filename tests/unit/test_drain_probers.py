@@ -281,3 +281,32 @@ def test_traffic_reported_late_but_older_than_the_fall_is_not_after_it() -> None
     p = t.probers[LB]
     assert p.rq_after == 0 and p.cx_after == 0
     assert t.evidence(2.0).confirmed
+
+
+def test_probes_read_in_bursts_after_stalls_keep_the_probers_interval() -> None:
+    """A busy server reads the checks that queued during a stall together: their times bunch
+    (gaps of a millisecond between 0.9 s ones). That is not the prober's spacing: were it
+    learned as such, the prober would look gone between bursts and, with no live prober, there
+    would be no quiet window either: a straggler after its fall would then hold CLOSING to the
+    bound (a loaded run: 30 s for a balancer that was DOWN at 0.9 s)."""
+    t = ProbeTracker(ProbeSettings(fall=3))
+    bursts = [b * 0.9 + k * 0.001 for b in range(4) for k in range(3)]  # 3 checks per 0.9 s
+    probes(t, LB, bursts, 200)
+    assert t.interval(t.probers[LB]) == pytest.approx(0.898, abs=0.01)
+    t.mark(3.6)
+    probes(t, LB, [3.6, 3.601, 3.602], 503)  # the fall: three failing answers in one burst
+    t.connection(3.61, LB)  # a request HAProxy sent as it marked the server DOWN
+    t.request(3.61, LB)
+    assert not t.evidence(3.62).confirmed  # a straggler after the fall: waited out for quiet
+    probes(t, LB, [4.5, 4.501, 4.502], 503)  # it goes on checking
+    assert t.evidence(5.5).confirmed  # 3.61 + 2 x 0.898 is before 5.5
+
+
+def test_the_quiet_window_outlives_the_probers_that_defined_it() -> None:
+    """Every prober gone (a stalled server reads nothing for a while): the quiet window is still
+    two of the last known intervals, so traffic that stopped is quiet after it, not forever."""
+    t = ProbeTracker(ProbeSettings(fall=3))
+    probes(t, LB, [0.0, 1.0, 2.0], 503)
+    t.request(2.5, LB)
+    assert t.quiet(20.0) == pytest.approx(2.0)
+    assert t.evidence(20.0).confirmed

@@ -19,7 +19,7 @@ Rules kept here:
 - Confirmed when at least one prober was seen, every live prober has fallen, and traffic is
   quiet: from a prober's address, nothing since it fell (or nothing for ``quiet`` since the
   last straggler), from any other address nothing for ``quiet``. A probe may come on a new
-  connection: a prober's connections after it fell are traffic only beyond its probes.
+  connection: a prober's connection after it fell is traffic unless a probe came on it.
 - No prober seen: no proof; the caller's bound (``lb_buffer``) decides.
 - Everything is by the time of the event, not the order it came in: with worker processes the
   main process replays each worker's 100 ms reports (``take_journal`` / ``replay``), which
@@ -40,6 +40,7 @@ GONE_INTERVALS = 3.0  # a prober silent for this many intervals has stopped prob
 SPACINGS = 8  # recent probe spacings kept per prober for the learned interval
 QUIET_INTERVALS = 2.0  # ``quiet`` unset: this many probe intervals
 MAX_FAILS = 4096  # failing answers kept per prober (the count stops there)
+UNPROBED_KEPT = 64  # a prober's latest connections after its fall that carried no probe
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,15 +74,21 @@ class Prober:
     # after it fell: probes, connections and non-probe requests from its address
     probes_after: int = 0
     cx_after: int = 0
-    last_cx_after: float = 0.0
+    # the times of its new connections after it fell that no probe came on (yet): traffic
+    cx_unprobed: list[float] = field(default_factory=list)
     rq_after: int = 0
     last_rq_after: float = 0.0
 
     def learned(self) -> float | None:
-        """The median of the recent spacings (None before the second probe)."""
+        """The median of the recent spacings (None before the second probe). Spacings under a
+        tenth of their mean are left out: probes that queued behind a stall of this server and
+        were read together, not the prober's spacing (which would make it look gone between
+        two such bursts)."""
         s = sorted(b - a for a, b in pairwise(self.times))
         if not s:
             return None
+        floor = sum(s) / len(s) / 10
+        s = [x for x in s if x >= floor] or s
         mid = len(s) // 2
         return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
@@ -160,10 +167,17 @@ class ProbeTracker:
         fell = p.fails[fall - 1] if len(p.fails) >= fall else None
         if fell is None and p.fell is not None:
             p.probes_after = p.cx_after = p.rq_after = 0  # back in rotation (HAProxy rise)
+            p.cx_unprobed.clear()
         p.fell = fell
         p.failing = len(p.fails)
         if fell is not None and now > fell:
             p.probes_after += 1
+            # the connection it came on (the latest not yet taken by a probe) was no traffic
+            unprobed = p.cx_unprobed
+            for i in range(len(unprobed) - 1, -1, -1):
+                if unprobed[i] <= now:
+                    del unprobed[i]
+                    break
 
     def connection(self, now: float, addr: str) -> None:
         """A new connection from ``addr``."""
@@ -175,7 +189,9 @@ class ProbeTracker:
         p = self.probers.get(addr)
         if p is not None and p.fell is not None and now > p.fell:
             p.cx_after += 1
-            p.last_cx_after = now
+            insort(p.cx_unprobed, now)
+            if len(p.cx_unprobed) > UNPROBED_KEPT:
+                del p.cx_unprobed[0]  # the latest are what a quiet window waits on
 
     def request(self, now: float, addr: str) -> None:
         """A request from ``addr`` that is not a probe."""
@@ -258,11 +274,15 @@ class ProbeTracker:
         return iv is not None and now - p.last >= GONE_INTERVALS * iv
 
     def quiet(self, now: float) -> float | None:
-        """The quiet window: configured, else two of the longest interval of a live prober."""
+        """The quiet window: configured, else two of the longest interval of a live prober
+        (of any prober seen, when none is live: a window that ended with its probers would
+        leave traffic that stopped unquiet for good)."""
         if self.settings.quiet is not None:
             return self.settings.quiet
         ivs = [iv for p in self.probers.values()
                if not self.gone(p, now) and (iv := self.interval(p)) is not None]
+        if not ivs:
+            ivs = [iv for p in self.probers.values() if (iv := self.interval(p)) is not None]
         return QUIET_INTERVALS * max(ivs) if ivs else None
 
     def newly_gone(self, now: float) -> list[Prober]:
@@ -303,7 +323,7 @@ class ProbeTracker:
             t = self.talkers.get(p.addr)
             if p.fell is not None:
                 last = max(p.last_rq_after if p.rq_after else -1.0,
-                           p.last_cx_after if p.cx_after > p.probes_after else -1.0)
+                           p.cx_unprobed[-1] if p.cx_unprobed else -1.0)
                 if last >= 0 and (quiet is None or now < last + quiet):
                     awaited.append(self._arriving(p.addr, t))
                     if quiet is not None:
