@@ -371,3 +371,15 @@ def test_on_response_never_tells_or_closes_an_idle_untold_connection_before_t_pl
             assert told_at is not None and when >= told_at, (when, play.log)
     if play.conn.proactive_at is not None:  # a connection with a moment is not left open
         assert play.state in (ConnState.CLOSING, ConnState.CLOSED), play.log
+
+
+def test_on_response_end_with_a_request_in_flight_leaves_no_timer_behind() -> None:
+    """A connection drained at its moment while busy, G = 0, its request still in flight at
+    T + G: the end has come (its timer must not stay due: the shell's loop would spin on it),
+    and the response that follows closes it. Found by the property above."""
+    ev = DrainEvent(0.0, Strategy.GRADUAL, 0.5, 0.0)
+    play = Play.through(ev, 0.0, *[0.0] * 7, on_response=True)
+    play.begin(at=0.25)
+    play.end(at=0.5)
+    assert play.conn.next_deadline() is None
+    assert play.state in (ConnState.CLOSING, ConnState.CLOSED), play.log

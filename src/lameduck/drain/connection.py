@@ -78,7 +78,7 @@ TRANSITIONS: dict[tuple[ConnState, Input], ConnState] = {
 class ConnectionDrain:
     """The drain side of one downstream connection; the shell owns the socket."""
 
-    __slots__ = ("accepted_at", "drained_at", "drained_by", "end_at", "grace_elapsed",
+    __slots__ = ("accepted_at", "drained_at", "drained_by", "end_at", "ended", "grace_elapsed",
                  "listener", "max_at", "proactive_at", "proactive_fired", "state", "told")
 
     def __init__(self, listener: ListenerDrain, accepted_at: float, rng: Rng,
@@ -96,6 +96,7 @@ class ConnectionDrain:
         # and the drain's end (T + G of the first event), when what still waits is closed.
         self.told = False
         self.end_at = math.inf
+        self.ended = False  # the drain's end has come: nothing waits for a response any more
         for event in listener.events:  # replay events that started before this accept
             self.on_drain_event(event, rng)
 
@@ -171,6 +172,8 @@ class ConnectionDrain:
 
     def on_timer(self, now: float, idle: bool) -> ConnAction:
         """Advance time; ``idle`` means no request is in flight on the connection."""
+        if now >= self.end_at:
+            self.ended = True  # (busy then: closed once idle, with no timer left to wait on)
         if self.state is ConnState.OPEN:
             if self.proactive_fired:  # on_response: its moment passed while idle
                 if now >= self.end_at:
@@ -220,7 +223,7 @@ class ConnectionDrain:
         response has told its client (an HTTP/1.1 client learns it only from a response's
         ``Connection: close``) or the drain's end. Drained by a response or a limit of its
         own, it was told by that response."""
-        return (self.listener.idle_close_on_response and not self.told
+        return (self.listener.idle_close_on_response and not self.told and not self.ended
                 and self.drained_by is DrainedBy.PROACTIVE)
 
     def holds_open(self, now: float) -> bool:
