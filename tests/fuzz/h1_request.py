@@ -23,8 +23,9 @@ from typing import Any
 import h11
 import httptools
 
-from lameduck.http1.downstream import STAND_IN, H1Downstream, extension_method
+from lameduck.http1.downstream import H1Downstream
 from lameduck.http1.upstream import request_head
+from lameduck.http1.wire import STAND_IN, extension_method
 from tests import playbook
 from tests.playbook import Connecting, Transport, Upstream
 
