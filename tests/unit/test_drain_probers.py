@@ -53,15 +53,17 @@ def test_probes_at_irregular_spacing_learn_the_median_interval() -> None:
     assert configured.quiet(2.0) == 0.5
 
 
-def test_traffic_from_the_prober_after_it_fell_waits_for_quiet() -> None:
-    t = ProbeTracker(ProbeSettings(fall=2, interval=1.0))  # quiet: 2 s
+def test_traffic_from_the_prober_after_it_fell_is_waited_out_for_half_an_interval() -> None:
+    t = ProbeTracker(ProbeSettings(fall=2, interval=1.0))  # quiet (a stranger's): 2 s
     probes(t, LB, [0.0, 1.0], 503)
-    t.connection(1.5, LB)
-    t.request(1.5, LB)  # a straggler: the balancer still sends after marking us down
-    e = t.evidence(2.0)
-    assert not e.confirmed and e.next_change == pytest.approx(3.5)
+    t.connection(1.1, LB)
+    t.request(1.1, LB)  # a straggler: dispatched before the balancer marked us down
+    e = t.evidence(1.2)
+    assert not e.confirmed and e.next_change == pytest.approx(1.6)
     assert e.detail.startswith(f"still arriving from {LB} (1 request, ")
-    assert t.evidence(3.5).confirmed
+    t.request(1.5, LB)  # and another: still sending, so waited out again
+    assert not t.evidence(1.7).confirmed
+    assert t.evidence(2.0).confirmed
 
 
 def test_a_client_that_never_probed_must_be_quiet() -> None:

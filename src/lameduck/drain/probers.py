@@ -17,8 +17,8 @@ Rules kept here:
   ``max_peers`` of them, the least recently active evicted first; what an evicted address last
   did still counts (as "evicted addresses"), so an eviction never hides traffic.
 - Confirmed when at least one prober was seen, every live prober has fallen, and traffic is
-  quiet: from a prober's address, nothing since it fell (or nothing for ``quiet`` since the
-  last straggler), from any other address nothing for ``quiet``. A probe may come on a new
+  quiet: from a prober's address, nothing since it fell (or nothing for half its interval
+  since the last straggler), from any other address nothing for ``quiet``. A probe may come on a new
   connection: a prober's connection after it fell is traffic unless a probe came on it.
 - No prober seen: no proof; the caller's bound (``lb_buffer``) decides.
 - Everything is by the time of the event, not the order it came in: with worker processes the
@@ -322,12 +322,16 @@ class ProbeTracker:
                 continue  # awaited already; its traffic is expected until it falls
             t = self.talkers.get(p.addr)
             if p.fell is not None:
+                # What it dispatched before it marked us down arrives within moments of its
+                # fall: waited out for half its interval (it sends again sooner than that if it
+                # has not stopped, and is seen), not the quiet window of a stranger.
                 last = max(p.last_rq_after if p.rq_after else -1.0,
                            p.cx_unprobed[-1] if p.cx_unprobed else -1.0)
-                if last >= 0 and (quiet is None or now < last + quiet):
+                settle = iv / 2 if (iv := self.interval(p)) is not None else quiet
+                if last >= 0 and (settle is None or now < last + settle):
                     awaited.append(self._arriving(p.addr, t))
-                    if quiet is not None:
-                        marks.append(last + quiet)
+                    if settle is not None:
+                        marks.append(last + settle)
             elif t is not None and (quiet is None or now < t.last + quiet):
                 awaited.append(self._arriving(p.addr, t))
                 if quiet is not None:
