@@ -654,6 +654,21 @@ def rss_kb(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+def until_closed(addr: str, data: bytes, timeout: float = 10.0) -> bytes:
+    """Send raw bytes to ``host:port`` and read until the server closes; a connection still
+    open after ``timeout`` fails the test (the request was one that must end it)."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except TimeoutError:
+            raise AssertionError(f"the connection was not closed; got {out[:200]!r}") from None
+    return out
+
+
 def raw_connect(port: int, timeout: float = 5.0) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

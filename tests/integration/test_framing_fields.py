@@ -11,7 +11,6 @@ head was relayed on the fast path.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from tests.capture import CaptureOrigin, echo_request_line
 from tests.h2raw import RawH2
 from tests.procs import Lameduck, RawConn, base_config, wait_until
+from tests.procs import until_closed as exchange
 
 SMUGGLED = b"GET /sleep?ms=1000 HTTP/1.1\r\nHost: x\r\n\r\n"
 FORWARDED = b"x-forwarded-for: 127.0.0.1\r\nx-forwarded-proto: http\r\n\r\n"
@@ -52,21 +52,6 @@ def proxy(capture: CaptureOrigin, tmp_path: Path) -> Iterator[Lameduck]:
     yield ld
     ld.kill()
     assert "Traceback" not in ld.log(), ld.log()
-
-
-def exchange(addr: str, data: bytes, timeout: float = 10.0) -> bytes:
-    """Send raw bytes, read until the server closes: every request here ends its connection
-    (``Connection: close``, HTTP/1.0, or an error), so one left open fails the test."""
-    host, port = addr.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout) as s:
-        s.sendall(data)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except TimeoutError:
-            raise AssertionError(f"the connection was not closed; got {out[:200]!r}") from None
-    return out
 
 
 def received(capture: CaptureOrigin, n: int) -> list[bytes]:

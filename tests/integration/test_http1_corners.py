@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import time
 
+from tests.procs import until_closed
+
 
 def _answer(addr: str, data: bytes, pieces: int = 1) -> tuple[bytes, float]:
     """Send ``data`` (in ``pieces`` writes), read to EOF; the answer and how long it took."""
@@ -39,20 +41,6 @@ def test_http09_request_line_is_answered_at_once(lameduck) -> None:
     assert answer.startswith(b"HTTP/1.1 200 "), answer
 
 
-def _closed_after(addr: str, request: bytes) -> bytes:
-    """Send ``request`` and read until the server closes; fail if it keeps the connection."""
-    host, port = addr.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=30) as s:
-        s.sendall(request)
-        answer = b""
-        try:
-            while chunk := s.recv(65536):
-                answer += chunk
-        except TimeoutError:
-            raise AssertionError(f"still open 30 s after answering: {answer!r}") from None
-        return answer
-
-
 def test_a_local_answer_to_a_client_that_asked_to_close_closes(lameduck) -> None:
     # RFC 9112 §9.6: the answer says `connection: close`, so the connection closes after it
     # (it stayed open to the idle timeout: a client reading to EOF hung).
@@ -61,6 +49,6 @@ def test_a_local_answer_to_a_client_that_asked_to_close_closes(lameduck) -> None
                     b"GET /healthz HTTP/1.0\r\n\r\n",
                     b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\nGET / HTTP/1.1"
                     b"\r\nHost: a\r\n\r\n"):
-        answer = _closed_after(ld.addr, request)
+        answer = until_closed(ld.addr, request, timeout=30)
         assert answer.startswith((b"HTTP/1.1 200 ", b"HTTP/1.0 200 ")), answer
         assert b"connection: close" in answer.lower() and answer.count(b"HTTP/1.") == 1, answer
