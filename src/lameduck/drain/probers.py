@@ -181,13 +181,11 @@ class ProbeTracker:
 
     def connection(self, now: float, addr: str) -> None:
         """A new connection from ``addr``."""
-        if self.journal is not None:
-            self.journal.append(("c", now, addr, 0))
-        t = self._talker(now, addr)
+        t = self._heard("c", now, addr)
         t.connections += 1
         t.since_connections += 1
-        p = self.probers.get(addr)
-        if p is not None and p.fell is not None and now > p.fell:
+        p = self._fallen(now, addr)
+        if p is not None:
             p.cx_after += 1
             insort(p.cx_unprobed, now)
             if len(p.cx_unprobed) > UNPROBED_KEPT:
@@ -195,15 +193,24 @@ class ProbeTracker:
 
     def request(self, now: float, addr: str) -> None:
         """A request from ``addr`` that is not a probe."""
-        if self.journal is not None:
-            self.journal.append(("r", now, addr, 0))
-        t = self._talker(now, addr)
+        t = self._heard("r", now, addr)
         t.requests += 1
         t.since_requests += 1
-        p = self.probers.get(addr)
-        if p is not None and p.fell is not None and now > p.fell:
+        p = self._fallen(now, addr)
+        if p is not None:
             p.rq_after += 1
             p.last_rq_after = now
+
+    def _heard(self, kind: str, now: float, addr: str) -> Talker:
+        """Traffic from ``addr``: journaled for the main process, its talker."""
+        if self.journal is not None:
+            self.journal.append((kind, now, addr, 0))
+        return self._talker(now, addr)
+
+    def _fallen(self, now: float, addr: str) -> Prober | None:
+        """The prober at ``addr`` if ``now`` is after its fall (its traffic is then evidence)."""
+        p = self.probers.get(addr)
+        return p if p is not None and p.fell is not None and now > p.fell else None
 
     def _talker(self, now: float, addr: str) -> Talker:
         t = self.talkers.get(addr)
