@@ -281,7 +281,7 @@ def test_traffic_reported_late_but_older_than_the_fall_is_not_after_it() -> None
     t.request(1.5, LB)  # a worker's report, older than the fall
     t.connection(1.5, LB)
     p = t.probers[LB]
-    assert p.rq_after == 0 and p.cx_after == 0
+    assert p.rq_after == 0 and p.cx_unprobed == []
     assert t.evidence(2.0).confirmed
 
 

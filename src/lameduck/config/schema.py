@@ -36,6 +36,7 @@ from lameduck.config.durations import Duration, LongDuration, format_duration
 from lameduck.drain.endpoint import AdminState
 from lameduck.drain.event import Direction, DrainType, IdleClose, Strategy
 from lameduck.drain.policy import WINDOW_EPSILON
+from lameduck.drain.prestop import Leave
 
 __all__ = [
     "AdminConfig",
@@ -365,15 +366,6 @@ def shutdown_warnings(shutdown: ShutdownConfig, drain: DrainConfig) -> list[tupl
              f"connection open) exits before T and closes its listeners, so a client that has "
              f"not yet seen it leave the load balancer is refused (ECONNREFUSED); leave "
              f"min_drain unset to serve until T (0 after a completed preStop)")]
-
-
-class Leave(StrEnum):
-    """When a preStop's CLOSING (and SIGTERM's not-ready phase) ends: after a fixed time
-    (``timer``), or once the health-check path shows the load balancer has let go
-    (``confirm``, with the fixed time as the bound)."""
-
-    TIMER = "timer"
-    CONFIRM = "confirm"
 
 
 class LbProbesConfig(BaseModel):

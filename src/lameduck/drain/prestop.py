@@ -52,7 +52,9 @@ class PrestopStrategy(StrEnum):
 
 
 class Leave(StrEnum):
-    """When CLOSING ends: after ``lb_buffer`` (timer), or once the LB is seen to stop (confirm)."""
+    """When a preStop's CLOSING (and SIGTERM's not-ready phase, ``shutdown.leave``) ends:
+    after a fixed time (``timer``: ``lb_buffer``), or once the health-check path shows the load
+    balancer has let go (``confirm``, with the fixed time as the bound)."""
 
     TIMER = "timer"
     CONFIRM = "confirm"

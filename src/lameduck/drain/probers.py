@@ -63,7 +63,6 @@ class ProbeSettings:
 @dataclass(slots=True)
 class Prober:
     addr: str
-    first: float
     last: float
     probes: int = 0
     failing: int = 0  # consecutive failing answers (since the latest 2xx)
@@ -71,10 +70,7 @@ class Prober:
     last_ok: float = float("-inf")  # the latest 2xx answer
     fails: list[float] = field(default_factory=list)  # failing answers since, in time order
     times: list[float] = field(default_factory=list)  # the recent probes, in time order
-    # after it fell: probes, connections and non-probe requests from its address
-    probes_after: int = 0
-    cx_after: int = 0
-    # the times of its new connections after it fell that no probe came on (yet): traffic
+    # after it fell: the times of its new connections no probe came on (yet), its requests
     cx_unprobed: list[float] = field(default_factory=list)
     rq_after: int = 0
     last_rq_after: float = 0.0
@@ -145,7 +141,7 @@ class ProbeTracker:
             if len(self.probers) >= self.settings.max_peers:
                 self.probers.popitem(last=False)
                 self.evicted += 1
-            p = self.probers[addr] = Prober(addr, now, now)
+            p = self.probers[addr] = Prober(addr, now)
         else:
             self.probers.move_to_end(addr)
             p.last = max(p.last, now)
@@ -166,12 +162,11 @@ class ProbeTracker:
         fall = self.settings.fall
         fell = p.fails[fall - 1] if len(p.fails) >= fall else None
         if fell is None and p.fell is not None:
-            p.probes_after = p.cx_after = p.rq_after = 0  # back in rotation (HAProxy rise)
+            p.rq_after = 0  # back in rotation (HAProxy rise)
             p.cx_unprobed.clear()
         p.fell = fell
         p.failing = len(p.fails)
         if fell is not None and now > fell:
-            p.probes_after += 1
             # the connection it came on (the latest not yet taken by a probe) was no traffic
             unprobed = p.cx_unprobed
             for i in range(len(unprobed) - 1, -1, -1):
@@ -186,7 +181,6 @@ class ProbeTracker:
         t.since_connections += 1
         p = self._fallen(now, addr)
         if p is not None:
-            p.cx_after += 1
             insort(p.cx_unprobed, now)
             if len(p.cx_unprobed) > UNPROBED_KEPT:
                 del p.cx_unprobed[0]  # the latest are what a quiet window waits on

@@ -286,7 +286,7 @@ class Lifecycle:
                                f"stop_accepting={s.stop_accepting.value}")
         self.plane.shutdown(event, reached, notify=start is None)
         self._record_start(event)
-        if (s.leave.value == Leave.CONFIRM.value and cause is Cause.SHUTDOWN
+        if (s.leave is Leave.CONFIRM and cause is Cause.SHUTDOWN
                 and not self.process.deregistered):
             self._shutdown_leave_watched = True
             self._watch(now)
@@ -431,8 +431,6 @@ class Lifecycle:
                                    leave=Leave(leave))
             log.info("prestop: strategy=%s drain_timeout=%s lb_buffer=%s leave=%s", strategy,
                      format_duration(drain_timeout), format_duration(lb_buffer), leave)
-            if self.prestop.leave is Leave.CONFIRM:
-                self.plane.watch_traffic(True)
             self._prestop_do(self.prestop.start(self.loop.time()))
             self._prestop_tick()
         return self.prestop_view()
@@ -508,10 +506,11 @@ class Lifecycle:
         lb = self.lb_evidence(now) if confirm else None
         self._prestop_do(p.tick(now, self.plane.in_flight(), lb))
         for t in p.transitions[seen:]:
-            log.info("prestop: %s -> %s (%s)", t.source.name, t.target.name, t.reason)
             if p.leave is Leave.CONFIRM and t.source is PrestopState.CLOSING:
-                log.info("prestop: %s", t.reason)
+                log.info("prestop: %s", t.reason)  # lb converged, or what was still arriving
                 self._watch_done()
+            else:
+                log.info("prestop: %s -> %s (%s)", t.source.name, t.target.name, t.reason)
         if p.done:
             self._watch_done()
             # The load balancer has let go: a SIGTERM now may exit as soon as it is idle.
