@@ -134,7 +134,7 @@ bench-exit: $(FAST)
 	$(PY) bench/exit.py $(BENCH_EXIT_ARGS)
 
 # One instance out of a fleet behind HAProxy under load: lameduck prestop with a short and a
-# long --lb-buffer (and --leave confirm once it exists), then SIGTERM; how long CLOSING lasted,
+# long --lb-buffer and with --leave confirm, then SIGTERM; how long CLOSING lasted,
 # when HAProxy marked the server DOWN, and the failed requests (bench/README.md, Leave).
 # BENCH_LEAVE_ARGS: e.g. --runs 5.
 BENCH_LEAVE_ARGS ?=

@@ -102,13 +102,16 @@ def test_the_exit_skips_the_interpreter_teardown(origin_port: int, tmp_path: Pat
         f"atexit.register(lambda: open({str(marks)!r}, 'a').write(f'{{os.getpid()}}\\n'))\n")
     env = {"PYTHONPATH": os.pathsep.join([str(hook), str(SRC)])}
     ld = Lameduck(base_config(origin_port), tmp_path).start(env=env)
-    conn = RawConn(ld.addr)
     try:
-        assert conn.request("/").status == 200
+        conn = RawConn(ld.addr)
+        try:
+            assert conn.request("/").status == 200
+        finally:
+            conn.close()
+        ld.signal(signal.SIGTERM)
+        assert ld.wait(60) == 0, ld.log()
     finally:
-        conn.close()
-    ld.signal(signal.SIGTERM)
-    assert ld.wait(60) == 0, ld.log()
+        ld.kill()  # (gone already when the test passes)
     assert "Traceback" not in ld.log(), ld.log()
     assert not marks.exists(), marks.read_text()
     done = subprocess.run([sys.executable, "-m", "lameduck", "validate", "-c", str(ld.path)],

@@ -19,8 +19,7 @@ is in flight the FSM is CLOSED and the SIGTERM ends the process.
   too short in most runs: so the FSM is followed here, and the SIGTERM sent the moment it is
   CLOSED (tests/lbharness.py's ``sigterm_on="closed"``), except where the command is tested.
 
-The confirm rule (``--leave confirm``, not built yet: those tests are skipped until this tree's
-``lameduck prestop`` takes ``--leave``): CLOSING ends once every prober of the health-check
+The confirm rule (``--leave confirm``): CLOSING ends once every prober of the health-check
 path has had ``fall`` failing answers in a row and nobody still sends, ``--lb-buffer`` being only
 its upper bound.
 """
@@ -31,9 +30,7 @@ import json
 import time
 from pathlib import Path
 
-import pytest
-
-from tests.lbharness import FALL, INTER, Leave, Prober, fleet, has_leave_flag, run_leave
+from tests.lbharness import FALL, INTER, Leave, Prober, fleet, run_leave
 
 # Time for the machine, on top of what the protocol takes: a loaded 2-core machine delays
 # HAProxy's checks, lameduck's answers and this test's polls by hundreds of milliseconds, never
@@ -47,8 +44,6 @@ LONG = "3s"
 # requests there (hundreds a second, half of them to s1)
 WINDOW = 0.2
 
-_CONFIRM = pytest.mark.skipif(not has_leave_flag(),
-                              reason="the confirm leave rule is not built yet")
 
 
 def deregister_first(lb_buffer: str, *more: str) -> list[str]:
@@ -129,10 +124,9 @@ def test_lameduck_prestop_as_a_hook_with_a_long_buffer_fails_nothing(tmp_path: P
     assert run.counts.failed == 0, report(run)
 
 
-# -- the confirm rule (skipped until it is built) ----------------------------------------------
+# -- the confirm rule --------------------------------------------------------------------------
 
 
-@_CONFIRM
 def test_confirm_leaves_once_haproxy_marked_down(tmp_path: Path) -> None:
     """``leave=confirm`` and ``lb_buffer=30s``: CLOSING ends on the evidence (HAProxy's third
     failing check, and nobody still sending), within one probe interval of HAProxy's DOWN plus
@@ -149,7 +143,6 @@ def test_confirm_leaves_once_haproxy_marked_down(tmp_path: Path) -> None:
     assert past is not None and past <= INTER + LOADED_MARGIN, report(run)
 
 
-@_CONFIRM
 def test_confirm_waits_for_a_slow_second_prober_up_to_the_bound(tmp_path: Path) -> None:
     """A second prober from 127.0.0.2 every 2 s: by the 3 s bound it has had at most two
     failing answers (fewer than ``fall``), so CLOSING lasts the whole bound though HAProxy
@@ -178,7 +171,7 @@ def test_confirm_waits_for_a_slow_second_prober_up_to_the_bound(tmp_path: Path) 
 
 
 def test_second_prober_probes_from_its_own_address(lameduck) -> None:
-    """The harness's second prober (run now, for the skipped test above): it probes from
+    """The harness's second prober (the confirm test above waits for it): it probes from
     127.0.0.2 and sees the health check turn 503."""
     ld = lameduck()
     prober = Prober(ld.addr, source="127.0.0.2", every=0.1)

@@ -93,12 +93,16 @@ def closing_end(summary: dict[str, Any]) -> dict[str, Any]:
 def test_confirm_leaves_after_the_probers_fall_well_before_the_bound(lameduck) -> None:
     ld = lameduck(listener={"lb_probes": {"fall": 3}})
     prober = Loop(ld.addr, HEALTH, "127.0.0.1", 0.2)
+    proc = None
     try:
         assert wait_until(lambda: len(prober.answers) >= 4, 10)  # its interval is learned
         proc = start(ld)
         out, err = proc.communicate(timeout=60)
     finally:
         prober.stop()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 0, err
     summary = json.loads(out)
     end = closing_end(summary)
