@@ -28,7 +28,10 @@ def test_top_shows_probers_and_talkers() -> None:
 
 
 def test_top_without_a_health_check_path_has_no_probers_table() -> None:
-    s = Sample(0.0, {"state": "LIVE", "listeners": []}, {}, [], {})
+    listener = {"name": "ingress", "address": "127.0.0.1:1", "accepting": True,
+                "draining": False, "connections": 0}  # no health-check path: no lb_probes
+    s = Sample(0.0, {"state": "LIVE", "listeners": [listener]}, {}, [], {})
     out = Console(width=160, record=True)
     out.print(render("127.0.0.1:9901", s, History()))
-    assert "probers" not in out.export_text()
+    text = out.export_text()
+    assert "ingress" in text and "probers" not in text

@@ -134,16 +134,15 @@ class Downstream(asyncio.Protocol):
         ctx = self.ctx
         return ConnectionDrain(ctx.drain, self.loop.time(), ctx.rng, ctx.max_connection_duration)
 
-    def opened(self, transport: asyncio.BaseTransport, drain: ConnectionDrain) -> float:
+    def opened(self, transport: asyncio.BaseTransport, drain: ConnectionDrain) -> None:
         """Serve ``transport`` under ``drain`` (its own, or the one the connection carries
-        on with): among the listener's connections, its idle clock started. Returns now."""
+        on with): among the listener's connections, its idle clock started."""
         ctx = self.ctx
         self.take(transport)
         self.drain = drain
         ctx.connections.add(self)
         self.idle_since = now = self.loop.time()
         self.arm(now + ctx.idle_timeout)
-        return now
 
     def start_relay(self, relay: Relay, early: bytes, rest: bytes) -> None:
         """A tunnel begins (after a 101, or CONNECT's 200): one that begins after this

@@ -759,8 +759,9 @@ class Exchange(ExchangeSink):
         self._detach(reusable=False)
 
     # -- ExchangeSink: what the upstream reports ------------------------------------------------
-    # RFC 9110 §15: a status code is three digits from 100 to 599; any other (llhttp passes
-    # 000-999; an HTTP/2 :status is only bytes) is checked here, once for every codec.
+    # RFC 9110 §15: a status code is three digits from 100 to 599. llhttp passes 000-999, so
+    # an HTTP/1.1 upstream's is checked here (an HTTP/2 :status out of range is already a
+    # stream error: proxy.sections.classify).
     def on_informational(self, status: int, fields: Fields) -> None:
         if status < 100:
             self.upstream_protocol_error()
@@ -813,8 +814,8 @@ class Exchange(ExchangeSink):
                           fields: Fields | None) -> bool:
         """A complete plain response in one piece (see ``http1.wire.whole_response``): the
         downstream may forward it as it came. False: the caller parses it instead."""
-        if self.set_cookie is not None or not self.req_done or status > 599:
-            return False  # (parsed instead: a status past 599 is refused as its head comes)
+        if self.set_cookie is not None or not self.req_done:
+            return False
         self.service_time()
         if not self.down.send_whole(self, status, data, end, fields):
             return False
