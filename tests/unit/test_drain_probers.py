@@ -234,13 +234,17 @@ def test_timer_ignores_the_evidence() -> None:
 
 def test_shutdown_leave_confirm_min_drain_is_only_the_bound() -> None:
     """SIGTERM's not-ready phase: an idle process waits min_drain, unless the LB was seen to
-    let go (``lb_confirmed``)."""
-    from lameduck.drain import Cause, ProcessDrain, ShutdownSettings, Step
+    let go (``leave_step``)."""
+    from lameduck.drain import Cause, LeaveStep, ProcessDrain, ShutdownSettings, Step
+    from lameduck.drain.prestop import Leave
 
-    pd = ProcessDrain(shutdown=ShutdownSettings(deadline=40.0, min_drain=30.0))
+    pd = ProcessDrain(shutdown=ShutdownSettings(deadline=40.0, min_drain=30.0,
+                                                leave=Leave.CONFIRM))
     pd.start_shutdown(0.0, Cause.SHUTDOWN)
     assert pd.shutdown_step(5.0, 0) is Step.WAIT
-    pd.lb_confirmed()
+    t = ProbeTracker(ProbeSettings(fall=1))
+    t.probe(4.0, LB, 503)
+    assert pd.leave_step(5.0, t.evidence(5.0)) is LeaveStep.CONFIRMED
     assert pd.min_drain == 0.0
     assert pd.shutdown_step(5.0, 0) is Step.EXIT
 

@@ -8,6 +8,7 @@ Drain settings T = 12, G = 1; shutdown deadline 20, min_drain 2; SIGTERM at 100 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from lameduck.drain import (
     DrainSettings,
     DrainType,
     IdleClose,
+    LeaveStep,
     Ledger,
     ListenerDrain,
     ProcessDrain,
@@ -30,6 +32,8 @@ from lameduck.drain import (
     Strategy,
 )
 from lameduck.drain import ledger as ledger_module
+from lameduck.drain.prestop import Leave
+from lameduck.drain.probers import ProbeSettings, ProbeTracker
 from tests.drainplay import FakeClock, ScriptedRng
 
 BELOW = math.nextafter
@@ -45,11 +49,12 @@ def process(
     strategy: Strategy = Strategy.GRADUAL,
     grace: float = G,
     idle_close: IdleClose = IdleClose.IMMEDIATE,
+    leave: Leave = Leave.TIMER,
 ) -> ProcessDrain:
     pd = ProcessDrain(
         DrainSettings(time=time, strategy=strategy, grace=grace, idle_close=idle_close),
         ShutdownSettings(deadline=deadline, min_drain=min_drain,
-                         stop_accepting_at_drain_end=at_drain_end),
+                         stop_accepting_at_drain_end=at_drain_end, leave=leave),
     )
     pd.add_listener(ListenerDrain("ingress", Direction.INBOUND))
     pd.add_listener(ListenerDrain("egress", Direction.OUTBOUND))
@@ -614,3 +619,98 @@ class TestHotRestartDrain:
         pd.start_shutdown(SIGTERM)
         assert pd.deadline == SIGTERM + 20.0
         assert all(ls.stop_at == SIGTERM + T for ls in pd.listeners.values())
+
+
+LB = "10.0.0.9"  # the balancer's health checker
+
+
+class LeavePlay:
+    """SIGTERM with ``shutdown.leave: confirm`` played as the shell plays it, on a fake clock:
+    the balancer's probes on the health-check path come at their scripted times (answered 503:
+    the process is not ready from the SIGTERM on), and the evidence is read at the shutdown's
+    start and then whenever ``leave_next`` says. ``log``: ``(time, LeaveStep)`` of each read."""
+
+    def __init__(self, pd: ProcessDrain, probes: list[float], fall: int = 3) -> None:
+        self.pd = pd
+        self.clock = FakeClock(SIGTERM)
+        self.tracker = ProbeTracker(ProbeSettings(fall=fall, interval=1.0))
+        self.probes = sorted(probes)
+        self.log: list[tuple[float, LeaveStep]] = []
+
+    def run(self, until: float) -> None:
+        pd, clock = self.pd, self.clock
+        pd.start_shutdown(clock.now)
+        self.tracker.mark(clock.now)
+        at: float | None = clock.now
+        while at is not None and at <= until:
+            clock.now = at
+            while self.probes and self.probes[0] <= at:
+                self.tracker.probe(self.probes.pop(0), LB, 503)
+            step = pd.leave_step(at, self.tracker.evidence(at))
+            self.log.append((at, step))
+            at = pd.leave_next(at) if step is LeaveStep.WAIT else None
+
+
+class TestShutdownLeaveConfirm:
+    """The SIGTERM confirm decision (Kubernetes sends SIGTERM with no preStop hook): min_drain
+    is only the bound; the balancer seen to let go (HAProxy ``fall`` failing checks) ends it."""
+
+    def test_the_balancer_letting_go_ends_min_drain_at_once(self) -> None:
+        pd = process(min_drain=30.0, leave=Leave.CONFIRM)
+        play = LeavePlay(pd, [SIGTERM + 0.55, SIGTERM + 1.55, SIGTERM + 2.55])
+        play.run(until=SIGTERM + 30.0)
+        assert pd.leave_bound == 30.0
+        steps = [s for _, s in play.log]
+        assert steps[:-1] == [LeaveStep.WAIT] * (len(steps) - 1)
+        at, last = play.log[-1]
+        assert last is LeaveStep.CONFIRMED
+        assert SIGTERM + 2.55 <= at < SIGTERM + 2.55 + 0.1 + 1e-9  # the next read after the fall
+        assert pd.confirmed_after == pytest.approx(at - SIGTERM)
+        assert not pd.leave_watching and pd.min_drain == 0.0
+        assert pd.shutdown_step(at, 0) is Step.EXIT  # idle: it may go now, not at +30
+        assert pd.leave_step(at + 1.0, play.tracker.evidence(at + 1.0)) is LeaveStep.IDLE
+
+    def test_the_bound_ends_the_watch_and_min_drain_decides(self) -> None:
+        pd = process(min_drain=2.0, leave=Leave.CONFIRM)
+        play = LeavePlay(pd, [SIGTERM + 0.5, SIGTERM + 1.5, SIGTERM + 2.5, SIGTERM + 3.5])
+        play.run(until=SIGTERM + 30.0)
+        at, last = play.log[-1]
+        assert (at, last) == (SIGTERM + 2.0, LeaveStep.BOUND)  # never read past the bound
+        assert all(b - a <= 0.1 + 1e-9 for (a, _), (b, _) in itertools.pairwise(play.log))
+        assert pd.confirmed_after is None and not pd.leave_watching
+        assert pd.shutdown_step(BELOW(SIGTERM + 2.0, 0), 0) is Step.WAIT
+        assert pd.shutdown_step(SIGTERM + 2.0, 0) is Step.EXIT
+
+    def test_timer_does_not_watch(self) -> None:
+        pd = process(min_drain=2.0)
+        pd.start_shutdown(SIGTERM)
+        assert not pd.leave_watching and pd.leave_bound is None
+
+    @pytest.mark.parametrize("how", ["prestop-before", "hot-restart", "drain-listeners"])
+    def test_no_watch_where_nothing_is_left_to_prove(self, how: str) -> None:
+        pd = process(min_drain=2.0, leave=Leave.CONFIRM)
+        if how == "prestop-before":
+            pd.prestop_done()
+        cause = {"hot-restart": Cause.HOT_RESTART,
+                 "drain-listeners": Cause.DRAIN_LISTENERS}.get(how, Cause.SHUTDOWN)
+        pd.start_shutdown(SIGTERM, cause)
+        assert not pd.leave_watching and pd.leave_bound is None
+        tracker = ProbeTracker(ProbeSettings(fall=1))
+        tracker.probe(SIGTERM, LB, 503)
+        assert pd.leave_step(SIGTERM + 0.5, tracker.evidence(SIGTERM + 0.5)) is LeaveStep.IDLE
+        assert pd.confirmed_after is None
+
+    def test_a_prestop_ending_during_the_watch_ends_it(self) -> None:
+        pd = process(min_drain=30.0, leave=Leave.CONFIRM)
+        pd.start_shutdown(SIGTERM)
+        assert pd.leave_watching
+        pd.prestop_done()
+        tracker = ProbeTracker(ProbeSettings(fall=1))
+        tracker.probe(SIGTERM, LB, 503)
+        assert pd.leave_step(SIGTERM + 0.5, tracker.evidence(SIGTERM + 0.5)) is LeaveStep.IDLE
+
+    def test_stopping_accepting_at_once_has_no_bound_to_wait(self) -> None:
+        pd = process(min_drain=None, at_drain_end=False, leave=Leave.CONFIRM)
+        play = LeavePlay(pd, [SIGTERM + 0.5])
+        play.run(until=SIGTERM + 30.0)
+        assert pd.leave_bound == 0.0 and play.log == [(SIGTERM, LeaveStep.BOUND)]

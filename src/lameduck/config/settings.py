@@ -15,5 +15,6 @@ def drain_settings(cfg: Config) -> tuple[DrainSettings, ShutdownSettings]:
     drain = DrainSettings(cfg.drain.time, cfg.drain.strategy, cfg.drain.connection_grace,
                           cfg.drain.idle_close)
     shutdown = ShutdownSettings(cfg.shutdown.deadline, cfg.shutdown.min_drain,
-                                cfg.shutdown.stop_accepting is StopAccepting.AT_DRAIN_END)
+                                cfg.shutdown.stop_accepting is StopAccepting.AT_DRAIN_END,
+                                cfg.shutdown.leave)
     return drain, shutdown

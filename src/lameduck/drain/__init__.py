@@ -7,6 +7,7 @@ from lameduck.drain.listener import ListenerDrain
 from lameduck.drain.policy import Rng, proactive_moment, proactive_window, response_drains
 from lameduck.drain.process import (
     DrainSettings,
+    LeaveStep,
     ProcessDrain,
     ServerState,
     ShutdownSettings,
@@ -24,6 +25,7 @@ __all__ = [
     "DrainType",
     "DrainedBy",
     "IdleClose",
+    "LeaveStep",
     "Ledger",
     "ListenerDrain",
     "ProcessDrain",

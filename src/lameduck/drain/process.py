@@ -18,6 +18,11 @@ Rules kept here (docs/drain.md; Envoy's admin drain and server state):
   exit then closes the port under them (ECONNREFUSED). It means 0 where nobody can still be
   on the way: listeners that stop at once, a hot restart (the successor accepts), or a
   completed preStop, which already waited for the load balancer.
+- ``shutdown.leave: confirm`` (SIGTERM with no preStop run before it): while min_drain (the
+  bound) has not passed, the health-check path's evidence (``drain/probers.py``) is read
+  every ``LEAVE_POLL``; once it shows the load balancer let go, an idle process may exit at
+  once (min_drain 0). The bound passing first ends the watch; min_drain then decides as with
+  ``timer``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ from enum import Enum, IntEnum
 from lameduck.drain.event import Cause, DrainEvent, IdleClose, Strategy
 from lameduck.drain.ledger import Ledger
 from lameduck.drain.listener import ListenerDrain
+from lameduck.drain.prestop import Leave
+from lameduck.drain.probers import Evidence
+
+# shutdown.leave: confirm: how often the evidence is read again while nothing says when it
+# changes (new probes and traffic arrive at any time).
+LEAVE_POLL = 0.1
 
 
 class ServerState(IntEnum):
@@ -52,6 +63,7 @@ class ShutdownSettings:
     deadline: float = 25.0
     min_drain: float | None = None  # None: T while accepting until T, else 0 (see above)
     stop_accepting_at_drain_end: bool = True
+    leave: Leave = Leave.TIMER  # confirm: watch for the load balancer to let go (see above)
 
     def __post_init__(self) -> None:
         if self.deadline < 0 or (self.min_drain is not None and self.min_drain < 0):
@@ -64,6 +76,15 @@ class Step(Enum):
     WAIT = "wait"  # nothing yet: call again at ``next_deadline``
     EXIT = "exit"  # close what is idle and exit: nothing is lost
     CUT = "cut"  # the deadline: cut what is in flight, then exit
+
+
+class LeaveStep(Enum):
+    """What the shell does with ``shutdown.leave: confirm`` after reading the evidence."""
+
+    IDLE = "idle"  # no watch (none started, or it ended): nothing to do
+    WAIT = "wait"  # keep watching: read the evidence again at ``leave_next``
+    CONFIRMED = "confirmed"  # the load balancer let go: stop watching, an idle process exits
+    BOUND = "bound"  # min_drain passed first: stop watching, min_drain decides
 
 
 def min_drain_for(explicit: float | None, drain_time: float, *, accepting_until_t: bool,
@@ -100,7 +121,12 @@ class ProcessDrain:
         self.last_event: DrainEvent | None = None
         # A preStop hook ran to its end: the load balancer has already stopped sending here.
         self.deregistered = False
-        self.confirmed = False  # shutdown.leave: confirm saw the load balancer let go
+        # shutdown.leave: confirm: watching the health-check path now; its bound (seconds
+        # from the shutdown's start, None: no watch ran); when the balancer was seen to let
+        # go (seconds from the start, None: not seen)
+        self.leave_watching = False
+        self.leave_bound: float | None = None
+        self.confirmed_after: float | None = None
         # A graceful drain_listeners without skip_exit: it becomes the shutdown at its T, so
         # its drain is over only at the exit.
         self.drain_exits = False
@@ -183,18 +209,41 @@ class ProcessDrain:
         reached = [ls for ls in self.listeners.values() if ls.add_event(event)]
         for listener in self.listeners.values():
             listener.stop_accepting(stop)
+        if (self.shutdown_settings.leave is Leave.CONFIRM and cause is Cause.SHUTDOWN
+                and not self.deregistered):
+            self.leave_watching = True
+            self.leave_bound = self.min_drain
         self.tick(now)
         return event, reached
 
     def prestop_done(self) -> None:
-        """The preStop sequence completed (it waited out the load balancer's removal)."""
+        """The preStop sequence completed (it waited out the load balancer's removal): a
+        shutdown's own watch has nothing left to prove."""
         self.deregistered = True
+        self.leave_watching = False
 
-    def lb_confirmed(self) -> None:
-        """``shutdown.leave: confirm``: the health-check path showed the load balancer let
-        go; an idle process may exit from now (min_drain was the bound)."""
-        self.deregistered = True
-        self.confirmed = True
+    def leave_step(self, now: float, lb: Evidence) -> LeaveStep:
+        """``shutdown.leave: confirm``: the evidence ``lb`` read at ``now`` (see the module).
+        The shell reads it first at the shutdown's start, then at ``leave_next``."""
+        ev = self.shutdown
+        if not self.leave_watching or ev is None or self.leave_bound is None:
+            return LeaveStep.IDLE
+        if lb.confirmed:
+            self.leave_watching = False
+            self.deregistered = True
+            self.confirmed_after = now - ev.start
+            return LeaveStep.CONFIRMED
+        if now >= ev.start + self.leave_bound:
+            self.leave_watching = False
+            return LeaveStep.BOUND
+        return LeaveStep.WAIT
+
+    def leave_next(self, now: float) -> float:
+        """When to read the evidence again while ``leave_step`` says WAIT: soon, never past
+        the bound."""
+        ev = self.shutdown
+        assert ev is not None and self.leave_bound is not None
+        return min(ev.start + self.leave_bound, now + LEAVE_POLL)
 
     @property
     def min_drain(self) -> float:
@@ -203,7 +252,7 @@ class ProcessDrain:
         settings = self.shutdown_settings
         if ev is None:
             return settings.min_drain or 0.0
-        if self.confirmed:
+        if self.confirmed_after is not None:
             return 0.0
         return min_drain_for(settings.min_drain, ev.time,
                              accepting_until_t=settings.stop_accepting_at_drain_end,

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from lameduck.config import Config, format_duration
-from lameduck.drain import Cause, DrainEvent, ListenerDrain, ProcessDrain, Step
+from lameduck.drain import Cause, DrainEvent, LeaveStep, ListenerDrain, ProcessDrain, Step
 from lameduck.drain.prestop import Leave, Prestop, PrestopAction, PrestopState, PrestopStrategy
 from lameduck.drain.probers import Evidence, ProbeTracker, combine
 from lameduck.drain.timeline import KEEP_REPORTS, Reading, Timeline, build_report, file_name
@@ -215,8 +215,6 @@ class Lifecycle:
         self.prestop: Prestop | None = None
         self._prestop_timer: asyncio.TimerHandle | None = None
         self._leave_timer: asyncio.TimerHandle | None = None  # shutdown.leave: confirm
-        self._shutdown_leave_watched = False
-        self._shutdown_confirmed_after: float | None = None
         self.quitting = False
         self.quit_why = ""
         self._drain_exit_timer: asyncio.TimerHandle | None = None
@@ -286,9 +284,7 @@ class Lifecycle:
                                f"stop_accepting={s.stop_accepting.value}")
         self.plane.shutdown(event, reached, notify=start is None)
         self._record_start(event)
-        if (s.leave is Leave.CONFIRM and cause is Cause.SHUTDOWN
-                and not self.process.deregistered):
-            self._shutdown_leave_watched = True
+        if self.process.leave_watching:  # shutdown.leave: confirm
             self._watch(now)
             self._leave_tick()
         self._schedule_shutdown_check(now)
@@ -466,32 +462,30 @@ class Lifecycle:
         return combine(now, [t for _, t in named])
 
     def _leave_tick(self) -> None:
-        """SIGTERM with ``shutdown.leave: confirm``: until the balancer is seen to let go
-        (then an idle process may exit) or min_drain (or T) passes, the bound."""
+        """SIGTERM with ``shutdown.leave: confirm``: the core decides on the evidence
+        (``ProcessDrain.leave_step``); this acts on it."""
         self._leave_timer = None
-        ev = self.process.shutdown
-        if ev is None or self.done.done() or self.process.deregistered:
+        process = self.process
+        if not process.leave_watching or self.done.done():
             return
         now = self.loop.time()
-        bound = ev.start + self.process.min_drain
         lb = self.lb_evidence(now)
-        if lb.confirmed:
-            log.info("shutdown: lb converged (confirm) after %.3fs: %s", now - ev.start,
-                     lb.detail)
-            self._shutdown_confirmed_after = now - ev.start
-            self.process.lb_confirmed()
-            self._watch_done()
-            self.changed()
+        step = process.leave_step(now, lb)
+        if step is LeaveStep.WAIT:
+            self._leave_timer = self.loop.call_at(process.leave_next(now), self._leave_tick)
             return
-        if now >= bound:
+        if step is LeaveStep.CONFIRMED:
+            log.info("shutdown: lb converged (confirm) after %.3fs: %s",
+                     process.confirmed_after, lb.detail)
+            self.changed()
+        elif step is LeaveStep.BOUND:
             log.info("shutdown: min_drain elapsed before the LB was seen to stop: %s",
                      lb.detail)
-            self._watch_done()
-            return
-        self._leave_timer = self.loop.call_at(min(bound, now + 0.1), self._leave_tick)
+        self._watch_done()
 
     def _watch_done(self) -> None:
-        if self._leave_timer is None and (self.prestop is None or self.prestop.done):
+        """The traffic watch ends once neither the shutdown's leave nor a preStop needs it."""
+        if not self.process.leave_watching and (self.prestop is None or self.prestop.done):
             self.plane.watch_traffic(False)
 
     def _prestop_tick(self) -> None:
@@ -512,9 +506,10 @@ class Lifecycle:
             else:
                 log.info("prestop: %s -> %s (%s)", t.source.name, t.target.name, t.reason)
         if p.done:
-            self._watch_done()
-            # The load balancer has let go: a SIGTERM now may exit as soon as it is idle.
+            # The load balancer has let go: a SIGTERM now may exit as soon as it is idle (and
+            # its own watch, if it started one, has nothing left to prove).
             self.process.prestop_done()
+            self._watch_done()
             if self.process.shutdown is not None:
                 self.changed()
             return
@@ -597,12 +592,9 @@ class Lifecycle:
         if p is not None and p.leave is Leave.CONFIRM:
             return {"by": "prestop", "bound": p.lb_buffer, "confirmed_after": (
                 None if p.confirmed_after is None else round(p.confirmed_after, 3))}
-        if self._shutdown_confirmed_after is not None or self._shutdown_leave_watched:
-            ev = self.process.shutdown
-            bound = self.cfg.shutdown.min_drain
-            if bound is None and ev is not None:
-                bound = ev.time
-            after = self._shutdown_confirmed_after
+        bound = self.process.leave_bound
+        if bound is not None:
+            after = self.process.confirmed_after
             return {"by": "shutdown", "bound": bound,
                     "confirmed_after": None if after is None else round(after, 3)}
         return None
