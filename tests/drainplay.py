@@ -141,6 +141,7 @@ class Side:
         self.scheme = b"http"
         self.generate_request_id = False
         self.suppress_envoy_headers = True
+        self.traffic = None  # no leave: confirm watch
         self.closed: list[Any] = []
 
     def on_connection_closed(self, conn: Any) -> None:

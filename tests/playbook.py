@@ -402,7 +402,7 @@ def request(ctx: Context, method: bytes = b"GET", retryable: bool | None = None,
         head.has_body = True  # of unknown length: an HTTP/1.1 upstream gets it chunked
     else:
         ex.no_request_body()
-    if ex.admit(ctx, head, Client(b"10.0.0.1", b"http", False)):
+    if ex.admit(ctx, head, Client("10.0.0.1", b"http", False)):
         ex.start()
     return ex, down
 

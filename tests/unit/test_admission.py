@@ -21,7 +21,7 @@ from lameduck.proxy.admission import (
 from lameduck.proxy.message import HTTP2, HTTP10, HTTP11, RequestHead
 
 PEER = b"10.0.0.7"
-CLIENT = Client(PEER, b"http", False)
+CLIENT = Client(PEER.decode(), b"http", False)
 
 
 def head(fields: list[tuple[bytes, bytes]], method: bytes = b"GET", authority: bytes | None
@@ -135,7 +135,7 @@ def test_request_line_authority_wins_over_host_and_http10_needs_none() -> None:
 
 
 def test_generated_request_id_is_sent_and_booked() -> None:
-    up = prepare(head([(b"host", b"h")]), Client(PEER, b"https", True))
+    up = prepare(head([(b"host", b"h")]), Client(PEER.decode(), b"https", True))
     assert len(up.request_id) == 32 and (b"x-request-id", up.request_id) in up.fields
     assert up.fields[-1] == (b"x-forwarded-proto", b"https")
 

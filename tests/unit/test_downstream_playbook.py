@@ -12,6 +12,7 @@ from typing import Any
 import hpack
 
 from lameduck.drain import DrainEvent, Strategy
+from lameduck.drain.probers import ProbeTracker
 from lameduck.http1.downstream import H1Downstream
 from lameduck.http2.downstream import H2Downstream
 from lameduck.proxy.downstream import LINGER
@@ -93,6 +94,53 @@ def goaways(data: bytes) -> list[int]:
 
 
 # -- HTTP/1.1 --------------------------------------------------------------------------------------
+
+
+def test_h1_traffic_is_tracked_only_while_watched_probes_always() -> None:
+    """The health-check path's tracker (``leave: confirm``): a probe is always recorded; a new
+    connection and a request that is no probe only while the lifecycle watches (``traffic``
+    set): an unwatched connection does no per-request tracking work."""
+    ls = Listener(ScriptedRng())
+    ls.probes = tracker = ProbeTracker()
+    peer = "127.0.0.1"  # the playbook's transport's peer
+    conn = H1Downstream(ls)
+    t = accept(ls, conn)
+    conn.data_received(b"GET /healthz HTTP/1.1\r\nHost: app\r\n\r\n")
+    assert t.take().startswith(b"HTTP/1.1 200 OK\r\n")
+    conn.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+
+    answered: dict[int, int] = {}  # per upstream connection, the requests answered on it
+
+    def reply() -> None:
+        """The upstream answers the request not yet answered (on a new connection, or on a
+        pooled one reused for it)."""
+        for c in ls.connects:
+            if not c.done():
+                c.succeed()
+        up = next(c.conn for c in ls.connects if c.conn is not None
+                  and c.conn.sent.count(b"GET ") > answered.get(id(c.conn), 0))
+        answered[id(up)] = answered.get(id(up), 0) + 1
+        sink = up.sink
+        sink.on_response_head(200, [(b"Content-Length", b"2")], 2, False)
+        sink.on_response_body(b"ok")
+        sink.on_response_complete()
+
+    reply()
+    assert t.take().endswith(b"ok")
+    assert tracker.probers[peer].probes == 1
+    assert tracker.talkers == {}  # not watched: neither the connection nor the request
+    ls.traffic = tracker  # the watch begins
+    conn.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+    reply()
+    assert t.take().endswith(b"ok")
+    watched = H1Downstream(ls)
+    t2 = accept(ls, watched)
+    watched.data_received(b"GET /x HTTP/1.1\r\nHost: app\r\n\r\n")
+    reply()
+    assert t2.take().endswith(b"ok")
+    talker = tracker.talkers[peer]
+    assert (talker.connections, talker.requests) == (1, 2)
+    assert tracker.probers[peer].probes == 1
 
 
 def test_h1_idle_keepalive_drains_at_its_moment_and_closes_g_later_then_lingers() -> None:

@@ -21,7 +21,7 @@ from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.upstream.connector import UpstreamError
 from tests.playbook import Context, Downstream, Upstream, pooled, request
 
-CLIENT = Client(b"10.0.0.1", b"http", False)
+CLIENT = Client("10.0.0.1", b"http", False)
 
 
 @dataclass

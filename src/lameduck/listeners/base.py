@@ -20,6 +20,7 @@ from typing import Any
 
 from lameduck.config import ListenerConfig
 from lameduck.drain import DrainEvent, ListenerDrain, ProcessDrain
+from lameduck.drain.probers import ProbeTracker
 from lameduck.stats import DrainStats, ListenerStats
 
 log = logging.getLogger("lameduck.listener")
@@ -90,6 +91,12 @@ class Listener:
     """A configured listener's socket lifecycle; subclasses say what serves a connection."""
 
     drain_stats: DrainStats
+    # What its health-check path saw (``drain/probers.py``; None: it has none, as a TCP
+    # listener): the probers always; ``traffic`` is the same tracker while a preStop or a
+    # shutdown watches for the balancer to let go (``leave: confirm``), else None, so a
+    # connection or a request that nobody watches costs nothing.
+    probes: ProbeTracker | None = None
+    traffic: ProbeTracker | None = None
     # Every listener of this process (the downstream cap counts their connections together).
     running: weakref.WeakSet[Listener] = weakref.WeakSet()
     cap: int = downstream_cap()
@@ -242,3 +249,4 @@ class Listener:
         for conn in list(self.connections):
             conn.on_drain_event(event)
         self.schedule_stop()
+

@@ -120,7 +120,6 @@ class HttpListener(Listener):
         lp = cfg.lb_probes
         self.probes = ProbeTracker(ProbeSettings(lp.fall, lp.interval, lp.quiet,
                                                  lp.max_peers)) if hc else None
-        self.traffic: ProbeTracker | None = None  # = probes while the lifecycle watches
         self.request_headers_timeout = _timeout(cfg.request_headers_timeout)
         self.idle_timeout = _timeout(cfg.idle_timeout)
         self.max_connection_duration = _timeout(cfg.max_connection_duration)

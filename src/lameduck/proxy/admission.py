@@ -58,8 +58,9 @@ class Client:
     listener makes request ids. The same for every connection from one address to listeners
     alike: they share one (``client_for``)."""
 
-    def __init__(self, peer: bytes, scheme: bytes, generate_request_id: bool) -> None:
-        self.peer = peer
+    def __init__(self, host: str, scheme: bytes, generate_request_id: bool) -> None:
+        self.host = host  # the address as text: what the health-check path's trackers key on
+        peer = self.peer = host.encode()  # as X-Forwarded-For names it
         self.for_field = (b"x-forwarded-for", peer)
         self.proto_field = (b"x-forwarded-proto", scheme)
         self.generate_request_id = generate_request_id  # (Envoy's default: when absent)
@@ -88,7 +89,7 @@ def client_for(host: str, scheme: bytes, generate_request_id: bool) -> Client:
         return client
     if len(_CLIENTS) >= CLIENTS_KEPT:
         _CLIENTS.clear()
-    client = _CLIENTS[host] = Client(host.encode(), scheme, generate_request_id)
+    client = _CLIENTS[host] = Client(host, scheme, generate_request_id)
     return client
 
 

@@ -119,9 +119,9 @@ class Downstream(asyncio.Protocol):
         ctx = self.ctx
         host = peer[0] if peer else ""
         self.client = client_for(host, ctx.scheme, ctx.generate_request_id)
-        probes = getattr(ctx, "probes", None)  # a new connection: evidence for leave: confirm
-        if probes is not None:
-            probes.connection(self.loop.time(), host)
+        traffic = ctx.traffic  # watched (leave: confirm): a new connection is evidence
+        if traffic is not None:
+            traffic.connection(self.loop.time(), host)
         self.unseen = True
         self.ledger.accepted()
 

@@ -314,12 +314,12 @@ class Exchange(ExchangeSink):
             status = 200 if live else 503
             probes = ctx.probes
             if probes is not None:
-                probes.probe(ctx.loop.time(), client.peer.decode(), status)
+                probes.probe(ctx.loop.time(), client.host, status)
             self.answer_local(status, b"OK\n" if live else b"DRAINING\n")
             return False
         traffic = ctx.traffic
         if traffic is not None:
-            traffic.request(ctx.loop.time(), client.peer.decode())
+            traffic.request(ctx.loop.time(), client.host)
         route = ctx.router.match(host, path)
         if route is None:
             self.flags |= NR
