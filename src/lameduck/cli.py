@@ -11,7 +11,7 @@ from typing import Any
 
 from lameduck import __version__
 from lameduck.config import ConfigError, format_duration, parse_duration
-from lameduck.orchestrate.budget import PRESTOP_STRATEGIES
+from lameduck.orchestrate.budget import PRESTOP_LEAVES, PRESTOP_STRATEGIES
 from lameduck.orchestrate.lbpresets import LB_PRESETS
 from lameduck.restart import listen_fds, match_listeners
 from lameduck.server.boot import (
@@ -414,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--lb-buffer", default="10s",
                     help="the LB's detection time (interval x fall) plus a margin "
                          "(default 10s); with --leave confirm, the bound")
-    ps.add_argument("--leave", choices=["timer", "confirm"], default="timer",
+    ps.add_argument("--leave", choices=list(PRESTOP_LEAVES), default=PRESTOP_LEAVES[0],
                     help="when the health check's failing phase ends: timer: after "
                          "--lb-buffer; confirm: once every prober of the health-check path "
                          "has seen 'fall' failing answers and traffic has stopped, "

@@ -351,6 +351,17 @@ def test_leave_confirm_counts_lb_buffer_as_the_bound() -> None:
     assert "--leave confirm (--lb-buffer counted: the bound)" in t.prestop.source
 
 
+def test_prestop_leave_is_read_as_the_command_reads_it() -> None:
+    """The hook's --leave has the command's choices (the one Leave enum): --leave=confirm is
+    confirm, and a value the command would refuse is refused here, not taken for timer."""
+    t = pod_timers(pod(exec_("lameduck", "prestop", "--leave=confirm", "--lb-buffer=30s")))
+    assert "--leave confirm" in t.prestop.source
+    t = pod_timers(pod(exec_("lameduck", "prestop", "--leave", "timer")))
+    assert "--leave" not in t.prestop.source
+    with pytest.raises(BudgetError, match=r"--leave: 'confirmed' is not one of timer, confirm"):
+        pod_timers(pod(exec_("lameduck", "prestop", "--leave", "confirmed")))
+
+
 def test_confirmed_leaves_from_the_drain_reports(tmp_path: Any) -> None:
     import json
 

@@ -65,14 +65,18 @@ class FakeConn(SharedConn):
         self.wire_goaway = False
         self.closed = 0
         self.clock = 0.0
+        self.peer_settings = -1  # the upstream's MAX_CONCURRENT_STREAMS; -1: no SETTINGS yet
 
     def settings(self, max_concurrent: int) -> None:
         """The upstream's SETTINGS came, then what the codec does after a read."""
-        self.peer_limit = max_concurrent
+        self.peer_settings = max_concurrent
         self.start_waiting()
 
+    def peer_limit(self) -> int:
+        return self.peer_settings
+
     def wire_can_open(self) -> bool:
-        peer = self.peer_limit if self.peer_limit >= 0 else 1 << 31
+        peer = self.peer_settings if self.peer_settings >= 0 else 1 << 31
         return not self.wire_closed and not self.wire_goaway and len(self.open_streams) < peer
 
     def on_wire(self) -> int:
@@ -226,7 +230,7 @@ class FakeOpener(Placement):
         _, expected, fut = self.opens[i]
         conn = FakeConn(self.max_streams, expected)
         if settings is not None:
-            conn.peer_limit = settings
+            conn.peer_settings = settings
         fut.set_result(conn)
         return conn
 

@@ -473,7 +473,7 @@ class H1Downstream(Downstream):
             return
         self.queue = []
         self.reading = None
-        self.clients_gone(queue)  # type: ignore[arg-type]  # (H1Exchanges)
+        self.clients_gone(queue)
         for ex in queue:
             ex.settle(False)
 

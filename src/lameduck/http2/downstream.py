@@ -199,7 +199,7 @@ class H2Downstream(Downstream):
             gone = list(self.streams.values())
             for s in gone:
                 self._detach(s)
-            self.clients_gone(gone)  # type: ignore[arg-type]  # (H2Streams)
+            self.clients_gone(gone)
             for s in gone:
                 self._settle(s, completed=False)
 

@@ -329,6 +329,10 @@ class H2UpstreamConnection(SharedConn):
     def on_wire(self) -> int:
         return len(self.streams)
 
+    def peer_limit(self) -> int:
+        h2 = self.h2
+        return h2.peer_max_concurrent_streams if h2.settings else -1
+
     def new_stream(self) -> H2UpstreamStream:
         return H2UpstreamStream(self)
 
@@ -377,8 +381,6 @@ class H2UpstreamConnection(SharedConn):
     def data_received(self, data: bytes) -> None:
         h2 = self.h2
         events = h2.receive(data, self.loop.time())
-        if h2.settings:  # the upstream's stream limit, as its last SETTINGS said
-            self.peer_limit = h2.peer_max_concurrent_streams
         streams = self.streams
         # What one read produces for a client leaves in one write, and leaves at all: an
         # HTTP/2 client connection writes what its streams queued when uncorked.

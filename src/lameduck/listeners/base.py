@@ -15,7 +15,7 @@ import socket
 import struct
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from lameduck.config import ListenerConfig
@@ -244,9 +244,25 @@ class Listener:
             self.stop_handle.cancel()
         self.stop_handle = self.loop.call_later(delay, self.stop_accepting)
 
+    # -- the health-check path's evidence (leave: confirm) ------------------------------------
+    def watch(self, on: bool) -> None:
+        """Record every new connection and request per source address (``traffic``) while
+        ``on``: a preStop or a shutdown waits for the balancer to let go."""
+        self.traffic = self.probes if on else None
+
+    def probes_info(self, now: float) -> dict[str, object]:
+        """``/server_info``'s ``lb_probes`` of this listener: its probers and top talkers ({}
+        without a health-check path)."""
+        probes = self.probes
+        return {} if probes is None else {"lb_probes": probes.view(now)}
+
     def broadcast(self, event: DrainEvent) -> None:
         """A drain event reached this listener: every connection draws its moment."""
         for conn in list(self.connections):
             conn.on_drain_event(event)
         self.schedule_stop()
 
+
+def probe_trackers(listeners: Iterable[Listener]) -> list[tuple[str, ProbeTracker]]:
+    """Each listener with a health-check path, by name, and what its path saw."""
+    return [(ls.name, t) for ls in listeners if (t := ls.probes) is not None]

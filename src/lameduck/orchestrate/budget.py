@@ -44,12 +44,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from lameduck.config import Config, StopAccepting, format_duration, parse_duration
-from lameduck.drain.prestop import PrestopStrategy
+from lameduck.drain.prestop import Leave, PrestopStrategy
 from lameduck.drain.process import min_drain_for
 
 __all__ = [
     "DEFAULT_GRACE",
     "PRESTOP_DEFAULTS",
+    "PRESTOP_LEAVES",
     "Budget",
     "BudgetError",
     "Inequality",
@@ -69,6 +70,7 @@ DEFAULT_GRACE: Final = 30  # Kubernetes' terminationGracePeriodSeconds when unse
 PRESTOP_DEFAULTS: Final[dict[str, float]] = {"--drain-timeout": 20.0, "--lb-buffer": 10.0}
 # lameduck prestop --strategy, the default first
 PRESTOP_STRATEGIES: Final = tuple(s.value for s in PrestopStrategy)
+PRESTOP_LEAVES: Final = tuple(s.value for s in Leave)  # lameduck prestop --leave
 _WORKLOAD_KINDS: Final = frozenset(
     {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "PodTemplate"})
 _SLEEP_RE: Final = re.compile(r"(\d+(?:\.\d+)?|\.\d+)([smhd]?)")
@@ -368,26 +370,23 @@ def _prestop_flags(args: Sequence[str], where: str
     values = dict(PRESTOP_DEFAULTS)
     given: set[str] = set()
     strategy = PRESTOP_STRATEGIES[0]
-    confirm = False
+    leave = Leave.TIMER
+    choices = {"--strategy": PRESTOP_STRATEGIES, "--leave": PRESTOP_LEAVES}
     i = 0
     while i < len(args):
         flag, eq, value = args[i].partition("=")
-        if flag == "--leave":
+        if flag in values or flag in choices:
             if not eq:
                 i += 1
                 value = args[i] if i < len(args) else ""
-            confirm = value == "confirm"
-            i += 1
-            continue
-        if flag in values or flag == "--strategy":
-            if not eq:
-                i += 1
-                value = args[i] if i < len(args) else ""
-            if flag == "--strategy":
-                if value not in PRESTOP_STRATEGIES:
-                    raise BudgetError(f"{where}: lameduck prestop --strategy: {value!r} is "
-                                      f"not one of {', '.join(PRESTOP_STRATEGIES)}")
-                strategy = value
+            if flag in choices:  # as argparse checks them when the hook runs
+                if value not in choices[flag]:
+                    raise BudgetError(f"{where}: lameduck prestop {flag}: {value!r} is "
+                                      f"not one of {', '.join(choices[flag])}")
+                if flag == "--strategy":
+                    strategy = value
+                else:
+                    leave = Leave(value)
                 i += 1
                 continue
             try:
@@ -398,7 +397,7 @@ def _prestop_flags(args: Sequence[str], where: str
         i += 1
     parts = [f"{f} {format_duration(v)}" + ("" if f in given else " (default)")
              for f, v in values.items()]
-    if confirm:  # CLOSING may end early, on the evidence; the budget counts the bound
+    if leave is Leave.CONFIRM:  # CLOSING may end early, on the evidence; counted: the bound
         parts.append("--leave confirm (--lb-buffer counted: the bound)")
     hook = LameduckPrestop(strategy, values["--drain-timeout"], values["--lb-buffer"])
     return sum(values.values()), parts, hook

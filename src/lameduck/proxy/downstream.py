@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 from mypy_extensions import mypyc_attr
@@ -197,7 +197,7 @@ class Downstream(asyncio.Protocol):
         """The connection is gone: take what was in flight off the books."""
         raise NotImplementedError
 
-    def clients_gone(self, gone: list[Exchange]) -> None:
+    def clients_gone(self, gone: Sequence[Exchange]) -> None:
         """The connection ended (or its client half-closed) with ``gone`` in flight: each ends
         by the exchange's rule (``Exchange.client_gone``), and the connection counts once as
         destroyed by its client with requests active (Envoy's

@@ -19,6 +19,7 @@ from lameduck.drain import DrainEvent, ListenerDrain, Step
 from lameduck.drain.probers import ProbeTracker
 from lameduck.drain.timeline import Reading
 from lameduck.listeners import Listener, TcpListener
+from lameduck.listeners.base import probe_trackers
 from lameduck.restart.hot import HasFileno
 from lameduck.server.build import Built
 from lameduck.server.lifecycle import EXIT_FLUSH
@@ -235,9 +236,7 @@ class LocalPlane:
             info = {"name": ls.name, "address": fmt_addr(ls.sockname),
                     "accepting": ls.accepting, "draining": ls.drain.draining,
                     "connections": len(ls.connections)}
-            probes = getattr(ls, "probes", None)
-            if probes is not None:  # the health-check path's probers and the top talkers
-                info["lb_probes"] = probes.view(now)
+            info.update(ls.probes_info(now))
             out.append(info)
         return out
 
@@ -245,14 +244,11 @@ class LocalPlane:
         return {}
 
     def probe_trackers(self) -> list[tuple[str, ProbeTracker]]:
-        return [(ls.name, t) for ls in self.listeners
-                if (t := getattr(ls, "probes", None)) is not None]
+        return probe_trackers(self.listeners)
 
     def watch_traffic(self, on: bool) -> None:
         for ls in self.listeners:
-            probes = getattr(ls, "probes", None)
-            if probes is not None:
-                ls.traffic = probes if on else None  # type: ignore[attr-defined]
+            ls.watch(on)
 
     def housekeep(self) -> None:
         now = self.loop.time()

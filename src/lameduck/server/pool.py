@@ -23,7 +23,7 @@ from lameduck.drain import Cause, DrainEvent, ListenerDrain, Step
 from lameduck.drain.probers import ProbeTracker
 from lameduck.drain.timeline import Reading
 from lameduck.listeners import Listener
-from lameduck.listeners.base import accept_queue
+from lameduck.listeners.base import accept_queue, probe_trackers
 from lameduck.restart.hot import HasFileno, Inherited
 from lameduck.server.build import Built
 from lameduck.server.channel import Message
@@ -435,16 +435,13 @@ class WorkerPool:
                     "draining": ls.drain.draining,
                     "connections": sum(int(s.get("listeners", {}).get(ls.name, 0))
                                        for s in statuses)}
-            probes = getattr(ls, "probes", None)
-            if probes is not None:  # every worker's probers and talkers, as reported
-                info["lb_probes"] = probes.view(now)
+            info.update(ls.probes_info(now))  # every worker's probers and talkers, as reported
             out.append(info)
         return out
 
     def probe_trackers(self) -> list[tuple[str, ProbeTracker]]:
         """The main process's own trackers, fed from every worker's status (``_status``)."""
-        return [(ls.name, t) for ls in self.listeners
-                if (t := getattr(ls, "probes", None)) is not None]
+        return probe_trackers(self.listeners)
 
     def watch_traffic(self, on: bool) -> None:
         if self.workers is not None:

@@ -62,7 +62,6 @@ class SharedConn(asyncio.Protocol):
     def __init__(self, max_streams: int, expected: int) -> None:
         self.max_streams = max_streams  # ours (the cluster's max_concurrent_streams)
         self.expected = expected  # the upstream's limit as guessed before its SETTINGS
-        self.peer_limit = -1  # the upstream's MAX_CONCURRENT_STREAMS; -1: no SETTINGS yet
         self.reserved = 0  # streams handed out, not yet started
         self.waiting: deque[QueuedStream] = deque()  # started, waiting for a slot
         self.alive = True
@@ -77,6 +76,11 @@ class SharedConn(asyncio.Protocol):
 
     def on_wire(self) -> int:
         """Streams open on the wire (sent, not yet ended)."""
+        raise NotImplementedError
+
+    def peer_limit(self) -> int:
+        """The upstream's MAX_CONCURRENT_STREAMS as its last SETTINGS said (RFC 9113 §6.5.2),
+        read from the frame layer; -1: no SETTINGS yet."""
         raise NotImplementedError
 
     def new_stream(self) -> UpstreamConn:
@@ -95,7 +99,7 @@ class SharedConn(asyncio.Protocol):
     def limit(self) -> int:
         """Streams it may carry: ours and the upstream's limit (until its SETTINGS come, what
         the endpoint's earlier connections said)."""
-        peer = self.peer_limit
+        peer = self.peer_limit()
         return min(self.max_streams, peer if peer >= 0 else self.expected)
 
     @property
@@ -107,7 +111,7 @@ class SharedConn(asyncio.Protocol):
         """A stream can be opened on the wire now. Until the upstream's SETTINGS are in, one
         stream at a time: its stream limit is not known, and a stream over it is refused."""
         n = self.on_wire()
-        return self.wire_can_open() and n < self.max_streams and (n == 0 or self.peer_limit >= 0)
+        return self.wire_can_open() and n < self.max_streams and (n == 0 or self.peer_limit() >= 0)
 
     @property
     def can_take(self) -> bool:
@@ -118,7 +122,7 @@ class SharedConn(asyncio.Protocol):
     @property
     def allows_none(self) -> bool:
         """The upstream's SETTINGS said MAX_CONCURRENT_STREAMS 0: nothing can be sent here."""
-        return self.peer_limit == 0
+        return self.peer_limit() == 0
 
     # -- a stream's way through ------------------------------------------------------------
     def take(self) -> UpstreamConn:
@@ -206,7 +210,7 @@ class Placement:
                 # (an upstream that allows no stream refuses it: no new connection for that)
                 fut.set_result(conn.take())
                 return
-            if conn.peer_limit >= 0:
+            if conn.peer_limit() >= 0:
                 # the endpoint's SETTINGS, as its last connection said (at least one: an
                 # upstream that allows none must not make every request open a connection)
                 room = max(conn.limit, 1)
