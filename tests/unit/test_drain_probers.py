@@ -6,6 +6,7 @@ import pytest
 
 from lameduck.drain.prestop import Leave, Prestop, PrestopAction, PrestopState, PrestopStrategy
 from lameduck.drain.probers import GONE_INTERVALS, ProbeSettings, ProbeTracker, combine
+from lameduck.server.views import prestop_view
 
 LB = "10.0.0.9"
 CLIENT = "10.0.0.7"
@@ -117,6 +118,8 @@ def test_a_second_prober_not_yet_fallen_is_waited_for_and_named() -> None:
     assert p.tick(4.0, 0, e) == [] and p.awaited == e.awaited
     p.tick(5.0, 0, t.evidence(5.0))  # the bound wins, naming it
     assert p.transitions[-1].reason.endswith(f"prober {other} has 1/3 failing answers")
+    assert p.done and p.awaited == ()  # CLOSING is over: nothing is awaited any more
+    assert prestop_view(p, 5.0, 0)["awaiting"] == []
     # had it fallen in time, confirmed
     probes(t, other, [6.0, 8.0], 503)
     assert t.evidence(8.0).confirmed

@@ -85,7 +85,9 @@ class Prestop:
     in_flight_at_timeout: int = 0
     closing_since: float | None = None  # CLOSING began (the health check fails from here)
     confirmed_after: float | None = None  # confirm: seconds CLOSING took when the LB was seen
-    awaited: tuple[str, ...] = ()  # confirm, while CLOSING: what the rule still waits for
+    # confirm, while CLOSING: what the rule still waits for (empty in every other state: the
+    # bound's transition names what was still awaited when it won)
+    awaited: tuple[str, ...] = ()
     transitions: list[Transition] = field(default_factory=list)
     _until: float | None = None  # the current state's deadline
 
@@ -143,7 +145,6 @@ class Prestop:
             if confirm and lb is not None and lb.confirmed and now < until:
                 since = self.closing_since if self.closing_since is not None else now
                 self.confirmed_after = now - since
-                self.awaited = ()
                 why = f"lb converged (confirm): {lb.detail}"
             elif now >= until:
                 if confirm:
@@ -153,11 +154,11 @@ class Prestop:
                     why = "lb_buffer elapsed: the LB has taken it out"
                 else:
                     why = "lb_buffer elapsed: deregistered, now drain"
-                self.awaited = lb.awaited if confirm and lb is not None else ()
             else:
                 if confirm and lb is not None:
                     self.awaited = lb.awaited
                 return []
+            self.awaited = ()  # CLOSING ends: nothing is awaited any more
             if hold:
                 self._go(now, PrestopState.CLOSED, why)
                 self._until = None

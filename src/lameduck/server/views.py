@@ -11,7 +11,7 @@ from typing import Any
 from lameduck import __version__
 from lameduck.config import Config, HostPort, format_duration
 from lameduck.drain import ProcessDrain
-from lameduck.drain.prestop import Prestop, PrestopState
+from lameduck.drain.prestop import Prestop
 from lameduck.listeners import Listener
 from lameduck.upstream.cluster import Cluster
 
@@ -31,7 +31,7 @@ def prestop_view(p: Prestop | None, now: float, in_flight: int) -> dict[str, Any
         "drain_timeout": p.drain_timeout,
         "lb_buffer": p.lb_buffer,
         "leave": p.leave.value,
-        "awaiting": list(p.awaited) if p.state is PrestopState.CLOSING else [],
+        "awaiting": list(p.awaited),
         "confirmed_after": None if p.confirmed_after is None else round(p.confirmed_after, 3),
         "elapsed": round(now - (p.started or 0.0), 3),
         "in_flight": in_flight,
