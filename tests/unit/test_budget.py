@@ -379,3 +379,33 @@ def test_confirmed_leaves_from_the_drain_reports(tmp_path: Any) -> None:
     assert [(g["by"], g["confirmed_after"]) for g in got] == [("shutdown", None),
                                                              ("prestop", 0.8)]
     assert confirmed_leaves(str(tmp_path / "none")) == []
+
+
+def test_idle_close_on_response_needs_the_deadline_at_t_plus_g() -> None:
+    """drain.idle_close: on_response keeps idle connections until T + G: the deadline must
+    not come before (it would close them untold); immediate adds no link."""
+    assert "idle-close" not in by_name(replace(GOOD, connection_grace=25))
+    b = replace(GOOD, idle_close_on_response=True, connection_grace=5)
+    q = by_name(b)["idle-close"]
+    assert list(by_name(b)) == ["grace", "keepalive-client", "keepalive-lb", "deadline",
+                                "idle-close", "lb-detection"]
+    assert (q.lhs, q.rhs, q.holds) == (15, 30, True)
+    b = replace(b, connection_grace=20.5)  # T + G = 30.5 > D = 30
+    assert broken(b) == ["idle-close"]
+    assert by_name(b)["idle-close"].line() == (
+        "FAIL idle-close: drain.time (10s) + drain.connection_grace (20.5s) = 30.5s <= "
+        "shutdown.deadline (30s)")
+    s = solve(b)
+    assert broken(s) == [] and s.shutdown_deadline == 30.5
+    assert s.grace_period == math.ceil(5 + 30.5 + 5)
+
+
+def test_budget_from_config_reads_idle_close() -> None:
+    cfg = load_config_text(CFG.replace(
+        "drain: {time: 5s}",
+        "drain: {time: 5s, connection_grace: 6s, idle_close: on_response}"))
+    b = budget_from(cfg, pod_timers(pod()), max_request=2)
+    assert b.idle_close_on_response and b.connection_grace == 6
+    assert "idle-close" in broken(b)  # 5s + 6s > the 10s deadline
+    assert not budget_from(load_config_text(CFG), pod_timers(pod()),
+                           max_request=2).idle_close_on_response

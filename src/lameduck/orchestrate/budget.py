@@ -20,6 +20,10 @@ The inequalities (all must hold):
   before T needs its whole duration before the deadline cuts it; this is the
   max_request_duration + drainDuration of the usual grace formula, and subsumes the config's
   own D >= T rule.
+- ``idle-close`` (only with ``drain.idle_close: on_response``): T + connection_grace <= D. An
+  idle keep-alive connection is then closed only after a response that tells its client, or at
+  T + G (HAProxy's ``option idle-close-on-response``): a SIGTERM with connections open exits at
+  T + G, and a deadline before it closes them untold, the close that setting exists to avoid.
 - ``lb-detection``: LB interval x fall + LB buffer <= hold, where the hold is how long the instance
   is guaranteed to take new work after it is unrouted: the preStop (the pod leaves the Endpoints
   at t=0, `lameduck prestop` fails the health check at t=0) plus, after SIGTERM, what lameduck
@@ -44,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from lameduck.config import Config, StopAccepting, format_duration, parse_duration
+from lameduck.drain.event import IdleClose
 from lameduck.drain.prestop import Leave, PrestopStrategy
 from lameduck.drain.process import min_drain_for
 
@@ -154,6 +159,8 @@ class Budget:
     client_idle: float = 30.0  # the clients' keep-alive idle towards the LB
     listener_idle: float = 60.0  # lameduck's listener idle_timeout (min over listeners); 0 = none
     max_request: float = 15.0  # the longest request (max route timeout unless given)
+    connection_grace: float = 5.0  # drain.connection_grace (G of the drain, not the pod's)
+    idle_close_on_response: bool = False  # drain.idle_close: on_response (exits at T + G)
 
     @property
     def lb_detection(self) -> float:
@@ -179,7 +186,8 @@ class Budget:
 
 
 def check(b: Budget) -> list[Inequality]:
-    """The four links of the chain (five inequalities), in timeline order."""
+    """The four links of the chain (five inequalities, six with ``idle_close: on_response``),
+    in timeline order."""
     listener_idle = b.listener_idle if b.listener_idle > 0 else math.inf
     if not b.accept_until_drain_end:
         after = "after SIGTERM (stop_accepting: immediately)"
@@ -215,6 +223,14 @@ def check(b: Budget) -> list[Inequality]:
             "a request accepted just before drain.time is cut by the deadline (a grace "
             "shorter than the drain deadline: SIGKILL fires mid-drain; the longest legitimate "
             "request dictates the whole chain)"),
+        *([Inequality(
+            "idle-close",
+            (("drain.time", b.drain_time), ("drain.connection_grace", b.connection_grace)),
+            "<=", (("shutdown.deadline", b.shutdown_deadline),),
+            "with drain.idle_close: on_response an idle connection is closed only after a "
+            "response that tells its client, or at drain.time + connection_grace: a deadline "
+            "before that closes it untold, and a balancer that sends on it then answers 502")]
+          if b.idle_close_on_response else []),
         Inequality(
             "lb-detection",
             (("LB interval x fall", b.lb_detection), ("LB buffer", b.lb_buffer)),
@@ -245,6 +261,8 @@ def solve(b: Budget) -> Budget:
             min_drain = max(b.effective_min_drain, extra)
         drain_time = max(drain_time, extra)
     deadline = max(b.shutdown_deadline, drain_time + b.max_request)
+    if b.idle_close_on_response:  # the exit with connections open comes at T + G
+        deadline = max(deadline, drain_time + b.connection_grace)
     grace = max(b.grace_period, float(math.ceil(b.prestop + deadline + b.exit_margin)))
     lb_idle = b.lb_idle if b.client_idle < b.lb_idle else _above(b.client_idle)
     listener_idle = b.listener_idle
@@ -494,7 +512,9 @@ def budget_from(cfg: Config, pod: PodTimers, *, max_request: float | None = None
         min_drain=cfg.shutdown.min_drain,
         accept_until_drain_end=cfg.shutdown.stop_accepting is StopAccepting.AT_DRAIN_END,
         lameduck_prestop="lameduck prestop" in pod.prestop.source,
-        listener_idle=min(idles) if idles else 0.0, max_request=max_request, **lb)
+        listener_idle=min(idles) if idles else 0.0, max_request=max_request,
+        connection_grace=cfg.drain.connection_grace,
+        idle_close_on_response=cfg.drain.idle_close is IdleClose.ON_RESPONSE, **lb)
 
 
 def proposal(cfg: Config, old: Budget, new: Budget) -> dict[str, Any]:
