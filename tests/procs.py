@@ -450,6 +450,12 @@ class Lameduck:
     def server_info(self) -> dict[str, Any]:
         return json.loads(self.admin("GET", "/server_info").text)
 
+    def drain_elapsed(self) -> float:
+        """Seconds since the drain under way started, by the server's own clock
+        (``/server_info``'s ``drain.elapsed``); -1 before any drain. A test that waits on it
+        is as far along as the server, however late the signal or the request arrived."""
+        return float(self.server_info()["drain"].get("elapsed", -1.0))
+
     def signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
 

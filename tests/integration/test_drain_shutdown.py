@@ -245,33 +245,39 @@ def test_idle_keepalive_connection_is_closed_proactively_then_exit(lameduck) -> 
 def test_idle_close_on_response_keeps_idle_connections_until_t_plus_g_then_exits(
         lameduck) -> None:
     """``drain.idle_close: on_response``: an idle keep-alive connection is not closed at its
-    moment + G (in [1.4, 1.5) s) nor at T (1.5 s): a request on it is answered and the answer
-    says ``Connection: close`` (the ramp's, or going away past T); one left idle is closed at
-    T + G (1.9 s), and the process exits 0 then. Bounds are lower ones: the process's drain
-    cannot start before the signal is sent."""
-    ld = lameduck(drain={"time": "1500ms", "strategy": "gradual", "connection_grace": "400ms",
-                         "idle_close": "on_response"},
-                  shutdown={"deadline": "8s"})
-    idle, reused = RawConn(ld.addr), RawConn(ld.addr)
+    moment + G (in [5.9, 6.0) s) nor at T (6 s): a request on it is answered and the answer
+    says ``Connection: close`` (from T/2 every response drains; past T it is going away); one
+    left idle is closed at T + G (7.9 s), and the process exits 0 then. The steps wait on the
+    server's own drain clock (``drain.elapsed``), and the look at the idle connection is
+    bracketed by two readings of it: 1.9 s of room (G) for a loaded machine, not a client's
+    sleep."""
+    t, g = 6.0, 1.9
+    ld = lameduck(drain={"time": f"{t:g}s", "strategy": "gradual",
+                         "connection_grace": f"{g:g}s", "idle_close": "on_response"},
+                  shutdown={"deadline": "15s"})
+    idle, reused = RawConn(ld.addr, timeout=15), RawConn(ld.addr, timeout=15)
     assert idle.request("/").status == 200 and reused.request("/").status == 200
     t0 = time.monotonic()
     ld.signal(signal.SIGTERM)
     watch = ExitWatch(ld)
-    time.sleep(max(0.0, t0 + 1.2 - time.monotonic()))
+    assert wait_until(lambda: ld.drain_elapsed() >= t / 2, 30, 0.05)
     r = reused.request("/")  # raises if the connection was closed under it
-    assert r.status in (200, 503) and r.closes, (r.status, r.headers)
-    assert reused.wait_eof(5)
-    time.sleep(max(0.0, t0 + 1.7 - time.monotonic()))
+    assert r.status in (200, 503) and r.complete and r.closes, (r.status, r.headers)
+    assert reused.wait_eof(15)
+    # past every moment + G (< T) and T itself, before T + G
+    assert wait_until(lambda: ld.drain_elapsed() >= t + 0.05, 30, 0.05)
     idle.sock.settimeout(0.0)
-    with pytest.raises(BlockingIOError):  # nothing yet: no EOF, no reset, at 1.7 s at most
+    with pytest.raises(BlockingIOError):  # nothing yet: no EOF, no reset
         idle.sock.recv(1, socket.MSG_PEEK)
-    idle.sock.settimeout(8.0)
-    assert idle.wait_eof(8)
-    assert time.monotonic() - t0 >= 1.9
+    looked_by = ld.drain_elapsed()
+    assert looked_by < t + g, f"the look came after T + G ({looked_by}s): proves nothing"
+    idle.sock.settimeout(15.0)
+    assert idle.wait_eof(15)
+    assert time.monotonic() - t0 >= t + g  # the server's T + G came after the signal
     for c in (idle, reused):
         c.close()
-    assert watch.wait(10) == 0
-    assert watch.at is not None and watch.at - t0 >= 1.9
+    assert watch.wait(20) == 0
+    assert watch.at is not None and watch.at - t0 >= t + g
     assert "at end=1" in drain_report(ld.log())
 
 

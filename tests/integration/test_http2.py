@@ -175,29 +175,35 @@ def test_proactive_drain_sends_goaway_to_idle_connection(lameduck):
 
 def test_idle_close_on_response_no_goaway_while_idle_then_with_the_next_response(lameduck):
     """``drain.idle_close: on_response``: no GOAWAY reaches an idle connection at its moment
-    (in [1.0, 1.1) s) nor at T (1.5 s); the next response on it brings GOAWAY(2^31-1), the
+    (in [4.0, 4.1) s) nor at T (6 s); the next response on it brings GOAWAY(2^31-1), the
     final one G later and the close; a connection left idle gets both and the close at T + G
-    (1.9 s). ``t0`` is taken before the drain starts, so the server is never further along
-    than the client's clock: the bounds hold on a loaded machine."""
-    ld = lameduck(drain={"time": "1500ms", "strategy": "gradual", "connection_grace": "400ms",
-                         "idle_close": "on_response"},
-                  shutdown={"deadline": "5s"})
+    (7.9 s). The steps wait on the server's own drain clock (``drain.elapsed``), and the
+    look at the idle connection is bracketed by two readings of it: seconds of room for a
+    loaded machine, not a client's sleep."""
+    t, g = 6.0, 1.9
+    ld = lameduck(drain={"time": f"{t:g}s", "strategy": "gradual",
+                         "connection_grace": f"{g:g}s", "idle_close": "on_response"},
+                  shutdown={"deadline": "15s"})
     idle, used = RawH2(ld.port), RawH2(ld.port)
     for c in (idle, used):
         c.request(1, "/")
         assert c.wait(lambda c=c: c.done(1))
-    t0 = time.monotonic()
     assert ld.admin("POST", "/drain_listeners?graceful&skip_exit").status_code == 200
-    assert not used.wait(lambda: bool(used.goaways), max(0.0, t0 + 1.2 - time.monotonic()))
+    # past every connection's moment (and T/2: every response drains), before T
+    assert wait_until(lambda: ld.drain_elapsed() >= 2 * t / 3 + 0.15, 30, 0.05)
+    assert not used.wait(lambda: bool(used.goaways) or used.eof, 0.1)
     used.request(3, "/")
-    assert used.wait(lambda: used.done(3) and bool(used.goaways))
+    assert used.wait(lambda: used.done(3) and bool(used.goaways), 15)
     assert used.streams[3].status == 200
     assert used.goaways[0] == (MAX_ID, NO_ERROR)
-    assert used.wait(lambda: len(used.goaways) >= 2 and used.eof, 5)
+    assert used.wait(lambda: len(used.goaways) >= 2 and used.eof, 15)
     assert used.goaways[1] == (3, NO_ERROR)
-    assert not idle.wait(lambda: bool(idle.goaways) or idle.eof,
-                         max(0.0, t0 + 1.7 - time.monotonic()))
-    assert idle.wait(lambda: idle.eof, 5)
+    # past every moment + G (< T) and T itself, before T + G
+    assert wait_until(lambda: ld.drain_elapsed() >= t + 0.05, 30, 0.05)
+    assert not idle.wait(lambda: bool(idle.goaways) or idle.eof, 0.1)
+    looked_by = ld.drain_elapsed()
+    assert looked_by < t + g, f"the look came after T + G ({looked_by}s): proves nothing"
+    assert idle.wait(lambda: idle.eof, 15)
     assert idle.goaways == [(MAX_ID, NO_ERROR), (1, NO_ERROR)]
     for c in (idle, used):
         c.close()

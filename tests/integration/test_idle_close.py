@@ -40,6 +40,8 @@ class Tally:
     ok: int = 0
     closes: int = 0  # responses that said Connection: close (the connection is retired)
     errors: int = 0  # a reused connection met a close: EOF or reset before a response head
+    incomplete: int = 0  # responses whose body was cut short
+    left_open: int = 0  # Connection: close responses after which the server kept the connection
     statuses: dict[int, int] = field(default_factory=dict)
 
 
@@ -82,8 +84,12 @@ def drive(addr: str, start_drain: object, seed: int) -> tuple[Tally, list[RawCon
             continue
         tally.ok += 1
         tally.statuses[r.status] = tally.statuses.get(r.status, 0) + 1
+        tally.incomplete += not r.complete
         if r.closes:
             tally.closes += 1
+            # the server closes it right after that response: EOF, nothing more sent
+            if not (conn.wait_eof(10.0) and conn.buf == b""):
+                tally.left_open += 1
             conn.close()
             pool[i] = RawConn(addr, timeout=10.0)
     for c in pool:
@@ -109,9 +115,19 @@ def test_a_client_reusing_idle_connections_through_a_drain(
           f"{open_after} of {UNUSED}")
     assert tally.ok + tally.errors == SENDS
     assert set(tally.statuses) == {200}  # skip_exit: served through and after T
+    # every request answered got its whole response, and one that drained its connection
+    # (Connection: close) was the last on it: the server closed it right after
+    assert tally.incomplete == 0 and tally.left_open == 0
+    assert tally.closes > 0  # the ramp drains some by response, in either mode
     try:
         if idle_close == "immediate":
-            return  # its errors depend on timing: counted (above), not asserted
+            # Its errors depend on timing: counted (above), not asserted. What is not: each
+            # connection nobody sent on was drained at its moment in [8, 10) s and closed G
+            # later, before T; none waited for a response or for T + G.
+            for c in unused:
+                assert c.wait_eof(timeout=30.0)
+            assert ld.stat("server.drain.cx_drained_proactive") >= UNUSED
+            return
         assert tally.errors == 0
         # the connections nobody sent on: open through T - G, closed at T + G
         assert open_after == UNUSED
