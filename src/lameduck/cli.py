@@ -182,7 +182,14 @@ def cmd_budget(args: argparse.Namespace) -> int:
 def cmd_prestop(args: argparse.Namespace) -> int:
     """The preStop hook: start the health-check FSM in a running lameduck and follow it.
     Exit 0 drained clean, 3 drain_timeout passed with requests in flight, 4 admin unreachable,
-    2 bad arguments."""
+    2 bad arguments. Does not return: the kubelet sends SIGTERM when the hook exits, so the
+    exit comes as soon as its code is known (exit_now), not after the interpreter's teardown
+    of every module this command imported (0.2 s idle, over a second on a loaded node)."""
+    exit_now(_prestop(args))
+    return 0  # not reached
+
+
+def _prestop(args: argparse.Namespace) -> int:
     import json
 
     from lameduck.orchestrate.prestop import run_prestop

@@ -334,6 +334,25 @@ def test_unreachable_admin_exits_4() -> None:
     assert json.loads(r.stdout)["error"] == "admin unreachable"
 
 
+def test_prestop_exits_without_the_interpreters_teardown(lameduck, tmp_path) -> None:
+    """The hook's exit is the kubelet's cue for SIGTERM: it comes once its output is out, not
+    after Python frees every module (seconds on a loaded node). Shown by an atexit handler,
+    which runs in that teardown and not at os._exit: it must never run, and the summary and
+    exit code must be whole all the same."""
+    ld = lameduck()
+    marker = tmp_path / "teardown"
+    code = ("import atexit, sys\n"
+            f"atexit.register(lambda: open({str(marker)!r}, 'w').close())\n"
+            "from lameduck.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    r = subprocess.run([sys.executable, "-c", code, "prestop", "--admin", ld.admin_addr,
+                        "--drain-timeout", "1s", "--lb-buffer", "0s"], capture_output=True,
+                       text=True, timeout=30, env=_env(), check=False)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert transitions(json.loads(r.stdout))[-1] == ("CLOSING", "CLOSED")
+    assert not marker.exists(), "the interpreter's teardown ran"
+
+
 def test_bad_strategy_exits_2_and_admin_refuses_400(lameduck) -> None:
     ld = lameduck()
     r = run_prestop(ld.admin_addr, "--strategy", "nope")
