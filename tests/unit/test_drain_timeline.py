@@ -32,6 +32,10 @@ def test_next_at_follows_the_grid_from_the_start() -> None:
     assert tl.next_at(1000.05) == pytest.approx(1000.1)
     # a late timer does not drift the grid
     assert tl.next_at(1000.137) == pytest.approx(1000.2)
+    # nor does an early one sample its moment twice (uvloop's timers keep milliseconds: one
+    # set for 1000.1 may run at 1000.0996, and was set again for 1000.1)
+    assert tl.next_at(1000.0996) == pytest.approx(1000.2)
+    assert tl.next_at(1000.094) == pytest.approx(1000.1)
 
 
 def test_gauges_as_read_counters_as_deltas() -> None:

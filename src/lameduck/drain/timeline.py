@@ -18,6 +18,9 @@ from typing import Any
 
 PERIOD = 0.1  # seconds between samples
 MAX_SAMPLES = 6000
+# A loop timer may fire this much before its moment (uvloop keeps its clock in milliseconds, so
+# one set for 100.0 ms may run at 99.6): a sample that close to a grid moment is that moment's.
+EARLY = 0.005
 KEEP_REPORTS = 5  # finished reports a process keeps for GET /drain_report
 
 # The columns of a sample row, in order (the JSON carries them once, as ``columns``).
@@ -64,8 +67,10 @@ class Timeline:
         self.ended: float | None = None
 
     def next_at(self, now: float) -> float:
-        """The next sampling moment on the grid start + k·period, strictly after ``now``."""
-        k = int((now - self.start) / self.period) + 1
+        """The next sampling moment on the grid start + k·period, strictly after ``now`` and
+        after a moment ``now`` is at most EARLY before (a timer that fired early: without
+        this it was set again for the same moment, and that moment sampled twice)."""
+        k = int((now - self.start + EARLY) / self.period) + 1
         return self.start + k * self.period
 
     def sample(self, now: float, reading: Reading) -> None:
