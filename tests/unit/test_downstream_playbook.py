@@ -11,11 +11,13 @@ from typing import Any
 
 import hpack
 
+from lameduck.config import load_config_text
 from lameduck.drain import DrainEvent, Strategy
 from lameduck.drain.probers import ProbeTracker
 from lameduck.http1.downstream import H1Downstream
 from lameduck.http2.downstream import H2Downstream
 from lameduck.proxy.downstream import LINGER
+from lameduck.server.build import build
 from tests import playbook
 from tests.drainplay import ScriptedRng
 from tests.playbook import Transport
@@ -628,3 +630,31 @@ def test_h2_on_response_untold_idle_connection_is_closed_at_t_plus_g() -> None:
     assert goaways(t.take()) == [2**31 - 1, 1]  # both notices, then the close
     assert t.eof_at == 23.0
     assert ls.drain_stats.cx_closed_at_end == 1
+
+
+def test_h2c_prior_knowledge_taken_over_is_one_connection_accepted_once() -> None:
+    """The real HTTP listener: a connection that opens with the HTTP/2 preface is taken over
+    from HTTP/1 by HTTP/2, and stays one connection accepted: once unheard in the ledger (until
+    its first request), once a new connection for the health-check path's watch."""
+    cfg = load_config_text("""
+listeners:
+  - {name: a, address: 127.0.0.1:0, health_check_path: /hc, routes: [{cluster: c}]}
+clusters: [{name: c, endpoints: [127.0.0.1:9]}]
+""")
+    loop = playbook.Loop()
+    built = build(cfg, loop, lambda: 0.5, lambda: None)
+    ls, ledger = built.listeners[0], built.process.ledger
+    ls.watch(True)
+    conn = H1Downstream(ls)  # type: ignore[arg-type]
+    t = Transport(loop)
+    t.set_protocol(conn)
+    conn.connection_made(t)
+    conn.data_received(H2_PREFACE)
+    assert isinstance(t.protocol, H2Downstream)
+    assert ledger.fresh == 1
+    assert ls.probes is not None and ls.probes.talkers["127.0.0.1"].connections == 1
+    block = hpack.Encoder().encode([(":method", "GET"), (":scheme", "http"),
+                                    (":path", "/hc"), (":authority", "app")])
+    t.protocol.data_received(headers(1, block))
+    assert ledger.fresh == 0  # heard: its first request
+    assert ls.probes.probers["127.0.0.1"].probes == 1

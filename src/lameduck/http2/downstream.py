@@ -114,11 +114,12 @@ class H2Downstream(Downstream):
         self.adopt(transport, self.accepted(), b"")
 
     def adopt(self, transport: asyncio.BaseTransport, drain: ConnectionDrain,
-              data: bytes) -> None:
+              data: bytes, fresh: bool = True) -> None:
         """Take the connection over (from its first byte, or from the HTTP/1 protocol that saw
-        the prior-knowledge preface: its drain state, with its proactive moment, carries on)."""
+        the prior-knowledge preface, ``fresh`` False: its drain state, with its proactive
+        moment, carries on, and it was counted as accepted there)."""
         ctx = self.ctx
-        self.opened(transport, drain)
+        self.opened(transport, drain, fresh)
         st = self.stats
         st.downstream_cx_http2_total += 1
         st.downstream_cx_http2_active += 1

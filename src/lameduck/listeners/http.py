@@ -168,8 +168,11 @@ class HttpListener(Listener):
         self.connections.discard(conn)
         self.stats.downstream_cx_http1_active -= 1
         h2 = H2Downstream(self)  # type: ignore[arg-type]
+        # Accepted once: still unheard until its first request (the ledger's fresh count),
+        # now that one's to settle
+        h2.unseen, conn.unseen = conn.unseen, False
         t.set_protocol(h2)
-        h2.adopt(t, conn.drain, data)
+        h2.adopt(t, conn.drain, data, fresh=False)
         return True
 
     def connect_target(self, authority: bytes | None) -> tuple[str, int] | None:

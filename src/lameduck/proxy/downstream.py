@@ -109,16 +109,19 @@ class Downstream(asyncio.Protocol):
         self.requests_left = -1
         self.drain_flags = 0  # PD once drained proactively: every request settled after has it
 
-    def take(self, transport: asyncio.BaseTransport) -> None:
+    def take(self, transport: asyncio.BaseTransport, fresh: bool = True) -> None:
         """This connection's socket, and its peer (for X-Forwarded-For). Small writes go out at
         once without a setsockopt here: the loop sets TCP_NODELAY on every TCP transport it
         makes (uvloop's TCPTransport.new, asyncio's since Python 3.6), which the underlying
-        socket of a TLS one is too."""
+        socket of a TLS one is too. ``fresh`` False: taken over from another codec, which
+        counted it as accepted (the ledger, the health-check path's watch) already."""
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         ctx = self.ctx
         host = peer[0] if peer else ""
         self.client = client_for(host, ctx.scheme, ctx.generate_request_id)
+        if not fresh:
+            return
         traffic = ctx.traffic  # watched (leave: confirm): a new connection is evidence
         if traffic is not None:
             traffic.connection(self.loop.time(), host)
@@ -134,11 +137,12 @@ class Downstream(asyncio.Protocol):
         ctx = self.ctx
         return ConnectionDrain(ctx.drain, self.loop.time(), ctx.rng, ctx.max_connection_duration)
 
-    def opened(self, transport: asyncio.BaseTransport, drain: ConnectionDrain) -> None:
+    def opened(self, transport: asyncio.BaseTransport, drain: ConnectionDrain,
+               fresh: bool = True) -> None:
         """Serve ``transport`` under ``drain`` (its own, or the one the connection carries
-        on with): among the listener's connections, its idle clock started."""
+        on with: ``fresh`` False): among the listener's connections, its idle clock started."""
         ctx = self.ctx
-        self.take(transport)
+        self.take(transport, fresh)
         self.drain = drain
         ctx.connections.add(self)
         self.idle_since = now = self.loop.time()
