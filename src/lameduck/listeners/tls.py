@@ -72,13 +72,14 @@ class TlsAccept(asyncio.Protocol):
     GOAWAY). So the listener counts the connection from its first bytes (``handshakes``, and
     the ledger's ``fresh`` from the accept): the exit waits for it, and the deadline counts it
     as cut. Before its first bytes it is ``silent``: idle, like an HTTP/1.1 connection that
-    has sent nothing, and the exit closes it (a TCP health check or a port scan does not hold
-    a SIGTERM until the deadline)."""
+    has sent nothing, and the exit closes it once G has passed since its accept (a TCP health
+    check or a port scan does not hold a SIGTERM until the deadline)."""
 
-    __slots__ = ("handshake", "listener", "timer", "transport")
+    __slots__ = ("accepted_at", "handshake", "listener", "timer", "transport")
 
     def __init__(self, listener: HttpListener) -> None:
         self.listener = listener
+        self.accepted_at = listener.loop.time()  # an exit waits G from here for its bytes
         self.transport: asyncio.Transport | None = None
         self.handshake: Coroutine[Any, Any, asyncio.Transport | None] | None = None
         self.timer: asyncio.TimerHandle | None = None
