@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 from lameduck.config import ListenerConfig
 from lameduck.http1.downstream import H1Downstream
@@ -22,25 +22,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("lameduck.listener")
 
 
-class DirectSSLObject(ssl.SSLObject):
-    """An ``ssl.SSLObject`` whose ``read``, ``write`` and ``pending`` are the C methods of the
-    ``_ssl`` object it wraps. uvloop's SSLProtocol looks these three up once, after
-    ``wrap_bio`` (its sslproto.pyx caches ``_sslobj_read`` and friends), and calls them for
-    every record: on the stock class each call runs a Python frame of ssl.py that only forwards
-    its arguments (``read(len, buffer)`` to ``_sslobj.read(len, buffer)``). Same results and
-    exceptions for the positional calls uvloop makes (``read(n)``, ``read(n, buffer)``,
-    ``write(data)``, ``pending()``); the C ``read`` takes no keywords and no ``buffer=None``,
-    which nothing here passes."""
-
-    @classmethod
-    def _create(cls, *args: Any, **kwargs: Any) -> DirectSSLObject:  # type: ignore[override]
-        self = super()._create(*args, **kwargs)  # type: ignore[misc]
-        raw = self._sslobj
-        # instance attributes shadow the class's forwarding methods
-        self.__dict__.update(read=raw.read, write=raw.write, pending=raw.pending)
-        return cast(DirectSSLObject, self)
-
-
 def server_context(cfg: ListenerConfig) -> ssl.SSLContext | None:
     tls = cfg.tls
     if tls is None:
@@ -50,7 +31,6 @@ def server_context(cfg: ListenerConfig) -> ssl.SSLContext | None:
     ctx.load_cert_chain(tls.certificate, tls.key)
     ctx.set_alpn_protocols(list(tls.alpn))
     ctx.options |= ssl.OP_NO_COMPRESSION
-    ctx.sslobject_class = DirectSSLObject
     return ctx
 
 
