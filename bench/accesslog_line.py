@@ -15,9 +15,10 @@ import tempfile
 import timeit
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import lameduck.proxy.accesslog as al
+from lameduck.drain import ProcessDrain
+from lameduck.proxy.downstream import Downstream
 from lameduck.proxy.exchange import Exchange
 from lameduck.stats import HttpStats
 from lameduck.upstream.pool import Endpoint
@@ -25,8 +26,10 @@ from lameduck.upstream.pool import Endpoint
 NUMBER = 100_000
 
 
-def exchange(agent: bytes | None, xff: bytes) -> Exchange:
-    down: Any = SimpleNamespace(ctx=SimpleNamespace(stats=HttpStats()))
+def exchange(agent: bytes | None, xff: bytes, loop: asyncio.AbstractEventLoop) -> Exchange:
+    # a real Downstream: the compiled Exchange takes no other
+    down = Downstream(SimpleNamespace(loop=loop, stats=HttpStats(), process=ProcessDrain(),
+                                      suppress_envoy_headers=False))
     ex = Exchange(down, b"GET")
     ex.t0 = 1000.0
     ex.status = 200
@@ -48,13 +51,13 @@ def exchange(agent: bytes | None, xff: bytes) -> Exchange:
 
 
 def main() -> None:
+    loop = asyncio.new_event_loop()
     cases = {
-        "wrk GET (Host only)": exchange(None, b"127.0.0.1"),
+        "wrk GET (Host only)": exchange(None, b"127.0.0.1", loop),
         "browser-like GET": exchange(b"Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Firefox/128.0",
-                                     b"203.0.113.7, 127.0.0.1"),
+                                     b"203.0.113.7, 127.0.0.1", loop),
     }
     text = al.compile_text(al.DEFAULT_FORMAT)
-    loop = asyncio.new_event_loop()
     with tempfile.TemporaryDirectory() as tmp:
         log = al.open_access_log(str(Path(tmp) / "access.log"), None, loop)
         print(f"accesslog: {al.__file__.rsplit('/', 1)[-1]}")

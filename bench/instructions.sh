@@ -4,14 +4,15 @@
 # tens of percent between runs; instruction counts by a few percent). Kernel time (the
 # socket calls, about half of the bench's CPU per request) is not counted.
 #
-#   bench/instructions.sh [--log] [--h2] [--nginx] [--h2-upstream] [--tls] [SECONDS]
+#   bench/instructions.sh [--log] [--json] [--h2] [--nginx] [--h2-upstream] [--tls] [SECONDS]
 #
 # From the repository (its .venv's python, or PYTHON=...; PYTHONPATH=src to measure a clone).
 #
 # --log: the listener's access log on (Envoy's default format, to a file), as bench/run.py's
 # lameduck-log. lameduck runs under callgrind on CPU 0, the demo origin and wrk -c10 on CPU 1;
 # the counters are zeroed after a warm-up and dumped after SECONDS (8) of load, and the requests
-# in between are read from the admin's stats. Every process started is stopped by pid.
+# in between are read from the admin's stats. Every process started is stopped by pid. --json:
+# the access log on with `format: json` (implies --log).
 # --h2: h2c prior-knowledge clients (h2load -c5 -m10) instead of wrk's HTTP/1.1 ones, to the same
 # HTTP/1.1 origin. --nginx: an nginx origin (one process, `return 200` with the demo origin's
 # body) instead of the demo one: its responses carry Connection: keep-alive, Date and Server, as
@@ -25,22 +26,24 @@
 # every request is a stream on the connections lameduck shares to it.
 set -euo pipefail
 LOG=0
+JSON=0
 H2=0
 NGINX=0
 TLS=0
 H2UP=0
-while [ "${1:-}" = --log ] || [ "${1:-}" = --h2 ] || [ "${1:-}" = --nginx ] ||
+while [ "${1:-}" = --log ] || [ "${1:-}" = --json ] || [ "${1:-}" = --h2 ] || [ "${1:-}" = --nginx ] ||
       [ "${1:-}" = --tls ] || [ "${1:-}" = --h2-upstream ]; do
   [ "$1" = --tls ] && TLS=1
   [ "$1" = --h2-upstream ] && H2UP=1 && NGINX=1
   [ "$1" = --log ] && LOG=1
+  [ "$1" = --json ] && LOG=1 && JSON=1
   [ "$1" = --h2 ] && H2=1
   [ "$1" = --nginx ] && NGINX=1
   shift
 done
 SECS=${1:-8}
 [ $# -le 1 ] || {
-  echo "usage: bench/instructions.sh [--log] [--h2] [--nginx] [--h2-upstream] [--tls] [SECONDS]" >&2
+  echo "usage: bench/instructions.sh [--log] [--json] [--h2] [--nginx] [--h2-upstream] [--tls] [SECONDS]" >&2
   exit 2; }
 if [ "$TLS" = 1 ] && [ "$H2" = 1 ]; then
   echo "--tls is measured with wrk (HTTP/1.1 over TLS), not with --h2" >&2; exit 2
@@ -119,7 +122,7 @@ fi
   echo "shutdown: {deadline: 2s, min_drain: 0s, stop_accepting: at_drain_end}"
   echo "listeners:"
   echo "  - {name: ingress, address: 127.0.0.1:$PORT, health_check_path: null, idle_timeout: 60s,"
-  [ "$LOG" = 1 ] && echo "     access_log: {path: $W/access.log},"
+  [ "$LOG" = 1 ] && echo "     access_log: {path: $W/access.log$([ "$JSON" = 1 ] && echo ", format: json")},"
   [ "$TLS" = 1 ] && echo "     tls: {certificate: $W/cert.pem, key: $W/key.pem, alpn: [http/1.1]},"
   echo "     routes: [{prefix: /, cluster: origin, timeout: 30s}]}"
   echo "clusters:"
@@ -179,5 +182,5 @@ if [ -z "$N0" ] || [ -z "$N1" ] || [ "$N" -le 0 ]; then
   exit 1
 fi
 IR=$(grep -h -m1 '^summary:' "$W"/cg.out.* | awk '{print $2}')
-echo "$([ "$TLS" = 1 ] && echo "TLS, ")$([ "$NGINX" = 1 ] && echo "nginx $([ "$H2UP" = 1 ] && echo "h2c ")origin, ")$([ "$H2" = 1 ] && echo "h2c 5x10, ")access log $([ "$LOG" = 1 ] && echo on || echo off): $N requests, $IR instructions, $(( IR / N )) per request"
+echo "$([ "$TLS" = 1 ] && echo "TLS, ")$([ "$NGINX" = 1 ] && echo "nginx $([ "$H2UP" = 1 ] && echo "h2c ")origin, ")$([ "$H2" = 1 ] && echo "h2c 5x10, ")access log $([ "$LOG" = 1 ] && echo "on$([ "$JSON" = 1 ] && echo " (json)")" || echo off): $N requests, $IR instructions, $(( IR / N )) per request"
 [ -z "${CG_OUT:-}" ] || cp "$W"/cg.out.1 "$CG_OUT"

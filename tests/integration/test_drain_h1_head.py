@@ -1,7 +1,9 @@
 """A SIGTERM with HTTP/1.1 connections that have sent no whole request head, over real sockets.
 
-No bytes yet: an idle connection, which the exit closes (RFC 9112 §9.6 lets a server close an
-idle connection; a client retries a request that got no response on a reused one, §9.3.1).
+No bytes yet: its request may be on the way, so the exit waits for it until G after its
+accept; past that it is idle, and the exit closes it (RFC 9112 §9.6 lets a server close an idle
+connection). A request that comes after T is answered 503 going away and counted as refused,
+never met by a close its client cannot tell from a failure.
 Part of a head: a request in flight for its client, so it holds the exit like one, and the
 deadline counts it as cut — never a connection closed under it, uncounted.
 """
@@ -51,7 +53,8 @@ def read_all(sock: socket.socket) -> bytes:
 
 
 def test_a_connection_that_sent_nothing_is_closed_by_the_exit(lameduck) -> None:
-    """Idle from its accept: the exit at T closes it, exit 0, nothing cut."""
+    """Nothing sent: the exit waits for it until G (5 s) after its accept, then closes it,
+    exit 0, nothing cut (the deadline, 20 s, would have been exit 3)."""
     ld: Lameduck = lameduck(drain={"time": "1s"},
                             shutdown={"deadline": "20s", "min_drain": "0s"},
                             hot_restart={"parent_shutdown_time": "20s"})
@@ -62,6 +65,27 @@ def test_a_connection_that_sent_nothing_is_closed_by_the_exit(lameduck) -> None:
         assert ld.wait(15) == 0, ld.log()
         assert closed(sock), ld.log()
     assert report_counts(ld)[:3] == (0, 0, 0), ld.log()
+
+
+def test_a_request_on_a_connection_accepted_before_t_gets_an_answer_after_it(lameduck) -> None:
+    """Accepted before T, its request sent after T: the exit waited for it (G after the
+    accept), so it is answered (503 going away: from T no new work) and counted as refused,
+    where an exit at T would have closed the connection under it."""
+    ld: Lameduck = lameduck(drain={"time": "1s", "connection_grace": "20s"},
+                            shutdown={"deadline": "30s", "min_drain": "0s"},
+                            hot_restart={"parent_shutdown_time": "30s"})
+    host, port = ld.addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        assert wait_until(lambda: connected(ld), timeout=10), ld.log()
+        ld.signal(signal.SIGTERM)
+        assert wait_until(lambda: "drain time reached" in ld.log(), timeout=15), ld.log()
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        response = read_all(sock)
+        code = ld.wait(30)
+    assert response.startswith(b"HTTP/1.1 503 "), (response, ld.log())
+    assert b"connection: close" in response.lower(), response
+    assert code == 0, ld.log()
+    assert report_counts(ld)[:3] == (0, 1, 0), ld.log()
 
 
 def test_part_of_a_request_head_holds_the_exit_and_is_cut_at_the_deadline(lameduck) -> None:

@@ -26,11 +26,16 @@ pytestmark = pytest.mark.usefixtures("workers")
 
 
 def _config(origin_port: int, tmp_path: Path, **over: Any) -> dict[str, Any]:
+    """T is seconds, not a fraction of one: a connection the old process accepted just before
+    the handover is closed at T if its request has not come by then (idle, as HTTP/1.1 allows),
+    and on a loaded 2-core machine the load's client thread has gone 600 ms between its
+    connect and its write. The old process still exits as soon as its connections are gone
+    (``min_drain: 0s``), so a longer T costs these tests nothing."""
     cfg = base_config(origin_port, **over)
-    cfg["drain"] = {"time": "600ms", "strategy": "gradual", "connection_grace": "200ms"}
-    cfg["shutdown"] = {"deadline": "3s", "min_drain": "0s", "stop_accepting": "at_drain_end"}
+    cfg["drain"] = {"time": "3s", "strategy": "gradual", "connection_grace": "200ms"}
+    cfg["shutdown"] = {"deadline": "8s", "min_drain": "0s", "stop_accepting": "at_drain_end"}
     cfg["hot_restart"] = {"socket": str(tmp_path / "restart.sock"),
-                          "parent_shutdown_time": "3s"}
+                          "parent_shutdown_time": "8s"}
     return cfg
 
 
@@ -260,6 +265,7 @@ def test_modify_only_ignores_healthcheck_fail_but_drains_on_hot_restart(
     from tests.procs import RawConn
 
     cfg = _config(origin_port, tmp_path)
+    cfg["drain"]["time"] = "600ms"  # T/2 below
     side = dict(cfg["listeners"][0], name="sidecar", drain_type="modify_only")
     cfg["listeners"].append(side)
     ld = Lameduck(cfg, tmp_path).start()
@@ -297,6 +303,7 @@ def test_the_old_process_exits_by_parent_shutdown_time(origin_port: int, tmp_pat
     longer than the 8 s it had been), and shutdown.deadline (30 s) is far from
     parent_shutdown_time (2 s): an exit within 10 s of the handover is the latter's."""
     cfg = _config(origin_port, tmp_path, route={"timeout": "120s"})
+    cfg["drain"]["time"] = "600ms"  # below parent_shutdown_time
     cfg["shutdown"]["deadline"] = "30s"
     cfg["hot_restart"]["parent_shutdown_time"] = "2s"
     ld = Lameduck(cfg, tmp_path).start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from types import SimpleNamespace
 
 from lameduck.drain import ProcessDrain
@@ -26,6 +27,8 @@ from lameduck.proxy.accesslog import (
     flag_string,
     json_line,
     new_request_id,
+    number_bytes,
+    start_stamp,
 )
 from lameduck.proxy.downstream import Downstream
 from lameduck.proxy.exchange import Exchange
@@ -129,6 +132,86 @@ def test_json_line_keys_named_after_the_operators() -> None:
     assert rec["upstream_host"] is None and rec["x_forwarded_for"] == "10.0.35.28"
     assert (rec["method"], rec["path"], rec["authority"]) == ("POST", "/api/v1/locations",
                                                                "locations")
+
+
+def _dumped(ex: object, now: float, wall: float) -> str:
+    """What ``json_line`` writes, as json.dumps writes it from a dict of the same fields."""
+    ops = {k: compile_text(f) for k, f in (
+        ("start_time", "%START_TIME%"), ("method", "%REQ(:METHOD)%"), ("path", "%REQ(:PATH)%"),
+        ("protocol", "%PROTOCOL%"), ("response_code", "%RESPONSE_CODE%"),
+        ("response_flags", "%RESPONSE_FLAGS%"), ("drain_flags", "%DRAIN_FLAGS%"),
+        ("bytes_received", "%BYTES_RECEIVED%"), ("bytes_sent", "%BYTES_SENT%"),
+        ("duration", "%DURATION%"), ("upstream_host", "%UPSTREAM_HOST%"),
+        ("upstream_cluster", "%UPSTREAM_CLUSTER%"),
+        ("downstream_remote_address", "%DOWNSTREAM_REMOTE_ADDRESS%"),
+        ("request_id", "%REQ(X-REQUEST-ID)%"), ("authority", "%REQ(:AUTHORITY)%"),
+        ("user_agent", "%REQ(USER-AGENT)%"), ("x_forwarded_for", "%REQ(X-FORWARDED-FOR)%"),
+        ("traceparent", "%REQ(TRACEPARENT)%"))}
+    rec: dict[str, object] = {}
+    for k, op in ops.items():
+        v = op(ex, now, wall)
+        if k in ("response_code", "bytes_received", "bytes_sent", "duration"):
+            rec[k] = int(v)
+        elif k in ("start_time", "protocol", "response_flags", "drain_flags"):
+            rec[k] = v
+        else:
+            rec[k] = None if v == "-" else v
+    return json.dumps(rec, separators=(",", ":")) + "\n"
+
+
+class _Peer:
+    """A transport that counts how often its peer is asked for."""
+
+    def __init__(self, peer: object) -> None:
+        self.peer = peer
+        self.asked = 0
+
+    def get_extra_info(self, name: str) -> object:
+        assert name == "peername"
+        self.asked += 1
+        return self.peer
+
+
+def test_json_line_is_what_json_dumps_writes() -> None:
+    cases = [
+        record(),
+        record(flags=GA | RD, endpoint=None, cluster=None, request_id=b"", log_host=None,
+               log_req=None, log_xff=None, log_agent=None, method=b"", status=0),
+        # quotes, backslashes, control bytes and bytes beyond ASCII: escaped as json escapes
+        record(log_agent=b'say "hi"\\ \x01\t caf\xe9', request_id=b"\xff\x7f",
+               log_req=(b"/\xe9?q=\"x\"", [(b"traceparent", b"00-ab")], None),
+               down=SimpleNamespace(transport=_Peer(("::1", 8080, 0, 0)))),
+        record(down=SimpleNamespace(transport=_Peer(("10.0.0.9", 4711)))),
+        record(down=SimpleNamespace(transport=_Peer(None)), bytes_tx=1 << 40, t0=99.0),
+    ]
+    for i, ex in enumerate(cases):
+        for now, wall in ((100.25, 1460751420.5), (101.0, 1460751421.0009)):
+            assert json_line(ex, now, wall) == _dumped(ex, now, wall), i
+
+
+def test_the_client_address_is_read_once_per_connection() -> None:
+    peer = _Peer(("10.0.0.9", 4711))
+    down = SimpleNamespace(transport=peer)
+    fmt = compile_text("%DOWNSTREAM_REMOTE_ADDRESS%")
+    assert [fmt(record(down=down), 100.0, 0.0) for _ in range(3)] == ["10.0.0.9:4711"] * 3
+    assert json.loads(json_line(record(down=down), 100.0, 0.0))["downstream_remote_address"] \
+        == "10.0.0.9:4711"
+    assert peer.asked == 1
+    # a real connection keeps it too
+    conn = exchange().down
+    conn.transport = _Peer(("::1", 8080, 0, 0))  # type: ignore[assignment]
+    assert fmt(exchange(down=conn), 100.0, 0.0) == "[::1]:8080"
+    assert fmt(exchange(down=conn), 100.0, 0.0) == "[::1]:8080"
+    assert conn.transport.asked == 1  # type: ignore[attr-defined]
+
+
+def test_start_stamp_and_numbers_as_formatted() -> None:
+    for ms in (0, 999, 1000, 1460751420250, 1460751420999, 1460751421000, 1460751421001):
+        sec, frac = divmod(ms, 1000)
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)) + f".{frac:03d}Z"
+        assert start_stamp(ms) == text.encode(), ms
+    for n in (0, 1, 9, 10, 200, 1023, 1024, 1 << 40, -1):
+        assert number_bytes(n) == str(n).encode()
 
 
 def test_unknown_operator_is_refused() -> None:

@@ -34,6 +34,7 @@ from lameduck.drain import (
 from lameduck.drain import ledger as ledger_module
 from lameduck.drain.prestop import Leave
 from lameduck.drain.probers import ProbeSettings, ProbeTracker
+from lameduck.drain.process import arrival_until
 from tests.drainplay import FakeClock, ScriptedRng
 
 BELOW = math.nextafter
@@ -501,6 +502,22 @@ class TestShutdownStep:
         assert pd.shutdown_step(SIGTERM + 5.0, connections=1, unread=1) is Step.WAIT
         assert pd.shutdown_step(SIGTERM + T, connections=1, unread=1) is Step.WAIT
         assert pd.shutdown_step(SIGTERM + 15.0, connections=1, unread=0) is Step.EXIT
+
+    def test_a_connection_that_has_sent_nothing_holds_the_exit_until_g_after_its_accept(
+            self) -> None:
+        """Its request may be on the way: past T the exit waits until ``arrival_until`` (G
+        after the accept), wakes then, and exits; it is never a cut (no request was read)."""
+        pd = process()
+        pd.start_shutdown(SIGTERM)
+        accepted = SIGTERM + T - 0.001  # just before the listener closed at T
+        until = arrival_until(accepted, 5.0)
+        assert until == accepted + 5.0
+        assert pd.shutdown_step(SIGTERM + T, connections=1, arriving_until=until) is Step.WAIT
+        assert pd.next_deadline(SIGTERM + T, until) == until
+        assert pd.shutdown_step(BELOW(until, 0.0), 1, arriving_until=until) is Step.WAIT
+        assert pd.shutdown_step(until, connections=1, arriving_until=until) is Step.EXIT
+        # the deadline waits for nothing, and cuts nothing of it
+        assert pd.shutdown_step(SIGTERM + 20.0, 1, arriving_until=SIGTERM + 25.0) is Step.EXIT
 
     def test_a_tls_handshake_under_way_at_the_deadline_is_cut(self) -> None:
         pd = process()

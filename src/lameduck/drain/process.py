@@ -10,7 +10,9 @@ Rules kept here (docs/drain.md; Envoy's admin drain and server state):
 - Shutdown (SIGTERM): not ready at once; one event over every listener; accept until T
   (``at_drain_end``) or stop at once (``immediately``); from T on no new work; exit when no
   request is in flight and either no connection is left (after min_drain) or T has passed, and
-  never later than the deadline, where what is left is cut. With ``idle_close: on_response``
+  never later than the deadline, where what is left is cut. A connection that has sent
+  nothing yet holds the exit until G after its accept (``arrival_until``): its request may be
+  on the way. With ``idle_close: on_response``
   open connections are waited for until T + G (the drain's end: an idle one is closed only
   after a response that tells its client, or then).
 - min_drain unset means "serve until T" while listeners accept until T: an idle moment early
@@ -39,6 +41,19 @@ from lameduck.drain.probers import Evidence
 # shutdown.leave: confirm: how often the evidence is read again while nothing says when it
 # changes (new probes and traffic arrive at any time).
 LEAVE_POLL = 0.1
+
+
+def arrival_until(accepted_at: float, grace: float) -> float:
+    """Until when an exit waits for a connection accepted at ``accepted_at`` that has sent
+    nothing yet: G after its accept.
+
+    Its client connected to send a request, which may be on its way: closed before it comes,
+    the client reads a close it cannot tell from a failure, on a connection it never used
+    (RFC 9112 §9.3.1 lets it retry only what it may retry). HAProxy's soft-stop never closes a
+    front connection before its first request; G bounds the wait here, so that a TCP health
+    check, a port scan or an unused pre-connection holds an exit no later than G after its
+    accept. With listeners that accept until T, that is T + G at the latest."""
+    return accepted_at + grace
 
 
 class ServerState(IntEnum):
@@ -289,7 +304,8 @@ class ProcessDrain:
         elif self.ledger.draining and not self.drain_exits and not self.drain_active(now):
             self.ledger.draining = False
 
-    def shutdown_step(self, now: float, connections: int, unread: int = 0) -> Step:
+    def shutdown_step(self, now: float, connections: int, unread: int = 0,
+                      arriving_until: float = 0.0) -> Step:
         """The exit decision; ``connections`` is the number of downstream connections open,
         ``unread`` those of them with a request on the way not read yet: still in their TLS
         handshake, or with a request head partly read. A client mid-handshake has requests
@@ -297,7 +313,11 @@ class ProcessDrain:
         nothing can turn away before the handshake ends — no response, no GOAWAY — and a
         head partly read is a request its client sent; so each is waited for like a request
         in flight, also after T (its connection is then told no new work as soon as it
-        speaks), and the deadline cuts it."""
+        speaks), and the deadline cuts it.
+
+        ``arriving_until``: the latest ``arrival_until`` of the connections that have sent
+        nothing yet (0: none). Until then the exit waits as for a request on the way; the
+        deadline does not (nothing was read from them: closing them cuts no request)."""
         ev = self.shutdown
         if ev is None:
             return Step.WAIT
@@ -308,16 +328,17 @@ class ProcessDrain:
         if now < ev.start + self.min_drain:
             return Step.WAIT
         # Completion counts requests, not connections: no EXIT while any is active.
-        if not busy and (connections == 0 or now >= self.connections_end):
+        if not busy and arriving_until <= now and (connections == 0
+                                                   or now >= self.connections_end):
             return Step.EXIT
         return Step.WAIT
 
-    def next_deadline(self, now: float) -> float | None:
+    def next_deadline(self, now: float, arriving_until: float = 0.0) -> float | None:
         """When ``shutdown_step`` may next change its answer without other input."""
         ev = self.shutdown
         if ev is None:
             return None
         marks = (ev.start + self.min_drain, ev.ends_at, self.connections_end,
-                 ev.start + self.exit_after)
+                 ev.start + self.exit_after, arriving_until)
         future = [m for m in marks if m > now]
         return min(future) if future else None

@@ -108,6 +108,9 @@ class Downstream(asyncio.Protocol):
         # counted down by the codec, -1: no limit (it never reaches 0).
         self.requests_left = -1
         self.drain_flags = 0  # PD once drained proactively: every request settled after has it
+        # The client's address as the access log writes it (%DOWNSTREAM_REMOTE_ADDRESS%), read
+        # on the first line that asks; "" if the transport had none.
+        self.log_peer: str | None = None
 
     def take(self, transport: asyncio.BaseTransport, fresh: bool = True) -> None:
         """This connection's socket, and its peer (for X-Forwarded-For). Small writes go out at

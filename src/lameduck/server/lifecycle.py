@@ -80,6 +80,11 @@ class DataPlane(Protocol):
         in ``connections`` too). An exit waits for them, the deadline cuts them."""
         ...
 
+    def arriving(self, now: float) -> float:
+        """Until when an exit waits for connections that have sent nothing yet (their request
+        may be on its way: ``drain.process.arrival_until``); 0 when for none."""
+        ...
+
     def in_flight(self) -> int:
         """Requests in flight as the preStop FSM counts them (drain.sh's test)."""
         ...
@@ -316,7 +321,7 @@ class Lifecycle:
         self.loop.call_soon(self._shutdown_check)
 
     def _schedule_shutdown_check(self, now: float) -> None:
-        nxt = self.process.next_deadline(now)
+        nxt = self.process.next_deadline(now, self.plane.arriving(now))
         if self._shutdown_timer is not None:
             self._shutdown_timer.cancel()
             self._shutdown_timer = None
@@ -336,9 +341,9 @@ class Lifecycle:
             return
         self._drain_time_reached(now)
         # A client waiting in an accept queue is a connection too: exiting resets it.
-        self._step(self.process.shutdown_step(now, self.plane.connections()
-                                              + self.plane.queued(),
-                                              self.plane.unread()), now)
+        plane = self.plane
+        self._step(self.process.shutdown_step(now, plane.connections() + plane.queued(),
+                                              plane.unread(), plane.arriving(now)), now)
 
     def _step(self, step: Step, now: float) -> None:
         """What the shutdown decision says to do now. An exit before T because no connection

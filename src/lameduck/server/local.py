@@ -17,6 +17,7 @@ from typing import Any
 
 from lameduck.drain import DrainEvent, ListenerDrain, Step
 from lameduck.drain.probers import ProbeTracker
+from lameduck.drain.process import arrival_until
 from lameduck.drain.timeline import Reading
 from lameduck.listeners import Listener, TcpListener
 from lameduck.listeners.base import probe_trackers
@@ -74,6 +75,20 @@ class LocalPlane:
                     if conn.head_unread():
                         n += 1
         return n
+
+    def arriving(self, now: float) -> float:
+        """The latest moment an exit waits for a connection that has sent nothing yet
+        (``drain.process.arrival_until``), or 0 when none is waited for any more."""
+        until = 0.0
+        for ls in self.listeners:
+            grace = ls.drain.grace
+            for conn in ls.connections:
+                d = getattr(conn, "drain", None)
+                if d is not None and getattr(conn, "unseen", False):
+                    until = max(until, arrival_until(d.accepted_at, grace))
+            for silent in ls.silent:
+                until = max(until, arrival_until(silent.accepted_at, grace))
+        return until if until > now else 0.0
 
     def queued(self) -> int:
         """Connections in the accept queues of the listeners still accepting."""

@@ -149,6 +149,7 @@ class WorkerProcess:
             "connections": plane.connections(),
             # request heads only matter to an exit: not looked for at every status before it
             "unread": plane.unread(heads=self.process.shutdown is not None),
+            "arriving": self._arriving(self.loop.time()),
             "requests": r.requests,
             "upgrades": r.upgrades,
             "accepting": [ls.name for ls in plane.listeners if ls.accepting],
@@ -191,9 +192,21 @@ class WorkerProcess:
         if self._exit_when_idle:
             self.loop.call_soon(self._exit_if_idle)
 
+    def _arriving(self, now: float) -> float:
+        """``plane.arriving`` during a shutdown, up to its deadline (which waits for
+        nothing)."""
+        deadline = self.process.deadline
+        if deadline is None or now >= deadline:
+            return 0.0
+        return min(self.plane.arriving(now), deadline)
+
     def _exit_if_idle(self) -> None:
         if self.process.ledger.idle and not self.plane.unread():
-            self._finish(Step.EXIT)
+            until = self._arriving(self.loop.time())
+            if not until:
+                self._finish(Step.EXIT)
+            else:  # a connection that has sent nothing yet: until G after its accept
+                self.loop.call_at(until, self._exit_if_idle)
 
     # -- the main process's words -----------------------------------------------------------
     def _on_message(self, msg: Message) -> None:
@@ -256,7 +269,8 @@ class WorkerProcess:
             self._quit_why = str(msg.get("why", "quit"))
         step = Step(msg["step"])
         if step is Step.EXIT and self._quit_why is None and (
-                not self.process.ledger.idle or self.plane.unread()):
+                not self.process.ledger.idle or self.plane.unread()
+                or self._arriving(self.loop.time())):
             # what the main process saw is older than a request (or a TLS handshake, a head) that
             # came since: it is served to its end (the deadline still cuts), nothing new is
             # taken
@@ -264,6 +278,7 @@ class WorkerProcess:
             self.process.ledger.accepting = False
             self.plane.stop_accepting()
             self.plane.no_new_work()
+            self._exit_if_idle()
             return
         self._finish(step)
 
@@ -344,7 +359,7 @@ class WorkerProcess:
         self._changed()
 
     def _schedule_check(self, now: float) -> None:
-        nxt = self.process.next_deadline(now)
+        nxt = self.process.next_deadline(now, self.plane.arriving(now))
         if self._check_timer is not None:
             self._check_timer.cancel()
             self._check_timer = None
@@ -366,8 +381,9 @@ class WorkerProcess:
             log.debug("drain time reached: no new work; %d requests in flight, "
                       "%d connections", self.process.ledger.active, self.plane.connections())
             self.plane.no_new_work()
-        step = self.process.shutdown_step(now, self.plane.connections() + self.plane.queued(),
-                                          self.plane.unread())
+        plane = self.plane
+        step = self.process.shutdown_step(now, plane.connections() + plane.queued(),
+                                          plane.unread(), plane.arriving(now))
         if step is Step.CUT or (step is Step.EXIT and self.parent_gone):
             self._finish(step)
             return
