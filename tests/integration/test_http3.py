@@ -1,0 +1,209 @@
+"""HTTP/3 on a TLS listener (``listeners[].http3``), over real UDP sockets, against the real
+process: aioquic's client (which also shows the wire: GOAWAY ids, resets, transport
+parameters) and niquests over qh3 (an independent QUIC and HTTP/3 stack). Each request goes
+through the same exchange as HTTP/1.1 and HTTP/2: to an HTTP/1.1 origin and to an h2c one,
+bodies and trailers intact, in the same stats and access log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.capture import CaptureOrigin
+from tests.h3client import h3_connect
+from tests.procs import H2Origin, Lameduck, base_config, wait_until
+
+CHUNKED_WITH_TRAILERS = (
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-checksum\r\n\r\n"
+    b"5\r\nhello\r\n0\r\nx-checksum: abc\r\n\r\n")
+
+
+def h3_listener(tls_files: tuple[Path, Path, Path], **more: Any) -> dict[str, Any]:
+    _, cert, key = tls_files
+    return {"tls": {"certificate": str(cert), "key": str(key)}, "http3": {}, **more}
+
+
+@pytest.fixture
+def started(tmp_path: Path, tls_files: tuple[Path, Path, Path]
+            ) -> Iterator[Callable[..., Lameduck]]:
+    made: list[Lameduck] = []
+
+    def make(port: int, h2: bool = False, listener: dict[str, Any] | None = None,
+             **over: Any) -> Lameduck:
+        cfg = base_config(port, cluster={"protocol": "h2"} if h2 else {},
+                          listener=h3_listener(tls_files, **(listener or {})), **over)
+        cfg["workers"] = 1  # one process owns the UDP socket
+        ld = Lameduck(cfg, tmp_path).start()
+        made.append(ld)
+        return ld
+
+    yield make
+    for ld in made:
+        ld.kill()
+        assert "Traceback" not in ld.log(), ld.log()
+
+
+@pytest.fixture
+def h1_origin() -> Iterator[CaptureOrigin]:
+    o = CaptureOrigin(lambda head: CHUNKED_WITH_TRAILERS)
+    yield o
+    o.close()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_a_request_with_body_and_trailers_to_an_http1_origin(
+        started: Callable[..., Lameduck], h1_origin: CaptureOrigin) -> None:
+    ld = started(h1_origin.port)
+
+    async def go() -> Any:
+        async with h3_connect(ld.addr) as c:
+            return await c.request("POST", "/up", headers=[(b"te", b"trailers")],
+                                   body=b"xyz", trailers=[(b"x-sum", b"2")])
+
+    reply = run(go())
+    assert reply.status == 200, ld.log()
+    assert reply.body == b"hello"
+    assert reply.trailers == [(b"x-checksum", b"abc")]
+    assert wait_until(lambda: len(h1_origin.requests) == 1, 5)
+    sent = h1_origin.requests[0]
+    assert sent.startswith(b"POST /up HTTP/1.1\r\n"), sent
+    assert sent.endswith(b"\r\n\r\n3\r\nxyz\r\n0\r\nx-sum: 2\r\n\r\n"), sent
+    assert b"\r\nx-forwarded-proto: https" in sent.lower()
+
+
+def test_requests_to_an_h2c_origin_with_body_and_trailers(
+        started: Callable[..., Lameduck], h2origin: Callable[..., H2Origin]) -> None:
+    origin = h2origin()
+    ld = started(origin.port, h2=True)
+    body = bytes(i % 251 for i in range(300_000))
+
+    async def go() -> Any:
+        async with h3_connect(ld.addr) as c:
+            echo, tr, big = await asyncio.gather(
+                c.request("POST", "/echo", body=body),
+                c.request("GET", "/trailers", headers=[(b"te", b"trailers")]),
+                c.request("GET", "/bytes/200000"))
+            return echo, tr, big
+
+    echo, tr, big = run(go())
+    assert echo.status == 200 and echo.body == body, ld.log()
+    assert tr.status == 200 and [n for n, _ in tr.trailers] == [b"x-checksum"]
+    assert len(dict(tr.trailers)[b"x-checksum"]) == 64
+    assert big.status == 200 and big.body == bytes(i % 251 for i in range(200000))
+
+
+def test_niquests_over_qh3(started: Callable[..., Lameduck], origin_port: int,
+                           tls_files: tuple[Path, Path, Path]) -> None:
+    """A second, independent HTTP/3 stack: niquests with qh3, HTTP/1.1 and HTTP/2 off."""
+    import niquests
+
+    ca = tls_files[0]
+    ld = started(origin_port)
+    with niquests.Session(disable_http1=True, disable_http2=True) as s:
+        s.quic_cache_layer.add_domain("127.0.0.1", ld.port)
+        r = s.get(f"https://127.0.0.1:{ld.port}/", verify=str(ca), timeout=30)
+        assert r.status_code == 200, ld.log()
+        assert r.http_version == 30
+        r2 = s.post(f"https://127.0.0.1:{ld.port}/echo", data=b"ping" * 1000,
+                    verify=str(ca), timeout=30)
+        assert r2.status_code == 200 and r2.http_version == 30
+
+
+def test_stats_and_access_log_count_http3(started: Callable[..., Lameduck], origin_port: int,
+                                          tmp_path: Path) -> None:
+    log_path = tmp_path / "access.log"
+    ld = started(origin_port, listener={"access_log": {"path": str(log_path)}})
+
+    async def go() -> None:
+        async with h3_connect(ld.addr) as c:
+            for _ in range(3):
+                assert (await c.request("GET", "/")).status == 200
+            s = ld.stats()
+            assert s["http.ingress.downstream_cx_http3_active"] == 1
+            assert s["http.ingress.downstream_cx_active"] == 1
+
+    run(go())
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_cx_active") == 0, 10), ld.log()
+    s = ld.stats()
+    assert s["http.ingress.downstream_cx_http3_total"] == 1
+    assert s["http.ingress.downstream_rq_http3_total"] == 3
+    assert s["http.ingress.downstream_rq_total"] == 3
+    assert s["http.ingress.downstream_rq_2xx"] == 3
+    assert s["http.ingress.downstream_cx_http3_active"] == 0
+    assert wait_until(lambda: log_path.exists() and log_path.read_text().count("HTTP/3") == 3,
+                      10), log_path.read_text() if log_path.exists() else ld.log()
+
+
+def test_limits_follow_the_listener(started: Callable[..., Lameduck], origin_port: int) -> None:
+    """http2.max_concurrent_streams -> QUIC's initial max streams; max_request_headers_kb ->
+    SETTINGS_MAX_FIELD_SECTION_SIZE, and a larger head is answered 431; idle_timeout ->
+    QUIC's max_idle_timeout."""
+    ld = started(origin_port, listener={"http2": {"max_concurrent_streams": 7},
+                                        "max_request_headers_kb": 2, "idle_timeout": "42s"})
+
+    async def go() -> Any:
+        async with h3_connect(ld.addr) as c:
+            ok = await c.request("GET", "/")
+            big = await c.request("GET", "/", headers=[(b"x-big", b"a" * 3000)])
+            return c.max_streams, c.settings(), c.idle_timeout, ok, big
+
+    max_streams, settings, idle, ok, big = run(go())
+    assert max_streams == 7
+    assert settings.get(0x6) == 2048  # SETTINGS_MAX_FIELD_SECTION_SIZE, RFC 9114 §7.2.4.1
+    assert 0x8 not in settings  # no extended CONNECT (RFC 9220) offered
+    assert idle == 42.0
+    assert ok.status == 200
+    assert big.status == 431, ld.log()
+
+
+def test_http3_needs_tls(tmp_path: Path, origin_port: int) -> None:
+    """`http3` on a plain listener is refused, naming the field."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    cfg = base_config(origin_port, listener={"http3": {}})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = subprocess.run([sys.executable, "-m", "lameduck", "validate", "-c", str(path)],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "listeners[0].http3: needs `tls`" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_a_udp_port_taken_fails_the_start(tmp_path: Path, origin_port: int,
+                                          tls_files: tuple[Path, Path, Path]) -> None:
+    """The UDP port is in use (the TCP one is free): start-up fails and says which."""
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    port = udp.getsockname()[1]
+    try:
+        cfg = base_config(origin_port, listener=h3_listener(
+            tls_files, address=f"127.0.0.1:{port}"))
+        cfg["workers"] = 1
+        ld = Lameduck(cfg, tmp_path)
+        with pytest.raises(RuntimeError) as err:
+            ld.start(timeout=30)
+        assert f"127.0.0.1:{port}/udp" in str(err.value), str(err.value)
+    finally:
+        udp.close()
+        ld.kill()
+
+
+def test_h3_and_h2_share_the_server_info(started: Callable[..., Lameduck],
+                                         origin_port: int) -> None:
+    """The listener is one listener: /listeners names its address once."""
+    ld = started(origin_port)
+    r = ld.admin("GET", "/listeners?format=json")
+    names = [ls["name"] for ls in json.loads(r.text)["listener_statuses"]]
+    assert names == ["ingress"]
