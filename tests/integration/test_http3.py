@@ -7,7 +7,10 @@ bodies and trailers intact, in the same stats and access log."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
+import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from lameduck.http3 import GOAWAY_ALL, H3_NO_ERROR
 from tests.capture import CaptureOrigin
 from tests.h3client import h3_connect
 from tests.procs import H2Origin, Lameduck, base_config, wait_until
@@ -207,3 +211,109 @@ def test_h3_and_h2_share_the_server_info(started: Callable[..., Lameduck],
     r = ld.admin("GET", "/listeners?format=json")
     names = [ls["name"] for ls in json.loads(r.text)["listener_statuses"]]
     assert names == ["ingress"]
+
+
+REPORT = re.compile(r"drain report: requests completed=(\d+) refused=(\d+) cut=(\d+) "
+                    r"\(503=(\d+) reset=(\d+)\)")
+
+
+def report_counts(ld: Lameduck) -> tuple[int, ...]:
+    m = REPORT.search(ld.log())
+    assert m is not None, ld.log()
+    return tuple(map(int, m.groups()))
+
+
+def test_sigterm_under_http3_load(started: Callable[..., Lameduck], origin_port: int) -> None:
+    """1,000 requests over a few connections, SIGTERM after the first 100: every request sent
+    is answered 200. Each connection drained is told on the wire as RFC 9114 §5.2 says:
+    GOAWAY(2^62-4) first, then the final GOAWAY naming the first stream not processed
+    (above every stream answered); the client then opens another connection (the process
+    accepts until T). Idle drained connections are closed with H3_NO_ERROR; the process
+    exits 0 with nothing cut."""
+    ld = started(origin_port, drain={"time": "3s", "strategy": "gradual",
+                                     "connection_grace": "300ms"},
+                 shutdown={"deadline": "20s", "min_drain": "0s"},
+                 hot_restart={"parent_shutdown_time": "20s"})
+    total, per_conn = 1000, 4
+    results: list[tuple[int, Any]] = []
+    seen: list[tuple[list[int], int, int | None]] = []  # (goaways, top stream id, close code)
+    state = {"sent": 0, "signalled": False}
+
+    async def worker() -> None:
+        while state["sent"] < total:
+            try:
+                async with asyncio.timeout(5):
+                    cm = h3_connect(ld.addr)
+                    c = await cm.__aenter__()
+            except (TimeoutError, ConnectionError, OSError):
+                return  # past T: the listener takes no new connection
+            top = -1
+            try:
+                while state["sent"] < total and not c.goaways() and c.terminated is None:
+                    batch = []
+                    for _ in range(per_conn):
+                        state["sent"] += 1
+                        batch.append((c._quic.get_next_available_stream_id(),
+                                      c.send("GET", "/")))
+                    for sid, fut in batch:
+                        results.append((sid, await fut))
+                        top = max(top, sid)
+                    done = len(results)
+                    if done >= 100 and not state["signalled"]:
+                        state["signalled"] = True
+                        ld.signal(signal.SIGTERM)
+                # drained (or done): wait for the server to close it, as a client that
+                # keeps its connection would
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(10):
+                        await c.gone.wait()
+                code = c.terminated.error_code if c.terminated is not None else None
+                seen.append((c.goaways(), top, code))
+            finally:
+                await cm.__aexit__(None, None, None)
+
+    async def go() -> None:
+        await asyncio.gather(*(worker() for _ in range(4)))
+
+    asyncio.run(go())
+    assert ld.wait(30) == 0, ld.log()
+    failed = [(sid, r) for sid, r in results if r.status != 200]
+    assert not failed, failed[:5]
+    assert len(results) >= 100
+    drained = [s for s in seen if s[0]]
+    assert drained, seen
+    for goaways, top, code in drained:
+        assert goaways[0] == GOAWAY_ALL, seen
+        if len(goaways) == 2:
+            assert goaways[1] > top, seen  # no stream it answered is above the final id
+            assert code == H3_NO_ERROR, seen
+    assert any(len(g) == 2 and c == H3_NO_ERROR for g, _, c in drained), seen
+    completed, refused, cut, _, _ = report_counts(ld)
+    assert 0 < completed <= len(results), ld.log()  # (those completed during the drain)
+    assert cut == 0 and refused == 0, ld.log()
+
+
+def test_a_request_in_flight_at_the_deadline_is_cut_and_counted(
+        started: Callable[..., Lameduck], origin_port: int) -> None:
+    """The process waits for a QUIC request in flight (no exit before the deadline), then
+    cuts it: the client gets a reset (its response had begun) or 503, the drain report
+    counts it, exit 3."""
+    ld = started(origin_port, drain={"time": "1s", "connection_grace": "100ms"},
+                 shutdown={"deadline": "3s", "min_drain": "0s"},
+                 hot_restart={"parent_shutdown_time": "3s"})
+
+    async def go() -> Any:
+        async with h3_connect(ld.addr) as c:
+            fut = c.send("GET", "/hang")
+            assert await asyncio.to_thread(
+                wait_until, lambda: ld.stat("http.ingress.downstream_rq_active") == 1, 10)
+            ld.signal(signal.SIGTERM)
+            reply = await fut
+            return reply, c.goaways()
+
+    reply, goaways = run(go())
+    assert ld.wait(30) == 3, ld.log()
+    assert reply.status == 503 or reply.reset is not None, reply
+    assert goaways[:1] == [GOAWAY_ALL]
+    _, _, cut, _, _ = report_counts(ld)
+    assert cut == 1, ld.log()
