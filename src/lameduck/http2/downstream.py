@@ -304,7 +304,10 @@ class H2Downstream(Downstream):
                   length: int | None) -> None:
         self.response_drains(ex)
         bodyless = ex.is_head or status == 204 or status == 304
-        self.h2.send_headers(ex.sid, status, ex.head_fields(fields), end_stream=bodyless)
+        fields = ex.head_fields(fields)
+        if self.alt_svc is not None:
+            fields = [*fields, (b"alt-svc", self.alt_svc_value())]  # type: ignore[list-item]
+        self.h2.send_headers(ex.sid, status, fields, end_stream=bodyless)
         if bodyless:
             ex.response_over()  # the upstream still ends its message; we are done here
 

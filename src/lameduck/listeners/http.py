@@ -117,6 +117,7 @@ class HttpListener(Listener):
         self.rng = rng
         self.connections: set[Any] = set()  # H1Downstream, H2Downstream, H3Downstream
         self.quic: Any = None  # the UDP socket's QuicEndpoint (listeners[].http3)
+        self.alt_svc: bytes | None = None  # what TCP responses advertise it with (RFC 7838)
         hc = cfg.health_check_path
         self.health_check_path = hc.encode() if hc else None
         lp = cfg.lb_probes
@@ -198,6 +199,8 @@ class HttpListener(Listener):
         if sock is None:
             sock = self.bind()
         self.sockname = sock.getsockname()
+        if self.cfg.http3 is not None:
+            await self._start_quic()  # first: every TCP connection reads its Alt-Svc
         Listener.running.add(self)
         if self.ssl is not None:
             # accepted plain, the handshake is TlsAccept's: counted from the accept
@@ -208,8 +211,6 @@ class HttpListener(Listener):
             self.server = await self.loop.create_server(
                 lambda: H1Downstream(self) if self.has_room() else Overflow(self), sock=sock,
                 backlog=BACKLOG)
-        if self.cfg.http3 is not None:
-            await self._start_quic()
 
     async def _start_quic(self) -> None:
         """HTTP/3 on a UDP socket at the TCP listener's address and port (bound by then:
@@ -228,6 +229,9 @@ class HttpListener(Listener):
             udp.close()
             raise
         self.quic = endpoint
+        h3 = self.cfg.http3
+        assert h3 is not None
+        self.alt_svc = b'h3=":%d"; ma=%d' % (self.sockname[1], int(h3.alt_svc_max_age))
 
     def stop_accepting(self, handed_over: bool = False) -> None:
         """The TCP socket closes; the UDP one takes no new QUIC connections and closes once

@@ -108,6 +108,9 @@ class Downstream(asyncio.Protocol):
         # counted down by the codec, -1: no limit (it never reaches 0).
         self.requests_left = -1
         self.drain_flags = 0  # PD once drained proactively: every request settled after has it
+        # Alt-Svc the listener advertises on TCP (``h3=":PORT"; ma=N``, RFC 7838 §3) when it
+        # serves HTTP/3 too; None: no HTTP/3, nothing added.
+        self.alt_svc: bytes | None = getattr(ctx, "alt_svc", None)
 
     def take(self, transport: asyncio.BaseTransport) -> None:
         """This connection's socket, and its peer (for X-Forwarded-For). Small writes go out at
@@ -224,6 +227,20 @@ class Downstream(asyncio.Protocol):
             self.drained(DrainedBy.RESPONSE)
             self.arm_drain()  # its grace G is one of the drain's moments
         return True
+
+    def alt_svc_value(self) -> bytes | None:
+        """The Alt-Svc field value for a response on this (TCP) connection: the listener's
+        HTTP/3 offer, or ``clear`` (RFC 7838 §3: forget every alternative) once its listener
+        drains or the connection was drained, so clients stay on TCP and leave with it
+        instead of opening QUIC connections to an instance on its way out. None: the
+        listener has no HTTP/3."""
+        adv = self.alt_svc
+        if adv is None:
+            return None
+        d = self.drain
+        if d.drained_by is not None or not d.listener.quiet:
+            return b"clear"
+        return adv
 
     def drained(self, by: DrainedBy) -> None:
         """The connection was drained (by a response, or its proactive moment): count it and
