@@ -262,3 +262,24 @@ def test_the_deadline_answers_a_request_not_begun_and_closes(certs: tuple[bytes,
     assert ls.drain_stats.cut_before_response == 1
     assert w.goaways() == [GOAWAY_ALL, sid + 4]
     assert w.close_code == H3_NO_ERROR
+
+
+def test_a_request_body_no_upstream_takes_yet_is_held_at_its_window(
+        certs: tuple[bytes, str]) -> None:
+    """No upstream attached yet: the exchange keeps what comes up to its buffer limit, then
+    the stream's window stays where it is (the client waits, as on HTTP/2) instead of growing
+    as aioquic's would; once the upstream is attached the whole body goes through."""
+    ls = Listener(ScriptedRng())
+    w = Wire(ls, certs)
+    sid = w.client.get_next_available_stream_id()
+    w.h3.send_headers(sid, [(b":method", b"POST"), *GET[1:]], end_stream=False)
+    body = bytes(i % 251 for i in range(6 << 20))
+    w.h3.send_data(sid, body, end_stream=True)
+    w.pump(rounds=3000)
+    ex = w.conn.streams[sid]
+    assert ex.held
+    window = w.conn.h3.quic._streams[sid].max_stream_data_local
+    assert ex.buffered_size <= window < len(body)
+    up = ls.connects[-1].succeed()
+    w.pump(rounds=20000)
+    assert up.sent.endswith(body) and up.ended

@@ -30,8 +30,10 @@ Rules it keeps (RFC 9114 unless noted):
 What aioquic keeps private and this module relies on, in one place each: the control
 stream's id (``H3Connection._local_control_stream_id``) to write GOAWAY on, the limit
 object behind MAX_STREAMS for the client's bidirectional streams
-(``QuicConnection._local_max_streams_bidi``), replaced by one that can be frozen, and a
-stream's send buffer (``QuicStreamSender._buffer``) to tell how much is unacknowledged.
+(``QuicConnection._local_max_streams_bidi``), replaced by one that can be frozen, a
+stream's send buffer (``QuicStreamSender._buffer``) to tell how much is unacknowledged, and
+a stream's receive window (``QuicStream.max_stream_data_local``), frozen while its request
+body is held (``hold``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ try:
     from aioquic.quic import events as quic
     from aioquic.quic.configuration import QuicConfiguration
     from aioquic.quic.connection import Limit, NetworkAddress, QuicConnection
+    from aioquic.quic.stream import QuicStream
 except ModuleNotFoundError as e:  # pragma: no cover - the extra is a test dependency
     raise missing_extra("http3", "lameduck.http3", e) from e
 
@@ -181,6 +184,22 @@ class _Grant(Limit):
     def value(self, value: int) -> None:
         if not self.frozen:
             self._value = value
+
+
+class _HeldStream(QuicStream):
+    """A QUIC stream whose receive window stays where it is: aioquic doubles a stream's
+    MAX_STREAM_DATA as data arrive, whether or not anyone reads them, so a request body the
+    upstream does not take would otherwise be buffered without bound. Held, the client's
+    window is what it was (RFC 9000 §4.1: the receiver's flow control), and it waits."""
+
+    @property  # type: ignore[override]
+    def max_stream_data_local(self) -> int:
+        return self.__dict__["max_stream_data_local"]  # type: ignore[no-any-return]
+
+    @max_stream_data_local.setter
+    def max_stream_data_local(self, value: int) -> None:
+        if "max_stream_data_local" not in self.__dict__:
+            self.__dict__["max_stream_data_local"] = value
 
 
 class _StreamMalformed(Exception):
@@ -452,6 +471,20 @@ class H3Server:
         assert self.h3 is not None
         self.h3.send_headers(stream_id, outgoing(fields), end_stream=True)
         self._responded(stream_id, st)
+
+    def hold(self, stream_id: int) -> None:
+        """Grant the client no more of ``stream_id``'s request body for now (its receive
+        window frozen) until ``release``."""
+        stream = self.quic._streams.get(stream_id)
+        if stream is not None and type(stream) is QuicStream:
+            stream.__class__ = _HeldStream
+
+    def release(self, stream_id: int) -> None:
+        """The request body of ``stream_id`` flows again: its window grows as aioquic's do
+        (a MAX_STREAM_DATA in the next ``datagrams_to_send``)."""
+        stream = self.quic._streams.get(stream_id)
+        if stream is not None and type(stream) is _HeldStream:
+            stream.__class__ = QuicStream
 
     def buffered(self, stream_id: int) -> int:
         """Response bytes of ``stream_id`` QUIC holds, not yet acknowledged by the client

@@ -14,8 +14,8 @@ ends with CONNECTION_CLOSE(H3_NO_ERROR) and the deadline resets what is still op
 What a QUIC connection has no use for: the staged TCP close (QUIC's own CONNECTION_CLOSE
 ends it, RFC 9000 §10.2), tunnels (no extended CONNECT is offered, RFC 9220; a CONNECT is
 answered 501), and flow-control credit handed back by hand (aioquic raises the client's
-windows as it reads; a request body that an upstream does not take yet is buffered by the
-exchange up to its limit).
+windows as data arrive; a request body its upstream does not take has its stream's window
+frozen, ``H3Server.hold``, so the client waits as an HTTP/2 one does).
 """
 
 from __future__ import annotations
@@ -276,10 +276,14 @@ class H3Downstream(Downstream):
         self.reset_stream(ex, H3_REQUEST_REJECTED)
 
     def hold_request(self, ex: Exchange) -> None:
-        pass  # QUIC's stream window bounds what the client sends beyond the exchange's buffer
+        """Its upstream takes no more for now (or none is attached and the exchange holds
+        enough): the stream's window stays where it is, so the client waits."""
+        self.h3.hold(ex.sid)
 
     def resume_request(self, ex: Exchange) -> None:
-        pass
+        self.h3.release(ex.sid)
+        self.body_at[ex.sid] = self.loop.time()  # the client could not send meanwhile
+        self.kick()
 
     def release_request(self, ex: Exchange, credit: int) -> None:
         pass  # no credit is taken by hand (aioquic raises the windows as it reads)
