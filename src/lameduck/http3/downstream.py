@@ -135,6 +135,7 @@ class H3Downstream(Downstream):
         self.rx_at = 0.0
         self.quic_timer: asyncio.TimerHandle | None = None
         self.quic_timer_at = 0.0
+        self.cids: set[bytes] = set()  # its connection ids the endpoint routes by
         self.body_at: dict[int, float] = {}  # loop time of a stream's last body byte
         self.paused: set[int] = set()  # streams whose upstream waits for QUIC's send buffer
 

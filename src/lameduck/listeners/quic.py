@@ -134,6 +134,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         conn = H3Downstream(listener, self, h3, addr)
         self.conns[dcid] = conn
         self.conns[h3.quic.host_cid] = conn
+        conn.cids.update((dcid, h3.quic.host_cid))
         conn.start()
         conn.datagram_received(data, addr)
 
@@ -145,14 +146,19 @@ class QuicEndpoint(asyncio.DatagramProtocol):
 
     def cid_issued(self, cid: bytes, conn: H3Downstream) -> None:
         self.conns[cid] = conn
+        conn.cids.add(cid)
 
     def cid_retired(self, cid: bytes) -> None:
-        self.conns.pop(cid, None)
+        conn = self.conns.pop(cid, None)
+        if conn is not None:
+            conn.cids.discard(cid)
 
     def forget(self, conn: H3Downstream) -> None:
         """``conn`` ended: its connection ids are nobody's now."""
-        for cid in [c for c, v in self.conns.items() if v is conn]:
-            del self.conns[cid]
+        for cid in conn.cids:
+            if self.conns.get(cid) is conn:
+                del self.conns[cid]
+        conn.cids.clear()
         if not self.accepting and not self.conns:
             self.close()
 
