@@ -149,14 +149,20 @@ def test_stats_and_access_log_count_http3(started: Callable[..., Lameduck], orig
 
 
 def test_limits_follow_the_listener(started: Callable[..., Lameduck], origin_port: int) -> None:
-    """http2.max_concurrent_streams -> QUIC's initial max streams; max_request_headers_kb ->
-    SETTINGS_MAX_FIELD_SECTION_SIZE, and a larger head is answered 431; idle_timeout ->
-    QUIC's max_idle_timeout."""
-    ld = started(origin_port, listener={"http2": {"max_concurrent_streams": 7},
-                                        "max_request_headers_kb": 2, "idle_timeout": "42s"})
+    """http2.max_concurrent_streams -> QUIC's initial max streams; the http2 windows ->
+    QUIC's initial ones; max_request_headers_kb -> SETTINGS_MAX_FIELD_SECTION_SIZE, and a
+    larger head is answered 431; idle_timeout -> QUIC's max_idle_timeout."""
+    ld = started(origin_port, listener={
+        "http2": {"max_concurrent_streams": 7, "initial_stream_window_size": 131072,
+                  "initial_connection_window_size": 262144},
+        "max_request_headers_kb": 2, "idle_timeout": "42s"})
 
     async def go() -> Any:
         async with h3_connect(ld.addr) as c:
+            # the server's initial_max_stream_data_bidi_remote and initial_max_data
+            # (RFC 9000 §18.2), before any request could have raised them
+            windows = (c._quic._remote_max_stream_data_bidi_remote, c._quic._remote_max_data)
+            assert windows == (131072, 262144)
             ok = await c.request("GET", "/")
             big = await c.request("GET", "/", headers=[(b"x-big", b"a" * 3000)])
             return c.max_streams, c.settings(), c.idle_timeout, ok, big
@@ -410,3 +416,32 @@ def test_a_hot_restart_with_http3_neither_crashes_nor_hangs(
         new.kill()
         old.kill()
     assert "Traceback" not in new.log(), new.log()
+
+
+def test_top_counts_a_quic_connection_and_its_request(
+        started: Callable[..., Lameduck], origin_port: int) -> None:
+    """``lameduck top`` (its plain-text snapshot) shows the QUIC connection and its request
+    in flight in the listener's row, as it shows TCP ones."""
+    import subprocess
+    import sys
+
+    from tests.procs import _env
+
+    ld = started(origin_port)
+
+    async def go() -> str:
+        async with h3_connect(ld.addr) as c:
+            fut = c.send("GET", "/sleep?ms=3000")
+            assert await asyncio.to_thread(
+                wait_until, lambda: ld.stat("http.ingress.downstream_rq_active") == 1, 10)
+            r = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "lameduck", "top",
+                                 "--admin-address-path", str(ld.admin_path)],
+                capture_output=True, text=True, env=_env(), timeout=20)
+            assert (await fut).status == 200
+            return r.stdout
+
+    out = run(go())
+    assert "in flight: requests 1, connections 1" in out, out
+    row = re.search(rf"^ingress\s+{re.escape(ld.addr)}\s+OPEN\s+(\d+)\s+(\d+)\s", out, re.M)
+    assert row is not None and row.groups() == ("1", "1"), out
