@@ -91,9 +91,13 @@ class H3Client(QuicConnectionProtocol):
              ) -> asyncio.Future[Reply]:
         """Send a request now; the future has its reply."""
         sid = self._quic.get_next_available_stream_id()
-        fields = [(b":method", method.encode()), (b":scheme", b"https"),
-                  (b":authority", self.authority), (b":path", path.encode()),
-                  *(headers or [])]
+        if method == "CONNECT":  # RFC 9114 §4.4: no :scheme, no :path
+            fields = [(b":method", b"CONNECT"), (b":authority", path.encode()),
+                      *(headers or [])]
+        else:
+            fields = [(b":method", method.encode()), (b":scheme", b"https"),
+                      (b":authority", self.authority), (b":path", path.encode()),
+                      *(headers or [])]
         self.h3.send_headers(sid, fields, end_stream=not body and not trailers)
         if body:
             self.h3.send_data(sid, body, end_stream=not trailers)

@@ -445,3 +445,23 @@ def test_top_counts_a_quic_connection_and_its_request(
     assert "in flight: requests 1, connections 1" in out, out
     row = re.search(rf"^ingress\s+{re.escape(ld.addr)}\s+OPEN\s+(\d+)\s+(\d+)\s", out, re.M)
     assert row is not None and row.groups() == ("1", "1"), out
+
+
+def test_local_answers_over_http3(started: Callable[..., Lameduck], origin_port: int) -> None:
+    """What lameduck answers itself (the health-check path, a CONNECT, which HTTP/3 does not
+    relay here) goes out as on HTTP/2: a plain-text body of known length. (Not a HEAD:
+    aioquic's client takes a content-length without DATA as malformed, not knowing the
+    request was a HEAD.)"""
+    ld = started(origin_port)
+
+    async def go() -> Any:
+        async with h3_connect(ld.addr) as c:
+            return await asyncio.gather(
+                c.request("GET", "/health_check.html"),
+                c.request("CONNECT", "example.com:443"))
+
+    get, connect = run(go())
+    assert get.status == 200 and get.body, ld.log()
+    assert get.header(b"content-length") == str(len(get.body)).encode()
+    assert get.header(b"content-type") == b"text/plain; charset=utf-8"
+    assert connect.status == 501 and connect.body == b"CONNECT is not served over HTTP/3\n"

@@ -45,8 +45,7 @@ from lameduck.proxy.local import (
     CUT_STATUS,
     GOING_AWAY_BODY,
     RETRY_AFTER,
-    grpc_local_reply,
-    local_fields,
+    local_answer,
 )
 from lameduck.proxy.message import HTTP2, RequestHead
 from lameduck.stats import HttpStats
@@ -520,15 +519,10 @@ class H2Downstream(Downstream):
         like any response)."""
         self.response_drains(s)
         s.response_begun()
-        h2 = self.h2
-        if s.grpc:
-            # Trailers-only, HTTP 200: the gRPC status says why (counted as the HTTP status).
-            h2.send_headers(s.sid, 200, grpc_local_reply(status, body), end_stream=True)
-        elif s.is_head:
-            h2.send_headers(s.sid, status, local_fields(body, extra), end_stream=True)
-        else:
-            h2.send_headers(s.sid, status, local_fields(body, extra))
-            h2.send_data(s.sid, body, end_stream=True)
+        code, fields, data = local_answer(status, body, extra, s.grpc, s.is_head)
+        self.h2.send_headers(s.sid, code, fields, end_stream=data is None)
+        if data is not None:
+            self.h2.send_data(s.sid, data, end_stream=True)
 
     def reset_stream(self, s: H2Stream, code: ErrorCode) -> None:
         self.h2stats.tx_reset += 1

@@ -48,8 +48,7 @@ from lameduck.proxy.local import (
     CUT_STATUS,
     GOING_AWAY_BODY,
     RETRY_AFTER,
-    grpc_local_reply,
-    local_fields,
+    local_answer,
 )
 from lameduck.proxy.message import HTTP3
 from lameduck.upstream.connector import Fields
@@ -404,14 +403,10 @@ class H3Downstream(Downstream):
         response)."""
         self.response_drains(s)
         s.response_begun()
-        h3 = self.h3
-        if s.grpc:
-            h3.send_head(s.sid, 200, grpc_local_reply(status, body), end_stream=True)
-        elif s.is_head:
-            h3.send_head(s.sid, status, local_fields(body, extra), end_stream=True)
-        else:
-            h3.send_head(s.sid, status, local_fields(body, extra))
-            h3.send_body(s.sid, body, end_stream=True)
+        code, fields, data = local_answer(status, body, extra, s.grpc, s.is_head)
+        self.h3.send_head(s.sid, code, fields, end_stream=data is None)
+        if data is not None:
+            self.h3.send_body(s.sid, data, end_stream=True)
         self.kick()
 
     def reset_stream(self, s: Exchange, code: int) -> None:
