@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from lameduck.http3 import GOAWAY_ALL, H3_NO_ERROR
+from lameduck.http3 import GOAWAY_ALL, H3_NO_ERROR, H3_REQUEST_REJECTED
 from tests.capture import CaptureOrigin
 from tests.h3client import h3_connect
 from tests.procs import H2Origin, Lameduck, base_config, wait_until
@@ -245,12 +245,14 @@ def report_counts(ld: Lameduck) -> tuple[int, ...]:
 
 
 def test_sigterm_under_http3_load(started: Callable[..., Lameduck], origin_port: int) -> None:
-    """1,000 requests over a few connections, SIGTERM after the first 100: every request sent
-    is answered 200. Each connection drained is told on the wire as RFC 9114 §5.2 says:
-    GOAWAY(2^62-4) first, then the final GOAWAY naming the first stream not processed
-    (above every stream answered); the client then opens another connection (the process
-    accepts until T). Idle drained connections are closed with H3_NO_ERROR; the process
-    exits 0 with nothing cut."""
+    """Up to 1,000 requests over a few connections, SIGTERM after the first 100: every
+    request is answered 200, but those that reach a connection after T (it takes no new work
+    then), which are rejected with H3_REQUEST_REJECTED: not processed, safe to retry (RFC
+    9114 §4.1.1); never a 5xx, a cut or a lost response. Each connection drained is told on
+    the wire as RFC 9114 §5.2 says: GOAWAY(2^62-4) first, then the final GOAWAY naming the
+    first stream not processed (above every stream answered); the client then opens another
+    connection (the process accepts until T). Idle drained connections are closed with
+    H3_NO_ERROR; the process exits 0 with nothing cut."""
     ld = started(origin_port, drain={"time": "3s", "strategy": "gradual",
                                      "connection_grace": "300ms"},
                  shutdown={"deadline": "20s", "min_drain": "0s"},
@@ -277,8 +279,10 @@ def test_sigterm_under_http3_load(started: Callable[..., Lameduck], origin_port:
                         batch.append((c._quic.get_next_available_stream_id(),
                                       c.send("GET", "/")))
                     for sid, fut in batch:
-                        results.append((sid, await fut))
-                        top = max(top, sid)
+                        reply = await fut
+                        results.append((sid, reply))
+                        if reply.status == 200:
+                            top = max(top, sid)
                     done = len(results)
                     if done >= 100 and not state["signalled"]:
                         state["signalled"] = True
@@ -298,9 +302,11 @@ def test_sigterm_under_http3_load(started: Callable[..., Lameduck], origin_port:
 
     asyncio.run(go())
     assert ld.wait(30) == 0, ld.log()
-    failed = [(sid, r) for sid, r in results if r.status != 200]
+    rejected = [(sid, r) for sid, r in results
+                if r.status == 0 and r.reset == H3_REQUEST_REJECTED and not r.closed]
+    failed = [(sid, r) for sid, r in results if r.status != 200 and (sid, r) not in rejected]
     assert not failed, failed[:5]
-    assert len(results) >= 100
+    assert len(results) - len(rejected) >= 100
     drained = [s for s in seen if s[0]]
     assert drained, seen
     for goaways, top, code in drained:
@@ -311,7 +317,9 @@ def test_sigterm_under_http3_load(started: Callable[..., Lameduck], origin_port:
     assert any(len(g) == 2 and c == H3_NO_ERROR for g, _, c in drained), seen
     completed, refused, cut, _, _ = report_counts(ld)
     assert 0 < completed <= len(results), ld.log()  # (those completed during the drain)
-    assert cut == 0 and refused == 0, ld.log()
+    # refused: those past T the process turned away (a stream above a final GOAWAY already
+    # sent is the codec's, never handed on: not on the books)
+    assert cut == 0 and refused <= len(rejected), (rejected, ld.log())
     # the drain report counts the QUIC connections drained, as it counts the others
     m = re.search(r"connections drained by response=(\d+) proactively=(\d+)", ld.log())
     assert m is not None and int(m.group(1)) + int(m.group(2)) >= len(drained), ld.log()
