@@ -238,7 +238,8 @@ def test_busy_connection_gets_the_final_goaway_g_later_then_closes_when_idle(
 def test_a_request_past_t_gets_the_final_goaway_and_is_rejected(
         certs: tuple[bytes, str]) -> None:
     """Past T the process takes no new work: the stream is rejected, H3_REQUEST_REJECTED
-    (not processed, safe to retry, RFC 9114 §4.1.1), and the final GOAWAY names it."""
+    (not processed, safe to retry, RFC 9114 §4.1.1), and the final GOAWAY names it as the
+    first stream not processed."""
     ls = Listener(ScriptedRng())
     w = Wire(ls, certs)
     first = w.request()
@@ -248,7 +249,7 @@ def test_a_request_past_t_gets_the_final_goaway_and_is_rejected(
     ls.process.ledger.accepting = False  # T has passed
     sid = w.request()
     assert w.resets.get(sid) == H3_REQUEST_REJECTED
-    assert w.goaways() == [GOAWAY_ALL, sid + 4]
+    assert w.goaways() == [GOAWAY_ALL, sid]  # the first stream not processed: this one
     assert ls.stats.downstream_rq_going_away == 1
 
 

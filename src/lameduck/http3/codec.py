@@ -522,6 +522,12 @@ class H3Server:
             self._grant.frozen = True
             self._goaway(GOAWAY_ALL)
 
+    def unprocess(self, stream_id: int) -> None:
+        """``stream_id`` was handed on but turned away unprocessed (past the drain time): the
+        final GOAWAY names it as the first stream not processed, not the one after it."""
+        if self.last_processed == stream_id:
+            self.last_processed = stream_id - 4
+
     def drain_final(self) -> None:
         """Phase 2: GOAWAY with the first stream id not processed (the last handed on + 4);
         requests on that id or above are refused with H3_REQUEST_REJECTED from now on."""

@@ -272,6 +272,9 @@ class H3Downstream(Downstream):
         """Past the drain time: the final GOAWAY (this connection takes no more) and the stream
         rejected, H3_REQUEST_REJECTED: not processed, safe to retry (RFC 9114 §4.1.1)."""
         ex.response_over()
+        self.h3.unprocess(ex.sid)
+        # the GOAWAY first, as on HTTP/2: a client that reads the rejection first could try
+        # again on this very connection
         self.final_notice()
         self.reset_stream(ex, H3_REQUEST_REJECTED)
 
