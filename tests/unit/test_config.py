@@ -251,7 +251,7 @@ def test_every_model_forbids_extra_keys_and_is_frozen() -> None:
         return found
 
     models = set(walk(Config))
-    assert len(models) == 21
+    assert len(models) == 22
     for model in models:
         assert model.model_config.get("extra") == "forbid", model
         assert model.model_config.get("frozen") is True, model

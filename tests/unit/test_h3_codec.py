@@ -389,3 +389,22 @@ def test_the_codec_is_sans_io() -> None:
             found.add(node.module.split(".")[0])
     assert not found & {"asyncio", "socket", "time", "selectors", "threading", "uvloop"}
     assert "aioquic.asyncio" not in ast.unparse(ast.parse(Path(codec.__file__).read_text()))
+
+
+def test_a_held_request_body_gets_no_more_window_until_released(certs):
+    """aioquic alone doubles a stream's receive window as data arrive, read or not: held,
+    the window stays and the client waits (RFC 9000 §4.1); released, the rest comes."""
+    link = Link(certs)
+    sid = link.request([(b":method", b"POST"), *GET[1:]], end=False)
+    window = link.server.quic._streams[sid].max_stream_data_local
+    link.server.hold(sid)
+    body = bytes(4 * window)
+    link.h3.send_data(sid, body, end_stream=True)
+    link.pump(rounds=400)
+    got = sum(len(e.data) for e in link.of(BodyReceived, sid))
+    assert 0 < got <= window
+    assert link.server.quic._streams[sid].max_stream_data_local == window
+    link.server.release(sid)
+    link.pump(rounds=4000)
+    assert sum(len(e.data) for e in link.of(BodyReceived, sid)) == len(body)
+    assert link.of(BodyReceived, sid)[-1].end_stream

@@ -16,18 +16,17 @@ ALLOWED: dict[str, set[str]] = {
     "stats": set(),
     # what a missing optional dependency says (the extra to install): a leaf
     "extras": set(),
-    "config": {"drain"},
+    "config": {"drain", "extras"},
     "upstream": {"stats", "config", "drain"},
     "proxy": {"tunnel", "upstream", "drain", "stats", "config"},
     "http1": {"proxy", "tunnel", "upstream", "drain", "stats", "config"},
     "http2": {"proxy", "tunnel", "upstream", "drain", "stats", "config"},
-    # the HTTP/3 codec: neutral heads (proxy), and the extra its absence names; no listener
-    # imports it yet
-    "http3": {"proxy", "extras"},
+    # the HTTP/3 codec and its connection shell: as http2's, and the extra its absence names
+    "http3": {"proxy", "upstream", "drain", "stats", "config", "extras"},
     "tunnel": {"drain"},
     "admin": {"stats", "config", "drain"},
-    "listeners": {"http1", "http2", "proxy", "tunnel", "upstream", "drain", "stats",
-                  "config"},
+    "listeners": {"http1", "http2", "http3", "extras", "proxy", "tunnel", "upstream", "drain",
+                  "stats", "config"},
     "demo": {"resume"},
     "resume": {"drain", "extras"},
     "client": {"resume", "drain", "extras"},

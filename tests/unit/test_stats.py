@@ -72,6 +72,7 @@ def test_scope_field_names_match_envoy() -> None:
         "downstream_cx_active",
         "downstream_cx_http1_active",
         "downstream_cx_http2_active",
+        "downstream_cx_http3_active",
         "downstream_cx_upgrades_active",
         "downstream_rq_active",
     } == HttpStats.GAUGES

@@ -9,6 +9,7 @@ Defaults fit Kubernetes' 30 s grace period: drain 20 s, then at most a 5 s route
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import os
 import re
@@ -37,6 +38,7 @@ from lameduck.drain.endpoint import AdminState
 from lameduck.drain.event import Direction, DrainType, IdleClose, Strategy
 from lameduck.drain.policy import WINDOW_EPSILON
 from lameduck.drain.prestop import Leave
+from lameduck.extras import missing_extra
 
 __all__ = [
     "AdminConfig",
@@ -474,6 +476,18 @@ class Http2Config(BaseModel):
     flood_window: PositiveDuration = 10.0
 
 
+class Http3Config(BaseModel):
+    """HTTP/3 (RFC 9114 over QUIC, RFC 9000) on a TLS listener's address and port, over UDP.
+    Its stream and header limits are the listener's `http2` and `max_request_headers_kb`;
+    its QUIC idle timeout is the listener's `idle_timeout`. Needs the `http3` extra."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The max-age of the Alt-Svc the TCP listener's responses advertise h3 with (RFC 7838
+    # §3 "ma"): how long a client may remember that HTTP/3 is on offer here.
+    alt_svc_max_age: Duration = 86400.0
+
+
 class UpstreamHttp2Config(BaseModel):
     """HTTP/2 to a `protocol: h2` cluster (Envoy's cluster http2_protocol_options names)."""
 
@@ -564,6 +578,7 @@ class ListenerConfig(BaseModel):
     max_request_headers_kb: int = Field(60, ge=1, le=8192)
     tls: TlsConfig | None = None
     http2: Http2Config = Http2Config()
+    http3: Http3Config | None = None  # off; `http3: {}` serves HTTP/3 too (needs `tls`)
     connect: ConnectConfig = ConnectConfig()
     # http: HTTP/1.1 and HTTP/2 through `routes`; tcp: bytes relayed to `cluster` (Layer 4:
     # persistence by source IP, drain stop does not apply).
@@ -601,6 +616,13 @@ class ListenerConfig(BaseModel):
                                  "..."))
             if self.tls is not None:
                 problems.append((("tls",), "not supported for protocol: tcp", "..."))
+        if self.http3 is not None:
+            if self.protocol != "http" or self.tls is None:
+                problems.append((("http3",), "needs `tls` on an HTTP listener (QUIC is "
+                                 "always encrypted, RFC 9001)", "..."))
+            elif importlib.util.find_spec("aioquic") is None:
+                problems.append((("http3",), str(missing_extra("http3", "listeners[].http3",
+                                 ModuleNotFoundError(name="aioquic"))), "..."))
         _fail("ListenerConfig", problems)
         return self
 
@@ -875,6 +897,11 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Self:
+        if self.workers != 1:
+            _fail("Config", [(("listeners", i, "http3"), "not with workers other than 1 yet: "
+                              "one process owns the UDP socket and its QUIC connections",
+                              "...") for i, ln in enumerate(self.listeners)
+                             if ln.http3 is not None])
         _fail("Config", cross_problems(self.admin, self.drain, self.shutdown, self.hot_restart,
                                        list(enumerate(self.listeners)),
                                        list(enumerate(self.clusters))))

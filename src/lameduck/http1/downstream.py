@@ -692,6 +692,8 @@ class H1Downstream(Downstream):
             out.append(b"connection: keep-alive\r\n")
         if ex.set_cookie is not None:
             out.append(b"set-cookie: %s\r\n" % ex.set_cookie)
+        if self.alt_svc is not None:
+            out.append(b"alt-svc: %s\r\n" % self.alt_svc_value())
         out.append(b"\r\n")
         self.write(b"".join(out))
 
@@ -704,6 +706,19 @@ class H1Downstream(Downstream):
         # Lines added before the head's blank line (``end``: where it starts); the upstream
         # sent no x-envoy-upstream-service-time of its own (``whole_response`` passes none).
         svc = ex.svc_ms
+        if self.alt_svc is not None:
+            # the listener serves HTTP/3 (the rare case): its Alt-Svc joins the added lines
+            drains = self.response_drains(ex)
+            extra = [data[:end]]
+            if svc >= 0:
+                extra.append(service_time_line(svc))
+            extra.append(b"\r\nalt-svc: %s" % self.alt_svc_value())
+            if drains:
+                h.close = True
+                extra.append(b"\r\nconnection: close")
+            extra.append(data[end:])
+            self.write(b"".join(extra))
+            return True
         if self.response_drains(ex):
             h.close = True
             if svc >= 0:

@@ -45,9 +45,9 @@ from lameduck.proxy.local import (
     CUT_STATUS,
     GOING_AWAY_BODY,
     RETRY_AFTER,
-    grpc_local_reply,
+    local_answer,
 )
-from lameduck.proxy.message import HTTP2, SERVICE_TIME, RequestHead
+from lameduck.proxy.message import HTTP2, RequestHead
 from lameduck.stats import HttpStats
 from lameduck.tunnel.relay import Pending, Relay, destination, open_destination
 from lameduck.upstream.connector import Fields, UpstreamConn
@@ -69,12 +69,6 @@ log = logging.getLogger("lameduck.http2")
 # A stream's response bytes held back by the client's flow-control window before its upstream is
 # paused; and request bytes held for an upstream not attached yet (the window bounds them too).
 OUTBOUND_HIGH = 256 * 1024
-TEXT = b"text/plain; charset=utf-8"
-
-
-def _local_headers(body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()) -> list[
-        tuple[bytes, bytes]]:
-    return [(b"content-type", TEXT), (b"content-length", b"%d" % len(body)), *extra]
 
 
 class H2Stream(Exchange):
@@ -310,12 +304,9 @@ class H2Downstream(Downstream):
                   length: int | None) -> None:
         self.response_drains(ex)
         bodyless = ex.is_head or status == 204 or status == 304
-        svc = ex.svc_ms
-        if svc >= 0:  # ours in place of the upstream's (Envoy's router overwrites it)
-            fields = [f for f in fields if len(f[0]) != 29 or f[0].lower() != SERVICE_TIME]
-            fields.append((SERVICE_TIME, b"%d" % svc))
-        if ex.set_cookie is not None:
-            fields = [*fields, (b"set-cookie", ex.set_cookie)]
+        fields = ex.head_fields(fields)
+        if self.alt_svc is not None:
+            fields = [*fields, (b"alt-svc", self.alt_svc_value())]  # type: ignore[list-item]
         self.h2.send_headers(ex.sid, status, fields, end_stream=bodyless)
         if bodyless:
             ex.response_over()  # the upstream still ends its message; we are done here
@@ -529,15 +520,10 @@ class H2Downstream(Downstream):
         like any response)."""
         self.response_drains(s)
         s.response_begun()
-        h2 = self.h2
-        if s.grpc:
-            # Trailers-only, HTTP 200: the gRPC status says why (counted as the HTTP status).
-            h2.send_headers(s.sid, 200, grpc_local_reply(status, body), end_stream=True)
-        elif s.is_head:
-            h2.send_headers(s.sid, status, _local_headers(body, extra), end_stream=True)
-        else:
-            h2.send_headers(s.sid, status, _local_headers(body, extra))
-            h2.send_data(s.sid, body, end_stream=True)
+        code, fields, data = local_answer(status, body, extra, s.grpc, s.is_head)
+        self.h2.send_headers(s.sid, code, fields, end_stream=data is None)
+        if data is not None:
+            self.h2.send_data(s.sid, data, end_stream=True)
 
     def reset_stream(self, s: H2Stream, code: ErrorCode) -> None:
         self.h2stats.tx_reset += 1

@@ -28,9 +28,12 @@ Rules it keeps (RFC 9114 unless noted):
   CONNECTION_CLOSE with H3_NO_ERROR (§5.2, §8.1). ``close`` is the last step of a drain.
 
 What aioquic keeps private and this module relies on, in one place each: the control
-stream's id (``H3Connection._local_control_stream_id``) to write GOAWAY on, and the limit
+stream's id (``H3Connection._local_control_stream_id``) to write GOAWAY on, the limit
 object behind MAX_STREAMS for the client's bidirectional streams
-(``QuicConnection._local_max_streams_bidi``), replaced by one that can be frozen.
+(``QuicConnection._local_max_streams_bidi``), replaced by one that can be frozen, a
+stream's send buffer (``QuicStreamSender._buffer``) to tell how much is unacknowledged, and
+a stream's receive window (``QuicStream.max_stream_data_local``), frozen while its request
+body is held (``hold``).
 """
 
 from __future__ import annotations
@@ -51,19 +54,22 @@ try:
         H3Connection,
         H3Stream,
         MessageError,
+        Setting,
         encode_frame,
     )
     from aioquic.h3.events import DataReceived, H3Event, HeadersReceived
     from aioquic.quic import events as quic
     from aioquic.quic.configuration import QuicConfiguration
     from aioquic.quic.connection import Limit, NetworkAddress, QuicConnection
+    from aioquic.quic.stream import QuicStream
 except ModuleNotFoundError as e:  # pragma: no cover - the extra is a test dependency
     raise missing_extra("http3", "lameduck.http3", e) from e
 
 __all__ = [
     "GOAWAY_ALL", "H3_ALPN", "H3_MESSAGE_ERROR", "H3_NO_ERROR", "H3_REQUEST_CANCELLED",
-    "H3_REQUEST_REJECTED", "BodyReceived", "ConnectionClosed", "Event", "H3Server",
-    "RequestReceived", "StreamRefused", "StreamReset", "TrailersReceived",
+    "H3_REQUEST_REJECTED", "BodyReceived", "ConnectionClosed", "ConnectionIdIssued",
+    "ConnectionIdRetired", "Event", "H3Server", "HeadersTooLarge", "RequestReceived",
+    "StreamRefused", "StreamReset", "TrailersReceived",
 ]
 
 # RFC 9114 §8.1 error codes.
@@ -124,6 +130,29 @@ class StreamRefused:
 
 
 @dataclass(frozen=True, slots=True)
+class HeadersTooLarge:
+    """A request head larger than SETTINGS_MAX_FIELD_SECTION_SIZE (RFC 9114 §4.2.2): never
+    handed on; the caller answers it 431 on ``stream_id`` (``send_head``/``send_body``)."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionIdIssued:
+    """QUIC issued a new connection id for this connection (RFC 9000 §5.1): datagrams
+    addressed to it are this connection's."""
+
+    cid: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionIdRetired:
+    """A connection id of this connection the client retired: no longer this one's."""
+
+    cid: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class ConnectionClosed:
     """The QUIC connection ended (either side's CONNECTION_CLOSE, or idle timeout)."""
 
@@ -132,7 +161,7 @@ class ConnectionClosed:
 
 
 Event = (RequestReceived | BodyReceived | TrailersReceived | StreamReset | StreamRefused
-         | ConnectionClosed)
+         | HeadersTooLarge | ConnectionIdIssued | ConnectionIdRetired | ConnectionClosed)
 
 
 class _Grant(Limit):
@@ -157,6 +186,22 @@ class _Grant(Limit):
             self._value = value
 
 
+class _HeldStream(QuicStream):
+    """A QUIC stream whose receive window stays where it is: aioquic doubles a stream's
+    MAX_STREAM_DATA as data arrive, whether or not anyone reads them, so a request body the
+    upstream does not take would otherwise be buffered without bound. Held, the client's
+    window is what it was (RFC 9000 §4.1: the receiver's flow control), and it waits."""
+
+    @property  # type: ignore[override]
+    def max_stream_data_local(self) -> int:
+        return self.__dict__["max_stream_data_local"]  # type: ignore[no-any-return]
+
+    @max_stream_data_local.setter
+    def max_stream_data_local(self, value: int) -> None:
+        if "max_stream_data_local" not in self.__dict__:
+            self.__dict__["max_stream_data_local"] = value
+
+
 class _StreamMalformed(Exception):
     """aioquic found a request stream's message malformed. Not one of its ProtocolErrors, so
     it leaves ``handle_event`` instead of closing the connection."""
@@ -168,7 +213,20 @@ class _StreamMalformed(Exception):
 
 class _H3(H3Connection):
     """aioquic's HTTP/3 connection, with a malformed message a stream error (RFC 9114
-    §4.1.2) rather than a connection error."""
+    §4.1.2) rather than a connection error, and lameduck's SETTINGS: the largest field
+    section it takes (SETTINGS_MAX_FIELD_SECTION_SIZE, §7.2.4.1), and no extended CONNECT
+    (RFC 9220: no WebSocket over HTTP/3 here)."""
+
+    def __init__(self, quic: QuicConnection, max_field_section_size: int) -> None:
+        self._max_field_section = max_field_section_size  # read by __init__'s SETTINGS
+        super().__init__(quic)
+
+    def _get_local_settings(self) -> dict[int, int]:
+        settings = super()._get_local_settings()
+        settings.pop(Setting.ENABLE_CONNECT_PROTOCOL, None)
+        if self._max_field_section:
+            settings[Setting.MAX_FIELD_SECTION_SIZE] = self._max_field_section
+        return settings
 
     def _handle_request_or_push_frame(self, frame_type: int, frame_data: bytes | None,
                                       stream: H3Stream, stream_ended: bool) -> list[H3Event]:
@@ -203,15 +261,23 @@ class H3Server:
     """One server-side HTTP/3 connection. See the module docstring for the rules."""
 
     def __init__(self, configuration: QuicConfiguration,
-                 original_destination_connection_id: bytes) -> None:
+                 original_destination_connection_id: bytes, max_streams: int = 0,
+                 max_field_section_size: int = 0) -> None:
         """``configuration``: a server's (certificate loaded, ``alpn_protocols`` H3_ALPN);
         ``original_destination_connection_id``: the destination connection id of the
-        client's first Initial packet (``aioquic.quic.packet.pull_quic_header``)."""
+        client's first Initial packet (``aioquic.quic.packet.pull_quic_header``);
+        ``max_streams``: the client's concurrent requests (QUIC's initial_max_streams_bidi,
+        RFC 9000 §18.2; 0: aioquic's 128); ``max_field_section_size``: the largest request
+        head taken (RFC 9114 §4.2.2, size as RFC 9113 §6.5.2 counts it; 0: no limit)."""
         self.quic = QuicConnection(
             configuration=configuration,
             original_destination_connection_id=original_destination_connection_id)
         self._grant = _Grant(self.quic._local_max_streams_bidi)
+        if max_streams:
+            self._grant._value = max_streams
+            self._grant.sent = max_streams
         self.quic._local_max_streams_bidi = self._grant
+        self.max_field_section_size = max_field_section_size
         self.h3: _H3 | None = None  # once ALPN chose h3
         self.streams: dict[int, _Stream] = {}
         self.last_processed = -1  # the highest stream id handed on
@@ -252,8 +318,14 @@ class H3Server:
         while (ev := q.next_event()) is not None:
             if isinstance(ev, quic.ProtocolNegotiated):
                 if self.h3 is None and ev.alpn_protocol in H3_ALPN:
-                    self.h3 = _H3(q)
+                    self.h3 = _H3(q, self.max_field_section_size)
                     self._write_goaway()  # a drain that began during the handshake
+                continue
+            if isinstance(ev, quic.ConnectionIdIssued):
+                out.append(ConnectionIdIssued(ev.connection_id))
+                continue
+            if isinstance(ev, quic.ConnectionIdRetired):
+                out.append(ConnectionIdRetired(ev.connection_id))
                 continue
             if isinstance(ev, quic.ConnectionTerminated):
                 self.closing = self.closed = True
@@ -317,6 +389,14 @@ class H3Server:
     def _request(self, sid: int, headers: list[tuple[bytes, bytes]], end_stream: bool,
                  out: list[Event]) -> None:
         """A request head, judged by the rules HTTP/2 keeps (``proxy.sections``)."""
+        limit = self.max_field_section_size
+        if limit and sum(len(n) + len(v) + 32 for n, v in headers) > limit:
+            # answered 431 by the caller: the stream is handed on, with no head
+            self.streams[sid] = _Stream(end_stream)
+            if sid > self.last_processed:
+                self.last_processed = sid
+            out.append(HeadersTooLarge(sid))
+            return
         try:
             method, scheme, authority, path, protocol, regular, _cl = request_fields(
                 headers, end_stream)
@@ -392,6 +472,26 @@ class H3Server:
         self.h3.send_headers(stream_id, outgoing(fields), end_stream=True)
         self._responded(stream_id, st)
 
+    def hold(self, stream_id: int) -> None:
+        """Grant the client no more of ``stream_id``'s request body for now (its receive
+        window frozen) until ``release``."""
+        stream = self.quic._streams.get(stream_id)
+        if stream is not None and type(stream) is QuicStream:
+            stream.__class__ = _HeldStream
+
+    def release(self, stream_id: int) -> None:
+        """The request body of ``stream_id`` flows again: its window grows as aioquic's do
+        (a MAX_STREAM_DATA in the next ``datagrams_to_send``)."""
+        stream = self.quic._streams.get(stream_id)
+        if stream is not None and type(stream) is _HeldStream:
+            stream.__class__ = QuicStream
+
+    def buffered(self, stream_id: int) -> int:
+        """Response bytes of ``stream_id`` QUIC holds, not yet acknowledged by the client
+        (aioquic's send buffer, which nothing else bounds): the caller pauses the source."""
+        stream = self.quic._streams.get(stream_id)
+        return 0 if stream is None else len(stream.sender._buffer)
+
     def _responded(self, sid: int, st: _Stream) -> None:
         st.response_done = True
         if not st.request_done:
@@ -421,6 +521,12 @@ class H3Server:
         if self.goaway_id is None:
             self._grant.frozen = True
             self._goaway(GOAWAY_ALL)
+
+    def unprocess(self, stream_id: int) -> None:
+        """``stream_id`` was handed on but turned away unprocessed (past the drain time): the
+        final GOAWAY names it as the first stream not processed, not the one after it."""
+        if self.last_processed == stream_id:
+            self.last_processed = stream_id - 4
 
     def drain_final(self) -> None:
         """Phase 2: GOAWAY with the first stream id not processed (the last handed on + 4);

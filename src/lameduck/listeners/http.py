@@ -13,6 +13,7 @@ import math
 import random
 import socket
 from collections.abc import Callable
+from typing import Any
 
 from lameduck.config import ListenerConfig
 from lameduck.drain import ListenerDrain, ProcessDrain
@@ -114,7 +115,9 @@ class HttpListener(Listener):
         self.h2stats = h2stats if h2stats is not None else Http2Stats()
         self.drain_stats = drain_stats
         self.rng = rng
-        self.connections: set[H1Downstream | H2Downstream] = set()
+        self.connections: set[Any] = set()  # H1Downstream, H2Downstream, H3Downstream
+        self.quic: Any = None  # the UDP socket's QuicEndpoint (listeners[].http3)
+        self.alt_svc: bytes | None = None  # what TCP responses advertise it with (RFC 7838)
         hc = cfg.health_check_path
         self.health_check_path = hc.encode() if hc else None
         lp = cfg.lb_probes
@@ -198,6 +201,8 @@ class HttpListener(Listener):
         if sock is None:
             sock = self.bind()
         self.sockname = sock.getsockname()
+        if self.cfg.http3 is not None:
+            await self._start_quic()  # first: every TCP connection reads its Alt-Svc
         Listener.running.add(self)
         if self.ssl is not None:
             # accepted plain, the handshake is TlsAccept's: counted from the accept
@@ -208,3 +213,31 @@ class HttpListener(Listener):
             self.server = await self.loop.create_server(
                 lambda: H1Downstream(self) if self.has_room() else Overflow(self), sock=sock,
                 backlog=BACKLOG)
+
+    async def _start_quic(self) -> None:
+        """HTTP/3 on a UDP socket at the TCP listener's address and port (bound by then:
+        port 0 has become a real one). A failure to bind fails the start-up: ListenError."""
+        from lameduck.listeners.quic import QuicEndpoint, bind_udp, quic_configuration
+
+        # aioquic logs every connection's negotiation and close at INFO ("quic"): per
+        # connection, not what an operator reads; its warnings still show.
+        logging.getLogger("quic").setLevel(logging.WARNING)
+        udp = bind_udp(self, self.sockname[1])
+        idle = self.cfg.idle_timeout if self.cfg.idle_timeout > 0 else 3600.0
+        endpoint = QuicEndpoint(self, quic_configuration(self.cfg, idle))
+        try:
+            await self.loop.create_datagram_endpoint(lambda: endpoint, sock=udp)
+        except BaseException:
+            udp.close()
+            raise
+        self.quic = endpoint
+        h3 = self.cfg.http3
+        assert h3 is not None
+        self.alt_svc = b'h3=":%d"; ma=%d' % (self.sockname[1], int(h3.alt_svc_max_age))
+
+    def stop_accepting(self, handed_over: bool = False) -> None:
+        """The TCP socket closes; the UDP one takes no new QUIC connections and closes once
+        its last one has ended."""
+        super().stop_accepting(handed_over)
+        if self.quic is not None:
+            self.quic.stop_accepting()

@@ -111,6 +111,9 @@ class Downstream(asyncio.Protocol):
         # The client's address as the access log writes it (%DOWNSTREAM_REMOTE_ADDRESS%), read
         # on the first line that asks; "" if the transport had none.
         self.log_peer: str | None = None
+        # Alt-Svc the listener advertises on TCP (``h3=":PORT"; ma=N``, RFC 7838 §3) when it
+        # serves HTTP/3 too; None: no HTTP/3, nothing added.
+        self.alt_svc: bytes | None = getattr(ctx, "alt_svc", None)
 
     def take(self, transport: asyncio.BaseTransport, fresh: bool = True) -> None:
         """This connection's socket, and its peer (for X-Forwarded-For). Small writes go out at
@@ -231,6 +234,20 @@ class Downstream(asyncio.Protocol):
             self.drained(DrainedBy.RESPONSE)
             self.arm_drain()  # its grace G is one of the drain's moments
         return True
+
+    def alt_svc_value(self) -> bytes | None:
+        """The Alt-Svc field value for a response on this (TCP) connection: the listener's
+        HTTP/3 offer, or ``clear`` (RFC 7838 §3: forget every alternative) once its listener
+        drains or the connection was drained, so clients stay on TCP and leave with it
+        instead of opening QUIC connections to an instance on its way out. None: the
+        listener has no HTTP/3."""
+        adv = self.alt_svc
+        if adv is None:
+            return None
+        d = self.drain
+        if d.drained_by is not None or not d.listener.quiet:
+            return b"clear"
+        return adv
 
     def drained(self, by: DrainedBy) -> None:
         """The connection was drained (by a response, or its proactive moment): count it and

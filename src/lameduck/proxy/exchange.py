@@ -66,7 +66,7 @@ from lameduck.proxy.local import (
     GOING_AWAY_BODY,
     RETRY_AFTER,
 )
-from lameduck.proxy.message import HTTP11, STREAM, RequestHead
+from lameduck.proxy.message import HTTP11, SERVICE_TIME, STREAM, RequestHead
 from lameduck.proxy.replay import REPLAY_LIMIT
 from lameduck.upstream.connector import ExchangeSink, Fields, UpstreamConn, UpstreamError
 
@@ -779,6 +779,18 @@ class Exchange(ExchangeSink):
         self.resp_fields = fields
         self.service_time()
         self.down.send_head(self, status, fields, length)
+
+    def head_fields(self, fields: Fields) -> Fields:
+        """The response fields a multiplexed codec (HTTP/2, HTTP/3) sends, from the
+        upstream's: x-envoy-upstream-service-time ours in place of the upstream's (Envoy's
+        router overwrites it), and the persistence cookie to set."""
+        svc = self.svc_ms
+        if svc >= 0:
+            fields = [f for f in fields if len(f[0]) != 29 or f[0].lower() != SERVICE_TIME]
+            fields.append((SERVICE_TIME, b"%d" % svc))
+        if self.set_cookie is not None:
+            fields = [*fields, (b"set-cookie", self.set_cookie)]
+        return fields
 
     def service_time(self) -> None:
         """Envoy's router adds ``x-envoy-upstream-service-time`` to a response it proxies:

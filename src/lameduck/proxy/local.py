@@ -20,6 +20,30 @@ CUT_STATUS: Final = 2  # a gRPC call's response had started: CUT_GRPC_TRAILERS e
 CUT_DROPPED: Final = 3  # nothing: it could not be answered (pipelined behind another)
 
 
+TEXT: Final = b"text/plain; charset=utf-8"
+
+
+def local_fields(body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()) -> list[
+        tuple[bytes, bytes]]:
+    """The fields of an answer from here on a multiplexed protocol (HTTP/2, HTTP/3): a
+    plain-text body of known length, and ``extra`` (Retry-After)."""
+    return [(b"content-type", TEXT), (b"content-length", b"%d" % len(body)), *extra]
+
+
+def local_answer(status: int, body: bytes, extra: tuple[tuple[bytes, bytes], ...],
+                 grpc: bool, is_head: bool) -> tuple[int, list[tuple[bytes, bytes]],
+                                                     bytes | None]:
+    """A local answer on a multiplexed protocol (HTTP/2, HTTP/3), as the status, fields and
+    body to send; body None: the head ends the stream. A gRPC call gets a trailers-only
+    response, HTTP 200 with the gRPC status saying why (counted as the HTTP status); a HEAD
+    gets the head alone."""
+    if grpc:
+        return 200, grpc_local_reply(status, body), None
+    if is_head:
+        return status, local_fields(body, extra), None
+    return status, local_fields(body, extra), body
+
+
 # gRPC (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md): a request whose
 # content-type starts with this is a call; what lameduck answers itself on it is a gRPC status,
 # as Envoy does, so the client's retry policy sees the real cause instead of an HTTP status it

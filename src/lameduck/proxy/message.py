@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 HTTP10: Final = 10
 HTTP11: Final = 11
 HTTP2: Final = 20
-HTTP3: Final = 30  # RFC 9114 (lameduck.http3: a codec, not served by a listener yet)
+HTTP3: Final = 30  # RFC 9114 (lameduck.http3, listeners[].http3)
 # An opaque byte stream (a TCP listener's connection): no HTTP version, method or status; the
 # access log writes "-" for its protocol, as Envoy's does for a TCP proxy.
 STREAM: Final = 1

@@ -21,6 +21,8 @@ HELP: Final[dict[str, str]] = {
     "envoy_http_downstream_cx_http1_active": "HTTP/1.x downstream connections open.",
     "envoy_http_downstream_cx_http2_total": "HTTP/2 downstream connections accepted.",
     "envoy_http_downstream_cx_http2_active": "HTTP/2 downstream connections open.",
+    "envoy_http_downstream_cx_http3_total": "HTTP/3 (QUIC) downstream connections accepted.",
+    "envoy_http_downstream_cx_http3_active": "HTTP/3 (QUIC) downstream connections open.",
     "envoy_http_downstream_cx_ssl_total": "Downstream TLS connections handshaken.",
     "envoy_http_downstream_cx_upgrades_total":
         "Downstream WebSocket upgrades and CONNECT tunnels established.",
@@ -44,6 +46,7 @@ HELP: Final[dict[str, str]] = {
     "envoy_http_downstream_rq_active": "Downstream requests in flight.",
     "envoy_http_downstream_rq_http1_total": "Downstream HTTP/1.x requests received.",
     "envoy_http_downstream_rq_http2_total": "Downstream HTTP/2 requests received.",
+    "envoy_http_downstream_rq_http3_total": "Downstream HTTP/3 requests received.",
     "envoy_http_downstream_rq_xx":
         "Downstream responses sent, by status class (label envoy_response_code_class).",
     "envoy_http_downstream_rq_completed": "Downstream requests whose response went out whole.",

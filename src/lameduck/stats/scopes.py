@@ -70,6 +70,8 @@ class HttpStats(ConnectionStats):
     downstream_cx_http1_active: int = 0
     downstream_cx_http2_total: int = 0
     downstream_cx_http2_active: int = 0
+    downstream_cx_http3_total: int = 0  # QUIC connections (listeners[].http3)
+    downstream_cx_http3_active: int = 0
     downstream_cx_ssl_total: int = 0
     downstream_cx_upgrades_total: int = 0  # WebSocket upgrades and CONNECT tunnels
     downstream_cx_upgrades_active: int = 0
@@ -84,6 +86,7 @@ class HttpStats(ConnectionStats):
     downstream_rq_active: int = 0
     downstream_rq_http1_total: int = 0
     downstream_rq_http2_total: int = 0
+    downstream_rq_http3_total: int = 0
     downstream_rq_1xx: int = 0
     downstream_rq_2xx: int = 0
     downstream_rq_3xx: int = 0
@@ -113,7 +116,7 @@ class HttpStats(ConnectionStats):
 
 name_gauges(HttpStats, {
     "downstream_cx_active", "downstream_cx_http1_active", "downstream_cx_http2_active",
-    "downstream_cx_upgrades_active", "downstream_rq_active",
+    "downstream_cx_http3_active", "downstream_cx_upgrades_active", "downstream_rq_active",
 })
 name_histograms(HttpStats, {"downstream_cx_drain_time", "downstream_rq_time"})
 
