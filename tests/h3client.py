@@ -27,6 +27,27 @@ from aioquic.quic.configuration import QuicConfiguration
 GOAWAY = 0x07  # RFC 9114 §7.2.6
 
 
+def goaway_ids(uni: dict[int, bytearray]) -> list[int]:
+    """The GOAWAY identifiers on the server's control stream, in order, from what a client
+    read of the server's unidirectional streams (aioquic's client parses GOAWAY but reports
+    nothing of it)."""
+    for data in uni.values():
+        buf = Buffer(data=bytes(data))
+        if buf.pull_uint_var() != 0:  # not the control stream (RFC 9114 §6.2.1)
+            continue
+        ids = []
+        try:
+            while not buf.eof():
+                kind, length = buf.pull_uint_var(), buf.pull_uint_var()
+                payload = buf.pull_bytes(length)
+                if kind == GOAWAY:
+                    ids.append(Buffer(data=payload).pull_uint_var())
+        except BufferReadError:
+            pass  # a frame not whole yet
+        return ids
+    return []
+
+
 @dataclass
 class Reply:
     status: int = 0
@@ -115,21 +136,7 @@ class H3Client(QuicConnectionProtocol):
     def goaways(self) -> list[int]:
         """The GOAWAY identifiers on the server's control stream, in order (aioquic's client
         parses GOAWAY but reports nothing of it)."""
-        for data in self.uni.values():
-            buf = Buffer(data=bytes(data))
-            if buf.pull_uint_var() != 0:  # not the control stream (RFC 9114 §6.2.1)
-                continue
-            ids = []
-            try:
-                while not buf.eof():
-                    kind, length = buf.pull_uint_var(), buf.pull_uint_var()
-                    payload = buf.pull_bytes(length)
-                    if kind == GOAWAY:
-                        ids.append(Buffer(data=payload).pull_uint_var())
-            except BufferReadError:
-                pass  # a frame not whole yet
-            return ids
-        return []
+        return goaway_ids(self.uni)
 
     def settings(self) -> dict[int, int]:
         return dict(self.h3._received_settings or {})

@@ -9,7 +9,7 @@ import trustme
 
 pytest.importorskip("aioquic")
 
-from aioquic.buffer import Buffer, BufferReadError
+from aioquic.buffer import Buffer
 from aioquic.h3.connection import H3Connection
 from aioquic.h3.events import DataReceived, H3Event, HeadersReceived
 from aioquic.quic import events as qe
@@ -33,10 +33,10 @@ from lameduck.http3 import (
     TrailersReceived,
 )
 from lameduck.proxy.message import HTTP3
+from tests.h3client import goaway_ids
 
 CLIENT_ADDR = ("10.0.0.1", 4433)
 SERVER_ADDR = ("10.0.0.2", 443)
-GOAWAY = 0x07
 STEP = 0.005  # the fake clock's step between rounds: past the ACK delay, far from any timeout
 
 
@@ -116,21 +116,7 @@ class Link:
     def goaways(self) -> list[int]:
         """The GOAWAY identifiers on the server's control stream (aioquic's client parses
         GOAWAY but reports nothing of it)."""
-        for data in self._uni.values():
-            buf = Buffer(data=bytes(data))
-            if buf.pull_uint_var() != 0:  # not the control stream (RFC 9114 §6.2.1)
-                continue
-            ids = []
-            try:
-                while not buf.eof():
-                    kind, length = buf.pull_uint_var(), buf.pull_uint_var()
-                    payload = buf.pull_bytes(length)
-                    if kind == GOAWAY:
-                        ids.append(Buffer(data=payload).pull_uint_var())
-            except BufferReadError:
-                pass  # a frame not whole yet
-            return ids
-        return []
+        return goaway_ids(self._uni)
 
     def request(self, headers: list[tuple[bytes, bytes]], body: bytes = b"",
                 trailers: list[tuple[bytes, bytes]] | None = None, end: bool = True) -> int:

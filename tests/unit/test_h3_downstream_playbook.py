@@ -17,7 +17,7 @@ import trustme
 
 pytest.importorskip("aioquic")
 
-from aioquic.buffer import Buffer, BufferReadError
+from aioquic.buffer import Buffer
 from aioquic.h3.connection import H3Connection
 from aioquic.h3.events import DataReceived, H3Event, HeadersReceived
 from aioquic.quic import events as qe
@@ -30,12 +30,12 @@ from lameduck.http3 import GOAWAY_ALL, H3_ALPN, H3_NO_ERROR, H3_REQUEST_REJECTED
 from lameduck.http3.downstream import H3Downstream
 from tests import playbook
 from tests.drainplay import ScriptedRng
+from tests.h3client import goaway_ids
 
 START, T, G = 10.0, 12.0, 1.0
 EV = DrainEvent(START, Strategy.GRADUAL, T, G)
 CLIENT = ("10.0.0.1", 4433)
 SERVER = ("10.0.0.2", 443)
-GOAWAY = 0x07
 STEP = 0.002
 GET = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"app"),
        (b":path", b"/x")]
@@ -167,21 +167,7 @@ class Wire:
         return None
 
     def goaways(self) -> list[int]:
-        for data in self.uni.values():
-            buf = Buffer(data=bytes(data))
-            if buf.pull_uint_var() != 0:
-                continue
-            ids = []
-            try:
-                while not buf.eof():
-                    kind, length = buf.pull_uint_var(), buf.pull_uint_var()
-                    payload = buf.pull_bytes(length)
-                    if kind == GOAWAY:
-                        ids.append(Buffer(data=payload).pull_uint_var())
-            except BufferReadError:
-                pass
-            return ids
-        return []
+        return goaway_ids(self.uni)
 
 
 def answer(ls: Listener, body: bytes = b"ok") -> None:

@@ -40,11 +40,6 @@ from lameduck.proxy.downstream import STOP, Downstream, HttpConnectionContext
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_fields
 from lameduck.proxy.local import (
-    CUT_ANSWER,
-    CUT_GRPC_TRAILERS,
-    CUT_STATUS,
-    GOING_AWAY_BODY,
-    RETRY_AFTER,
     local_answer,
 )
 from lameduck.proxy.message import HTTP2, RequestHead
@@ -525,6 +520,12 @@ class H2Downstream(Downstream):
         if data is not None:
             self.h2.send_data(s.sid, data, end_stream=True)
 
+    def stream_trailers(self, s: Exchange, fields: Fields) -> None:
+        self.h2.send_trailers(s.sid, fields)
+
+    def cancel_stream(self, s: Exchange) -> None:
+        self.reset_stream(s, ErrorCode.CANCEL)  # type: ignore[arg-type]  # one of ours
+
     def reset_stream(self, s: H2Stream, code: ErrorCode) -> None:
         self.h2stats.tx_reset += 1
         self.h2.reset_stream(s.sid, code)
@@ -581,15 +582,7 @@ class H2Downstream(Downstream):
             if not s.admitted:
                 continue
             self._detach(s)  # (a CONNECT's destination socket too)
-            what = s.deadline_cut()
-            if what == CUT_ANSWER:
-                self.respond(s, 503, GOING_AWAY_BODY, RETRY_AFTER)
-                s.finish()
-            elif what == CUT_STATUS:
-                self.h2.send_trailers(s.sid, CUT_GRPC_TRAILERS)
-                s.finish()
-            else:
-                self.reset_stream(s, ErrorCode.CANCEL)
+            self.cut_stream(s)
         self.final_notice()
         self.kick()
         if not self.streams:

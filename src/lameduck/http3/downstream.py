@@ -43,11 +43,6 @@ from lameduck.proxy.downstream import Downstream, HttpConnectionContext
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_fields
 from lameduck.proxy.local import (
-    CUT_ANSWER,
-    CUT_GRPC_TRAILERS,
-    CUT_STATUS,
-    GOING_AWAY_BODY,
-    RETRY_AFTER,
     local_answer,
 )
 from lameduck.proxy.message import HTTP3
@@ -412,6 +407,12 @@ class H3Downstream(Downstream):
             self.h3.send_body(s.sid, data, end_stream=True)
         self.kick()
 
+    def stream_trailers(self, s: Exchange, fields: Fields) -> None:
+        self.h3.send_trailers(s.sid, fields)
+
+    def cancel_stream(self, s: Exchange) -> None:
+        self.reset_stream(s, H3_REQUEST_CANCELLED)
+
     def reset_stream(self, s: Exchange, code: int) -> None:
         self.h3.cancel(s.sid, code)
         s.response_over()
@@ -455,15 +456,7 @@ class H3Downstream(Downstream):
             if not s.admitted:
                 continue
             s.detach()
-            what = s.deadline_cut()
-            if what == CUT_ANSWER:
-                self.respond(s, 503, GOING_AWAY_BODY, RETRY_AFTER)
-                s.finish()
-            elif what == CUT_STATUS:
-                self.h3.send_trailers(s.sid, CUT_GRPC_TRAILERS)
-                s.finish()
-            else:
-                self.reset_stream(s, H3_REQUEST_CANCELLED)
+            self.cut_stream(s)
         self.final_notice()
         self.kick()
         if not self.streams:

@@ -39,6 +39,13 @@ from lameduck.drain import ConnAction, ConnectionDrain, DrainedBy, Ledger, Liste
 from lameduck.proxy.accesslog import PD, RD
 from lameduck.proxy.admission import Client, client_for
 from lameduck.proxy.exchange import Exchange, ExchangeContext
+from lameduck.proxy.local import (
+    CUT_ANSWER,
+    CUT_GRPC_TRAILERS,
+    CUT_STATUS,
+    GOING_AWAY_BODY,
+    RETRY_AFTER,
+)
 from lameduck.stats import ConnectionStats, DrainStats
 from lameduck.tunnel.relay import Relay, abort_with_rst
 from lameduck.upstream.connector import Fields
@@ -170,6 +177,34 @@ class Downstream(asyncio.Protocol):
         sent, not yet on the ledger's books, that nothing can answer before it ends. An exit
         waits for it and the deadline cuts it (``head_cut``), as a request in flight."""
         return False
+
+    def cut_stream(self, s: Exchange) -> None:
+        """The shutdown deadline for one stream of a multiplexed connection (HTTP/2, HTTP/3),
+        as ``Exchange.deadline_cut`` decides: ``503`` going away if nothing of its response
+        went out, gRPC's trailers-only status once its head has, else a reset (the codec's
+        CANCEL / H3_REQUEST_CANCELLED)."""
+        what = s.deadline_cut()
+        if what == CUT_ANSWER:
+            self.respond(s, 503, GOING_AWAY_BODY, RETRY_AFTER)
+            s.finish()
+        elif what == CUT_STATUS:
+            self.stream_trailers(s, CUT_GRPC_TRAILERS)
+            s.finish()
+        else:
+            self.cancel_stream(s)
+
+    def respond(self, s: Exchange, status: int, body: bytes,
+                extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        """A whole local answer on stream ``s`` (multiplexed codecs)."""
+        raise NotImplementedError
+
+    def stream_trailers(self, s: Exchange, fields: Fields) -> None:
+        """Trailers that end stream ``s`` (multiplexed codecs)."""
+        raise NotImplementedError
+
+    def cancel_stream(self, s: Exchange) -> None:
+        """Reset stream ``s``: the deadline cancelled it (multiplexed codecs)."""
+        raise NotImplementedError
 
     def head_cut(self) -> None:
         """The shutdown deadline cut a request head partly read: counted as a request cut
