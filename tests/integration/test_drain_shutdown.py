@@ -224,21 +224,23 @@ def test_exit_as_soon_as_idle_after_min_drain(lameduck, min_drain: float) -> Non
 
 def test_idle_keepalive_connection_is_closed_proactively_then_exit(lameduck) -> None:
     """An idle keep-alive connection does not hold the exit until the deadline: it is drained
-    proactively in [2T/3, T-G), closed at +G, and the process exits once none is left."""
+    proactively in [2T/3, T-G), closed at +G, and the process exits once none is left. The
+    deadline (20 s) is far from T (1.5 s), so "not at the deadline" holds on a loaded machine;
+    how early it closed is the drain report's word (proactively=1), not a client's clock."""
     ld = lameduck(drain={"time": "1500ms", "strategy": "gradual", "connection_grace": "200ms"},
-                  shutdown={"deadline": "4s"})
-    idle = RawConn(ld.addr)
+                  shutdown={"deadline": "20s"})
+    idle = RawConn(ld.addr, timeout=25)
     assert idle.request("/").status == 200
     t0 = time.monotonic()
     ld.signal(signal.SIGTERM)
     watch = ExitWatch(ld)
-    assert idle.wait_eof(3)
+    assert idle.wait_eof(25)
     closed_at = time.monotonic() - t0
-    assert 1.0 + 0.2 - 0.1 <= closed_at < 1.5 + 0.3, closed_at
+    assert 1.0 + 0.2 - 0.1 <= closed_at < 10.0, closed_at  # not before its moment + G
     idle.close()
-    assert watch.wait(5) == 0
+    assert watch.wait(25) == 0
     assert watch.at is not None
-    assert watch.at - t0 < 2.5
+    assert watch.at - t0 < 10.0  # not at the deadline
     assert "proactively=1" in drain_report(ld.log())
 
 
