@@ -150,10 +150,10 @@ def test_upstream_timeout_is_504_on_the_stream(lameduck):
     c.request(3, "/")  # a sibling stream is not held up by the hanging one
     assert c.wait(lambda: c.done(3))
     assert c.streams[3].status == 200
-    assert c.wait(lambda: c.done(1), 3)
+    assert c.wait(lambda: c.done(1), 10)
     took = time.monotonic() - t0
     assert c.streams[1].status == 504, c.streams[1]
-    assert 0.25 <= took < 1.5, took
+    assert 0.25 <= took < 8.0, took  # the route's 300 ms, not a hang (a loaded machine: slack)
     assert ld.stat("cluster.app.upstream_rq_timeout") == 1
     assert wait_until(lambda: _settled(ld, cluster_cx=None), 3)
     c.close()
