@@ -68,9 +68,11 @@ def test_a_connection_that_sent_nothing_is_closed_by_the_exit(lameduck) -> None:
 
 
 def test_a_request_on_a_connection_accepted_before_t_gets_an_answer_after_it(lameduck) -> None:
-    """Accepted before T, its request sent after T: the exit waited for it (G after the
-    accept), so it is answered (503 going away: from T no new work) and counted as refused,
-    where an exit at T would have closed the connection under it."""
+    """Accepted before T, its request sent once the main process has reached T: the exit
+    waited for it (G after the accept), so it is answered and counted, where an exit at T
+    closed the connection under it. The answer is 503 going away (from T no new work),
+    counted as refused; or, with workers whose own T timer a loaded machine ran a moment
+    after the main process's, 200 with ``Connection: close``, counted as completed."""
     ld: Lameduck = lameduck(drain={"time": "1s", "connection_grace": "20s"},
                             shutdown={"deadline": "30s", "min_drain": "0s"},
                             hot_restart={"parent_shutdown_time": "30s"})
@@ -82,10 +84,11 @@ def test_a_request_on_a_connection_accepted_before_t_gets_an_answer_after_it(lam
         sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         response = read_all(sock)
         code = ld.wait(30)
-    assert response.startswith(b"HTTP/1.1 503 "), (response, ld.log())
+    assert response.startswith((b"HTTP/1.1 503 ", b"HTTP/1.1 200 ")), (response, ld.log())
     assert b"connection: close" in response.lower(), response
     assert code == 0, ld.log()
-    assert report_counts(ld)[:3] == (0, 1, 0), ld.log()
+    served = response.startswith(b"HTTP/1.1 200 ")
+    assert report_counts(ld)[:3] == ((1, 0, 0) if served else (0, 1, 0)), ld.log()
 
 
 def test_part_of_a_request_head_holds_the_exit_and_is_cut_at_the_deadline(lameduck) -> None:
