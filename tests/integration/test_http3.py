@@ -244,6 +244,9 @@ def report_counts(ld: Lameduck) -> tuple[int, ...]:
     return tuple(map(int, m.groups()))
 
 
+QUIC_APPLICATION_ERROR = 0x0C  # RFC 9000 §20.1
+
+
 def test_sigterm_under_http3_load(started: Callable[..., Lameduck], origin_port: int) -> None:
     """Up to 1,000 requests over a few connections, SIGTERM after the first 100: every
     request is answered 200, but those that reach a connection after T (it takes no new work
@@ -313,7 +316,10 @@ def test_sigterm_under_http3_load(started: Callable[..., Lameduck], origin_port:
         assert goaways[0] == GOAWAY_ALL, seen
         if len(goaways) == 2:
             assert goaways[1] > top, seen  # no stream it answered is above the final id
-            assert code == H3_NO_ERROR, seen
+            # H3_NO_ERROR; or, when the close went out while the server still held handshake
+            # keys (a loaded machine), the transport's APPLICATION_ERROR that RFC 9000
+            # §10.2.3 puts in a Handshake packet in its place, which the client read first
+            assert code in (H3_NO_ERROR, QUIC_APPLICATION_ERROR), seen
     assert any(len(g) == 2 and c == H3_NO_ERROR for g, _, c in drained), seen
     completed, refused, cut, _, _ = report_counts(ld)
     assert 0 < completed <= len(results), ld.log()  # (those completed during the drain)
