@@ -29,7 +29,7 @@ NUMBER = 100_000
 def exchange(agent: bytes | None, xff: bytes, loop: asyncio.AbstractEventLoop) -> Exchange:
     # a real Downstream: the compiled Exchange takes no other
     down = Downstream(SimpleNamespace(loop=loop, stats=HttpStats(), process=ProcessDrain(),
-                                      suppress_envoy_headers=False))
+                                      suppress_envoy_headers=False, alt_svc=None))
     ex = Exchange(down, b"GET")
     ex.t0 = 1000.0
     ex.status = 200

@@ -142,6 +142,7 @@ class Side:
         self.generate_request_id = False
         self.suppress_envoy_headers = True
         self.traffic = None  # no leave: confirm watch
+        self.alt_svc = None  # no HTTP/3
         self.closed: list[Any] = []
 
     def on_connection_closed(self, conn: Any) -> None:

@@ -268,6 +268,7 @@ class Context:
         self.health_check_path: bytes | None = b"/healthz"
         self.probes = None  # no leave: confirm evidence here
         self.traffic = None
+        self.alt_svc = None
         self.access_log = None  # off, as by default
         self.generate_request_id = False  # upstream heads stay as the cases write them
         # no x-envoy-upstream-service-time: the cases compare responses with what the upstream

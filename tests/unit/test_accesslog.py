@@ -57,7 +57,7 @@ def exchange(method: bytes = b"POST", **over: object) -> Exchange:
     with the log on leaves it at settle."""
     ex = Exchange(Downstream(SimpleNamespace(loop=Loop(), stats=HttpStats(),
                                              process=ProcessDrain(),
-                                             suppress_envoy_headers=False)), method)
+                                             suppress_envoy_headers=False, alt_svc=None)), method)
     ex.request_id = b"r-1"
     ex.t0 = 100.0
     ex.status = 204

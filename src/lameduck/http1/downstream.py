@@ -706,28 +706,14 @@ class H1Downstream(Downstream):
         # Lines added before the head's blank line (``end``: where it starts); the upstream
         # sent no x-envoy-upstream-service-time of its own (``whole_response`` passes none).
         svc = ex.svc_ms
-        if self.alt_svc is not None:
-            # the listener serves HTTP/3 (the rare case): its Alt-Svc joins the added lines
-            drains = self.response_drains(ex)
-            extra = [data[:end]]
-            if svc >= 0:
-                extra.append(service_time_line(svc))
-            extra.append(b"\r\nalt-svc: %s" % self.alt_svc_value())
-            if drains:
-                h.close = True
-                extra.append(b"\r\nconnection: close")
-            extra.append(data[end:])
-            self.write(b"".join(extra))
-            return True
+        added = service_time_line(svc) if svc >= 0 else b""
+        if self.alt_svc is not None:  # the listener serves HTTP/3 too
+            added += b"\r\nalt-svc: " + self.alt_svc_value()
         if self.response_drains(ex):
             h.close = True
-            if svc >= 0:
-                self.write(b"".join((data[:end], service_time_line(svc),
-                                     b"\r\nconnection: close", data[end:])))
-            else:
-                self.write(data[:end] + b"\r\nconnection: close" + data[end:])
-        elif svc >= 0:
-            self.write(b"".join((data[:end], service_time_line(svc), data[end:])))
+            added += b"\r\nconnection: close"
+        if added:
+            self.write(b"".join((data[:end], added, data[end:])))
         else:
             self.write(data)
         return True

@@ -301,7 +301,7 @@ class H2Downstream(Downstream):
         bodyless = ex.is_head or status == 204 or status == 304
         fields = ex.head_fields(fields)
         if self.alt_svc is not None:
-            fields = [*fields, (b"alt-svc", self.alt_svc_value())]  # type: ignore[list-item]
+            fields = [*fields, (b"alt-svc", self.alt_svc_value())]
         self.h2.send_headers(ex.sid, status, fields, end_stream=bodyless)
         if bodyless:
             ex.response_over()  # the upstream still ends its message; we are done here

@@ -97,6 +97,9 @@ class Listener:
     # connection or a request that nobody watches costs nothing.
     probes: ProbeTracker | None = None
     traffic: ProbeTracker | None = None
+    # What TCP responses advertise HTTP/3 with (``h3=":PORT"; ma=N``, RFC 7838), on a
+    # listener that serves it too (listeners[].http3), else None.
+    alt_svc: bytes | None = None
     # Every listener of this process (the downstream cap counts their connections together).
     running: weakref.WeakSet[Listener] = weakref.WeakSet()
     cap: int = downstream_cap()

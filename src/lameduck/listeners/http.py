@@ -117,7 +117,6 @@ class HttpListener(Listener):
         self.rng = rng
         self.connections: set[Any] = set()  # H1Downstream, H2Downstream, H3Downstream
         self.quic: Any = None  # the UDP socket's QuicEndpoint (listeners[].http3)
-        self.alt_svc: bytes | None = None  # what TCP responses advertise it with (RFC 7838)
         hc = cfg.health_check_path
         self.health_check_path = hc.encode() if hc else None
         lp = cfg.lb_probes

@@ -120,7 +120,7 @@ class Downstream(asyncio.Protocol):
         self.log_peer: str | None = None
         # Alt-Svc the listener advertises on TCP (``h3=":PORT"; ma=N``, RFC 7838 §3) when it
         # serves HTTP/3 too; None: no HTTP/3, nothing added.
-        self.alt_svc: bytes | None = getattr(ctx, "alt_svc", None)
+        self.alt_svc: bytes | None = ctx.alt_svc
 
     def take(self, transport: asyncio.BaseTransport, fresh: bool = True) -> None:
         """This connection's socket, and its peer (for X-Forwarded-For). Small writes go out at
@@ -270,19 +270,16 @@ class Downstream(asyncio.Protocol):
             self.arm_drain()  # its grace G is one of the drain's moments
         return True
 
-    def alt_svc_value(self) -> bytes | None:
-        """The Alt-Svc field value for a response on this (TCP) connection: the listener's
-        HTTP/3 offer, or ``clear`` (RFC 7838 §3: forget every alternative) once its listener
-        drains or the connection was drained, so clients stay on TCP and leave with it
-        instead of opening QUIC connections to an instance on its way out. None: the
-        listener has no HTTP/3."""
-        adv = self.alt_svc
-        if adv is None:
-            return None
+    def alt_svc_value(self) -> bytes:
+        """The Alt-Svc field value for a response on this (TCP) connection whose listener
+        serves HTTP/3 (``alt_svc`` set): its offer, or ``clear`` (RFC 7838 §3: forget every
+        alternative) once its listener drains or the connection was drained, so clients stay
+        on TCP and leave with it instead of opening QUIC connections to an instance on its
+        way out."""
         d = self.drain
         if d.drained_by is not None or not d.listener.quiet:
             return b"clear"
-        return adv
+        return self.alt_svc  # type: ignore[return-value]  # set: the caller checked
 
     def drained(self, by: DrainedBy) -> None:
         """The connection was drained (by a response, or its proactive moment): count it and
