@@ -54,7 +54,7 @@ def read_all(sock: socket.socket) -> bytes:
 
 def test_a_connection_that_sent_nothing_is_closed_by_the_exit(lameduck) -> None:
     """Nothing sent: the exit waits for it until G (5 s) after its accept, then closes it,
-    exit 0, nothing cut (the deadline, 20 s, would have been exit 3)."""
+    exit 0, nothing cut; before the deadline (20 s), which ``ld.wait(15)`` tells apart."""
     ld: Lameduck = lameduck(drain={"time": "1s"},
                             shutdown={"deadline": "20s", "min_drain": "0s"},
                             hot_restart={"parent_shutdown_time": "20s"})

@@ -34,7 +34,6 @@ from lameduck.drain import (
 from lameduck.drain import ledger as ledger_module
 from lameduck.drain.prestop import Leave
 from lameduck.drain.probers import ProbeSettings, ProbeTracker
-from lameduck.drain.process import arrival_until
 from tests.drainplay import FakeClock, ScriptedRng
 
 BELOW = math.nextafter
@@ -505,19 +504,21 @@ class TestShutdownStep:
 
     def test_a_connection_that_has_sent_nothing_holds_the_exit_until_g_after_its_accept(
             self) -> None:
-        """Its request may be on the way: past T the exit waits until ``arrival_until`` (G
-        after the accept), wakes then, and exits; it is never a cut (no request was read)."""
-        pd = process()
+        """Its request may be on the way: past T the exit waits until G after its accept,
+        wakes then, and exits; the deadline waits for nothing, and cuts nothing of it."""
+        pd = process()  # G = 1 s, deadline 20 s
         pd.start_shutdown(SIGTERM)
+        assert pd.arriving_until(0.0) == 0.0  # none
         accepted = SIGTERM + T - 0.001  # just before the listener closed at T
-        until = arrival_until(accepted, 5.0)
-        assert until == accepted + 5.0
-        assert pd.shutdown_step(SIGTERM + T, connections=1, arriving_until=until) is Step.WAIT
-        assert pd.next_deadline(SIGTERM + T, until) == until
-        assert pd.shutdown_step(BELOW(until, 0.0), 1, arriving_until=until) is Step.WAIT
-        assert pd.shutdown_step(until, connections=1, arriving_until=until) is Step.EXIT
-        # the deadline waits for nothing, and cuts nothing of it
-        assert pd.shutdown_step(SIGTERM + 20.0, 1, arriving_until=SIGTERM + 25.0) is Step.EXIT
+        until = pd.arriving_until(accepted)
+        assert until == accepted + G
+        assert pd.shutdown_step(SIGTERM + T, connections=1, silent_since=accepted) is Step.WAIT
+        assert pd.next_deadline(SIGTERM + T, accepted) == until
+        assert pd.shutdown_step(BELOW(until, 0.0), 1, silent_since=accepted) is Step.WAIT
+        assert pd.shutdown_step(until, connections=1, silent_since=accepted) is Step.EXIT
+        late = SIGTERM + 19.5  # G after it is past the deadline: the deadline bounds it
+        assert pd.arriving_until(late) == SIGTERM + 20.0
+        assert pd.shutdown_step(SIGTERM + 20.0, 1, silent_since=late) is Step.EXIT
 
     def test_a_tls_handshake_under_way_at_the_deadline_is_cut(self) -> None:
         pd = process()

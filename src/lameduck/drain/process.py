@@ -11,7 +11,7 @@ Rules kept here (docs/drain.md; Envoy's admin drain and server state):
   (``at_drain_end``) or stop at once (``immediately``); from T on no new work; exit when no
   request is in flight and either no connection is left (after min_drain) or T has passed, and
   never later than the deadline, where what is left is cut. A connection that has sent
-  nothing yet holds the exit until G after its accept (``arrival_until``): its request may be
+  nothing yet holds the exit until G after its accept (``arriving_until``): its request may be
   on the way. With ``idle_close: on_response``
   open connections are waited for until T + G (the drain's end: an idle one is closed only
   after a response that tells its client, or then).
@@ -41,19 +41,6 @@ from lameduck.drain.probers import Evidence
 # shutdown.leave: confirm: how often the evidence is read again while nothing says when it
 # changes (new probes and traffic arrive at any time).
 LEAVE_POLL = 0.1
-
-
-def arrival_until(accepted_at: float, grace: float) -> float:
-    """Until when an exit waits for a connection accepted at ``accepted_at`` that has sent
-    nothing yet: G after its accept.
-
-    Its client connected to send a request, which may be on its way: closed before it comes,
-    the client reads a close it cannot tell from a failure, on a connection it never used
-    (RFC 9112 §9.3.1 lets it retry only what it may retry). HAProxy's soft-stop never closes a
-    front connection before its first request; G bounds the wait here, so that a TCP health
-    check, a port scan or an unused pre-connection holds an exit no later than G after its
-    accept. With listeners that accept until T, that is T + G at the latest."""
-    return accepted_at + grace
 
 
 class ServerState(IntEnum):
@@ -245,7 +232,6 @@ class ProcessDrain:
             return LeaveStep.IDLE
         if lb.confirmed:
             self.leave_watching = False
-            self.deregistered = True
             self.confirmed_after = now - ev.start
             return LeaveStep.CONFIRMED
         if now >= ev.start + self.leave_bound:
@@ -304,8 +290,26 @@ class ProcessDrain:
         elif self.ledger.draining and not self.drain_exits and not self.drain_active(now):
             self.ledger.draining = False
 
+    def arriving_until(self, silent_since: float) -> float:
+        """Until when the exit waits for connections that have sent nothing yet, the latest
+        accepted at ``silent_since`` (0: none): G after that accept, never past the deadline
+        (0: none waited for).
+
+        Such a client connected to send a request, which may be on its way: closed before it
+        comes, the client reads a close it cannot tell from a failure, on a connection it
+        never used (RFC 9112 §9.3.1 lets it retry only what it may retry). HAProxy's soft-stop
+        never closes a front connection before its first request; G bounds the wait here, so
+        that a TCP health check, a port scan or an unused pre-connection holds an exit no
+        later than G after its accept (T + G at the latest while listeners accept until T).
+        The deadline waits for none of them: nothing was read from them, so closing them
+        cuts no request."""
+        ev = self.shutdown
+        if ev is None or not silent_since:
+            return 0.0
+        return min(silent_since + ev.grace, ev.start + self.exit_after)
+
     def shutdown_step(self, now: float, connections: int, unread: int = 0,
-                      arriving_until: float = 0.0) -> Step:
+                      silent_since: float = 0.0) -> Step:
         """The exit decision; ``connections`` is the number of downstream connections open,
         ``unread`` those of them with a request on the way not read yet: still in their TLS
         handshake, or with a request head partly read. A client mid-handshake has requests
@@ -315,9 +319,8 @@ class ProcessDrain:
         in flight, also after T (its connection is then told no new work as soon as it
         speaks), and the deadline cuts it.
 
-        ``arriving_until``: the latest ``arrival_until`` of the connections that have sent
-        nothing yet (0: none). Until then the exit waits as for a request on the way; the
-        deadline does not (nothing was read from them: closing them cuts no request)."""
+        ``silent_since``: the latest accept of a connection that has sent nothing yet (0:
+        none); the exit waits for it until ``arriving_until``."""
         ev = self.shutdown
         if ev is None:
             return Step.WAIT
@@ -328,17 +331,17 @@ class ProcessDrain:
         if now < ev.start + self.min_drain:
             return Step.WAIT
         # Completion counts requests, not connections: no EXIT while any is active.
-        if not busy and arriving_until <= now and (connections == 0
-                                                   or now >= self.connections_end):
+        if not busy and self.arriving_until(silent_since) <= now and (
+                connections == 0 or now >= self.connections_end):
             return Step.EXIT
         return Step.WAIT
 
-    def next_deadline(self, now: float, arriving_until: float = 0.0) -> float | None:
+    def next_deadline(self, now: float, silent_since: float = 0.0) -> float | None:
         """When ``shutdown_step`` may next change its answer without other input."""
         ev = self.shutdown
         if ev is None:
             return None
         marks = (ev.start + self.min_drain, ev.ends_at, self.connections_end,
-                 ev.start + self.exit_after, arriving_until)
+                 ev.start + self.exit_after, self.arriving_until(silent_since))
         future = [m for m in marks if m > now]
         return min(future) if future else None

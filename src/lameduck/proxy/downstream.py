@@ -178,6 +178,13 @@ class Downstream(asyncio.Protocol):
         waits for it and the deadline cuts it (``head_cut``), as a request in flight."""
         return False
 
+    def silent_since(self) -> float:
+        """Its accept, while it has sent nothing of a request (0: it has): an exit waits G
+        from there for the request that may be on its way (``ProcessDrain.arriving_until``)."""
+        if self.unseen and not self.head_unread():
+            return self.drain.accepted_at
+        return 0.0
+
     def cut_stream(self, s: Exchange) -> None:
         """The shutdown deadline for one stream of a multiplexed connection (HTTP/2, HTTP/3),
         as ``Exchange.deadline_cut`` decides: ``503`` going away if nothing of its response

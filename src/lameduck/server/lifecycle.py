@@ -80,9 +80,10 @@ class DataPlane(Protocol):
         in ``connections`` too). An exit waits for them, the deadline cuts them."""
         ...
 
-    def arriving(self, now: float) -> float:
-        """Until when an exit waits for connections that have sent nothing yet (their request
-        may be on its way: ``drain.process.arrival_until``); 0 when for none."""
+    def unheard(self) -> tuple[int, float]:
+        """What an exit waits for besides requests, in one look: ``unread``, and the latest
+        accept of a connection that has sent nothing yet (0: none;
+        ``ProcessDrain.arriving_until``)."""
         ...
 
     def in_flight(self) -> int:
@@ -321,7 +322,7 @@ class Lifecycle:
         self.loop.call_soon(self._shutdown_check)
 
     def _schedule_shutdown_check(self, now: float) -> None:
-        nxt = self.process.next_deadline(now, self.plane.arriving(now))
+        nxt = self.process.next_deadline(now, self.plane.unheard()[1])
         if self._shutdown_timer is not None:
             self._shutdown_timer.cancel()
             self._shutdown_timer = None
@@ -342,8 +343,9 @@ class Lifecycle:
         self._drain_time_reached(now)
         # A client waiting in an accept queue is a connection too: exiting resets it.
         plane = self.plane
+        unread, silent_since = plane.unheard()
         self._step(self.process.shutdown_step(now, plane.connections() + plane.queued(),
-                                              plane.unread(), plane.arriving(now)), now)
+                                              unread, silent_since), now)
 
     def _step(self, step: Step, now: float) -> None:
         """What the shutdown decision says to do now. An exit before T because no connection

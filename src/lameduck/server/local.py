@@ -17,7 +17,6 @@ from typing import Any
 
 from lameduck.drain import DrainEvent, ListenerDrain, Step
 from lameduck.drain.probers import ProbeTracker
-from lameduck.drain.process import arrival_until
 from lameduck.drain.timeline import Reading
 from lameduck.listeners import Listener, TcpListener
 from lameduck.listeners.base import probe_trackers
@@ -67,28 +66,29 @@ class LocalPlane:
         """TLS handshakes under way, and request heads partly read (a request its client
         sent, which nothing answers before it ends). ``heads`` False: the handshakes only,
         without a look at every connection (a worker's status outside a shutdown)."""
+        if not heads:
+            return sum(len(ls.handshakes) for ls in self.listeners)
+        return self.unheard()[0]
+
+    def unheard(self) -> tuple[int, float]:
+        """One look at every connection for what an exit waits for besides requests: how
+        many have a request on the way not read yet (``unread``), and the latest accept of
+        one that has sent nothing yet (``silent_since``; 0: none)."""
         n = 0
+        since = 0.0
         for ls in self.listeners:
             n += len(ls.handshakes)
-            if heads:
-                for conn in ls.connections:
-                    if conn.head_unread():
-                        n += 1
-        return n
-
-    def arriving(self, now: float) -> float:
-        """The latest moment an exit waits for a connection that has sent nothing yet
-        (``drain.process.arrival_until``), or 0 when none is waited for any more."""
-        until = 0.0
-        for ls in self.listeners:
-            grace = ls.drain.grace
             for conn in ls.connections:
-                d = getattr(conn, "drain", None)
-                if d is not None and getattr(conn, "unseen", False):
-                    until = max(until, arrival_until(d.accepted_at, grace))
+                if conn.head_unread():
+                    n += 1
+                else:
+                    at = conn.silent_since()
+                    if at > since:
+                        since = at
             for silent in ls.silent:
-                until = max(until, arrival_until(silent.accepted_at, grace))
-        return until if until > now else 0.0
+                if silent.accepted_at > since:
+                    since = silent.accepted_at
+        return n, since
 
     def queued(self) -> int:
         """Connections in the accept queues of the listeners still accepting."""

@@ -213,9 +213,9 @@ class WorkerPool:
     def unread(self) -> int:
         return self._sum("unread")
 
-    def arriving(self, now: float) -> float:
-        until = max((float(s.get("arriving", 0.0)) for s in self._statuses()), default=0.0)
-        return until if until > now else 0.0
+    def unheard(self) -> tuple[int, float]:
+        return self.unread(), max((float(s.get("silent_since", 0.0))
+                                   for s in self._statuses()), default=0.0)
 
     def queued(self) -> int:
         return sum(accept_queue(s) for name, socks in self.held.items()

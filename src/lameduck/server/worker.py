@@ -87,6 +87,7 @@ class WorkerProcess:
         # told to exit while requests were in flight (its status was older than them): no
         # new work, and exit once they are done
         self._exit_when_idle = False
+        self._arrival_timer: asyncio.TimerHandle | None = None  # _exit_if_idle's, at most one
         self._quit_why: str | None = None
         self._no_new_work = False
         self._finishing = False
@@ -147,9 +148,9 @@ class WorkerProcess:
             "op": "status", "ack": self.ack, "active": self.process.ledger.active,
             "in_flight": plane.in_flight(),
             "connections": plane.connections(),
-            # request heads only matter to an exit: not looked for at every status before it
-            "unread": plane.unread(heads=self.process.shutdown is not None),
-            "arriving": self._arriving(self.loop.time()),
+            # request heads and silent connections only matter to an exit: not looked for at
+            # every status before it
+            **self._unheard(),
             "requests": r.requests,
             "upgrades": r.upgrades,
             "accepting": [ls.name for ls in plane.listeners if ls.accepting],
@@ -192,21 +193,32 @@ class WorkerProcess:
         if self._exit_when_idle:
             self.loop.call_soon(self._exit_if_idle)
 
-    def _arriving(self, now: float) -> float:
-        """``plane.arriving`` during a shutdown, up to its deadline (which waits for
-        nothing)."""
-        deadline = self.process.deadline
-        if deadline is None or now >= deadline:
-            return 0.0
-        return min(self.plane.arriving(now), deadline)
+    def _unheard(self) -> dict[str, Any]:
+        if self.process.shutdown is None:
+            return {"unread": self.plane.unread(heads=False), "silent_since": 0.0}
+        unread, since = self.plane.unheard()
+        return {"unread": unread, "silent_since": since}
 
     def _exit_if_idle(self) -> None:
-        if self.process.ledger.idle and not self.plane.unread():
-            until = self._arriving(self.loop.time())
-            if not until:
-                self._finish(Step.EXIT)
-            else:  # a connection that has sent nothing yet: until G after its accept
-                self.loop.call_at(until, self._exit_if_idle)
+        """The exit the main process decided on counts older than this worker's own: once
+        nothing is in flight, nothing unread, and no connection that has sent nothing yet
+        is still waited for (``ProcessDrain.arriving_until``; one timer for that)."""
+        if not self.process.ledger.idle:
+            return
+        unread, since = self.plane.unheard()
+        if unread:
+            return
+        until = self.process.arriving_until(since)
+        if until <= self.loop.time():
+            self._finish(Step.EXIT)
+        elif self._arrival_timer is None or self._arrival_timer.when() != until:
+            if self._arrival_timer is not None:
+                self._arrival_timer.cancel()
+            self._arrival_timer = self.loop.call_at(until, self._arrival_due)
+
+    def _arrival_due(self) -> None:
+        self._arrival_timer = None
+        self._exit_if_idle()
 
     # -- the main process's words -----------------------------------------------------------
     def _on_message(self, msg: Message) -> None:
@@ -269,8 +281,7 @@ class WorkerProcess:
             self._quit_why = str(msg.get("why", "quit"))
         step = Step(msg["step"])
         if step is Step.EXIT and self._quit_why is None and (
-                not self.process.ledger.idle or self.plane.unread()
-                or self._arriving(self.loop.time())):
+                not self.process.ledger.idle or self._waits_for_unheard()):
             # what the main process saw is older than a request (or a TLS handshake, a head) that
             # came since: it is served to its end (the deadline still cuts), nothing new is
             # taken
@@ -281,6 +292,10 @@ class WorkerProcess:
             self._exit_if_idle()
             return
         self._finish(step)
+
+    def _waits_for_unheard(self) -> bool:
+        unread, since = self.plane.unheard()
+        return unread > 0 or self.process.arriving_until(since) > self.loop.time()
 
     def _do_endpoints(self, msg: Message) -> None:
         cluster = self.clusters.get(msg["cluster"])
@@ -359,7 +374,7 @@ class WorkerProcess:
         self._changed()
 
     def _schedule_check(self, now: float) -> None:
-        nxt = self.process.next_deadline(now, self.plane.arriving(now))
+        nxt = self.process.next_deadline(now, self.plane.unheard()[1])
         if self._check_timer is not None:
             self._check_timer.cancel()
             self._check_timer = None
@@ -382,8 +397,9 @@ class WorkerProcess:
                       "%d connections", self.process.ledger.active, self.plane.connections())
             self.plane.no_new_work()
         plane = self.plane
-        step = self.process.shutdown_step(now, plane.connections() + plane.queued(),
-                                          plane.unread(), plane.arriving(now))
+        unread, since = plane.unheard()
+        step = self.process.shutdown_step(now, plane.connections() + plane.queued(), unread,
+                                          since)
         if step is Step.CUT or (step is Step.EXIT and self.parent_gone):
             self._finish(step)
             return
@@ -396,6 +412,8 @@ class WorkerProcess:
         self._finishing = True
         if self._check_timer is not None:
             self._check_timer.cancel()
+        if self._arrival_timer is not None:
+            self._arrival_timer.cancel()
         quitting = self._quit_why is not None
         if step is Step.CUT:
             log.warning("%s: cutting %d requests still in flight",
