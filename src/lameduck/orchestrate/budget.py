@@ -387,32 +387,29 @@ def _prestop_flags(args: Sequence[str], where: str
                    ) -> tuple[float, list[str], LameduckPrestop]:
     values = dict(PRESTOP_DEFAULTS)
     given: set[str] = set()
-    strategy = PRESTOP_STRATEGIES[0]
-    leave = Leave.TIMER
     choices = {"--strategy": PRESTOP_STRATEGIES, "--leave": PRESTOP_LEAVES}
+    picked = {"--strategy": PRESTOP_STRATEGIES[0], "--leave": Leave.TIMER.value}
     i = 0
     while i < len(args):
         flag, eq, value = args[i].partition("=")
-        if flag in values or flag in choices:
-            if not eq:
-                i += 1
-                value = args[i] if i < len(args) else ""
-            if flag in choices:  # as argparse checks them when the hook runs
-                if value not in choices[flag]:
-                    raise BudgetError(f"{where}: lameduck prestop {flag}: {value!r} is "
-                                      f"not one of {', '.join(choices[flag])}")
-                if flag == "--strategy":
-                    strategy = value
-                else:
-                    leave = Leave(value)
-                i += 1
-                continue
-            try:
-                values[flag] = parse_duration(value)
-            except ValueError as e:
-                raise BudgetError(f"{where}: lameduck prestop {flag}: {e}") from None
-            given.add(flag)
         i += 1
+        if flag not in values and flag not in choices:
+            continue
+        if not eq:
+            value = args[i] if i < len(args) else ""
+            i += 1
+        if flag in choices:  # as argparse checks them when the hook runs
+            if value not in choices[flag]:
+                raise BudgetError(f"{where}: lameduck prestop {flag}: {value!r} is "
+                                  f"not one of {', '.join(choices[flag])}")
+            picked[flag] = value
+            continue
+        try:
+            values[flag] = parse_duration(value)
+        except ValueError as e:
+            raise BudgetError(f"{where}: lameduck prestop {flag}: {e}") from None
+        given.add(flag)
+    strategy, leave = picked["--strategy"], Leave(picked["--leave"])
     parts = [f"{f} {format_duration(v)}" + ("" if f in given else " (default)")
              for f, v in values.items()]
     if leave is Leave.CONFIRM:  # CLOSING may end early, on the evidence; counted: the bound
