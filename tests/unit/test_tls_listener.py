@@ -194,3 +194,10 @@ def test_a_failed_handshake_is_reported(tls) -> None:
     p.to_server(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert len(p.done) == 1 and isinstance(p.done[0], ssl.SSLError)
     assert p.codec.transport is None
+
+
+def test_the_server_context_refuses_renegotiation(tls) -> None:
+    """TLS 1.2 renegotiation is off (RFC 9113 §9.2.1): the context says so whatever the
+    OpenSSL's default (3.0 refuses a client's unless told to allow it; 1.1.1 allows it)."""
+    p = Pair(tls, ["h2"])
+    assert p.stream.sslobj.context.options & ssl.OP_NO_RENEGOTIATION

@@ -53,7 +53,6 @@ class TlsStream(asyncio.Protocol):
         self.handshaken: Callable[[TlsStream, BaseException | None], None] | None = handshaken
         self.app: Any = None
         self.state = HANDSHAKE
-        self.backlog: list[bytes] = []  # written while a renegotiation waits for the client
         self.eof = False  # the client's close_notify was read
 
     # -- the socket's protocol ------------------------------------------------------------
@@ -117,10 +116,8 @@ class TlsStream(asyncio.Protocol):
         except ssl.SSLError as e:
             self._fatal(e)
             return
-        if self.outgoing.pending:  # a renegotiation's or a key update's records
+        if self.outgoing.pending:  # a key update's records, or a refused renegotiation's alert
             self._flush()
-        if self.backlog:
-            self._retry()
         app = self.app
         if first and app is not None:
             app.data_received(first if more is None else b"".join(more))
@@ -128,12 +125,6 @@ class TlsStream(asyncio.Protocol):
             if self.app is not None:
                 self.app.eof_received()  # its answer does not matter: TLS has no half-close
             self.close()
-
-    def _retry(self) -> None:
-        backlog = self.backlog
-        self.backlog = []
-        for data in backlog:
-            self.write(data)
 
     def eof_received(self) -> bool:
         """A FIN: during the handshake it fails; after it, one without close_notify is a
@@ -164,13 +155,8 @@ class TlsStream(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         if self.state != OPEN or not data:
             return
-        if self.backlog:
-            self.backlog.append(bytes(data))
-            return
         try:
-            self.c_write(data)
-        except ssl.SSLWantReadError:  # a renegotiation under way: sent once the client answers
-            self.backlog.append(bytes(data))
+            self.c_write(data)  # never wants a read: the context refuses renegotiation
         except ssl.SSLError as e:
             self._fatal(e)
             return
