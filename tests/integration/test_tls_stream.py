@@ -1,7 +1,8 @@
 """A TLS listener's records, end to end with Python's ssl client on a raw socket: what a
 client sees of lameduck's TLS layer (lameduck.proxy.tlsstream): close_notify both ways, a
 request split across records and reads, requests pipelined in one record, a response larger
-than the socket buffers, a connection that speaks no TLS, and a TLS 1.2 renegotiation."""
+than the socket buffers, a connection that speaks no TLS, a failed handshake's alert, and a
+TLS 1.2 renegotiation."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import socket
 import ssl
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from tests.integration.test_http2_edges import _pattern
 from tests.procs import wait_until
@@ -154,3 +157,22 @@ def test_a_tls12_client_renegotiation_is_refused(lameduck, tls_files) -> None:
             p.kill()
             p.wait()
     assert b"RENEGOTIATING" in out and b"no renegotiation" in out, out
+
+
+def test_a_failed_handshake_sends_its_alert(lameduck, tls_files) -> None:
+    """A ClientHello the listener cannot serve (TLS 1.2, only an RSA suite, for its ECDSA
+    certificate) is answered with a handshake_failure alert (RFC 5246 §7.2.2), then the socket
+    closes; the next client is served."""
+    ca, ld = _tls_listener(lameduck, tls_files)
+    host, port = ld.addr.rsplit(":", 1)
+    ctx = _client(ca)
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers("ECDHE-RSA-AES128-GCM-SHA256")
+    raw = socket.create_connection((host, int(port)), timeout=WAIT)
+    with pytest.raises(ssl.SSLError, match="HANDSHAKE_FAILURE"):
+        ctx.wrap_socket(raw, server_hostname=host)
+    raw.close()
+    s = _connect(ld.addr, ca)
+    s.sendall(b"GET /bytes?n=3 HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert _read_response(s, bytearray()).endswith(_pattern(3))
+    s.close()

@@ -121,7 +121,7 @@ class TlsAccept(asyncio.Protocol):
         self._end()
         if exc is not None:
             log.debug("listener %s: TLS handshake failed: %r", ls.name, exc)
-            stream.abort()
+            stream.close()  # a failed handshake's alert is sent before the socket closes
             return
         if stream.is_closing():
             return

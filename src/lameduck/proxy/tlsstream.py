@@ -69,8 +69,10 @@ class TlsStream(asyncio.Protocol):
         except ssl.SSLWantReadError:
             self._flush()
             return
-        except Exception as e:  # a failed handshake: its alert goes out first
+        except Exception as e:  # a failed handshake: its alert goes out, then the FIN
             self._flush()
+            self.state = CLOSED
+            self.raw.close()  # sends what is buffered first (an abort would drop the alert)
             self._handshake_done(e)
             return
         self._flush()
