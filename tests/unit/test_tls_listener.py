@@ -155,8 +155,18 @@ def test_handshake_alpn_and_records_both_ways(tls) -> None:
     p.client.write(big)
     record = p.c_out.read()
     p.to_server(record[:-10])
+    reads = 0
+    c_read = p.stream.c_read
+
+    def counted(n: int) -> bytes:
+        nonlocal reads
+        reads += 1
+        return c_read(n)
+
+    p.stream.c_read = counted
     p.to_server(record[-10:])
     assert b"".join(p.codec.data[2:]) == big
+    assert reads == 2  # one sized to the 10 bytes that came, one for the rest of the record
     # a response: one write, its records sent at once
     p.stream.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
     assert p.client_reads() == (b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", False)

@@ -5,7 +5,8 @@ What the loop's own TLS layer (uvloop's SSLProtocol, ``loop.start_tls``) does pe
 what a server codec does not need: it reads each record into a 256 KiB buffer (one allocation
 and a shrink per read) and asks ``SSLObject.pending()`` (a GIL release) after it; each of its
 reads and writes reads the BIOs' ``pending`` twice for its flow control, copies the context and
-queues the data. Here a read is one ``SSL_read`` sized to what arrived, a write one
+queues the data. Here a read is one ``SSL_read`` sized to what arrived (and a second for the
+rest of a record larger than that), a write one
 ``SSL_write`` and one write of its records to the socket, as HAProxy does per request (one
 SSL_read, one SSL_write). Flow control is the socket's: its pause_writing and resume_writing
 go to the codec as they come.
@@ -94,7 +95,10 @@ class TlsStream(asyncio.Protocol):
             self._read(self.incoming.pending)
 
     def _read(self, size: int) -> None:
-        """Every whole record read, given to the codec in one ``data_received``."""
+        """Every whole record read, given to the codec in one ``data_received``. The first
+        ``SSL_read`` is sized to what arrived (a request's record is small: no 16 KiB buffer
+        to allocate and shrink); one that fills it read a larger record, whose last piece
+        came now: the next takes up to a whole record, not another piece of this size."""
         n = (size if size < RECORD else RECORD) + SLACK
         first = b""
         more: list[bytes] | None = None
@@ -111,7 +115,9 @@ class TlsStream(asyncio.Protocol):
                     more = [first, chunk]
                 else:
                     more.append(chunk)
-                if len(chunk) < n and not self.incoming.pending:
+                if len(chunk) == n:
+                    n = RECORD + SLACK  # the rest of a record larger than n, in one read
+                elif not self.incoming.pending:
                     break  # the last record read whole: nothing is left to decrypt
         except ssl.SSLWantReadError:
             pass  # part of a record: the rest comes with the next read
