@@ -40,7 +40,6 @@ class TlsStream(asyncio.Protocol):
     def __init__(self, raw: asyncio.Transport, context: ssl.SSLContext,
                  handshaken: Callable[[TlsStream, BaseException | None], None]) -> None:
         self.raw = raw
-        self.context = context
         self.incoming = ssl.MemoryBIO()
         self.outgoing = ssl.MemoryBIO()
         self.sslobj: ssl.SSLObject = context.wrap_bio(self.incoming, self.outgoing,
@@ -214,17 +213,8 @@ class TlsStream(asyncio.Protocol):
     def resume_reading(self) -> None:
         self.raw.resume_reading()
 
-    def is_reading(self) -> bool:
-        return self.raw.is_reading()
-
     def get_write_buffer_size(self) -> int:
         return self.raw.get_write_buffer_size() + self.outgoing.pending
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self.raw.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self.raw.get_write_buffer_limits()
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self.app = protocol
@@ -233,14 +223,8 @@ class TlsStream(asyncio.Protocol):
         return self.app  # type: ignore[no-any-return]
 
     def get_extra_info(self, name: str, default: object = None) -> object:
+        """``ssl_object`` (asyncio's name for it), else the socket's: ``peername`` for the
+        access log and the codecs, ``socket`` for a tunnel's reset."""
         if name == "ssl_object":
             return self.sslobj
-        if name == "sslcontext":
-            return self.context
-        if name == "peercert":
-            return self.sslobj.getpeercert()
-        if name == "cipher":
-            return self.sslobj.cipher()
-        if name == "compression":
-            return self.sslobj.compression()
         return self.raw.get_extra_info(name, default)
