@@ -1,13 +1,18 @@
 """A TLS listener's records, end to end with Python's ssl client on a raw socket: what a
 client sees of lameduck's TLS layer (lameduck.proxy.tlsstream): close_notify both ways, a
 request split across records and reads, requests pipelined in one record, a response larger
-than the socket buffers, and a connection that speaks no TLS."""
+than the socket buffers, a connection that speaks no TLS, a failed handshake's alert, and a
+TLS 1.2 renegotiation."""
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from tests.integration.test_http2_edges import _pattern
 from tests.procs import wait_until
@@ -124,3 +129,50 @@ def test_a_client_that_speaks_no_tls_is_not_served_and_the_next_one_is(lameduck,
     stats = ld.stats()
     assert stats["http.ingress.downstream_cx_ssl_total"] == 1
     assert stats["http.ingress.downstream_rq_total"] == 1
+
+
+def test_a_tls12_client_renegotiation_is_refused(lameduck, tls_files) -> None:
+    """openssl s_client's ``R`` command renegotiates a TLS 1.2 connection: lameduck answers
+    with a no_renegotiation alert (RFC 9113 §9.2.1 forbids renegotiation on HTTP/2; HAProxy
+    and nginx refuse it), which s_client takes as the end of the connection. Its stdin stays
+    open: had the renegotiation gone through, it would wait for more input and never exit."""
+    ca, ld = _tls_listener(lameduck, tls_files)
+    stdin_r, stdin_w = os.pipe()
+    p = subprocess.Popen(["openssl", "s_client", "-tls1_2", "-connect", ld.addr,
+                          "-CAfile", str(ca), "-alpn", "http/1.1", "-verify_return_error"],
+                         stdin=stdin_r, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    os.close(stdin_r)
+    try:
+        assert p.stdout is not None
+        seen = b""
+        while b"Verify return code:" not in seen:  # the handshake is done
+            line = p.stdout.readline()
+            assert line, seen
+            seen += line
+        os.write(stdin_w, b"R\n")
+        out, _ = p.communicate(timeout=WAIT)
+    finally:
+        os.close(stdin_w)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert b"RENEGOTIATING" in out and b"no renegotiation" in out, out
+
+
+def test_a_failed_handshake_sends_its_alert(lameduck, tls_files) -> None:
+    """A ClientHello the listener cannot serve (TLS 1.2, only an RSA suite, for its ECDSA
+    certificate) is answered with a handshake_failure alert (RFC 5246 §7.2.2), then the socket
+    closes; the next client is served."""
+    ca, ld = _tls_listener(lameduck, tls_files)
+    host, port = ld.addr.rsplit(":", 1)
+    ctx = _client(ca)
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers("ECDHE-RSA-AES128-GCM-SHA256")
+    raw = socket.create_connection((host, int(port)), timeout=WAIT)
+    with pytest.raises(ssl.SSLError, match="HANDSHAKE_FAILURE"):
+        ctx.wrap_socket(raw, server_hostname=host)
+    raw.close()
+    s = _connect(ld.addr, ca)
+    s.sendall(b"GET /bytes?n=3 HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert _read_response(s, bytearray()).endswith(_pattern(3))
+    s.close()

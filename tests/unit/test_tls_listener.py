@@ -46,6 +46,7 @@ class Socket:
 
     def abort(self) -> None:
         self.aborted = True
+        self.sent.clear()  # an abort drops what was not sent yet
 
     def is_closing(self) -> bool:
         return self.closed or self.aborted
@@ -154,8 +155,18 @@ def test_handshake_alpn_and_records_both_ways(tls) -> None:
     p.client.write(big)
     record = p.c_out.read()
     p.to_server(record[:-10])
+    reads = 0
+    c_read = p.stream.c_read
+
+    def counted(n: int) -> bytes:
+        nonlocal reads
+        reads += 1
+        return c_read(n)
+
+    p.stream.c_read = counted
     p.to_server(record[-10:])
     assert b"".join(p.codec.data[2:]) == big
+    assert reads == 2  # one sized to the 10 bytes that came, one for the rest of the record
     # a response: one write, its records sent at once
     p.stream.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
     assert p.client_reads() == (b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", False)
@@ -189,8 +200,34 @@ def test_a_close_sends_close_notify_then_closes_the_socket(tls) -> None:
     assert p.codec.lost == [None]
 
 
-def test_a_failed_handshake_is_reported(tls) -> None:
+def test_a_failed_handshake_is_reported_and_its_alert_sent_before_the_close(tls) -> None:
     p = Pair(tls, ["http/1.1"])
-    p.to_server(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    p.to_server(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # no TLS at all: no alert either
     assert len(p.done) == 1 and isinstance(p.done[0], ssl.SSLError)
     assert p.codec.transport is None
+    assert p.sock.closed and not p.sock.aborted
+    # a TLS 1.2 ClientHello offering only an RSA suite, for the listener's ECDSA certificate
+    p = Pair(tls, ["http/1.1"])
+    ca = tls[0]
+    cctx = ssl.create_default_context()
+    ca.configure_trust(cctx)
+    cctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    cctx.set_ciphers("ECDHE-RSA-AES128-GCM-SHA256")
+    c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = cctx.wrap_bio(c_in, c_out, server_hostname="127.0.0.1")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        client.do_handshake()
+    p.to_server(c_out.read())
+    assert len(p.done) == 1 and "NO_SHARED_CIPHER" in str(p.done[0])
+    # a fatal alert record (RFC 8446 §6: content type 21), then a close, not an abort
+    assert p.sock.sent[:1] == b"\x15" and p.sock.closed and not p.sock.aborted
+    assert p.stream.is_closing()
+    p.stream.close()  # what the listener does after a failed handshake: the alert stays
+    assert p.sock.sent[:1] == b"\x15" and not p.sock.aborted
+
+
+def test_the_server_context_refuses_renegotiation(tls) -> None:
+    """TLS 1.2 renegotiation is off (RFC 9113 §9.2.1): the context says so whatever the
+    OpenSSL's default (3.0 refuses a client's unless told to allow it; 1.1.1 allows it)."""
+    p = Pair(tls, ["h2"])
+    assert p.stream.sslobj.context.options & ssl.OP_NO_RENEGOTIATION

@@ -31,6 +31,10 @@ def server_context(cfg: ListenerConfig) -> ssl.SSLContext | None:
     ctx.load_cert_chain(tls.certificate, tls.key)
     ctx.set_alpn_protocols(list(tls.alpn))
     ctx.options |= ssl.OP_NO_COMPRESSION
+    # No TLS 1.2 renegotiation: RFC 9113 §9.2.1 forbids it on HTTP/2, and HAProxy and nginx
+    # refuse a client's on any connection. OpenSSL answers a client's with a no_renegotiation
+    # alert (RFC 5246 §7.2.2); OpenSSL 1.1.1 would otherwise go through with it.
+    ctx.options |= ssl.OP_NO_RENEGOTIATION
     return ctx
 
 
@@ -117,7 +121,7 @@ class TlsAccept(asyncio.Protocol):
         self._end()
         if exc is not None:
             log.debug("listener %s: TLS handshake failed: %r", ls.name, exc)
-            stream.abort()
+            stream.close()  # a failed handshake's alert is sent before the socket closes
             return
         if stream.is_closing():
             return

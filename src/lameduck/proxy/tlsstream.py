@@ -5,7 +5,8 @@ What the loop's own TLS layer (uvloop's SSLProtocol, ``loop.start_tls``) does pe
 what a server codec does not need: it reads each record into a 256 KiB buffer (one allocation
 and a shrink per read) and asks ``SSLObject.pending()`` (a GIL release) after it; each of its
 reads and writes reads the BIOs' ``pending`` twice for its flow control, copies the context and
-queues the data. Here a read is one ``SSL_read`` sized to what arrived, a write one
+queues the data. Here a read is one ``SSL_read`` sized to what arrived (and a second for the
+rest of a record larger than that), a write one
 ``SSL_write`` and one write of its records to the socket, as HAProxy does per request (one
 SSL_read, one SSL_write). Flow control is the socket's: its pause_writing and resume_writing
 go to the codec as they come.
@@ -39,7 +40,6 @@ class TlsStream(asyncio.Protocol):
     def __init__(self, raw: asyncio.Transport, context: ssl.SSLContext,
                  handshaken: Callable[[TlsStream, BaseException | None], None]) -> None:
         self.raw = raw
-        self.context = context
         self.incoming = ssl.MemoryBIO()
         self.outgoing = ssl.MemoryBIO()
         self.sslobj: ssl.SSLObject = context.wrap_bio(self.incoming, self.outgoing,
@@ -53,7 +53,6 @@ class TlsStream(asyncio.Protocol):
         self.handshaken: Callable[[TlsStream, BaseException | None], None] | None = handshaken
         self.app: Any = None
         self.state = HANDSHAKE
-        self.backlog: list[bytes] = []  # written while a renegotiation waits for the client
         self.eof = False  # the client's close_notify was read
 
     # -- the socket's protocol ------------------------------------------------------------
@@ -70,8 +69,10 @@ class TlsStream(asyncio.Protocol):
         except ssl.SSLWantReadError:
             self._flush()
             return
-        except Exception as e:  # a failed handshake: its alert goes out first
+        except Exception as e:  # a failed handshake: its alert goes out, then the FIN
             self._flush()
+            self.state = CLOSED
+            self.raw.close()  # sends what is buffered first (an abort would drop the alert)
             self._handshake_done(e)
             return
         self._flush()
@@ -93,7 +94,10 @@ class TlsStream(asyncio.Protocol):
             self._read(self.incoming.pending)
 
     def _read(self, size: int) -> None:
-        """Every whole record read, given to the codec in one ``data_received``."""
+        """Every whole record read, given to the codec in one ``data_received``. The first
+        ``SSL_read`` is sized to what arrived (a request's record is small: no 16 KiB buffer
+        to allocate and shrink); one that fills it read a larger record, whose last piece
+        came now: the next takes up to a whole record, not another piece of this size."""
         n = (size if size < RECORD else RECORD) + SLACK
         first = b""
         more: list[bytes] | None = None
@@ -110,17 +114,17 @@ class TlsStream(asyncio.Protocol):
                     more = [first, chunk]
                 else:
                     more.append(chunk)
-                if len(chunk) < n and not self.incoming.pending:
+                if len(chunk) == n:
+                    n = RECORD + SLACK  # the rest of a record larger than n, in one read
+                elif not self.incoming.pending:
                     break  # the last record read whole: nothing is left to decrypt
         except ssl.SSLWantReadError:
             pass  # part of a record: the rest comes with the next read
         except ssl.SSLError as e:
             self._fatal(e)
             return
-        if self.outgoing.pending:  # a renegotiation's or a key update's records
+        if self.outgoing.pending:  # a key update's records, or a refused renegotiation's alert
             self._flush()
-        if self.backlog:
-            self._retry()
         app = self.app
         if first and app is not None:
             app.data_received(first if more is None else b"".join(more))
@@ -128,12 +132,6 @@ class TlsStream(asyncio.Protocol):
             if self.app is not None:
                 self.app.eof_received()  # its answer does not matter: TLS has no half-close
             self.close()
-
-    def _retry(self) -> None:
-        backlog = self.backlog
-        self.backlog = []
-        for data in backlog:
-            self.write(data)
 
     def eof_received(self) -> bool:
         """A FIN: during the handshake it fails; after it, one without close_notify is a
@@ -164,13 +162,8 @@ class TlsStream(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         if self.state != OPEN or not data:
             return
-        if self.backlog:
-            self.backlog.append(bytes(data))
-            return
         try:
-            self.c_write(data)
-        except ssl.SSLWantReadError:  # a renegotiation under way: sent once the client answers
-            self.backlog.append(bytes(data))
+            self.c_write(data)  # never wants a read: the context refuses renegotiation
         except ssl.SSLError as e:
             self._fatal(e)
             return
@@ -220,17 +213,8 @@ class TlsStream(asyncio.Protocol):
     def resume_reading(self) -> None:
         self.raw.resume_reading()
 
-    def is_reading(self) -> bool:
-        return self.raw.is_reading()
-
     def get_write_buffer_size(self) -> int:
         return self.raw.get_write_buffer_size() + self.outgoing.pending
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self.raw.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self.raw.get_write_buffer_limits()
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self.app = protocol
@@ -239,14 +223,8 @@ class TlsStream(asyncio.Protocol):
         return self.app  # type: ignore[no-any-return]
 
     def get_extra_info(self, name: str, default: object = None) -> object:
+        """``ssl_object`` (asyncio's name for it), else the socket's: ``peername`` for the
+        access log and the codecs, ``socket`` for a tunnel's reset."""
         if name == "ssl_object":
             return self.sslobj
-        if name == "sslcontext":
-            return self.context
-        if name == "peercert":
-            return self.sslobj.getpeercert()
-        if name == "cipher":
-            return self.sslobj.cipher()
-        if name == "compression":
-            return self.sslobj.compression()
         return self.raw.get_extra_info(name, default)
