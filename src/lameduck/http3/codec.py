@@ -31,7 +31,8 @@ What aioquic keeps private and this module relies on, in one place each: the con
 stream's id (``H3Connection._local_control_stream_id``) to write GOAWAY on, the limit
 object behind MAX_STREAMS for the client's bidirectional streams
 (``QuicConnection._local_max_streams_bidi``), replaced by one that can be frozen, a
-stream's send buffer (``QuicStreamSender._buffer``) to tell how much is unacknowledged, and
+stream's send state (``QuicStreamSender._buffer``, ``_buffer_fin``, ``_reset_error_code``:
+``_unacked``) to tell how much is unacknowledged, and
 a stream's receive window (``QuicStream.max_stream_data_local``), frozen while its request
 body is held (``hold``).
 """
@@ -241,6 +242,19 @@ class _H3(H3Connection):
             return super()._handle_request_or_push_end(stream)
         except MessageError as exc:
             raise _StreamMalformed(stream.stream_id) from exc
+
+
+def _unacked(stream: QuicStream) -> int:
+    """The one reader of aioquic's send state (``QuicStreamSender``): bytes written and not
+    acknowledged (its buffer keeps them until the ACK, for retransmission), plus one for a
+    FIN or RESET_STREAM not acknowledged yet (``is_finished`` turns true on that ACK). Once
+    reset, the buffer is never resent: only the reset counts."""
+    sender = stream.sender
+    if sender.is_finished:
+        return 0
+    if sender._reset_error_code is not None:
+        return 1
+    return len(sender._buffer) + (sender._buffer_fin is not None)
 
 
 def _client_bidi(stream_id: int) -> bool:
@@ -490,7 +504,14 @@ class H3Server:
         """Response bytes of ``stream_id`` QUIC holds, not yet acknowledged by the client
         (aioquic's send buffer, which nothing else bounds): the caller pauses the source."""
         stream = self.quic._streams.get(stream_id)
-        return 0 if stream is None else len(stream.sender._buffer)
+        return 0 if stream is None else _unacked(stream)
+
+    def unacked(self) -> int:
+        """What the connection has sent or queued on any stream (responses, our control and
+        QPACK streams: the GOAWAY) that the client has not acknowledged yet. A close waits
+        for it: once CONNECTION_CLOSE is queued aioquic (re)sends no stream data (RFC 9000
+        §10.2), so a frame lost just before it would never arrive."""
+        return sum(_unacked(stream) for stream in self.quic._streams.values())
 
     def _responded(self, sid: int, st: _Stream) -> None:
         st.response_done = True

@@ -39,7 +39,7 @@ from lameduck.http3.codec import (
     StreamReset,
     TrailersReceived,
 )
-from lameduck.proxy.downstream import Downstream, HttpConnectionContext
+from lameduck.proxy.downstream import LINGER, Downstream, HttpConnectionContext
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_fields
 from lameduck.proxy.local import (
@@ -85,16 +85,18 @@ class QuicTransport:
         return False
 
     def get_write_buffer_size(self) -> int:
-        return 0
+        """Stream data the client has not acknowledged: the exit flush waits for it."""
+        h3 = self.conn.h3
+        return 0 if h3.closing else h3.unacked()
 
     def is_closing(self) -> bool:
-        return self.conn.h3.closing
+        return self.conn.h3.closing or self.conn.close_by is not None
 
     def close(self) -> None:
         self.conn.quic_close()
 
     def abort(self) -> None:
-        self.conn.quic_close()
+        self.conn.quic_close(now=True)
 
     def write(self, data: bytes) -> None:  # pragma: no cover - HTTP/3 writes datagrams
         raise RuntimeError("an HTTP/3 connection writes datagrams (flush)")
@@ -132,6 +134,8 @@ class H3Downstream(Downstream):
         self.cids: set[bytes] = set()  # its connection ids the endpoint routes by
         self.body_at: dict[int, float] = {}  # loop time of a stream's last body byte
         self.paused: set[int] = set()  # streams whose upstream waits for QUIC's send buffer
+        self.close_by: float | None = None  # a close waits for ACKs until then (``quic_close``)
+        self.close_timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         """The first datagram of a new connection was accepted: on the listener's books."""
@@ -179,6 +183,8 @@ class H3Downstream(Downstream):
             return
         h3 = self.h3
         send = self.endpoint.sendto
+        if self.close_by is not None and (not h3.unacked() or self.loop.time() >= self.close_by):
+            self._close_now()
         for data, addr in h3.datagrams_to_send(self.loop.time()):
             send(data, addr)
         at = h3.get_timer()
@@ -192,11 +198,28 @@ class H3Downstream(Downstream):
             self.quic_timer_at = at
             self.quic_timer = self.loop.call_at(at, self._on_quic_timer)
 
-    def quic_close(self) -> None:
-        """CONNECTION_CLOSE(H3_NO_ERROR); the connection ends when QUIC says it has."""
-        if not self.h3.closing:
-            self.h3.close()
-            self.flush()
+    def quic_close(self, now: bool = False) -> None:
+        """CONNECTION_CLOSE(H3_NO_ERROR) once the client has acknowledged every byte sent, or
+        LINGER (as a staged TCP close's) after this at the latest: once a close is queued
+        aioquic retransmits no stream data, so the end of a last response lost on the way
+        would never arrive (RFC 9000 §10.2). ``now``: no waiting (an abort). The connection
+        ends when QUIC says it has."""
+        h3 = self.h3
+        if h3.closing:
+            return
+        if now or not h3.unacked():
+            self._close_now()
+        elif self.close_by is None:
+            self.close_by = at = self.loop.time() + LINGER
+            self.close_timer = self.loop.call_at(at, self.flush)
+        self.flush()
+
+    def _close_now(self) -> None:
+        self.close_by = None
+        if self.close_timer is not None:
+            self.close_timer.cancel()
+            self.close_timer = None
+        self.h3.close()
 
     def _event(self, ev: object) -> None:
         t = type(ev)
@@ -240,6 +263,10 @@ class H3Downstream(Downstream):
         if self.quic_timer is not None:
             self.quic_timer.cancel()
             self.quic_timer = None
+        if self.close_timer is not None:
+            self.close_timer.cancel()
+            self.close_timer = None
+        self.close_by = None
         was_gone = self.gone
         super().connection_lost(exc)
         if not was_gone:
