@@ -315,3 +315,25 @@ def test_a_close_waits_for_acks_no_longer_than_linger(certs: tuple[bytes, str]) 
     ls.loop.advance(asked + LINGER)
     assert w.conn.h3.closing
     assert w.status(sid) is None
+
+
+def test_two_requests_past_t_in_one_datagram_the_final_goaway_names_the_first(
+        certs: tuple[bytes, str]) -> None:
+    """Both arrive in one batch of events (the codec has handed on both before the first is
+    turned away): the final GOAWAY names the first as the first stream not processed, and
+    both are rejected."""
+    ls = Listener(ScriptedRng())
+    w = Wire(ls, certs)
+    ls.process.ledger.accepting = False  # T has passed
+    first = w.client.get_next_available_stream_id()
+    w.h3.send_headers(first, GET, end_stream=True)
+    second = w.client.get_next_available_stream_id()
+    w.h3.send_headers(second, GET, end_stream=True)
+    sent = w.client.datagrams_to_send(ls.loop.time())
+    assert len(sent) == 1  # both heads in one datagram
+    w.conn.datagram_received(sent[0][0], CLIENT)
+    w.pump()
+    assert w.resets.get(first) == H3_REQUEST_REJECTED
+    assert w.resets.get(second) == H3_REQUEST_REJECTED
+    assert w.goaways() == [GOAWAY_ALL, first]
+    assert ls.stats.downstream_rq_going_away == 2

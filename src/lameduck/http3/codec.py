@@ -295,6 +295,7 @@ class H3Server:
         self.h3: _H3 | None = None  # once ALPN chose h3
         self.streams: dict[int, _Stream] = {}
         self.last_processed = -1  # the highest stream id handed on
+        self.first_unprocessed: int | None = None  # the lowest handed on, then turned away
         self.goaway_id: int | None = None  # the last GOAWAY's identifier (queued or sent)
         self._goaway_written: int | None = None
         self._ignored: set[int] = set()  # streams whose incoming data is dropped
@@ -545,15 +546,21 @@ class H3Server:
 
     def unprocess(self, stream_id: int) -> None:
         """``stream_id`` was handed on but turned away unprocessed (past the drain time): the
-        final GOAWAY names it as the first stream not processed, not the one after it."""
-        if self.last_processed == stream_id:
-            self.last_processed = stream_id - 4
+        final GOAWAY names the first such stream as the first not processed, also when
+        streams after it were handed on in the same batch of events."""
+        if self.first_unprocessed is None or stream_id < self.first_unprocessed:
+            self.first_unprocessed = stream_id
 
     def drain_final(self) -> None:
-        """Phase 2: GOAWAY with the first stream id not processed (the last handed on + 4);
-        requests on that id or above are refused with H3_REQUEST_REJECTED from now on."""
+        """Phase 2: GOAWAY with the first stream id not processed (the last handed on + 4, or
+        the first turned away unprocessed); requests on that id or above are refused with
+        H3_REQUEST_REJECTED from now on. Called again it sends nothing more, unless a
+        stream below the last GOAWAY's was turned away since."""
         self.drain_start()
-        self._goaway(self.last_processed + 4 if self.last_processed >= 0 else 0)
+        gid = self.last_processed + 4 if self.last_processed >= 0 else 0
+        if self.first_unprocessed is not None and self.first_unprocessed < gid:
+            gid = self.first_unprocessed
+        self._goaway(gid)
 
     def cut(self) -> None:
         """The shutdown deadline: every stream still open is reset and stopped with

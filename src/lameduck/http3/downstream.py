@@ -125,7 +125,6 @@ class H3Downstream(Downstream):
         self.peer = peer
         self.streams: dict[int, H3Stream] = {}
         self.corked = 0
-        self.goaways = 0  # GOAWAY frames sent for the drain: 0, 1 (2^62-4), 2 (final)
         self.take_limits(ctx)
         self.log_on = ctx.access_log is not None
         self.rx_at = 0.0
@@ -458,20 +457,16 @@ class H3Downstream(Downstream):
 
     # -- drain --------------------------------------------------------------------------------
     def drain_notice(self) -> None:
-        """GOAWAY(2^62-4) and no more streams: go elsewhere (RFC 9114 §5.2)."""
-        if self.goaways == 0 and not self.h3.closing:
-            self.goaways = 1
-            self.h3.drain_start()
-            self.kick()
+        """GOAWAY(2^62-4) and no more streams: go elsewhere (RFC 9114 §5.2). The codec sends
+        each GOAWAY once (and none once closing)."""
+        self.h3.drain_start()
+        self.kick()
 
     def final_notice(self) -> None:
         """The final GOAWAY: streams from the first one not processed are rejected."""
-        self.drain_notice()
-        if self.goaways == 1 and not self.h3.closing:
-            self.goaways = 2
-            self.final_sent = True
-            self.h3.drain_final()
-            self.kick()
+        self.final_sent = True
+        self.h3.drain_final()
+        self.kick()
 
     def drain_tunnels(self, by: DrainedBy) -> None:
         pass  # no tunnels over HTTP/3
