@@ -24,8 +24,9 @@ Rules it keeps (RFC 9114 unless noted):
   RFC 9000 §4.6). ``drain_final`` sends GOAWAY(last processed + 4): requests on that stream
   id or above were not processed; those that arrive are reset and stopped with
   H3_REQUEST_REJECTED (§4.1.1: safe to retry elsewhere). The identifier only decreases.
-- Deadline (``cut``): the streams still open are reset with H3_REQUEST_CANCELLED, then
-  CONNECTION_CLOSE with H3_NO_ERROR (§5.2, §8.1). ``close`` is the last step of a drain.
+- Deadline: the caller resets the streams still open (``cancel``, H3_REQUEST_CANCELLED),
+  then CONNECTION_CLOSE with H3_NO_ERROR (§5.2, §8.1) once they are acknowledged.
+  ``close`` is the last step of a drain.
 
 What aioquic keeps private and this module relies on, in one place each: the control
 stream's id (``H3Connection._local_control_stream_id``) to write GOAWAY on, the limit
@@ -288,7 +289,7 @@ class H3Server:
             original_destination_connection_id=original_destination_connection_id)
         self._grant = _Grant(self.quic._local_max_streams_bidi)
         if max_streams:
-            self._grant._value = max_streams
+            self._grant.value = max_streams  # not frozen yet: the setter takes it
             self._grant.sent = max_streams
         self.quic._local_max_streams_bidi = self._grant
         self.max_field_section_size = max_field_section_size
@@ -301,7 +302,6 @@ class H3Server:
         self._ignored: set[int] = set()  # streams whose incoming data is dropped
         self.closing = False  # CONNECTION_CLOSE queued or sent: nothing more is written
         self.closed = False  # the QUIC connection ended (ConnectionClosed reported)
-        self._close_after_flush = False
 
     # -- I/O, the caller's ---------------------------------------------------------------------
     def receive_datagram(self, data: bytes, addr: NetworkAddress,
@@ -317,14 +317,7 @@ class H3Server:
         return self.quic.get_timer()
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, NetworkAddress]]:
-        out = self.quic.datagrams_to_send(now)
-        if self._close_after_flush:
-            # ``cut``'s resets and GOAWAY have left: now the CONNECTION_CLOSE (aioquic sends
-            # nothing but that once a close is pending, so it had to wait for them).
-            self._close_after_flush = False
-            self.close()
-            out += self.quic.datagrams_to_send(now)
-        return out
+        return self.quic.datagrams_to_send(now)
 
     # -- receiving ----------------------------------------------------------------------------
     def _events(self) -> list[Event]:
@@ -562,17 +555,9 @@ class H3Server:
             gid = self.first_unprocessed
         self._goaway(gid)
 
-    def cut(self) -> None:
-        """The shutdown deadline: every stream still open is reset and stopped with
-        H3_REQUEST_CANCELLED and the final GOAWAY sent, then (in the same
-        ``datagrams_to_send``, after them) CONNECTION_CLOSE(H3_NO_ERROR)."""
-        self.drain_final()
-        for sid in list(self.streams):
-            self.cancel(sid, H3_REQUEST_CANCELLED)
-        self._close_after_flush = True
-
     def close(self) -> None:
-        """CONNECTION_CLOSE with H3_NO_ERROR (RFC 9114 §5.2: after GOAWAY, once idle)."""
+        """CONNECTION_CLOSE with H3_NO_ERROR (RFC 9114 §5.2: after GOAWAY, once idle). Once
+        it is queued aioquic sends no stream data: the caller waits for ``unacked`` first."""
         self.closing = True
         self.quic.close(error_code=H3_NO_ERROR)
 

@@ -39,7 +39,7 @@ from lameduck.http3.codec import (
     StreamReset,
     TrailersReceived,
 )
-from lameduck.proxy.downstream import LINGER, Downstream, HttpConnectionContext
+from lameduck.proxy.downstream import LINGER, Downstream
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_fields
 from lameduck.proxy.local import (
@@ -102,15 +102,10 @@ class QuicTransport:
         raise RuntimeError("an HTTP/3 connection writes datagrams (flush)")
 
 
-class H3ListenerContext(HttpConnectionContext, Protocol):
-    """What an HTTP/3 connection needs from its listener (wired in ``listeners``)."""
-
-
 # A request stream is a plain ``Exchange`` (version HTTP3, its stream id as ``sid``): the
 # exchange is compiled (hot.txt) and this module is not, and an interpreted class cannot
 # subclass a compiled one. What HTTP/2 keeps on its stream subclass (the body's clock, the
 # paused source) this connection keeps by stream id.
-H3Stream = Exchange
 
 
 class H3Downstream(Downstream):
@@ -123,7 +118,7 @@ class H3Downstream(Downstream):
         self.endpoint = endpoint
         self.h3 = h3
         self.peer = peer
-        self.streams: dict[int, H3Stream] = {}
+        self.streams: dict[int, Exchange] = {}
         self.corked = 0
         self.take_limits(ctx)
         self.log_on = ctx.access_log is not None
@@ -279,7 +274,7 @@ class H3Downstream(Downstream):
                 s.detach()
             self.clients_gone(gone)
             for s in gone:
-                self._settle(s, completed=False)  # type: ignore[arg-type]
+                self._settle(s, completed=False)
 
     def busy(self) -> bool:
         return bool(self.streams)
@@ -385,7 +380,7 @@ class H3Downstream(Downstream):
             return
         if not ex.req_done:
             ex.request_cut_short()
-        self._settle(ex, completed=True)  # type: ignore[arg-type]
+        self._settle(ex, completed=True)
         self.kick()
 
     # -- requests ---------------------------------------------------------------------------
@@ -443,10 +438,10 @@ class H3Downstream(Downstream):
         self.h3.cancel(s.sid, code)
         s.response_over()
         s.detach()
-        self._settle(s, completed=False)  # type: ignore[arg-type]
+        self._settle(s, completed=False)
         self.kick()
 
-    def _settle(self, s: H3Stream, completed: bool) -> None:
+    def _settle(self, s: Exchange, completed: bool) -> None:
         if self.streams.pop(s.sid, None) is None:
             return
         self.paused.discard(s.sid)
