@@ -9,13 +9,14 @@ Drain (docs/http3.md): the connection drain manager (``proxy.downstream.Downstre
 as for HTTP/2; this says it in HTTP/3. The first notice is GOAWAY(2^62-4) with no more streams
 granted, the final one G later is GOAWAY(the first stream not processed), streams above it are
 rejected (H3_REQUEST_REJECTED: safe to retry, RFC 9114 §4.1.1), an idle drained connection
-ends with CONNECTION_CLOSE(H3_NO_ERROR) and the deadline resets what is still open.
+ends with CONNECTION_CLOSE(H3_NO_ERROR) once the client has acknowledged what it was sent
+(``quic_close``), and the deadline resets what is still open.
 
-What a QUIC connection has no use for: the staged TCP close (QUIC's own CONNECTION_CLOSE
-ends it, RFC 9000 §10.2), tunnels (no extended CONNECT is offered, RFC 9220; a CONNECT is
-answered 501), and flow-control credit handed back by hand (aioquic raises the client's
-windows as data arrive; a request body its upstream does not take has its stream's window
-frozen, ``H3Server.hold``, so the client waits as an HTTP/2 one does).
+What a QUIC connection has no use for: the TCP close's FIN and reads after it (QUIC's own
+CONNECTION_CLOSE ends it, RFC 9000 §10.2), tunnels (no extended CONNECT is offered,
+RFC 9220; a CONNECT is answered 501), and flow-control credit handed back by hand (aioquic
+raises the client's windows as data arrive; a request body its upstream does not take has
+its stream's window frozen, ``H3Server.hold``, so the client waits as an HTTP/2 one does).
 """
 
 from __future__ import annotations
