@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import signal
 import socket
@@ -49,9 +48,12 @@ def started(tmp_path: Path, tls_files: tuple[Path, Path, Path]
         return ld
 
     yield make
-    for ld in made:
+    for ld in made:  # every process ends, whatever one of them logged
         ld.kill()
-        assert "Traceback" not in ld.log(), ld.log()
+    for ld in made:
+        log = ld.log()
+        assert "Traceback" not in log, log
+        assert " INFO quic: " not in log, log  # aioquic's per-connection lines (logfile.py)
 
 
 @pytest.fixture
@@ -176,22 +178,6 @@ def test_limits_follow_the_listener(started: Callable[..., Lameduck], origin_por
     assert big.status == 431, ld.log()
 
 
-def test_http3_needs_tls(tmp_path: Path, origin_port: int) -> None:
-    """`http3` on a plain listener is refused, naming the field."""
-    import subprocess
-    import sys
-
-    import yaml
-
-    cfg = base_config(origin_port, listener={"http3": {}})
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    r = subprocess.run([sys.executable, "-m", "lameduck", "validate", "-c", str(path)],
-                       capture_output=True, text=True)
-    assert r.returncode != 0
-    assert "listeners[0].http3: needs `tls`" in r.stdout + r.stderr, r.stdout + r.stderr
-
-
 def udp_port_with_tcp_free() -> tuple[socket.socket, int]:
     """A UDP socket bound on a port whose TCP side is free (checked: another process on this
     machine may hold the same number over TCP)."""
@@ -212,26 +198,17 @@ def test_a_udp_port_taken_fails_the_start(tmp_path: Path, origin_port: int,
                                           tls_files: tuple[Path, Path, Path]) -> None:
     """The UDP port is in use (the TCP one is free): start-up fails and says which."""
     udp, port = udp_port_with_tcp_free()
+    cfg = base_config(origin_port, listener=h3_listener(
+        tls_files, address=f"127.0.0.1:{port}"))
+    cfg["workers"] = 1
+    ld = Lameduck(cfg, tmp_path)
     try:
-        cfg = base_config(origin_port, listener=h3_listener(
-            tls_files, address=f"127.0.0.1:{port}"))
-        cfg["workers"] = 1
-        ld = Lameduck(cfg, tmp_path)
         with pytest.raises(RuntimeError) as err:
             ld.start(timeout=30)
         assert f"127.0.0.1:{port}/udp" in str(err.value), str(err.value)
     finally:
         udp.close()
         ld.kill()
-
-
-def test_h3_and_h2_share_the_server_info(started: Callable[..., Lameduck],
-                                         origin_port: int) -> None:
-    """The listener is one listener: /listeners names its address once."""
-    ld = started(origin_port)
-    r = ld.admin("GET", "/listeners?format=json")
-    names = [ls["name"] for ls in json.loads(r.text)["listener_statuses"]]
-    assert names == ["ingress"]
 
 
 REPORT = re.compile(r"drain report: requests completed=(\d+) refused=(\d+) cut=(\d+) "
@@ -303,7 +280,7 @@ def test_sigterm_under_http3_load(started: Callable[..., Lameduck], origin_port:
     async def go() -> None:
         await asyncio.gather(*(worker() for _ in range(4)))
 
-    asyncio.run(go())
+    run(go())
     assert ld.wait(30) == 0, ld.log()
     rejected = [(sid, r) for sid, r in results
                 if r.status == 0 and r.reset == H3_REQUEST_REJECTED and not r.closed]

@@ -296,12 +296,18 @@ def test_a_stream_above_the_final_goaway_is_rejected(certs):
     assert link.closed is None
 
 
-def test_the_deadline_cuts_streams_then_closes_with_no_error(certs):
+def test_the_deadline_cancels_streams_then_closes_with_no_error(certs):
+    """The deadline as the connection carries it out: the open stream cancelled, the final
+    GOAWAY, and once the client has acknowledged them, CONNECTION_CLOSE."""
     link = Link(certs)
     sid = link.request([(b":method", b"POST"), *GET[1:]], body=b"a", end=False)
-    link.server.cut()
+    link.server.cancel(sid)
+    link.server.drain_final()
     link.pump()
     assert link.resets[sid] == H3_REQUEST_CANCELLED
+    assert link.server.unacked() == 0
+    link.server.close()
+    link.pump()
     # the client reports the close once its draining period (3 PTO, RFC 9000 §10.2) is over
     for _ in range(10):
         if link.closed is not None:

@@ -28,6 +28,7 @@ from aioquic.quic.packet import pull_quic_header
 from lameduck.drain import DrainEvent, Strategy
 from lameduck.http3 import GOAWAY_ALL, H3_ALPN, H3_NO_ERROR, H3_REQUEST_REJECTED, H3Server
 from lameduck.http3.downstream import H3Downstream
+from lameduck.proxy.downstream import LINGER
 from tests import playbook
 from tests.drainplay import ScriptedRng
 from tests.h3client import goaway_ids
@@ -270,3 +271,69 @@ def test_a_request_body_no_upstream_takes_yet_is_held_at_its_window(
     up = ls.connects[-1].succeed()
     w.pump(rounds=20000)
     assert up.sent.endswith(body) and up.ended
+
+
+def test_a_drained_connection_closes_only_once_its_last_response_is_acknowledged(
+        certs: tuple[bytes, str]) -> None:
+    """The datagrams carrying the last response of a drained connection are lost: its close
+    waits (aioquic resends no stream data once CONNECTION_CLOSE is queued), QUIC's loss
+    recovery sends the response again, and CONNECTION_CLOSE comes once it is acknowledged."""
+    ls = Listener(ScriptedRng(0.5))
+    w = Wire(ls, certs)
+    ls.drain_starts([w.conn])
+    w.at(19.0)
+    sid = w.request()
+    w.at(20.5)
+    assert w.goaways() == [GOAWAY_ALL, sid + 4]
+    answer(ls, b"the end of the last response")
+    assert w.out  # the response, on its way
+    w.out.clear()  # ... and lost
+    assert w.conn.transport.get_write_buffer_size() > 0  # the exit flush waits for it
+    assert not w.conn.h3.closing  # the close waits for the ACK
+    w.at(ls.loop.time() + 1.0)  # QUIC's probe timeout resends it
+    assert w.status(sid) == 200
+    assert b"".join(h.data for h in w.replies[sid] if isinstance(h, DataReceived)) \
+        == b"the end of the last response"
+    assert w.close_code == H3_NO_ERROR
+    assert w.conn.transport.get_write_buffer_size() == 0
+
+
+def test_a_close_waits_for_acks_no_longer_than_linger(certs: tuple[bytes, str]) -> None:
+    """A client that acknowledges nothing more does not hold the connection open: LINGER
+    after the close was asked for, CONNECTION_CLOSE goes anyway."""
+    ls = Listener(ScriptedRng(0.5))
+    w = Wire(ls, certs)
+    ls.drain_starts([w.conn])
+    w.at(19.0)
+    sid = w.request()
+    w.at(20.5)
+    answer(ls)
+    asked = ls.loop.time()
+    w.out.clear()
+    ls.loop.advance(asked + LINGER - 0.01)  # the client hears nothing (its datagrams unsent)
+    assert not w.conn.h3.closing
+    ls.loop.advance(asked + LINGER)
+    assert w.conn.h3.closing
+    assert w.status(sid) is None
+
+
+def test_two_requests_past_t_in_one_datagram_the_final_goaway_names_the_first(
+        certs: tuple[bytes, str]) -> None:
+    """Both arrive in one batch of events (the codec has handed on both before the first is
+    turned away): the final GOAWAY names the first as the first stream not processed, and
+    both are rejected."""
+    ls = Listener(ScriptedRng())
+    w = Wire(ls, certs)
+    ls.process.ledger.accepting = False  # T has passed
+    first = w.client.get_next_available_stream_id()
+    w.h3.send_headers(first, GET, end_stream=True)
+    second = w.client.get_next_available_stream_id()
+    w.h3.send_headers(second, GET, end_stream=True)
+    sent = w.client.datagrams_to_send(ls.loop.time())
+    assert len(sent) == 1  # both heads in one datagram
+    w.conn.datagram_received(sent[0][0], CLIENT)
+    w.pump()
+    assert w.resets.get(first) == H3_REQUEST_REJECTED
+    assert w.resets.get(second) == H3_REQUEST_REJECTED
+    assert w.goaways() == [GOAWAY_ALL, first]
+    assert ls.stats.downstream_rq_going_away == 2

@@ -1,6 +1,6 @@
-"""HTTP/3 for lameduck (RFC 9114): the sans-IO server codec (``codec``) over aioquic's QUIC.
-Needs the ``http3`` extra (pip install 'lameduck[http3]'); nothing else in lameduck imports
-it yet: no listener serves HTTP/3 (docs/http3.md says what remains)."""
+"""HTTP/3 for lameduck (RFC 9114): the sans-IO server codec (``codec``) over aioquic's QUIC,
+and the connection around it (``downstream``) that ``listeners.quic`` serves on a listener's
+UDP socket. Needs the ``http3`` extra (pip install 'lameduck[http3]'); docs/http3.md."""
 
 from .codec import (
     GOAWAY_ALL,

@@ -24,14 +24,16 @@ Rules it keeps (RFC 9114 unless noted):
   RFC 9000 §4.6). ``drain_final`` sends GOAWAY(last processed + 4): requests on that stream
   id or above were not processed; those that arrive are reset and stopped with
   H3_REQUEST_REJECTED (§4.1.1: safe to retry elsewhere). The identifier only decreases.
-- Deadline (``cut``): the streams still open are reset with H3_REQUEST_CANCELLED, then
-  CONNECTION_CLOSE with H3_NO_ERROR (§5.2, §8.1). ``close`` is the last step of a drain.
+- Deadline: the caller resets the streams still open (``cancel``, H3_REQUEST_CANCELLED),
+  then CONNECTION_CLOSE with H3_NO_ERROR (§5.2, §8.1) once they are acknowledged.
+  ``close`` is the last step of a drain.
 
 What aioquic keeps private and this module relies on, in one place each: the control
 stream's id (``H3Connection._local_control_stream_id``) to write GOAWAY on, the limit
 object behind MAX_STREAMS for the client's bidirectional streams
 (``QuicConnection._local_max_streams_bidi``), replaced by one that can be frozen, a
-stream's send buffer (``QuicStreamSender._buffer``) to tell how much is unacknowledged, and
+stream's send state (``QuicStreamSender._buffer``, ``_buffer_fin``, ``_reset_error_code``:
+``_unacked``) to tell how much is unacknowledged, and
 a stream's receive window (``QuicStream.max_stream_data_local``), frozen while its request
 body is held (``hold``).
 """
@@ -243,6 +245,19 @@ class _H3(H3Connection):
             raise _StreamMalformed(stream.stream_id) from exc
 
 
+def _unacked(stream: QuicStream) -> int:
+    """The one reader of aioquic's send state (``QuicStreamSender``): bytes written and not
+    acknowledged (its buffer keeps them until the ACK, for retransmission), plus one for a
+    FIN or RESET_STREAM not acknowledged yet (``is_finished`` turns true on that ACK). Once
+    reset, the buffer is never resent: only the reset counts."""
+    sender = stream.sender
+    if sender.is_finished:
+        return 0
+    if sender._reset_error_code is not None:
+        return 1
+    return len(sender._buffer) + (sender._buffer_fin is not None)
+
+
 def _client_bidi(stream_id: int) -> bool:
     return stream_id & 3 == 0  # RFC 9000 §2.1: client-initiated, bidirectional
 
@@ -274,19 +289,19 @@ class H3Server:
             original_destination_connection_id=original_destination_connection_id)
         self._grant = _Grant(self.quic._local_max_streams_bidi)
         if max_streams:
-            self._grant._value = max_streams
+            self._grant.value = max_streams  # not frozen yet: the setter takes it
             self._grant.sent = max_streams
         self.quic._local_max_streams_bidi = self._grant
         self.max_field_section_size = max_field_section_size
         self.h3: _H3 | None = None  # once ALPN chose h3
         self.streams: dict[int, _Stream] = {}
         self.last_processed = -1  # the highest stream id handed on
+        self.first_unprocessed: int | None = None  # the lowest handed on, then turned away
         self.goaway_id: int | None = None  # the last GOAWAY's identifier (queued or sent)
         self._goaway_written: int | None = None
         self._ignored: set[int] = set()  # streams whose incoming data is dropped
         self.closing = False  # CONNECTION_CLOSE queued or sent: nothing more is written
         self.closed = False  # the QUIC connection ended (ConnectionClosed reported)
-        self._close_after_flush = False
 
     # -- I/O, the caller's ---------------------------------------------------------------------
     def receive_datagram(self, data: bytes, addr: NetworkAddress,
@@ -302,14 +317,7 @@ class H3Server:
         return self.quic.get_timer()
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, NetworkAddress]]:
-        out = self.quic.datagrams_to_send(now)
-        if self._close_after_flush:
-            # ``cut``'s resets and GOAWAY have left: now the CONNECTION_CLOSE (aioquic sends
-            # nothing but that once a close is pending, so it had to wait for them).
-            self._close_after_flush = False
-            self.close()
-            out += self.quic.datagrams_to_send(now)
-        return out
+        return self.quic.datagrams_to_send(now)
 
     # -- receiving ----------------------------------------------------------------------------
     def _events(self) -> list[Event]:
@@ -490,7 +498,14 @@ class H3Server:
         """Response bytes of ``stream_id`` QUIC holds, not yet acknowledged by the client
         (aioquic's send buffer, which nothing else bounds): the caller pauses the source."""
         stream = self.quic._streams.get(stream_id)
-        return 0 if stream is None else len(stream.sender._buffer)
+        return 0 if stream is None else _unacked(stream)
+
+    def unacked(self) -> int:
+        """What the connection has sent or queued on any stream (responses, our control and
+        QPACK streams: the GOAWAY) that the client has not acknowledged yet. A close waits
+        for it: once CONNECTION_CLOSE is queued aioquic (re)sends no stream data (RFC 9000
+        §10.2), so a frame lost just before it would never arrive."""
+        return sum(_unacked(stream) for stream in self.quic._streams.values())
 
     def _responded(self, sid: int, st: _Stream) -> None:
         st.response_done = True
@@ -524,27 +539,25 @@ class H3Server:
 
     def unprocess(self, stream_id: int) -> None:
         """``stream_id`` was handed on but turned away unprocessed (past the drain time): the
-        final GOAWAY names it as the first stream not processed, not the one after it."""
-        if self.last_processed == stream_id:
-            self.last_processed = stream_id - 4
+        final GOAWAY names the first such stream as the first not processed, also when
+        streams after it were handed on in the same batch of events."""
+        if self.first_unprocessed is None or stream_id < self.first_unprocessed:
+            self.first_unprocessed = stream_id
 
     def drain_final(self) -> None:
-        """Phase 2: GOAWAY with the first stream id not processed (the last handed on + 4);
-        requests on that id or above are refused with H3_REQUEST_REJECTED from now on."""
+        """Phase 2: GOAWAY with the first stream id not processed (the last handed on + 4, or
+        the first turned away unprocessed); requests on that id or above are refused with
+        H3_REQUEST_REJECTED from now on. Called again it sends nothing more, unless a
+        stream below the last GOAWAY's was turned away since."""
         self.drain_start()
-        self._goaway(self.last_processed + 4 if self.last_processed >= 0 else 0)
-
-    def cut(self) -> None:
-        """The shutdown deadline: every stream still open is reset and stopped with
-        H3_REQUEST_CANCELLED and the final GOAWAY sent, then (in the same
-        ``datagrams_to_send``, after them) CONNECTION_CLOSE(H3_NO_ERROR)."""
-        self.drain_final()
-        for sid in list(self.streams):
-            self.cancel(sid, H3_REQUEST_CANCELLED)
-        self._close_after_flush = True
+        gid = self.last_processed + 4 if self.last_processed >= 0 else 0
+        if self.first_unprocessed is not None and self.first_unprocessed < gid:
+            gid = self.first_unprocessed
+        self._goaway(gid)
 
     def close(self) -> None:
-        """CONNECTION_CLOSE with H3_NO_ERROR (RFC 9114 §5.2: after GOAWAY, once idle)."""
+        """CONNECTION_CLOSE with H3_NO_ERROR (RFC 9114 §5.2: after GOAWAY, once idle). Once
+        it is queued aioquic sends no stream data: the caller waits for ``unacked`` first."""
         self.closing = True
         self.quic.close(error_code=H3_NO_ERROR)
 

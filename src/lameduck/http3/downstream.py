@@ -9,13 +9,14 @@ Drain (docs/http3.md): the connection drain manager (``proxy.downstream.Downstre
 as for HTTP/2; this says it in HTTP/3. The first notice is GOAWAY(2^62-4) with no more streams
 granted, the final one G later is GOAWAY(the first stream not processed), streams above it are
 rejected (H3_REQUEST_REJECTED: safe to retry, RFC 9114 §4.1.1), an idle drained connection
-ends with CONNECTION_CLOSE(H3_NO_ERROR) and the deadline resets what is still open.
+ends with CONNECTION_CLOSE(H3_NO_ERROR) once the client has acknowledged what it was sent
+(``quic_close``), and the deadline resets what is still open.
 
-What a QUIC connection has no use for: the staged TCP close (QUIC's own CONNECTION_CLOSE
-ends it, RFC 9000 §10.2), tunnels (no extended CONNECT is offered, RFC 9220; a CONNECT is
-answered 501), and flow-control credit handed back by hand (aioquic raises the client's
-windows as data arrive; a request body its upstream does not take has its stream's window
-frozen, ``H3Server.hold``, so the client waits as an HTTP/2 one does).
+What a QUIC connection has no use for: the TCP close's FIN and reads after it (QUIC's own
+CONNECTION_CLOSE ends it, RFC 9000 §10.2), tunnels (no extended CONNECT is offered,
+RFC 9220; a CONNECT is answered 501), and flow-control credit handed back by hand (aioquic
+raises the client's windows as data arrive; a request body its upstream does not take has
+its stream's window frozen, ``H3Server.hold``, so the client waits as an HTTP/2 one does).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from lameduck.http3.codec import (
     StreamReset,
     TrailersReceived,
 )
-from lameduck.proxy.downstream import Downstream, HttpConnectionContext
+from lameduck.proxy.downstream import LINGER, Downstream
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.fields import trailer_fields
 from lameduck.proxy.local import (
@@ -85,30 +86,27 @@ class QuicTransport:
         return False
 
     def get_write_buffer_size(self) -> int:
-        return 0
+        """Stream data the client has not acknowledged: the exit flush waits for it."""
+        h3 = self.conn.h3
+        return 0 if h3.closing else h3.unacked()
 
     def is_closing(self) -> bool:
-        return self.conn.h3.closing
+        return self.conn.h3.closing or self.conn.close_by is not None
 
     def close(self) -> None:
         self.conn.quic_close()
 
     def abort(self) -> None:
-        self.conn.quic_close()
+        self.conn.quic_close(now=True)
 
     def write(self, data: bytes) -> None:  # pragma: no cover - HTTP/3 writes datagrams
         raise RuntimeError("an HTTP/3 connection writes datagrams (flush)")
-
-
-class H3ListenerContext(HttpConnectionContext, Protocol):
-    """What an HTTP/3 connection needs from its listener (wired in ``listeners``)."""
 
 
 # A request stream is a plain ``Exchange`` (version HTTP3, its stream id as ``sid``): the
 # exchange is compiled (hot.txt) and this module is not, and an interpreted class cannot
 # subclass a compiled one. What HTTP/2 keeps on its stream subclass (the body's clock, the
 # paused source) this connection keeps by stream id.
-H3Stream = Exchange
 
 
 class H3Downstream(Downstream):
@@ -121,9 +119,8 @@ class H3Downstream(Downstream):
         self.endpoint = endpoint
         self.h3 = h3
         self.peer = peer
-        self.streams: dict[int, H3Stream] = {}
+        self.streams: dict[int, Exchange] = {}
         self.corked = 0
-        self.goaways = 0  # GOAWAY frames sent for the drain: 0, 1 (2^62-4), 2 (final)
         self.take_limits(ctx)
         self.log_on = ctx.access_log is not None
         self.rx_at = 0.0
@@ -132,6 +129,8 @@ class H3Downstream(Downstream):
         self.cids: set[bytes] = set()  # its connection ids the endpoint routes by
         self.body_at: dict[int, float] = {}  # loop time of a stream's last body byte
         self.paused: set[int] = set()  # streams whose upstream waits for QUIC's send buffer
+        self.close_by: float | None = None  # a close waits for ACKs until then (``quic_close``)
+        self.close_timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         """The first datagram of a new connection was accepted: on the listener's books."""
@@ -179,6 +178,8 @@ class H3Downstream(Downstream):
             return
         h3 = self.h3
         send = self.endpoint.sendto
+        if self.close_by is not None and (not h3.unacked() or self.loop.time() >= self.close_by):
+            self._close_now()
         for data, addr in h3.datagrams_to_send(self.loop.time()):
             send(data, addr)
         at = h3.get_timer()
@@ -192,11 +193,28 @@ class H3Downstream(Downstream):
             self.quic_timer_at = at
             self.quic_timer = self.loop.call_at(at, self._on_quic_timer)
 
-    def quic_close(self) -> None:
-        """CONNECTION_CLOSE(H3_NO_ERROR); the connection ends when QUIC says it has."""
-        if not self.h3.closing:
-            self.h3.close()
-            self.flush()
+    def quic_close(self, now: bool = False) -> None:
+        """CONNECTION_CLOSE(H3_NO_ERROR) once the client has acknowledged every byte sent, or
+        LINGER (as a staged TCP close's) after this at the latest: once a close is queued
+        aioquic retransmits no stream data, so the end of a last response lost on the way
+        would never arrive (RFC 9000 §10.2). ``now``: no waiting (an abort). The connection
+        ends when QUIC says it has."""
+        h3 = self.h3
+        if h3.closing:
+            return
+        if now or not h3.unacked():
+            self._close_now()
+        elif self.close_by is None:
+            self.close_by = at = self.loop.time() + LINGER
+            self.close_timer = self.loop.call_at(at, self.flush)
+        self.flush()
+
+    def _close_now(self) -> None:
+        self.close_by = None
+        if self.close_timer is not None:
+            self.close_timer.cancel()
+            self.close_timer = None
+        self.h3.close()
 
     def _event(self, ev: object) -> None:
         t = type(ev)
@@ -240,6 +258,10 @@ class H3Downstream(Downstream):
         if self.quic_timer is not None:
             self.quic_timer.cancel()
             self.quic_timer = None
+        if self.close_timer is not None:
+            self.close_timer.cancel()
+            self.close_timer = None
+        self.close_by = None
         was_gone = self.gone
         super().connection_lost(exc)
         if not was_gone:
@@ -253,7 +275,7 @@ class H3Downstream(Downstream):
                 s.detach()
             self.clients_gone(gone)
             for s in gone:
-                self._settle(s, completed=False)  # type: ignore[arg-type]
+                self._settle(s, completed=False)
 
     def busy(self) -> bool:
         return bool(self.streams)
@@ -359,7 +381,7 @@ class H3Downstream(Downstream):
             return
         if not ex.req_done:
             ex.request_cut_short()
-        self._settle(ex, completed=True)  # type: ignore[arg-type]
+        self._settle(ex, completed=True)
         self.kick()
 
     # -- requests ---------------------------------------------------------------------------
@@ -417,10 +439,10 @@ class H3Downstream(Downstream):
         self.h3.cancel(s.sid, code)
         s.response_over()
         s.detach()
-        self._settle(s, completed=False)  # type: ignore[arg-type]
+        self._settle(s, completed=False)
         self.kick()
 
-    def _settle(self, s: H3Stream, completed: bool) -> None:
+    def _settle(self, s: Exchange, completed: bool) -> None:
         if self.streams.pop(s.sid, None) is None:
             return
         self.paused.discard(s.sid)
@@ -431,20 +453,16 @@ class H3Downstream(Downstream):
 
     # -- drain --------------------------------------------------------------------------------
     def drain_notice(self) -> None:
-        """GOAWAY(2^62-4) and no more streams: go elsewhere (RFC 9114 §5.2)."""
-        if self.goaways == 0 and not self.h3.closing:
-            self.goaways = 1
-            self.h3.drain_start()
-            self.kick()
+        """GOAWAY(2^62-4) and no more streams: go elsewhere (RFC 9114 §5.2). The codec sends
+        each GOAWAY once (and none once closing)."""
+        self.h3.drain_start()
+        self.kick()
 
     def final_notice(self) -> None:
         """The final GOAWAY: streams from the first one not processed are rejected."""
-        self.drain_notice()
-        if self.goaways == 1 and not self.h3.closing:
-            self.goaways = 2
-            self.final_sent = True
-            self.h3.drain_final()
-            self.kick()
+        self.final_sent = True
+        self.h3.drain_final()
+        self.kick()
 
     def drain_tunnels(self, by: DrainedBy) -> None:
         pass  # no tunnels over HTTP/3

@@ -218,12 +218,8 @@ class HttpListener(Listener):
         port 0 has become a real one). A failure to bind fails the start-up: ListenError."""
         from lameduck.listeners.quic import QuicEndpoint, bind_udp, quic_configuration
 
-        # aioquic logs every connection's negotiation and close at INFO ("quic"): per
-        # connection, not what an operator reads; its warnings still show.
-        logging.getLogger("quic").setLevel(logging.WARNING)
         udp = bind_udp(self, self.sockname[1])
-        idle = self.cfg.idle_timeout if self.cfg.idle_timeout > 0 else 3600.0
-        endpoint = QuicEndpoint(self, quic_configuration(self.cfg, idle))
+        endpoint = QuicEndpoint(self, quic_configuration(self.cfg))
         try:
             await self.loop.create_datagram_endpoint(lambda: endpoint, sock=udp)
         except BaseException:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from lameduck.config import ListenerConfig
 from lameduck.http3.codec import H3_ALPN, H3Server
@@ -42,15 +42,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("lameduck.listener")
 
 
-def quic_configuration(cfg: ListenerConfig, idle_timeout: float) -> QuicConfiguration:
+# The QUIC idle timeout of a listener with ``idle_timeout: 0`` (no idle timeout on TCP):
+# aioquic has no "none" (its idle timer always runs), so an idle QUIC connection ends after
+# this (docs/http3.md, Limits).
+QUIC_IDLE_TIMEOUT_WHEN_OFF: Final = 3600.0
+
+
+def quic_configuration(cfg: ListenerConfig) -> QuicConfiguration:
     """A server's QUIC configuration from the listener's: its certificate, ALPN h3, its
     idle timeout (RFC 9000 §10.1 max_idle_timeout), and the HTTP/2 listener's flow-control
     windows as QUIC's initial ones (§18.2 initial_max_stream_data_bidi_remote,
     initial_max_data)."""
     assert cfg.tls is not None
     h2 = cfg.http2
-    qc = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN),
-                           idle_timeout=idle_timeout,
+    idle = cfg.idle_timeout if cfg.idle_timeout > 0 else QUIC_IDLE_TIMEOUT_WHEN_OFF
+    qc = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN), idle_timeout=idle,
                            max_stream_data=h2.initial_stream_window_size,
                            max_data=h2.initial_connection_window_size)
     qc.load_cert_chain(cfg.tls.certificate, cfg.tls.key)

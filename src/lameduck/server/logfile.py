@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from datetime import datetime
+from typing import Final
 
 from lameduck.proxy.accesslog import reopen_access_logs
 
@@ -72,8 +73,17 @@ def config_error_lines(source: str, problems: tuple[tuple[str, str], ...]) -> li
             for path, message in problems]
 
 
+# Libraries' loggers and the least level of theirs the process log shows: aioquic logs each
+# QUIC connection's negotiation and close at INFO ("quic"), per connection, not what an
+# operator reads; its warnings still show.
+LIBRARY_LEVELS: Final = {"quic": logging.WARNING}
+
+
 def formatter(kind: str) -> logging.Formatter:
-    """``--log-format``: ``text`` or ``json``."""
+    """``--log-format``: ``text`` or ``json``. Called where a process sets up its log (the
+    main process, each worker): the libraries' levels are set with it."""
+    for name, level in LIBRARY_LEVELS.items():
+        logging.getLogger(name).setLevel(level)
     return JsonFormatter() if kind == "json" else IsoFormatter(TEXT_FORMAT)
 
 
