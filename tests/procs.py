@@ -482,6 +482,62 @@ class Lameduck:
 # -- helpers for the drain, admin and CLI integration tests -------------------------------------
 
 
+SIGHUP_STARTED = re.compile(r"SIGHUP: hot restart: started pid (\d+)")
+
+
+def _serving_pid(ld: Lameduck) -> int | None:
+    """The pid behind the admin port now (None while it changes hands)."""
+    try:
+        return int(ld.server_info()["pid"]) if ld.reread() else None
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def _reaped(pid: int, codes: dict[int, int]) -> bool:
+    """``pid`` (a child of this process, or adopted by it) has exited; its code in ``codes``."""
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return pid in codes
+    if got == 0:
+        return False
+    codes[pid] = os.waitstatus_to_exitcode(status)
+    return True
+
+
+def sighup_restart(ld: Lameduck, pid: int, epoch: int, subreaper: list[int],
+                   codes: dict[int, int], wait_exit: bool = True) -> int:
+    """SIGHUP ``pid``; wait until the process it starts serves as ``epoch`` and (unless not
+    ``wait_exit``: see ``exited_cleanly``) ``pid`` has exited; the new pid."""
+    os.kill(pid, signal.SIGHUP)
+    found: list[int] = []
+
+    def started() -> bool:
+        pids = [int(p) for p in SIGHUP_STARTED.findall(ld.log())]
+        found[:] = pids[epoch - 1:epoch]
+        return bool(found)
+
+    # upper bounds on a process's start-up, returned from as soon as it is done: a new main
+    # process and two workers took over 15 s to serve at load 12
+    assert wait_until(started, 30, 0.01), ld.log()
+    new = found[0]
+    subreaper.append(new)  # killed by pid at teardown if the test fails before that
+    assert wait_until(lambda: _serving_pid(ld) == new, 30, 0.01), ld.log()
+    assert ld.stat("server.hot_restart_epoch") == epoch
+    if wait_exit:
+        exited_cleanly(ld, pid, codes)
+    return new
+
+
+def exited_cleanly(ld: Lameduck, pid: int, codes: dict[int, int], timeout: float = 30) -> None:
+    """``pid``, a process ``sighup_restart`` replaced, exits 0 within ``timeout``."""
+    if pid == ld.pid:  # the first one is our child: Popen reaps it
+        assert ld.wait(timeout) == 0, ld.log()
+    else:  # later ones were adopted (subreaper) when the one that started them exited
+        assert wait_until(lambda: _reaped(pid, codes), timeout, 0.01), ld.log()
+        assert codes[pid] == 0, (pid, codes[pid], ld.log())
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     """True if something listens on host:port (or the port cannot be bound)."""
     with socket.socket() as s:

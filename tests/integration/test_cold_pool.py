@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,16 +26,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests import loadgen
 from tests.procs import (
+    SIGHUP_STARTED,
     Lameduck,
     _env,
     _read_lines,
     base_config,
     children_of,
+    sighup_restart,
     stop,
     wait_until,
 )
@@ -47,7 +47,6 @@ KEEPALIVE, FRESH = 8, 8  # sixteen clients: keep-alive ones and one connection p
 # seconds of load at most, whatever happens (about 10 s on an idle machine; a restart of a
 # main process and two workers took 12-15 s at load 12, so five of them outlive 60 s)
 HARD_CAP = 240.0
-STARTED = re.compile(r"SIGHUP: hot restart: started pid (\d+)")
 
 
 @pytest.fixture
@@ -118,53 +117,6 @@ def _config(origin_port: int, tmp_path: Path, cluster: dict[str, Any]) -> dict[s
     return cfg
 
 
-def _serving_pid(ld: Lameduck) -> int | None:
-    """The pid behind the admin port now (None while it changes hands)."""
-    try:
-        return int(ld.server_info()["pid"]) if ld.reread() else None
-    except (httpx.HTTPError, ValueError, KeyError):
-        return None
-
-
-def _reaped(pid: int, codes: dict[int, int]) -> bool:
-    """``pid`` (a child of this process, or adopted by it) has exited; its code in ``codes``."""
-    try:
-        got, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return pid in codes
-    if got == 0:
-        return False
-    codes[pid] = os.waitstatus_to_exitcode(status)
-    return True
-
-
-def _sighup_restart(ld: Lameduck, pid: int, epoch: int, subreaper: list[int],
-                    codes: dict[int, int]) -> int:
-    """SIGHUP ``pid``; wait until the process it starts serves as ``epoch`` and ``pid`` has
-    exited; the new pid."""
-    os.kill(pid, signal.SIGHUP)
-    found: list[int] = []
-
-    def started() -> bool:
-        pids = [int(p) for p in STARTED.findall(ld.log())]
-        found[:] = pids[epoch - 1:epoch]
-        return bool(found)
-
-    # upper bounds on a process's start-up, returned from as soon as it is done: a new main
-    # process and two workers took over 15 s to serve at load 12
-    assert wait_until(started, 30, 0.01), ld.log()
-    new = found[0]
-    subreaper.append(new)  # killed by pid at teardown if the test fails before that
-    assert wait_until(lambda: _serving_pid(ld) == new, 30, 0.01), ld.log()
-    assert ld.stat("server.hot_restart_epoch") == epoch
-    if pid == ld.pid:  # the first one is our child: Popen reaps it
-        assert ld.wait(30) == 0, ld.log()
-    else:  # later ones were adopted (subreaper) when the one that started them exited
-        assert wait_until(lambda: _reaped(pid, codes), 30, 0.01), ld.log()
-        assert codes[pid] == 0, (pid, codes[pid], ld.log())
-    return new
-
-
 # The control: no cap on connects under way and no retry, as before the fixes. The same load
 # and restarts must then fail requests, or this test could not see the bug; a restart drops a
 # connect often but not always, so the control goes on (up to three times as many restarts)
@@ -195,7 +147,7 @@ def test_sighup_hot_restarts_against_a_backlog_5_origin_fail_no_request(
     try:
         assert clients.more(300), clients.report()  # warm: the first pool is full
         for epoch in range(1, RESTARTS * (3 if control else 1) + 1):
-            pid = _sighup_restart(ld, pid, epoch, subreaper, codes)
+            pid = sighup_restart(ld, pid, epoch, subreaper, codes)
             restarts = epoch
             assert clients.more(200), clients.report()  # the new process serves the load
             if control and clients.total("failed"):
@@ -217,7 +169,7 @@ def test_sighup_hot_restarts_against_a_backlog_5_origin_fail_no_request(
     subreaper.extend(children_of(pid))  # its workers, adopted here once it dies
     os.kill(pid, signal.SIGKILL)  # the last one; reaped by the subreaper fixture
     assert "Traceback" not in log, log
-    assert len(STARTED.findall(log)) == restarts
+    assert len(SIGHUP_STARTED.findall(log)) == restarts
     assert clients.total("connections") > 100, report  # new connections were made throughout
     if control:
         assert clients.total("failed") > 0, report

@@ -53,7 +53,8 @@ class Link:
     """A client and the codec, and what each has received: the server's events, the client's
     HTTP/3 events, QUIC stream resets, and the frames on the server's control stream."""
 
-    def __init__(self, certs: tuple[bytes, str], drain_first: bool = False) -> None:
+    def __init__(self, certs: tuple[bytes, str], drain_first: bool = False,
+                 cid_prefix: bytes = b"") -> None:
         ca, server_pem = certs
         self.now = 1000.0
         ccfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
@@ -65,7 +66,7 @@ class Link:
         scfg.load_cert_chain(server_pem, server_pem)
         first = self.client.datagrams_to_send(self.now)
         header = pull_quic_header(Buffer(data=first[0][0]), host_cid_length=8)
-        self.server = H3Server(scfg, header.destination_cid)
+        self.server = H3Server(scfg, header.destination_cid, cid_prefix=cid_prefix)
         self.events: list[object] = []  # the codec's
         self.client_events: list[H3Event] = []
         self.resets: dict[int, int] = {}  # stream id -> error code the client got
@@ -180,6 +181,26 @@ def test_a_request_with_body_and_trailers_in_a_response_with_body_and_trailers_o
     assert heads[1].headers == [(b"grpc-status", b"0")]
     assert heads[1].stream_ended
     assert sid not in link.server.streams  # both halves ended
+
+
+def test_every_connection_id_issued_begins_with_the_prefix(certs):
+    """The id of the server's first Initial and each one NEW_CONNECTION_ID offers name the
+    process generation (the listener routes by it after a hot restart): as the client got
+    them, and as it addresses its packets after the handshake."""
+    link = Link(certs, cid_prefix=b"\x07")
+    got = [link.client._peer_cid.cid] + [c.cid for c in link.client._peer_cid_available]
+    assert len(got) >= 2  # aioquic offers more than one id after the handshake
+    assert all(cid[:1] == b"\x07" and len(cid) == 8 for cid in got), got
+    assert len({cid[1:] for cid in got}) == len(got)  # the rest stays random
+    sid = link.request([(b":method", b"GET"), (b":scheme", b"https"),
+                        (b":authority", b"localhost"), (b":path", b"/")])
+    assert link.of(RequestReceived, sid)
+    link.h3.send_headers(link.client.get_next_available_stream_id(),
+                         [(b":method", b"GET"), (b":scheme", b"https"),
+                          (b":authority", b"localhost"), (b":path", b"/")], end_stream=True)
+    data = link.client.datagrams_to_send(link.now)[0][0]
+    header = pull_quic_header(Buffer(data=data), host_cid_length=8)
+    assert header.destination_cid[:1] == b"\x07"
 
 
 def test_an_interim_head_before_the_final_one(certs):

@@ -20,6 +20,7 @@ from lameduck.stats import (
     HealthCheckStats,
     Histogram,
     Http2Stats,
+    Http3Stats,
     HttpStats,
     ListenerManagerStats,
     ListenerStats,
@@ -600,6 +601,7 @@ def test_a_counter_kept_outside_a_scope_is_carried_and_reset_as_any_counter() ->
 # scopes there are several of, so a family that carries a name in it shows as two families.
 _SCOPES = {
     HttpStats: ("http.ingress", "http.api"), Http2Stats: ("http.ingress.http2", "http.api.http2"),
+    Http3Stats: ("http.ingress.http3", "http.api.http3"),
     ClusterStats: ("cluster.app", "cluster.db"), TcpStats: ("tcp.db", "tcp.mq"),
     HealthCheckStats: ("cluster.app.health_check", "cluster.db.health_check"),
     OutlierStats: ("cluster.app.outlier_detection", "cluster.db.outlier_detection"),

@@ -11,6 +11,7 @@ from .codec import (
     H3_REQUEST_REJECTED,
     BodyReceived,
     ConnectionClosed,
+    ConnectionIdIssued,
     Event,
     H3Server,
     RequestReceived,
@@ -21,6 +22,7 @@ from .codec import (
 
 __all__ = [
     "GOAWAY_ALL", "H3_ALPN", "H3_MESSAGE_ERROR", "H3_NO_ERROR", "H3_REQUEST_CANCELLED",
-    "H3_REQUEST_REJECTED", "BodyReceived", "ConnectionClosed", "Event", "H3Server",
+    "H3_REQUEST_REJECTED", "BodyReceived", "ConnectionClosed", "ConnectionIdIssued", "Event",
+    "H3Server",
     "RequestReceived", "StreamRefused", "StreamReset", "TrailersReceived",
 ]

@@ -33,9 +33,10 @@ stream's id (``H3Connection._local_control_stream_id``) to write GOAWAY on, the 
 object behind MAX_STREAMS for the client's bidirectional streams
 (``QuicConnection._local_max_streams_bidi``), replaced by one that can be frozen, a
 stream's send state (``QuicStreamSender._buffer``, ``_buffer_fin``, ``_reset_error_code``:
-``_unacked``) to tell how much is unacknowledged, and
-a stream's receive window (``QuicStream.max_stream_data_local``), frozen while its request
-body is held (``hold``).
+``_unacked``) to tell how much is unacknowledged, the connection ids QUIC issues
+(``QuicConnection._host_cids``, drawn in ``__init__`` and ``_replenish_connection_ids``:
+``_Quic``) to mark them with the process generation, and a stream's receive window
+(``QuicStream.max_stream_data_local``), frozen while its request body is held (``hold``).
 """
 
 from __future__ import annotations
@@ -188,6 +189,37 @@ class _Grant(Limit):
             self._value = value
 
 
+class _Quic(QuicConnection):
+    """aioquic's QUIC connection, with every connection id it issues beginning with
+    ``prefix``: the listener's mark of the process generation, so that a packet that reaches
+    the newer process after a hot restart can be handed to the one that owns its connection
+    (as QUIC-LB's server id, draft-ietf-quic-load-balancers). Every connection of a process
+    shares the prefix; the rest of each id is random as aioquic draws it, so ids still do
+    not link one connection's paths (RFC 9000 §5.1)."""
+
+    def __init__(self, configuration: QuicConfiguration,
+                 original_destination_connection_id: bytes, prefix: bytes) -> None:
+        super().__init__(configuration=configuration,
+                         original_destination_connection_id=original_destination_connection_id)
+        self._prefix = prefix
+        # the first id is drawn in __init__ and sent in the first Initial: re-mark it before
+        first = self._host_cids[0]
+        first.cid = self._marked(first.cid)
+        self.host_cid = first.cid
+        self._local_initial_source_connection_id = first.cid
+
+    def _marked(self, cid: bytes) -> bytes:
+        return self._prefix + cid[len(self._prefix):]
+
+    def _replenish_connection_ids(self) -> None:
+        """The ids that NEW_CONNECTION_ID frames will offer (RFC 9000 §5.1.1), marked before
+        any is sent."""
+        n = len(self._host_cids)
+        super()._replenish_connection_ids()
+        for issued in self._host_cids[n:]:
+            issued.cid = self._marked(issued.cid)
+
+
 class _HeldStream(QuicStream):
     """A QUIC stream whose receive window stays where it is: aioquic doubles a stream's
     MAX_STREAM_DATA as data arrive, whether or not anyone reads them, so a request body the
@@ -277,16 +309,18 @@ class H3Server:
 
     def __init__(self, configuration: QuicConfiguration,
                  original_destination_connection_id: bytes, max_streams: int = 0,
-                 max_field_section_size: int = 0) -> None:
+                 max_field_section_size: int = 0, cid_prefix: bytes = b"") -> None:
         """``configuration``: a server's (certificate loaded, ``alpn_protocols`` H3_ALPN);
         ``original_destination_connection_id``: the destination connection id of the
         client's first Initial packet (``aioquic.quic.packet.pull_quic_header``);
         ``max_streams``: the client's concurrent requests (QUIC's initial_max_streams_bidi,
         RFC 9000 §18.2; 0: aioquic's 128); ``max_field_section_size``: the largest request
-        head taken (RFC 9114 §4.2.2, size as RFC 9113 §6.5.2 counts it; 0: no limit)."""
-        self.quic = QuicConnection(
-            configuration=configuration,
-            original_destination_connection_id=original_destination_connection_id)
+        head taken (RFC 9114 §4.2.2, size as RFC 9113 §6.5.2 counts it; 0: no limit);
+        ``cid_prefix``: the first bytes of every connection id this connection issues
+        (shorter than the configuration's ``connection_id_length``)."""
+        assert len(cid_prefix) < configuration.connection_id_length
+        self.quic: QuicConnection = _Quic(configuration, original_destination_connection_id,
+                                          cid_prefix)
         self._grant = _Grant(self.quic._local_max_streams_bidi)
         if max_streams:
             self._grant.value = max_streams  # not frozen yet: the setter takes it

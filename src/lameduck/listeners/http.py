@@ -25,7 +25,7 @@ from lameduck.http2.downstream import H2Downstream
 from lameduck.listeners.base import BACKLOG, Listener, Overflow
 from lameduck.listeners.tls import TlsAccept, server_context
 from lameduck.proxy.accesslog import open_access_log
-from lameduck.stats import DrainStats, Http2Stats, HttpStats
+from lameduck.stats import DrainStats, Http2Stats, Http3Stats, HttpStats
 from lameduck.upstream.cluster import Cluster
 from lameduck.upstream.connector import UpstreamConn
 from lameduck.upstream.pool import Endpoint
@@ -108,6 +108,7 @@ class HttpListener(Listener):
         on_change: Callable[[], None],
         rng: Callable[[], float] = random.random,
         h2stats: Http2Stats | None = None,
+        h3stats: Http3Stats | None = None,
     ) -> None:
         super().__init__(cfg, loop, process, drain, on_change)
         self.router = router
@@ -117,6 +118,13 @@ class HttpListener(Listener):
         self.rng = rng
         self.connections: set[Any] = set()  # H1Downstream, H2Downstream, H3Downstream
         self.quic: Any = None  # the UDP socket's QuicEndpoint (listeners[].http3)
+        self.h3stats = h3stats if h3stats is not None else Http3Stats()
+        # hot restart: this process's epoch (it marks the QUIC connection ids issued here),
+        # the UDP socket the previous process read, and where to forward the packets of
+        # each older process still draining (by generation mark); set before ``start``
+        self.generation = 0
+        self.quic_socket: socket.socket | None = None
+        self.quic_forward: dict[int, socket.socket] = {}
         hc = cfg.health_check_path
         self.health_check_path = hc.encode() if hc else None
         lp = cfg.lb_probes
@@ -218,9 +226,13 @@ class HttpListener(Listener):
         port 0 has become a real one). A failure to bind fails the start-up: ListenError."""
         from lameduck.listeners.quic import QuicEndpoint, bind_udp, quic_configuration
 
-        udp = bind_udp(self, self.sockname[1])
-        endpoint = QuicEndpoint(self, quic_configuration(self.cfg))
+        udp = self.quic_socket if self.quic_socket is not None else bind_udp(
+            self, self.sockname[1])
+        self.quic_socket = None
         try:
+            endpoint = QuicEndpoint(self, quic_configuration(self.cfg), udp, self.generation,
+                                    self.quic_forward, self.h3stats)
+            self.quic_forward = {}
             await self.loop.create_datagram_endpoint(lambda: endpoint, sock=udp)
         except BaseException:
             udp.close()

@@ -9,11 +9,22 @@ accepting, and closes once its last QUIC connection has ended. Each connection i
 counted with the others.
 
 Per datagram: one header parse and one dict lookup before the connection's own work.
+
+Hot restart. The new process takes this socket over like the TCP one, and from its "drain"
+on only the newest process reads it; an older one still sends from it (the same address and
+port its clients know). Every connection id a process issues begins with its generation
+(the hot restart epoch, one byte: ``H3Server``'s ``cid_prefix``), so a packet for a
+connection of an older process is known by its first byte. The reader hands such a packet,
+with its client's address, to that process over a Unix datagram socket (a socketpair each
+process makes at its handover and gives its successor, which passes it on to its own), until
+sending fails because that process has exited. As Envoy forwards QUIC packets to the process
+it replaces during a hot restart; counted in ``http.<listener>.http3.packets_forwarded``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from typing import TYPE_CHECKING, Final
@@ -21,6 +32,7 @@ from typing import TYPE_CHECKING, Final
 from lameduck.config import ListenerConfig
 from lameduck.http3.codec import H3_ALPN, H3Server
 from lameduck.http3.downstream import H3Downstream
+from lameduck.stats import Http3Stats
 
 try:
     from aioquic.buffer import Buffer
@@ -46,6 +58,45 @@ log = logging.getLogger("lameduck.listener")
 # aioquic has no "none" (its idle timer always runs), so an idle QUIC connection ends after
 # this (docs/http3.md, Limits).
 QUIC_IDLE_TIMEOUT_WHEN_OFF: Final = 3600.0
+
+
+# Forwarded datagrams ride a Unix socket whose buffer holds a burst of them: one that does
+# not fit is dropped, as the network drops (QUIC retransmits what was lost, RFC 9002).
+FORWARD_BUFFER: Final = 1 << 20
+# Packet types whose destination connection id is one the server issued (RFC 9000 §17.2.4,
+# §17.3.1); an Initial or 0-RTT packet carries the id the client chose.
+_OURS: Final = (QuicPacketType.ONE_RTT, QuicPacketType.HANDSHAKE)
+
+
+def generation_mark(generation: int) -> int:
+    """The first byte of every connection id a process of this hot restart epoch issues."""
+    return generation & 0xFF
+
+
+def pack_forwarded(addr: NetworkAddress, data: bytes) -> bytes:
+    """A datagram and its client's address, as one Unix datagram: the address as text
+    (host, port and, for IPv6, flow info and scope id, as asyncio reported it, which aioquic
+    compares a path's address with), one length byte before it."""
+    text = "|".join(str(part) for part in addr).encode()
+    return bytes((len(text),)) + text + data
+
+
+def unpack_forwarded(msg: bytes) -> tuple[NetworkAddress, bytes]:
+    n = msg[0]
+    parts = msg[1:1 + n].decode().split("|")
+    addr: NetworkAddress = (parts[0], *map(int, parts[1:]))  # type: ignore[assignment]
+    return addr, msg[1 + n:]
+
+
+def forward_pair() -> tuple[socket.socket, socket.socket]:
+    """(the end a process reads forwarded datagrams from, the end its successor sends to)."""
+    inbox, outlet = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    for s in (inbox, outlet):
+        s.setblocking(False)
+    with contextlib.suppress(OSError):
+        outlet.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, FORWARD_BUFFER)
+        inbox.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, FORWARD_BUFFER)
+    return inbox, outlet
 
 
 def quic_configuration(cfg: ListenerConfig) -> QuicConfiguration:
@@ -85,7 +136,14 @@ def bind_udp(listener: HttpListener, port: int) -> socket.socket:
 class QuicEndpoint(asyncio.DatagramProtocol):
     """One listener's UDP socket and the QUIC connections on it, by connection id."""
 
-    def __init__(self, listener: HttpListener, configuration: QuicConfiguration) -> None:
+    def __init__(self, listener: HttpListener, configuration: QuicConfiguration,
+                 sock: socket.socket, generation: int = 0,
+                 forward: dict[int, socket.socket] | None = None,
+                 stats: Http3Stats | None = None) -> None:
+        """``sock``: the UDP socket (kept as a copy of its own: what a successor is handed,
+        and what this process sends from once it no longer reads); ``generation``: this
+        process's hot restart epoch; ``forward``: the older processes still draining, by
+        generation mark, each the socket to send their packets to."""
         self.listener = listener
         self.configuration = configuration
         self.cid_length = configuration.connection_id_length
@@ -96,6 +154,15 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         self.conns: dict[bytes, H3Downstream] = {}
         self.transport: asyncio.DatagramTransport | None = None
         self.accepting = True
+        self.sock: socket.socket | None = sock.dup()
+        self.sock.setblocking(False)
+        self.mark = generation_mark(generation)
+        self.prefix = bytes((self.mark,))
+        self.forward = dict(forward or {})
+        self.stats = stats if stats is not None else Http3Stats()
+        self.inbox: socket.socket | None = None  # forwarded to us, once handed over
+        self.outlet: socket.socket | None = None  # its other end, until the successor has it
+        self.reading_inbox = False
 
     # -- asyncio ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -106,11 +173,32 @@ class QuicEndpoint(asyncio.DatagramProtocol):
             header = pull_quic_header(Buffer(data=data), host_cid_length=self.cid_length)
         except ValueError:
             return  # not QUIC
-        conn = self.conns.get(header.destination_cid)
+        dcid = header.destination_cid
+        conn = self.conns.get(dcid)
         if conn is not None:
             conn.datagram_received(data, addr)
             return
+        if (self.forward and dcid and dcid[0] != self.mark
+                and header.packet_type in _OURS and not self.reading_inbox):
+            self._forward(dcid[0], data, addr)
+            return
         self._new(data, addr, header)
+
+    def _forward(self, mark: int, data: bytes, addr: NetworkAddress) -> None:
+        """A packet for a connection of an older process: to that process, while it lives."""
+        out = self.forward.get(mark)
+        if out is None:
+            return  # no process of that generation: a connection long gone
+        try:
+            out.send(pack_forwarded(addr, data))
+        except BlockingIOError:
+            self.stats.packets_forward_dropped += 1
+            return
+        except OSError:  # it has exited (ECONNREFUSED): nobody to forward to any more
+            del self.forward[mark]
+            out.close()
+            return
+        self.stats.packets_forwarded += 1
 
     def error_received(self, exc: Exception) -> None:
         log.debug("listener %s: UDP error: %s", self.listener.name, exc)
@@ -136,7 +224,8 @@ class QuicEndpoint(asyncio.DatagramProtocol):
             listener.overflowed()
             return
         dcid: bytes = header.destination_cid  # type: ignore[attr-defined]
-        h3 = H3Server(self.configuration, dcid, self.max_streams, self.max_field_section)
+        h3 = H3Server(self.configuration, dcid, self.max_streams, self.max_field_section,
+                      self.prefix)
         conn = H3Downstream(listener, self, h3, addr)
         self.conns[dcid] = conn
         self.conns[h3.quic.host_cid] = conn
@@ -149,6 +238,9 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         t = self.transport
         if t is not None:
             t.sendto(data, addr)
+        elif self.sock is not None:  # handed over: we send, the successor reads
+            with contextlib.suppress(OSError):  # a full buffer: lost, as on the network
+                self.sock.sendto(data, addr)
 
     def cid_issued(self, cid: bytes, conn: H3Downstream) -> None:
         self.conns[cid] = conn
@@ -168,6 +260,58 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if not self.accepting and not self.conns:
             self.close()
 
+    # -- hot restart --------------------------------------------------------------------------
+    def handover(self) -> tuple[socket.socket, dict[int, socket.socket]]:
+        """What a successor is handed: the UDP socket, and where to forward the packets of
+        each process still draining (this one's, made now, and the older ones it knows)."""
+        assert self.sock is not None
+        for s in (self.inbox, self.outlet):  # an earlier successor that never took over
+            if s is not None:
+                s.close()
+        self.inbox, self.outlet = forward_pair()
+        return self.sock, {**self.forward, self.mark: self.outlet}
+
+    def handed_over(self) -> None:
+        """The successor reads the UDP socket from now on: stop reading it (the same socket,
+        so what we left unread is its to forward), read what it forwards instead. Our
+        datagrams still go out from the socket."""
+        inbox = self.inbox
+        if inbox is None or self.sock is None:
+            return
+        for out in self.forward.values():
+            out.close()  # the successor forwards to them now
+        self.forward.clear()
+        if self.outlet is not None:
+            self.outlet.close()  # the successor's copy is the only one: our exit shows
+            self.outlet = None
+        if self.transport is not None:
+            self.transport.close()  # closes its descriptor; self.sock keeps the socket
+            self.transport = None
+        self.reading_inbox = True
+        self.listener.loop.add_reader(inbox.fileno(), self._inbox_readable)
+        if not self.conns:
+            self.close()
+
+    def _inbox_readable(self) -> None:
+        inbox = self.inbox
+        for _ in range(256):  # a bounded batch: the loop's other work goes on between
+            if inbox is None:
+                return
+            try:
+                msg = inbox.recv(65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                return
+            if not msg:
+                continue
+            try:
+                addr, data = unpack_forwarded(msg)
+            except (ValueError, IndexError, UnicodeDecodeError):
+                continue
+            self.datagram_received(data, addr)
+            inbox = self.inbox  # closed by the last connection's end
+
     # -- lifecycle ----------------------------------------------------------------------------
     def stop_accepting(self) -> None:
         """No new connections; the socket closes once the last one has ended."""
@@ -179,3 +323,13 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if self.transport is not None:
             self.transport.close()
             self.transport = None
+        if self.inbox is not None:
+            if self.reading_inbox:
+                self.listener.loop.remove_reader(self.inbox.fileno())
+            self.inbox.close()
+            self.inbox = None
+        for s in (self.outlet, self.sock, *self.forward.values()):
+            if s is not None:
+                s.close()
+        self.outlet = self.sock = None
+        self.forward.clear()

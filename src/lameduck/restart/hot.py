@@ -10,9 +10,13 @@ length); the one that carries descriptors sends them with its first byte.
     new → old   {"op": "hello", "pid": P, "config": path}
     old → new   {"op": "sockets", "epoch": E, "pid": P, "listeners": [[name, address], ...],
                  "admin": address or null, "counters": {...}, "started": wall,
-                 "definitions": {name: listener config}}
-                + fds: the listeners', then the admin's
-    new → old   {"op": "drain"}        once the new process is ready
+                 "definitions": {name: listener config},
+                 "quic": [[name, address, [generation mark, ...]], ...]}
+                + fds: the listeners', then the admin's, then for each "quic" entry its UDP
+                  socket and one Unix datagram socket per mark (where that process's QUIC
+                  packets are forwarded: listeners.quic)
+    new → old   {"op": "drain", "quic": [name, ...]}   once the new process is ready; the
+                                       listeners whose UDP socket it reads from now on
     old → new   {"op": "released"}     the old one stopped accepting and left the rendezvous
     old → new   {"op": "status", "connections": N, "draining": L, "counters": {...}}
                 every STATUS_EVERY s (L: its listeners with connections left)
@@ -126,11 +130,34 @@ class Inherited:
     definitions: dict[str, Any]  # the old process's listener configs, by name
     link: socket.socket
     reader: _Reader = field(default_factory=_Reader)
+    # name → (address as configured, UDP socket, {generation mark: forwarding socket})
+    quic: dict[str, tuple[str, socket.socket, dict[int, socket.socket]]] = field(
+        default_factory=dict)
+    quic_taken: list[str] = field(default_factory=list)  # the UDP sockets read here now
+
+    def take_quic(self, name: str, address: str,
+                  ) -> tuple[socket.socket, dict[int, socket.socket]] | None:
+        """The listener's UDP socket and forwarding sockets, if its address is the same
+        (else they are closed: the old process goes on reading its own)."""
+        entry = self.quic.pop(name, None)
+        if entry is None:
+            return None
+        addr, sock, forward = entry
+        if addr != address:
+            for s in (sock, *forward.values()):
+                s.close()
+            return None
+        self.quic_taken.append(name)
+        return sock, forward
 
     def close_unused(self) -> None:
         for _, sock in self.listeners.values():
             sock.close()
         self.listeners.clear()
+        for _, sock, forward in self.quic.values():
+            for s in (sock, *forward.values()):
+                s.close()
+        self.quic.clear()
         if self.admin is not None:
             self.admin[1].close()
             self.admin = None
@@ -210,22 +237,30 @@ def connect_parent(path: str, config: str | None, timeout: float = 10.0) -> Inhe
         if msg.get("op") != "sockets":
             raise ValueError(f"unexpected hot restart reply {msg.get('op')!r}")
         names = msg["listeners"]
+        quic = msg.get("quic", [])
         fds = reader.fds
-        want = len(names) + (1 if msg["admin"] else 0)
+        n_tcp = len(names) + (1 if msg["admin"] else 0)
+        want = n_tcp + sum(1 + len(marks) for _, _, marks in quic)
         if len(fds) != want:
             raise ValueError(f"hot restart: {len(fds)} descriptors for {want} sockets")
         socks = [socket.socket(fileno=fd) for fd in fds]
         for sock in socks:
             sock.set_inheritable(False)
         reader.fds = []
+        tcp, rest = socks[:n_tcp], iter(socks[n_tcp:])
+        inherited_quic = {}
+        for name, addr, marks in quic:
+            udp = next(rest)
+            inherited_quic[str(name)] = (str(addr), udp,
+                                         {int(mark): next(rest) for mark in marks})
         return Inherited(
             epoch=int(msg["epoch"]) + 1, parent_pid=int(msg["pid"]),
-            listeners={name: (addr, sock) for (name, addr), sock in zip(names, socks,
+            listeners={name: (addr, sock) for (name, addr), sock in zip(names, tcp,
                                                                          strict=False)},
-            admin=(str(msg["admin"]), socks[-1]) if msg["admin"] else None,
+            admin=(str(msg["admin"]), tcp[-1]) if msg["admin"] else None,
             counters={str(k): int(v) for k, v in msg["counters"].items()},
             started=float(msg["started"]), definitions=dict(msg.get("definitions", {})),
-            link=s, reader=reader)
+            link=s, reader=reader, quic=inherited_quic)
     except BaseException:
         s.close()
         raise
@@ -236,7 +271,8 @@ async def take_over(inh: Inherited, loop: asyncio.AbstractEventLoop, timeout: fl
     """Ready: tell the old process to drain, and wait until it stopped accepting."""
     link = inh.link
     link.setblocking(False)
-    await asyncio.wait_for(loop.sock_sendall(link, _frame({"op": "drain"})), timeout)
+    await asyncio.wait_for(loop.sock_sendall(link, _frame({"op": "drain",
+                                                          "quic": inh.quic_taken})), timeout)
     end = loop.time() + timeout
     while True:
         data = await asyncio.wait_for(loop.sock_recv(link, 65536), max(end - loop.time(), 0))
@@ -299,6 +335,15 @@ class Source(Protocol):
 
     def listener_definitions(self) -> dict[str, Any]:
         """Every listener's config, by name: the successor tells added/modified/removed."""
+        ...
+
+    def handover_quic(self) -> list[tuple[str, str, HasFileno, dict[int, HasFileno]]]:
+        """[(listener name, configured address, UDP socket, {generation mark: the socket
+        that process's QUIC packets are forwarded to})]: this process's among them."""
+        ...
+
+    def quic_handed_over(self, names: list[str]) -> None:
+        """The successor reads these listeners' UDP sockets now: stop reading them."""
         ...
 
     def counters(self) -> dict[str, int]: ...
@@ -423,7 +468,8 @@ class Rendezvous:
                     return
                 self._send_sockets(conn, int(msg.get("pid", 0)))
             elif msg["op"] == "drain" and conn is self.pending and not self.handed_over:
-                self._release(conn)
+                taken = msg.get("quic", [])
+                self._release(conn, [str(n) for n in taken] if isinstance(taken, list) else [])
 
     def _whoami(self, conn: socket.socket) -> None:
         """A plain `lameduck run` asking before it refuses to start: answer, change nothing."""
@@ -443,11 +489,15 @@ class Rendezvous:
     def _send_sockets(self, conn: socket.socket, pid: int) -> None:
         src = self.source
         listeners, admin = src.handover_sockets()
+        quic = src.handover_quic()
         fds = [s.fileno() for _, _, s in listeners] + ([admin[1].fileno()] if admin else [])
+        for _, _, udp, forward in quic:
+            fds += [udp.fileno(), *(out.fileno() for out in forward.values())]
         msg = {"op": "sockets", "epoch": src.epoch, "pid": os.getpid(),
                "listeners": [[name, addr] for name, addr, _ in listeners],
                "admin": admin[0] if admin else None, "counters": src.counters(),
-               "started": src.started_all, "definitions": src.listener_definitions()}
+               "started": src.started_all, "definitions": src.listener_definitions(),
+               "quic": [[name, addr, list(forward)] for name, addr, _, forward in quic]}
         data = _frame(msg)
         # One message, once; bounded, so a successor that does not read cannot stall us.
         conn.settimeout(2.0)
@@ -464,7 +514,7 @@ class Rendezvous:
         self.pending = conn
         log.info("hot restart: sockets handed to pid %d; waiting for it to be ready", pid)
 
-    def _release(self, conn: socket.socket) -> None:
+    def _release(self, conn: socket.socket, quic: list[str]) -> None:
         self.handed_over = True
         self.successor = conn
         self.pending = None
@@ -472,6 +522,7 @@ class Rendezvous:
         for other, _ in list(self.children.values()):
             if other is not conn:
                 self._drop(other)  # a second would-be successor: too late
+        self.source.quic_handed_over(quic)
         self.source.hand_over()
         self._send(conn, {"op": "released"})
         self._status()

@@ -23,6 +23,7 @@ from lameduck.stats import (
     DrainStats,
     HealthCheckStats,
     Http2Stats,
+    Http3Stats,
     HttpStats,
     ListenerManagerStats,
     ServerStats,
@@ -95,8 +96,10 @@ def build(cfg: Config, loop: asyncio.AbstractEventLoop, rng: Callable[[], float]
                          for r in lc.routes])
         stats = registry.add(f"http.{lc.name}", HttpStats())
         h2stats = registry.add(f"http.{lc.name}.http2", Http2Stats())
+        h3stats = (registry.add(f"http.{lc.name}.http3", Http3Stats())
+                   if lc.http3 is not None else None)
         listeners.append(HttpListener(lc, loop, process, ld, router, stats, drain_stats,
-                                      on_change, rng, h2stats))
+                                      on_change, rng, h2stats, h3stats))
     for ln in listeners:
         registry.add(f"listener.{ln.name}", ln.listener_stats)
     return Built(process, registry, server_stats, drain_stats, lm_stats, clusters, checkers,

@@ -64,6 +64,15 @@ class DataPlane(Protocol):
         """[(name, configured address, listening socket)] for a hot-restart successor."""
         ...
 
+    def handover_quic(self) -> list[tuple[str, str, HasFileno, dict[int, HasFileno]]]:
+        """[(name, configured address, UDP socket, {generation mark: forwarding socket})]
+        for a hot-restart successor (restart.hot.Source.handover_quic)."""
+        ...
+
+    def quic_handed_over(self, names: list[str]) -> None:
+        """The successor reads these listeners' UDP sockets from now on."""
+        ...
+
     # -- what the decisions read -----------------------------------------------------------
     def connections(self) -> int:
         """Downstream connections open."""

@@ -55,6 +55,21 @@ class LocalPlane:
         return [(ls.name, str(ls.cfg.address), ls.server.sockets[0])
                 for ls in self.listeners if ls.server is not None]
 
+    def handover_quic(self) -> list[tuple[str, str, HasFileno, dict[int, HasFileno]]]:
+        out: list[tuple[str, str, HasFileno, dict[int, HasFileno]]] = []
+        for ls in self.listeners:
+            quic = getattr(ls, "quic", None)
+            if quic is not None and quic.sock is not None and quic.accepting:
+                udp, forward = quic.handover()
+                out.append((ls.name, str(ls.cfg.address), udp, forward))
+        return out
+
+    def quic_handed_over(self, names: list[str]) -> None:
+        for ls in self.listeners:
+            quic = getattr(ls, "quic", None)
+            if quic is not None and ls.name in names:
+                quic.handed_over()
+
     # -- counts -----------------------------------------------------------------------------
     def connections(self) -> int:
         """Downstream connections open, on every listener (those in their TLS handshake, and

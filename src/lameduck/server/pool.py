@@ -151,6 +151,12 @@ class WorkerPool:
                 for ls in self.listeners if ls.name in self.held
                 for i, sock in enumerate(self.held[ls.name])]
 
+    def handover_quic(self) -> list[tuple[str, str, HasFileno, dict[int, HasFileno]]]:
+        return []  # HTTP/3 runs with workers: 1 only (config refuses it here)
+
+    def quic_handed_over(self, names: list[str]) -> None:
+        """Nothing was handed over (``handover_quic``)."""
+
     def _cluster_changed(self, cluster: Cluster) -> Any:
         def changed() -> None:
             if self.workers is not None:

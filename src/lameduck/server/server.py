@@ -24,6 +24,7 @@ from lameduck.admin.control import NotFound
 from lameduck.config import Config, ConfigError, format_duration, load_config
 from lameduck.drain import Cause
 from lameduck.drain.endpoint import AdminState
+from lameduck.listeners.http import HttpListener
 from lameduck.restart import Notifier
 from lameduck.restart.hot import HasFileno, Inherited, Rendezvous, follow_parent, take_over
 from lameduck.server.build import build
@@ -130,6 +131,8 @@ class Server:
                     sock = self.plane.bind(listener)
                 sock.setblocking(False)
                 socks.append(sock)
+                if isinstance(listener, HttpListener):
+                    self._inherit_quic(listener)
             a = self.cfg.admin.address
             admin_sock = None
             if inh is not None and inh.admin is not None and inh.admin[0] == str(a):
@@ -186,6 +189,21 @@ class Server:
         log.info("listener %s takes over the socket of pid %d", name, inh.parent_pid)
         return sock
 
+    def _inherit_quic(self, listener: HttpListener) -> None:
+        """HTTP/3: the epoch marks the connection ids issued here; the previous process's
+        UDP socket, if its address is the same, is read here from now on, and the packets
+        of the older processes' connections are forwarded to them (listeners.quic)."""
+        listener.generation = self.epoch
+        inh = self.inherited
+        if inh is None or listener.cfg.http3 is None:
+            return
+        taken = inh.take_quic(listener.name, str(listener.cfg.address))
+        if taken is not None:
+            listener.quic_socket, listener.quic_forward = taken
+            log.info("listener %s takes over the UDP socket of pid %d (HTTP/3; packets of "
+                     "%d older generation(s) forwarded)", listener.name, inh.parent_pid,
+                     len(taken[1]))
+
     async def _take_over(self, inh: Inherited) -> None:
         """Ready: the previous process stops accepting and drains; we follow its status."""
         inh.close_unused()  # listeners that are gone: they drain in the old process
@@ -217,6 +235,12 @@ class Server:
         admin = (None if self.admin is None
                  else (str(self.cfg.admin.address), self.admin.sockets[0]))
         return self.plane.handover_sockets(), admin
+
+    def handover_quic(self) -> list[tuple[str, str, HasFileno, dict[int, HasFileno]]]:
+        return self.plane.handover_quic()
+
+    def quic_handed_over(self, names: list[str]) -> None:
+        self.plane.quic_handed_over(names)
 
     def listener_definitions(self) -> dict[str, Any]:
         return {lc.name: lc.model_dump(mode="json") for lc in self.cfg.listeners}

@@ -67,6 +67,11 @@ HELP: Final[dict[str, str]] = {
         "HTTP/2 connections ended with a GOAWAY error for a client's protocol violation.",
     "envoy_http2_flood":
         "HTTP/2 connections closed for a flood: rapid reset, PING, SETTINGS or empty frames.",
+    # http.<listener>.http3. (label envoy_http_conn_manager_prefix)
+    "envoy_http3_packets_forwarded":
+        "QUIC packets handed to an older process after a hot restart (its connections).",
+    "envoy_http3_packets_forward_dropped":
+        "QUIC packets for an older process dropped: its forwarding socket was full.",
     # cluster.<name>. (label envoy_cluster_name)
     "envoy_cluster_upstream_cx_total": "Upstream connections opened.",
     "envoy_cluster_upstream_cx_http2_total": "HTTP/2 upstream connections opened.",

@@ -142,7 +142,7 @@ def prometheus_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """Map a stat name to its Prometheus family and labels, with Envoy's default tag extraction.
 
     `http.<L>.X` -> envoy_http_X{envoy_http_conn_manager_prefix="<L>"} (`http.<L>.http2.X` ->
-    envoy_http2_X with the same label); `cluster.<C>.X` ->
+    envoy_http2_X with the same label, likewise http3); `cluster.<C>.X` ->
     envoy_cluster_X{envoy_cluster_name="<C>"} (`cluster.<C>.health_check.X` ->
     envoy_cluster_health_check_X, likewise outlier_detection); `tcp.<L>.X` ->
     envoy_tcp_X{envoy_tcp_prefix="<L>"}; `worker.<i>.X` -> envoy_worker_X{envoy_worker_id="<i>"};
@@ -162,9 +162,10 @@ def prometheus_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
         if name.startswith(prefix):
             scope, dot, stat = name[len(prefix) :].rpartition(".")
             if dot and scope and stat:
-                if prefix == "http." and scope.endswith(".http2"):
-                    # a listener's HTTP/2 codec stats: Envoy's envoy_http2_* families
-                    scope, family_prefix = scope[: -len(".http2")], "envoy_http2_"
+                if prefix == "http." and scope.endswith((".http2", ".http3")):
+                    # a listener's HTTP/2 (HTTP/3) codec stats: Envoy's envoy_http2_* families
+                    codec = scope[-5:]
+                    scope, family_prefix = scope[:-6], f"envoy_{codec}_"
                 elif prefix == "cluster.":
                     for sub in _CLUSTER_SUBSCOPES:
                         if scope.endswith(sub):

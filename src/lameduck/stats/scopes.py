@@ -21,6 +21,7 @@ __all__ = [
     "DrainStats",
     "HealthCheckStats",
     "Http2Stats",
+    "Http3Stats",
     "HttpStats",
     "ListenerManagerStats",
     "ListenerStats",
@@ -134,6 +135,19 @@ class Http2Stats:
 
 
 name_gauges(Http2Stats, set())
+
+
+@dataclass(slots=True)
+class Http3Stats:
+    """The HTTP/3 side of one listener (``listeners[].http3``), rendered under
+    `http.<listener>.http3.`: QUIC packets that reached this process after a hot restart for
+    a connection an older process still drains, handed on to it over a Unix socket."""
+
+    packets_forwarded: int = 0
+    packets_forward_dropped: int = 0  # that socket's buffer was full: lost, QUIC resends
+
+
+name_gauges(Http3Stats, set())
 
 
 @dataclass(slots=True)
@@ -322,6 +336,7 @@ name_gauges(ListenerStats, set())
 SCOPE_CLASSES: tuple[type, ...] = (
     HttpStats,
     Http2Stats,
+    Http3Stats,
     ClusterStats,
     TcpStats,
     HealthCheckStats,

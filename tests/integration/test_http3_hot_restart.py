@@ -1,0 +1,158 @@
+"""HTTP/3 through five SIGHUP hot restarts, with long requests in flight at each: no request
+fails. Real processes: ``lameduck run`` (SIGHUP starts its successor, which takes the TCP and
+UDP sockets over), the demo origin, and aioquic's HTTP/3 client in a thread of its own.
+
+Each new process reads the UDP socket alone; a packet for a connection of an older process
+(its connection id names that process's generation) is forwarded to it, so a connection in
+flight at a restart goes on in its own process until that process has drained it. The
+restarts overlap: the next SIGHUP comes once the new process serves, while the older ones
+still drain, so the newest forwards to several generations at once.
+
+A client here does what a real one does with the drain's signals (RFC 9114 §5.2): after a
+GOAWAY it opens no new stream on that connection, and a request reset with
+H3_REQUEST_REJECTED (not processed, §4.1.1) is sent again on a new connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lameduck.http3 import H3_REQUEST_REJECTED
+from tests.h3client import H3Client, h3_connect
+from tests.integration.test_http3 import h3_listener
+from tests.procs import Lameduck, base_config, exited_cleanly, sighup_restart, wait_until
+
+RESTARTS = 5
+SHORT, LONG = 4, 3  # client tasks: short requests; requests that take LONG_MS at the origin
+LONG_MS = 2000
+HARD_CAP = 150.0  # seconds of load at most, whatever happens
+LIMIT = 20_000  # requests at most
+
+
+class Load:
+    """HTTP/3 clients on an event loop in a thread of their own, until ``finish()``."""
+
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+        self.ok = 0
+        self.long_ok = 0
+        self.long_in_flight = 0
+        self.rejected = 0  # reset with H3_REQUEST_REJECTED: sent again, not a failure
+        self.connections = 0
+        self.failed: list[str] = []
+        self.sent = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self.thread.start()
+
+    async def _main(self) -> None:
+        async with asyncio.timeout(HARD_CAP):
+            await asyncio.gather(*(self._client(i >= SHORT) for i in range(SHORT + LONG)))
+
+    def _more(self) -> bool:
+        return not self.stop.is_set() and self.sent < LIMIT
+
+    async def _client(self, long: bool) -> None:
+        path = f"/sleep?ms={LONG_MS}" if long else "/"
+        while self._more():
+            try:
+                async with asyncio.timeout(30):
+                    cm = h3_connect(self.addr)
+                    c: H3Client = await cm.__aenter__()
+            except (TimeoutError, ConnectionError, OSError) as e:
+                self.failed.append(f"connect: {e!r}")
+                return
+            self.connections += 1
+            try:
+                # one request at a time on this connection, until the server says go away
+                while self._more() and not c.goaways() and c.terminated is None:
+                    self.sent += 1
+                    if long:
+                        self.long_in_flight += 1
+                    try:
+                        async with asyncio.timeout(30):
+                            reply = await c.request("GET", path)
+                    except TimeoutError:
+                        self.failed.append(f"{path}: no answer in 30 s")
+                        return
+                    finally:
+                        if long:
+                            self.long_in_flight -= 1
+                    if reply.status == 200:
+                        self.ok += 1
+                        self.long_ok += long
+                    elif reply.reset == H3_REQUEST_REJECTED and not reply.closed:
+                        self.rejected += 1
+                        break  # not processed: sent again on a new connection
+                    else:
+                        self.failed.append(f"{path}: status {reply.status} reset "
+                                           f"{reply.reset} closed {reply.closed}")
+            finally:
+                with contextlib.suppress(Exception):
+                    await cm.__aexit__(None, None, None)
+
+    def more(self, n: int, timeout: float = 60.0) -> bool:
+        goal = self.ok + n
+        return wait_until(lambda: self.ok >= goal or bool(self.failed), timeout, 0.01)
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(HARD_CAP)
+        assert not self.thread.is_alive()
+
+    def report(self) -> str:
+        return (f"ok={self.ok} long_ok={self.long_ok} rejected={self.rejected} "
+                f"connections={self.connections} failed={len(self.failed)} "
+                f"{self.failed[:5]}")
+
+
+@pytest.mark.timeout(HARD_CAP + 120)
+def test_five_sighup_hot_restarts_under_http3_load_fail_no_request(
+        tmp_path: Path, origin_port: int, tls_files: tuple[Path, Path, Path],
+        subreaper: list[int]) -> None:
+    cfg: dict[str, Any] = base_config(origin_port, listener=h3_listener(tls_files))
+    cfg["workers"] = 1
+    # a connection grace long enough for a request in flight at the first GOAWAY to end
+    # below the final one; the deadline far beyond a long request
+    cfg["drain"] = {"time": "3s", "strategy": "gradual", "connection_grace": "3s"}
+    cfg["shutdown"] = {"deadline": "30s", "min_drain": "0s"}
+    cfg["hot_restart"] = {"socket": str(tmp_path / "restart.sock"),
+                          "parent_shutdown_time": "30s"}
+    ld = Lameduck(cfg, tmp_path).start()
+    pid = ld.pid
+    olds: list[int] = []
+    codes: dict[int, int] = {}
+    t0 = time.monotonic()
+    load = Load(ld.addr)
+    try:
+        assert load.more(100), load.report()
+        for epoch in range(1, RESTARTS + 1):
+            # a long request in flight on a connection of the process about to be replaced
+            assert wait_until(lambda: load.long_in_flight > 0 or bool(load.failed), 30,
+                              0.01), load.report()
+            olds.append(pid)
+            pid = sighup_restart(ld, pid, epoch, subreaper, codes, wait_exit=False)
+            assert load.more(50), load.report()  # the new process serves the load
+        for old in olds:  # each drained its connections, the long requests too, and left
+            exited_cleanly(ld, old, codes, timeout=60)
+        assert load.more(50), load.report()  # a tail on the last one
+    finally:
+        load.finish()
+    elapsed = time.monotonic() - t0
+    stats = ld.stats()  # the last process's, with every earlier one's carried over
+    forwarded = stats["http.ingress.http3.packets_forwarded"]
+    report = (f"{RESTARTS} restarts: {load.report()} in {elapsed:.1f} s; packets forwarded "
+              f"{forwarded}, dropped {stats['http.ingress.http3.packets_forward_dropped']}")
+    print(report)
+    log = ld.log()
+    assert "Traceback" not in log, log
+    assert not load.failed, report
+    assert load.long_ok >= RESTARTS, report
+    assert forwarded > 0, report  # the connections in flight were served across restarts
+    assert stats["http.ingress.downstream_rq_5xx"] == 0, report
