@@ -61,6 +61,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Literal
 
 import yaml
 
@@ -322,15 +323,15 @@ class Procs:
         self.quota_cpu = -1
 
     def start(self, name: str, cpu: int | str, argv: list[str],
-              quota: CpuQuota | None = None) -> Proc:
+              quota: CpuQuota | Literal[False] | None = None) -> Proc:
         """``cpu``: one CPU, or a taskset list ("0,1") for the rows spread over all cores.
         ``quota``: a CFS quota of its own for this process (the HTTP/3 part's ``--h3-quota``)
-        instead of ``--proxy-quota``'s."""
+        instead of ``--proxy-quota``'s; False: none at all."""
         log = self.workdir / f"{name}.log"
         setup = _child_setup
         if quota is None and cpu == self.quota_cpu:
             quota = self.quota
-        if quota is not None:
+        if quota:
             procs_file = quota.group(name)
 
             def setup() -> None:  # joins before exec: its forks (workers) are inside too
@@ -509,7 +510,7 @@ def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int
                    access_log: bool = False, workers: int = 1,
                    name: str | None = None, binary: str | None = None,
                    tls_files: tuple[Path, Path] | None = None, h3: bool = False,
-                   quota: CpuQuota | None = None) -> tuple[Proc, int]:
+                   quota: CpuQuota | Literal[False] | None = None) -> tuple[Proc, int]:
     """``workers`` > 1: lameduck's multi-process mode (a main process and that many worker
     processes, its children: pinned with it); ``name`` names its config, log and process;
     ``binary``: another lameduck executable (--lameduck-base), given the same config.
@@ -1891,7 +1892,7 @@ def run_h3_part(procs: Procs, args: argparse.Namespace, workdir: Path, origin_po
         try:
             proc, _ = start_lameduck(procs, args.proxy_cpu, workdir, origin_port,
                                      tls_files=(tls_files[0], tls_files[1]), h3=True,
-                                     name=H3_NAME, quota=quota)
+                                     name=H3_NAME, quota=quota or False)  # not --proxy-quota
         except BenchError as e:
             part.failed = f"{H3_NAME} did not start: {e}"
             return part

@@ -246,3 +246,23 @@ def test_nothing_listening_fails_fast_without_a_result(h3load, bench) -> None:
     rc, out = h3load_run(port, ["-n", "1"])
     assert rc == 1 and h3load.parse_result(out) is None, out
     assert "h3load: handshake failed" in out
+
+
+def test_the_h3_lameduck_is_never_under_proxy_quota(bench, tmp_path: Path) -> None:
+    """--h3-quota 100 (no cap) with --proxy-quota set: the HTTP/3 part's lameduck is started
+    with quota=False, which keeps it out of --proxy-quota's cgroup; None puts it there."""
+    joined: list[str] = []
+
+    class Quota:  # records which process would join --proxy-quota's cgroup
+        def group(self, name: str) -> Path:
+            joined.append(name)
+            return tmp_path / f"{name}.procs"
+
+    procs = bench.Procs(tmp_path)
+    procs.quota, procs.quota_cpu = Quota(), 0
+    try:
+        for name, quota in (("own", False), ("proxy", None)):
+            procs.start(name, 0, ["true"], quota=quota).popen.wait(timeout=30)
+    finally:
+        procs.stop_all()
+    assert joined == ["proxy"]
