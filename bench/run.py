@@ -1720,6 +1720,7 @@ class H3Sample:
     cpu_us_per_req: float = 0.0
     proxy_cpu_pct: float = 0.0
     client_us_per_req: float = 0.0  # the load tool's own CPU (/proc) over the same requests
+    origin_us_per_req: float = 0.0  # the origin's, over the same requests
     cpu_pct: dict[int, float] = field(default_factory=dict)
     failed: str = ""  # why this round does not count; "" = ok
 
@@ -1793,9 +1794,10 @@ def h3_precheck(procs: Procs, cpu: int, port: int, protocol: str) -> tuple[str |
 
 
 def measure_h3(procs: Procs, proxy: Proc, protocol: str, args: argparse.Namespace,
-               rnd: int) -> H3Sample:
+               rnd: int, origin: Proc | None = None) -> H3Sample:
     """One round of one protocol: the client on the load core, lameduck's CPU (and the
-    client's) sampled at the client's phase lines, so only its measured period counts."""
+    client's and the origin's) sampled at the client's phase lines, so only its measured
+    period counts."""
     sample = H3Sample(protocol=protocol, round=rnd)
     if not proxy.alive():
         sample.failed = f"{proxy.name} is not running (exit code {proxy.popen.returncode})"
@@ -1811,8 +1813,9 @@ def measure_h3(procs: Procs, proxy: Proc, protocol: str, args: argparse.Namespac
         return 0
 
     def snap(key: str) -> Callable[[], object]:
-        return lambda: snaps.setdefault(key, (cpu_busy(), cpu_ticks(proxy.pid), client_ticks(),
-                                               time.monotonic()))
+        return lambda: snaps.setdefault(key, (
+            cpu_busy(), cpu_ticks(proxy.pid), client_ticks(),
+            cpu_ticks(origin.pid) if origin is not None else 0, time.monotonic()))
 
     snap("start")()
     tool = "h3load" if protocol == "h3" else "h2load"
@@ -1822,8 +1825,8 @@ def measure_h3(procs: Procs, proxy: Proc, protocol: str, args: argparse.Namespac
                          on_line={start: snap("main"), end: snap("end")},
                          started=client.append)
     snap("end")()  # no-op when the phase line was seen (the usual case)
-    busy0, ticks0, c0, t0 = snaps.get("main", snaps["start"])
-    busy1, ticks1, c1, t1 = snaps["end"]
+    busy0, ticks0, c0, o0, t0 = snaps.get("main", snaps["start"])
+    busy1, ticks1, c1, o1, t1 = snaps["end"]
     h = (parse_h3load if protocol == "h3" else parse_h2load)(out)
     if rc is None:
         h["failed"] = h["failed"] or f"{tool} did not finish within its timeout; {out[-200:]!r}"
@@ -1840,6 +1843,7 @@ def measure_h3(procs: Procs, proxy: Proc, protocol: str, args: argparse.Namespac
     sample.cpu_us_per_req = cpu_s * 1e6 / n
     sample.proxy_cpu_pct = 100.0 * cpu_s / wall
     sample.client_us_per_req = (c1 - c0) / CLK_TCK * 1e6 / n
+    sample.origin_us_per_req = (o1 - o0) / CLK_TCK * 1e6 / n
     sample.cpu_pct = busy_pct(busy0, busy1, (args.proxy_cpu, args.load_cpu))
     return sample
 
@@ -1868,8 +1872,8 @@ def h3_anchor_note() -> str:
             + "; ".join(said) + ")")
 
 
-def run_h3_part(procs: Procs, args: argparse.Namespace, workdir: Path, origin_port: int,
-                tls_files: tuple[Path, Path, Path]) -> H3Part:
+def run_h3_part(procs: Procs, args: argparse.Namespace, workdir: Path, origin: Proc,
+                origin_port: int, tls_files: tuple[Path, Path, Path]) -> H3Part:
     """A lameduck of its own (pinned to --proxy-cpu, in a cgroup capped at --h3-quota) with
     one TLS listener that offers h2 and serves HTTP/3 on the same port, to the origin of the
     HTTP/1.1 rows. A pre-check per protocol, then ``--rounds`` rounds, each measuring h3load
@@ -1917,7 +1921,7 @@ def run_h3_part(procs: Procs, args: argparse.Namespace, workdir: Path, origin_po
             for protocol in order:
                 if protocol in part.skipped:
                     continue
-                s = measure_h3(procs, proc, protocol, args, rnd)
+                s = measure_h3(procs, proc, protocol, args, rnd, origin)
                 part.samples.append(s)
                 if s.failed:
                     print(f"round {rnd} {protocol} {H3_NAME} FAILED: {s.failed}", flush=True)
@@ -1928,7 +1932,8 @@ def run_h3_part(procs: Procs, args: argparse.Namespace, workdir: Path, origin_po
                 print(f"round {rnd} {protocol} {H3_SHAPE[0]} {H3_NAME} {s.rps:>8,.0f} req/s  "
                       f"{s.cpu_us_per_req:6.1f} µs/req  proxy CPU {s.proxy_cpu_pct:3.0f}%  "
                       f"cpu{args.load_cpu} {s.cpu_pct[args.load_cpu]:3.0f}%  client "
-                      f"{s.client_us_per_req:6.1f} µs/req  errors {s.errors}", flush=True)
+                      f"{s.client_us_per_req:6.1f} µs/req  origin {s.origin_us_per_req:5.1f} "
+                      f"µs/req  errors {s.errors}", flush=True)
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError, BenchError):
             stats = lameduck_admin(proc, "/stats?format=json")["stats"]
             scope = f"http.{TLS_LISTENER}."
@@ -1961,12 +1966,13 @@ def summarize_h3(part: H3Part, args: argparse.Namespace
             f"{len(bad)}/{len(ss)} rounds failed; round {bad[0].round}: {bad[0].failed}"
             if bad else "" if ss else "no rounds ran")
         if why:
-            rows.append([protocol, client, "FAILED", *["-"] * 6,
+            rows.append([protocol, client, "FAILED", *["-"] * 7,
                          str(sum(s.errors for s in ss)), "-"])
             failures.append(f"{H3_NAME} {protocol}: {why}")
             continue
         m = {k: statistics.median(getattr(s, k) for s in ss)
-             for k in ("rps", "cpu_us_per_req", "proxy_cpu_pct", "client_us_per_req")}
+             for k in ("rps", "cpu_us_per_req", "proxy_cpu_pct", "client_us_per_req",
+                       "origin_us_per_req")}
         m["load_pct"] = statistics.median(s.cpu_pct[args.load_cpu] for s in ss)
         med[protocol] = m
         rows.append([
@@ -1974,7 +1980,7 @@ def summarize_h3(part: H3Part, args: argparse.Namespace
             f"{m['proxy_cpu_pct']:.0f}%",
             f"{100 * m['proxy_cpu_pct'] / part.quota_pct:.0f}%" if part.quota_pct else "-",
             f"{m['load_pct']:.0f}%", f"{m['client_us_per_req']:.1f}",
-            "none (no anchor)" if protocol == "h3" else "-",
+            f"{m['origin_us_per_req']:.1f}", "none (no anchor)" if protocol == "h3" else "-",
             str(sum(s.errors for s in ss)),
             bound_by(m["proxy_cpu_pct"], m["load_pct"], args.load_cpu, part.saturated_at),
         ])
@@ -1987,6 +1993,14 @@ def summarize_h3(part: H3Part, args: argparse.Namespace
                     "HTTP/2)"
                     + ("" if all(honest.values()) else
                        "; not both saturated with the load core free, see the limit column"))
+    if med:
+        need = {p: part.saturated_at * (m["client_us_per_req"] + m["origin_us_per_req"])
+                / max(1e-9, m["cpu_us_per_req"]) for p, m in med.items()}
+        info.append("the load core lameduck's saturation needs (client + origin µs/req x the "
+                    f"req/s of lameduck at {part.saturated_at:g}% of a core): " + ", ".join(
+                        f"{p} ~{v:.0f}%" for p, v in need.items())
+                    + f"; the load core's own share only, under {SATURATED:g}% for an honest "
+                    "figure (--h3-quota scales it)")
     for p, ok in honest.items():
         if not ok:
             m = med[p]
@@ -2000,7 +2014,7 @@ def summarize_h3(part: H3Part, args: argparse.Namespace
 
 
 H3_HEADERS = ["protocol", "client", "req/s (median)", "CPU µs/req", "proxy CPU", "of quota",
-              "load CPU", "client µs/req", "vs HAProxy", "errors", "limit"]
+              "load CPU", "client µs/req", "origin µs/req", "vs HAProxy", "errors", "limit"]
 
 
 def h3_title(part: H3Part, args: argparse.Namespace) -> str:
@@ -2033,11 +2047,11 @@ def h3_markdown(part: H3Part, summary: tuple[list[list[str]], list[str], list[st
                 args: argparse.Namespace) -> list[str]:
     rows, info, failures = summary
     _, conns, streams = H3_SHAPE
-    warm = f" after a {args.h3_warmup:g} s warm-up each" if args.h3_warmup > 0 else ""
+    warm = f" (after a {args.h3_warmup:g} s warm-up)" if args.h3_warmup > 0 else ""
     rounds = [[str(s.round), s.protocol, "FAILED" if s.failed else f"{s.rps:,.0f}",
                f"{s.cpu_us_per_req:.1f}", f"{s.proxy_cpu_pct:.0f}%",
                f"{s.cpu_pct.get(args.load_cpu, 0):.0f}%", f"{s.client_us_per_req:.1f}",
-               str(s.errors)] for s in part.samples]
+               f"{s.origin_us_per_req:.1f}", str(s.errors)] for s in part.samples]
     return [
         "## HTTP/3 beside HTTP/2 over TLS",
         "",
@@ -2047,8 +2061,9 @@ def h3_markdown(part: H3Part, summary: tuple[list[list[str]], list[str], list[st
         f"HTTP/2 (TLS, ALPN h2), both -c{conns} -m{streams}, {args.h3_duration:g} s{warm}, on "
         f"CPU {args.load_cpu}, their order alternating. lameduck counts as saturated at >= "
         f"{part.saturated_at:g}% of a core (85% of its quota); a figure is honest when it is "
-        f"and the load core is under {SATURATED:g}%. *client µs/req* is the load tool's own "
-        "CPU over the same requests.",
+        f"and the load core is under {SATURATED:g}%. *client µs/req* and *origin µs/req* are "
+        "the load tool's own CPU and the origin's over the same requests: what the load core "
+        "pays per request.",
         "",
         md_table(rows, H3_HEADERS),
         "",
@@ -2059,7 +2074,8 @@ def h3_markdown(part: H3Part, summary: tuple[list[list[str]], list[str], list[st
         "### HTTP/3 rounds",
         "",
         md_table(rounds, ["round", "protocol", "req/s", "CPU µs/req", "proxy CPU",
-                          f"cpu{args.load_cpu} busy", "client µs/req", "errors"]),
+                          f"cpu{args.load_cpu} busy", "client µs/req", "origin µs/req",
+                          "errors"]),
         "",
     ]
 
@@ -4107,7 +4123,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "(warm-up and pre-checks included; a connection is a "
                                      "handshake): " + ", ".join(f"{k}={v}" for k, v in c.items()))
         if tls_files and args.h3_names:
-            h3_part = run_h3_part(procs, args, workdir, origin_port, tls_files)
+            h3_part = run_h3_part(procs, args, workdir, origin, origin_port, tls_files)
             if h3_part.failed or h3_part.skipped or any(s.failed for s in h3_part.samples):
                 keep = True
         if args.worker_counts:

@@ -106,7 +106,7 @@ def sample(bench, protocol: str, cpu: float, pct: float, load: float, rnd: int =
            failed: str = ""):
     return bench.H3Sample(protocol=protocol, round=rnd, requests=1000, rps=1000.0,
                           cpu_us_per_req=cpu, proxy_cpu_pct=pct, client_us_per_req=50.0,
-                          cpu_pct={0: pct, 1: load}, failed=failed)
+                          origin_us_per_req=10.0, cpu_pct={0: pct, 1: load}, failed=failed)
 
 
 def test_the_h3_row_sits_beside_h2_and_says_there_is_no_anchor(bench) -> None:
@@ -121,6 +121,10 @@ def test_the_h3_row_sits_beside_h2_and_says_there_is_no_anchor(bench) -> None:
     assert h3[-1] == "proxy" and h2[-1] == "proxy"
     assert info[0] == ("lameduck CPU per request: HTTP/3 300.0 µs beside HTTP/2 over TLS 20.0 "
                        "µs, same quota, origin and shape (HTTP/3 = 15.00x HTTP/2)")
+    # what the load core needs when lameduck is at 51% of a core: 51 x (50 + 10) / cpu
+    assert info[1].startswith("the load core lameduck's saturation needs (client + origin "
+                              "µs/req x the req/s of lameduck at 51% of a core): h3 ~10%, "
+                              "h2 ~153%;")
     assert info[-1].startswith("no ratio and no target for HTTP/3: no HTTP/3 anchor runs on "
                                "this machine (")
 
@@ -132,9 +136,12 @@ def test_an_unsaturated_or_load_bound_figure_is_called_so(bench) -> None:
     rows, info, _ = bench.summarize_h3(part, a)
     assert rows[0][-1] == "neither" and rows[1][-1] == "proxy + cpu1 (load)"
     assert info[0].endswith("not both saturated with the load core free, see the limit column")
-    assert info[1].startswith("h3: not an honest figure: lameduck at 40% of a core "
-                              "(saturated from 51%)")
-    assert info[2].startswith("h2: not an honest figure") and "lower --h3-quota" in info[2]
+    h3, h2 = (next(x for x in info if x.startswith(f"{p}: not an honest figure"))
+              for p in ("h3", "h2"))
+    assert h3.startswith("h3: not an honest figure: lameduck at 40% of a core "
+                         "(saturated from 51%)") and "lower --h3-quota" not in h3
+    assert h2.startswith("h2: not an honest figure: lameduck at 58% of a core "
+                         "(saturated from 51%), cpu1 at 99%") and "lower --h3-quota" in h2
 
 
 def test_a_failed_protocol_reads_failed(bench) -> None:
