@@ -60,6 +60,9 @@ CLOSE_GRACE = 0.2
 # A connection whose handshake has not completed by then fails the run (nothing listens, or
 # the server does not speak h3).
 HANDSHAKE_TIMEOUT = 10.0
+# -T's default: the main period ends by then whatever -n and -D say (a server that stops
+# answering does not hold the run).
+MAX_TIME = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +74,8 @@ class Args:
     clients: int
     streams: int
     requests: int  # 0: no count limit (then duration is)
-    duration: float  # 0: no time limit (then requests is)
+    duration: float  # 0: no time limit but max_time (then requests is)
+    max_time: float  # the main period's bound when -n is not done sooner
     warmup: float
     stack: str
 
@@ -88,6 +92,9 @@ def parse_args(argv: list[str] | None) -> Args:
                    "with -D, none: the duration ends it)")
     p.add_argument("-D", "--duration", type=float, default=0.0,
                    help="seconds of the main period at most (0: until -n are done)")
+    p.add_argument("-T", "--max-time", type=float, default=MAX_TIME,
+                   help=f"seconds of the main period at most, -D or not ({MAX_TIME:g}): -n "
+                   "not done by then is a failed run")
     p.add_argument("--warm-up-time", type=float, default=0.0, dest="warmup",
                    help="seconds of load before the main period, not counted (0)")
     p.add_argument("--stack", choices=("auto", *STACKS), default="auto",
@@ -96,15 +103,15 @@ def parse_args(argv: list[str] | None) -> Args:
     u = urlsplit(a.url)
     if u.scheme != "https" or u.hostname != "127.0.0.1" or not u.port:
         p.error(f"{a.url}: give https://127.0.0.1:PORT/... (load goes to loopback only)")
-    if a.clients < 1 or a.streams < 1 or a.duration < 0 or a.warmup < 0:
-        p.error("-c and -m must be positive, -D and --warm-up-time not negative")
+    if a.clients < 1 or a.streams < 1 or a.duration < 0 or a.warmup < 0 or a.max_time <= 0:
+        p.error("-c, -m and -T must be positive, -D and --warm-up-time not negative")
     requests = a.requests if a.requests is not None else (0 if a.duration else 1)
     if requests < 0 or (requests == 0 and not a.duration):
         p.error("-n must be positive, or give -D")
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     return Args(host="127.0.0.1", port=u.port, authority=f"127.0.0.1:{u.port}".encode(),
                 path=path.encode(), clients=a.clients, streams=a.streams, requests=requests,
-                duration=a.duration, warmup=a.warmup, stack=a.stack)
+                duration=a.duration, max_time=a.max_time, warmup=a.warmup, stack=a.stack)
 
 
 def parse_result(out: str) -> dict[str, Any] | None:
@@ -357,9 +364,9 @@ async def run(args: Args) -> int:
         load.unsent -= sum(c.inflight for c in load.conns)  # those in flight count too
         cpu0, t0 = time.process_time(), loop.time()
         say(MAIN_STARTED)
-        with contextlib.suppress(TimeoutError):  # -D is over
+        with contextlib.suppress(TimeoutError):  # -D (or -T) is over
             await asyncio.wait_for(asyncio.shield(load.finished),
-                                   args.duration if args.duration else None)
+                                   min(args.duration or args.max_time, args.max_time))
         load.finish()
         load.measuring = False  # what ends after this is not counted
         cpu1, t1 = time.process_time(), loop.time()
@@ -377,7 +384,11 @@ async def run(args: Args) -> int:
     say(f"h3load: requests={load.done} errors={load.errors} elapsed={elapsed:.3f} "
         f"rps={load.done / elapsed:.1f} cpu_us_per_req={cpu * 1e6 / max(1, load.done):.1f} "
         f"cpu_pct={100 * cpu / elapsed:.1f}" + (f" statuses={statuses}" if statuses else ""))
-    return 0 if load.done and not load.errors else 1
+    short = args.requests and not args.duration and load.done + load.errors < args.requests
+    if short:
+        say(f"h3load: {args.requests - load.done - load.errors} of -n {args.requests} requests "
+            f"not done within -T {args.max_time:g} s")
+    return 0 if load.done and not load.errors and not short else 1
 
 
 def main(argv: list[str] | None = None) -> int:

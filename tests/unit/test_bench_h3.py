@@ -33,12 +33,14 @@ def test_h3load_takes_h2load_s_shape_and_loopback_only(h3load) -> None:
     assert (a.port, a.path, a.authority) == (8443, b"/x?y=1", b"127.0.0.1:8443")
     assert h3load.parse_args(["https://127.0.0.1:1/"]).requests == 1  # neither: one request
     assert h3load.parse_args(["-n", "7", "-D", "2", "https://127.0.0.1:1/"]).requests == 7
+    assert h3load.parse_args(["https://127.0.0.1:1/"]).max_time == h3load.MAX_TIME
 
 
 @pytest.mark.parametrize("argv", [
     ["https://10.0.0.1:443/"], ["https://example.com:443/"], ["http://127.0.0.1:80/"],
     ["https://127.0.0.1/"], ["-c0", "https://127.0.0.1:1/"], ["-m0", "https://127.0.0.1:1/"],
     ["-n0", "https://127.0.0.1:1/"], ["-D", "-1", "https://127.0.0.1:1/"],
+    ["-T", "0", "https://127.0.0.1:1/"],
 ])
 def test_h3load_refuses_other_hosts_and_bad_counts(h3load, argv, capsys) -> None:
     with pytest.raises(SystemExit) as e:
@@ -226,6 +228,15 @@ def test_h3load_completes_exactly_n_requests_against_lameduck(h3_lameduck, h3loa
     assert r is not None, out
     assert (r["requests"], r["errors"], r["statuses"]) == (60, 0, {}), out
     assert out.startswith(f"h3load: {stack} ")
+
+
+def test_h3load_is_bounded_in_time_when_n_is_not_reached(h3_lameduck, h3load) -> None:
+    _, _, proc = h3_lameduck
+    rc, out = h3load_run(proc.tls_port, ["-c1", "-m1", "-n", "100000000", "-T", "1"])
+    assert rc == 1, out
+    r = h3load.parse_result(out)
+    assert r is not None and r["errors"] == 0 and 0 < r["requests"] < 100_000_000, out
+    assert "requests not done within -T 1 s" in out
 
 
 def test_h3load_counts_non_2xx_as_errors(h3_lameduck, h3load) -> None:
