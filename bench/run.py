@@ -39,6 +39,7 @@ import csv
 import ctypes
 import functools
 import http.client
+import importlib.util
 import json
 import math
 import os
@@ -59,6 +60,8 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
+from typing import Literal
 
 import yaml
 
@@ -127,6 +130,21 @@ TLS_CIPHERSUITE = "TLS_AES_256_GCM_SHA384"
 TARGET_TLS_RATIO = 1.2
 TARGET_TLS_LINE = (f"target (TLS): lameduck <= {TARGET_TLS_RATIO:g}x HAProxy's CPU µs per "
                    "keep-alive GET over TLS (same run, both saturated)")
+
+# HTTP/3 (--h3): a lameduck of its own, with one TLS listener offering h2 by ALPN and serving
+# HTTP/3 (QUIC, RFC 9000/9114) on the same port, loaded in turn by bench/h3load.py (Python: no
+# C QUIC client runs here) and by h2load over TLS, in the same shape, under one CFS quota
+# (--h3-quota), so that both figures are taken alike and lameduck is the limit of both while
+# the load core has room (h2load + origin cost about what lameduck's HTTP/2 over TLS does per
+# request; h3load less than lameduck's HTTP/3). No anchor speaks HTTP/3 here: no ratio.
+H3_PROXIES = ("lameduck",)
+H3_NAME = "lameduck-h3"
+H3LOAD = REPO / "bench" / "h3load.py"
+H3_SHAPE = ("5x10", 5, 10)  # (label, connections, concurrent streams per connection)
+H3_PROTOCOLS = ("h3", "h2")
+H3_QUOTA = 60  # --h3-quota's default, % of a core (see bench/README.md)
+# A proxy capped by a CFS quota is saturated at this % of its quota (as --proxy-quota's).
+QUOTA_SATURATED = 85.0
 
 # The response-shape matrix (--shapes): keep-alive GETs through lameduck and HAProxy, measured
 # in the HTTP/1.1 rounds, to origins answering in the shapes real origins send, one path each;
@@ -304,12 +322,17 @@ class Procs:
         self.quota: CpuQuota | None = None  # --proxy-quota: for what runs on quota_cpu
         self.quota_cpu = -1
 
-    def start(self, name: str, cpu: int | str, argv: list[str]) -> Proc:
-        """``cpu``: one CPU, or a taskset list ("0,1") for the rows spread over all cores."""
+    def start(self, name: str, cpu: int | str, argv: list[str],
+              quota: CpuQuota | Literal[False] | None = None) -> Proc:
+        """``cpu``: one CPU, or a taskset list ("0,1") for the rows spread over all cores.
+        ``quota``: a CFS quota of its own for this process (the HTTP/3 part's ``--h3-quota``)
+        instead of ``--proxy-quota``'s; False: none at all."""
         log = self.workdir / f"{name}.log"
         setup = _child_setup
-        if self.quota is not None and cpu == self.quota_cpu:
-            procs_file = self.quota.group(name)
+        if quota is None and cpu == self.quota_cpu:
+            quota = self.quota
+        if quota:
+            procs_file = quota.group(name)
 
             def setup() -> None:  # joins before exec: its forks (workers) are inside too
                 _child_setup()
@@ -486,13 +509,16 @@ def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int
                    shapes_origin_port: int = 0, plain_origin_port: int = 0,
                    access_log: bool = False, workers: int = 1,
                    name: str | None = None, binary: str | None = None,
-                   tls_files: tuple[Path, Path] | None = None) -> tuple[Proc, int]:
+                   tls_files: tuple[Path, Path] | None = None, h3: bool = False,
+                   quota: CpuQuota | Literal[False] | None = None) -> tuple[Proc, int]:
     """``workers`` > 1: lameduck's multi-process mode (a main process and that many worker
     processes, its children: pinned with it); ``name`` names its config, log and process;
     ``binary``: another lameduck executable (--lameduck-base), given the same config.
     ``shapes_origin_port``, ``plain_origin_port``: a listener (and cluster) for each, as the
     first one, for the response-shape matrix. ``tls_files`` (certificate, key): a TLS listener
-    (ALPN http/1.1) to the first cluster, for the TLS rows."""
+    (ALPN http/1.1) to the first cluster, for the TLS rows; with ``h3`` it offers h2 and
+    http/1.1 by ALPN and serves HTTP/3 on the same port (``http3: {}``), for the HTTP/3 part.
+    ``quota``: its own CFS quota (``Procs.start``)."""
     port, admin = free_port(), free_port()
     tls_port = free_port() if tls_files else 0
     h2up_port = free_port() if h2up_origin_port else 0
@@ -568,7 +594,8 @@ def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int
             "health_check_path": None,
             "idle_timeout": "60s",
             "tls": {"certificate": str(tls_files[0]), "key": str(tls_files[1]),
-                    "alpn": ["http/1.1"]},
+                    "alpn": ["h2", "http/1.1"] if h3 else ["http/1.1"]},
+            **({"http3": {}} if h3 else {}),
             "routes": [{"prefix": "/", "cluster": "origin", "timeout": "30s"}],
         })
     if access_log:  # Envoy's default format, JSON off: the common case, written to a file
@@ -579,7 +606,8 @@ def start_lameduck(procs: Procs, cpu: int | str, workdir: Path, origin_port: int
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     # Its log is its stderr (stdout too); both go to <name>.log in the work dir.
-    proc = procs.start(name, cpu, [binary or lameduck_bin(), "run", "-c", str(path)])
+    proc = procs.start(name, cpu, [binary or lameduck_bin(), "run", "-c", str(path)],
+                       quota=quota)
     try:
         wait_until(proc, "GET /ready == 200",
                    lambda: http_get(f"http://127.0.0.1:{admin}/ready")[0] == 200)
@@ -1562,20 +1590,45 @@ def run_h2load(procs: Procs, cpu: int, argv: list[str], timeout: float,
     """Runs h2load pinned to ``cpu``; (exit code or None if it had to be killed, output).
     ``on_line`` maps a phrase of its output to a callback, called once as soon as the phrase
     appears (h2load flushes its phase lines as they happen), to snapshot CPU counters there."""
-    proc = procs.start("h2load", cpu, ["h2load", *argv])
+    return run_phased(procs, cpu, "h2load", ["h2load", *argv], timeout, on_line)
+
+
+def run_phased(procs: Procs, cpu: int, name: str, argv: list[str], timeout: float,
+               on_line: dict[str, Callable[[], object]] | None = None,
+               started: Callable[[Proc], object] | None = None) -> tuple[int | None, str]:
+    """``run_h2load`` for any load tool that prints its phase lines as they happen (h2load,
+    bench/h3load.py). ``started`` is given the tool's process as soon as it runs. The tool is
+    reaped only after the last callback: one that exits right after its last phase line is
+    still a zombie then, whose /proc/<pid>/stat keeps its CPU times."""
+    proc = procs.start(name, cpu, argv)
+    if started is not None:
+        started(proc)
     pending = dict(on_line or {})
     end = time.monotonic() + timeout
     try:
-        while proc.alive() and time.monotonic() < end:
+        while True:
+            exited = _exited(proc)
             if pending:
                 text = proc.log.read_text(errors="replace")
                 for phrase in [p for p in pending if p in text]:
                     pending.pop(phrase)()
+            if exited or time.monotonic() >= end:
+                break
             time.sleep(0.005 if pending else 0.05)
         rc = proc.popen.poll()
     finally:
         procs.stop(proc)
     return rc, proc.log.read_text(errors="replace")
+
+
+def _exited(proc: Proc) -> bool:
+    """Whether ``proc`` has exited, without reaping it (waitid WNOWAIT)."""
+    if proc.popen.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped elsewhere
+        return proc.popen.poll() is not None
 
 
 def h2_precheck(procs: Procs, cpu: int, port: int) -> str | None:
@@ -1639,6 +1692,395 @@ def measure_h2(procs: Procs, name: str, proxy: Proc, shape: tuple[str, int, int]
 
 
 # --------------------------------------------------------------------------------------------
+# HTTP/3 (--h3): bench/h3load.py against a lameduck of its own, beside HTTP/2 over TLS
+# (h2load) against the same listener, both under one CFS quota (--h3-quota).
+# --------------------------------------------------------------------------------------------
+
+def _load_h3load() -> ModuleType:
+    """bench/h3load.py as a module (a script, not a package: loaded by its path) for its phase
+    lines and its result line's parser."""
+    spec = importlib.util.spec_from_file_location("lameduck_bench_h3load", H3LOAD)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up while being built
+    spec.loader.exec_module(module)
+    return module
+
+
+h3load = _load_h3load()
+
+
+@dataclass
+class H3Sample:
+    protocol: str  # "h3" (h3load over QUIC) or "h2" (h2load over TLS, ALPN h2)
+    round: int
+    requests: int = 0
+    rps: float = 0.0
+    errors: int = 0
+    cpu_us_per_req: float = 0.0
+    proxy_cpu_pct: float = 0.0
+    client_us_per_req: float = 0.0  # the load tool's own CPU (/proc) over the same requests
+    origin_us_per_req: float = 0.0  # the origin's, over the same requests
+    cpu_pct: dict[int, float] = field(default_factory=dict)
+    failed: str = ""  # why this round does not count; "" = ok
+
+
+@dataclass
+class H3Part:
+    """What the HTTP/3 part measured: its rounds, the quota lameduck ran under (None: it could
+    not be set, or 100: the whole core), the proxy CPU % at which lameduck counts as saturated,
+    why nothing was measured (``failed``) or a protocol failed (``skipped``), and notes."""
+    quota_pct: int | None
+    saturated_at: float
+    samples: list[H3Sample] = field(default_factory=list)
+    failed: str = ""
+    skipped: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    client: str = ""  # h3load's first line: its QUIC stack and loop
+
+
+def h3_client_argv(protocol: str, port: int, args: argparse.Namespace,
+                   requests: int = 0) -> list[str]:
+    """The load tool of ``protocol`` in the part's shape (H3_SHAPE) against the TLS listener's
+    ``port``: h3load for "h3", h2load over TLS for "h2" (h2load offers h2 by ALPN and does not
+    verify the certificate, as h3load). ``requests``: a fixed count on one connection with 4
+    streams (the pre-check) instead of the measured duration and warm-up."""
+    _, conns, streams = H3_SHAPE
+    url = f"https://127.0.0.1:{port}/"
+    if requests:
+        shape, timing = ["-c1", "-m4", "-n", str(requests)], []
+    else:
+        shape = [f"-c{conns}", f"-m{streams}"]
+        if protocol == "h3":
+            timing = ["-D", f"{args.h3_duration:g}", *(
+                ["--warm-up-time", f"{args.h3_warmup:g}"] if args.h3_warmup > 0 else [])]
+        else:
+            timing = [f"-D{round(args.h3_duration * 1000)}ms", *(
+                [f"--warm-up-time={round(args.h3_warmup * 1000)}ms"] if args.h3_warmup > 0
+                else [])]
+    if protocol == "h3":
+        return [sys.executable, str(H3LOAD), *shape, *timing, url]
+    return ["h2load", "-t1", *shape, *timing, url]
+
+
+def parse_h3load(out: str) -> dict:
+    """h3load's result as ``parse_h2load`` gives h2load's: requests that got a 2xx, req/s,
+    errors, and ``failed`` ("" when every request got a 2xx and at least one did)."""
+    r: dict = {"requests": 0, "rps": 0.0, "mean_ms": 0.0, "errors": 0, "failed": ""}
+    res = h3load.parse_result(out)
+    if res is None:
+        lines = [ln for ln in out.strip().splitlines() if ln.strip()]
+        r["failed"] = "no h3load result: " + (" | ".join(lines[-4:]) or "(no output)")
+        return r
+    r["requests"], r["rps"], r["errors"] = res["requests"], res["rps"], res["errors"]
+    if res["errors"] or not res["requests"]:
+        r["failed"] = (f"h3load: {res['requests']} succeeded, {res['errors']} failed"
+                       + (" (" + ", ".join(f"{k}: {v}" for k, v in res["statuses"].items())
+                          + ")" if res["statuses"] else ""))
+    return r
+
+
+def h3_precheck(procs: Procs, cpu: int, port: int, protocol: str) -> tuple[str | None, str]:
+    """20 requests on one connection before the rounds: (None if all got a 2xx, else why not,
+    the tool's output). A protocol that does not work costs seconds, not every round."""
+    tool = "h3load" if protocol == "h3" else "h2load"
+    rc, out = run_phased(procs, cpu, tool, h3_client_argv(protocol, port, argparse.Namespace(),
+                                                           requests=20), timeout=20)
+    if rc is None:
+        return (f"{protocol} pre-check: no answer within 20 s (20 requests on one connection)",
+                out)
+    failed = (parse_h3load if protocol == "h3" else parse_h2load)(out)["failed"]
+    return (f"{protocol} pre-check: {failed}" if failed else None), out
+
+
+def measure_h3(procs: Procs, proxy: Proc, protocol: str, args: argparse.Namespace,
+               rnd: int, origin: Proc | None = None) -> H3Sample:
+    """One round of one protocol: the client on the load core, lameduck's CPU (and the
+    client's and the origin's) sampled at the client's phase lines, so only its measured
+    period counts."""
+    sample = H3Sample(protocol=protocol, round=rnd)
+    if not proxy.alive():
+        sample.failed = f"{proxy.name} is not running (exit code {proxy.popen.returncode})"
+        return sample
+    start, end = ((h3load.MAIN_STARTED, h3load.MAIN_OVER) if protocol == "h3"
+                  else (H2_MAIN_START, H2_MAIN_END))
+    client: list[Proc] = []
+    snaps: dict[str, tuple] = {}
+
+    def client_ticks() -> int:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            return proc_ticks(client[0].pid) if client else 0
+        return 0
+
+    def snap(key: str) -> Callable[[], object]:
+        return lambda: snaps.setdefault(key, (
+            cpu_busy(), cpu_ticks(proxy.pid), client_ticks(),
+            cpu_ticks(origin.pid) if origin is not None else 0, time.monotonic()))
+
+    snap("start")()
+    tool = "h3load" if protocol == "h3" else "h2load"
+    rc, out = run_phased(procs, args.load_cpu, tool, h3_client_argv(protocol, proxy.tls_port,
+                                                                     args),
+                         timeout=args.h3_warmup + args.h3_duration + 30,
+                         on_line={start: snap("main"), end: snap("end")},
+                         started=client.append)
+    snap("end")()  # no-op when the phase line was seen (the usual case)
+    busy0, ticks0, c0, o0, t0 = snaps.get("main", snaps["start"])
+    busy1, ticks1, c1, o1, t1 = snaps["end"]
+    h = (parse_h3load if protocol == "h3" else parse_h2load)(out)
+    if rc is None:
+        h["failed"] = h["failed"] or f"{tool} did not finish within its timeout; {out[-200:]!r}"
+    elif rc != 0 and not h["failed"]:
+        h["failed"] = f"{tool} exited with code {rc}"
+    if not proxy.alive():
+        h["failed"] = (f"{proxy.name} exited during the round (code {proxy.popen.returncode}); "
+                       + (h["failed"] or f"{tool} saw no error"))
+    wall = max(1e-6, t1 - t0)
+    cpu_s = (ticks1 - ticks0) / CLK_TCK
+    n = max(1, h["requests"])
+    sample.requests, sample.rps, sample.errors = h["requests"], h["rps"], h["errors"]
+    sample.failed = h["failed"]
+    sample.cpu_us_per_req = cpu_s * 1e6 / n
+    sample.proxy_cpu_pct = 100.0 * cpu_s / wall
+    sample.client_us_per_req = (c1 - c0) / CLK_TCK * 1e6 / n
+    sample.origin_us_per_req = (o1 - o0) / CLK_TCK * 1e6 / n
+    sample.cpu_pct = busy_pct(busy0, busy1, (args.proxy_cpu, args.load_cpu))
+    return sample
+
+
+def h3_anchor_note() -> str:
+    """Why the HTTP/3 row has no ratio: what here could serve HTTP/3 as an anchor, and does
+    not (HAProxy's QUIC is a build option, as nginx's http_v3_module; h2load needs ngtcp2)."""
+    def output(argv: list[str]) -> str:
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return r.stdout + r.stderr
+
+    ha, ngx = output(["haproxy", "-vv"]), output(["nginx", "-V"])
+    said = [
+        "HAProxy " + ("has QUIC (+QUIC) but its HTTP/3 is not measured by this bench"
+                      if "+QUIC" in ha else "is built without QUIC (haproxy -vv: -QUIC)"
+                      if ha else "is not installed"),
+        "nginx " + ("has http_v3_module but its HTTP/3 is not measured by this bench"
+                    if "http_v3_module" in ngx else "has no http_v3_module (nginx -V)"
+                    if ngx else "is not installed"),
+        "h2load (nghttp2 without ngtcp2) speaks no QUIC",
+    ]
+    return ("no ratio and no target for HTTP/3: no HTTP/3 anchor runs on this machine ("
+            + "; ".join(said) + ")")
+
+
+def run_h3_part(procs: Procs, args: argparse.Namespace, workdir: Path, origin: Proc,
+                origin_port: int, tls_files: tuple[Path, Path, Path]) -> H3Part:
+    """A lameduck of its own (pinned to --proxy-cpu, in a cgroup capped at --h3-quota) with
+    one TLS listener that offers h2 and serves HTTP/3 on the same port, to the origin of the
+    HTTP/1.1 rows. A pre-check per protocol, then ``--rounds`` rounds, each measuring h3load
+    (HTTP/3) and h2load (HTTP/2 over TLS) in the same shape, their order alternating. Never
+    raises for a failure: it is in the result. The lameduck and its cgroup are gone after."""
+    quota: CpuQuota | None = None
+    notes: list[str] = []
+    if args.h3_quota < 100:
+        try:
+            quota = CpuQuota(args.h3_quota)
+        except BenchError as e:
+            notes.append(f"--h3-quota {args.h3_quota} not applied ({e}): lameduck had its "
+                         "whole core")
+            print(f"bench: warning: {notes[-1]}", file=sys.stderr)
+    pct = quota.pct if quota else None
+    part = H3Part(quota_pct=pct if quota else (100 if args.h3_quota == 100 else None),
+                  saturated_at=QUOTA_SATURATED * (pct or 100) / 100, notes=notes)
+    proc = None
+    try:
+        try:
+            proc, _ = start_lameduck(procs, args.proxy_cpu, workdir, origin_port,
+                                     tls_files=(tls_files[0], tls_files[1]), h3=True,
+                                     name=H3_NAME, quota=quota or False)  # not --proxy-quota
+        except BenchError as e:
+            part.failed = f"{H3_NAME} did not start: {e}"
+            return part
+        print(f"{H3_NAME}: pid {proc.pid}, TLS listener (h2, http/1.1 and HTTP/3) on "
+              f"127.0.0.1:{proc.tls_port} (CPU {args.proxy_cpu}"
+              + (f", CFS quota {pct}%" if pct else "") + ")", flush=True)
+        problem = keepalive_check(proc.tls_port, tls=True)
+        if problem:
+            part.failed = f"HTTPS keep-alive pre-check: {problem}; log tail:\n{proc.tail(15)}"
+            return part
+        for protocol in H3_PROTOCOLS:
+            problem, out = h3_precheck(procs, args.load_cpu, proc.tls_port, protocol)
+            if protocol == "h3":  # its QUIC stack and loop, from its first line
+                part.client = next((ln.removeprefix("h3load: ") for ln in out.splitlines()
+                                    if ln.startswith("h3load: ") and ln.endswith(" loop")), "")
+            if problem:
+                part.skipped[protocol] = problem
+                print(f"bench: warning: {H3_NAME} {problem}; skipping its {protocol} rounds\n"
+                      f"log tail ({proc.log}):\n{proc.tail(15)}", file=sys.stderr)
+        for rnd in range(1, args.rounds + 1):
+            order = H3_PROTOCOLS if rnd % 2 else H3_PROTOCOLS[::-1]
+            for protocol in order:
+                if protocol in part.skipped:
+                    continue
+                s = measure_h3(procs, proc, protocol, args, rnd, origin)
+                part.samples.append(s)
+                if s.failed:
+                    print(f"round {rnd} {protocol} {H3_NAME} FAILED: {s.failed}", flush=True)
+                    if not proc.alive():
+                        part.failed = s.failed + f"; log tail:\n{proc.tail()}"
+                        return part
+                    continue
+                print(f"round {rnd} {protocol} {H3_SHAPE[0]} {H3_NAME} {s.rps:>8,.0f} req/s  "
+                      f"{s.cpu_us_per_req:6.1f} µs/req  proxy CPU {s.proxy_cpu_pct:3.0f}%  "
+                      f"cpu{args.load_cpu} {s.cpu_pct[args.load_cpu]:3.0f}%  client "
+                      f"{s.client_us_per_req:6.1f} µs/req  origin {s.origin_us_per_req:5.1f} "
+                      f"µs/req  errors {s.errors}", flush=True)
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, BenchError):
+            stats = lameduck_admin(proc, "/stats?format=json")["stats"]
+            scope = f"http.{TLS_LISTENER}."
+            part.notes.append(f"{H3_NAME} counters of its listener after the rounds "
+                              "(pre-checks and warm-ups included): " + ", ".join(
+                                  f"{st['name']}={st['value']}" for st in stats
+                                  if st.get("name", "").startswith(scope) and re.search(
+                                      r"downstream_(cx|rq)_(http[23]_)?total$|rq_5xx$",
+                                      st["name"])))
+        return part
+    finally:
+        if proc is not None:
+            stop_tree(procs, proc)
+        if quota is not None:
+            quota.remove()
+
+
+def summarize_h3(part: H3Part, args: argparse.Namespace
+                 ) -> tuple[list[list[str]], list[str], list[str]]:
+    """The rows (one per protocol: medians over the rounds that worked), the lines under them
+    (HTTP/3's CPU per request beside HTTP/2's, why there is no ratio, saturation) and one line
+    per failed row."""
+    rows, info, failures = [], [], []
+    med: dict[str, dict[str, float]] = {}
+    for protocol in H3_PROTOCOLS:
+        client = "h3load (QUIC)" if protocol == "h3" else "h2load (TLS)"
+        ss = [s for s in part.samples if s.protocol == protocol]
+        bad = [s for s in ss if s.failed]
+        why = part.skipped.get(protocol) or part.failed or (
+            f"{len(bad)}/{len(ss)} rounds failed; round {bad[0].round}: {bad[0].failed}"
+            if bad else "" if ss else "no rounds ran")
+        if why:
+            rows.append([protocol, client, "FAILED", *["-"] * 7,
+                         str(sum(s.errors for s in ss)), "-"])
+            failures.append(f"{H3_NAME} {protocol}: {why}")
+            continue
+        m = {k: statistics.median(getattr(s, k) for s in ss)
+             for k in ("rps", "cpu_us_per_req", "proxy_cpu_pct", "client_us_per_req",
+                       "origin_us_per_req")}
+        m["load_pct"] = statistics.median(s.cpu_pct[args.load_cpu] for s in ss)
+        med[protocol] = m
+        rows.append([
+            protocol, client, f"{m['rps']:,.0f}", f"{m['cpu_us_per_req']:.1f}",
+            f"{m['proxy_cpu_pct']:.0f}%",
+            f"{100 * m['proxy_cpu_pct'] / part.quota_pct:.0f}%" if part.quota_pct else "-",
+            f"{m['load_pct']:.0f}%", f"{m['client_us_per_req']:.1f}",
+            f"{m['origin_us_per_req']:.1f}", "none (no anchor)" if protocol == "h3" else "-",
+            str(sum(s.errors for s in ss)),
+            bound_by(m["proxy_cpu_pct"], m["load_pct"], args.load_cpu, part.saturated_at),
+        ])
+    honest = {p: m["proxy_cpu_pct"] >= part.saturated_at and m["load_pct"] < SATURATED
+              for p, m in med.items()}
+    if "h3" in med and "h2" in med:
+        h3, h2 = med["h3"]["cpu_us_per_req"], med["h2"]["cpu_us_per_req"]
+        info.append(f"lameduck CPU per request: HTTP/3 {h3:.1f} µs beside HTTP/2 over TLS "
+                    f"{h2:.1f} µs, same quota, origin and shape (HTTP/3 = {h3 / h2:.2f}x "
+                    "HTTP/2)"
+                    + ("" if all(honest.values()) else
+                       "; not both saturated with the load core free, see the limit column"))
+    if med:
+        need = {p: part.saturated_at * (m["client_us_per_req"] + m["origin_us_per_req"])
+                / max(1e-9, m["cpu_us_per_req"]) for p, m in med.items()}
+        info.append("the load core lameduck's saturation needs (client + origin µs/req x the "
+                    f"req/s of lameduck at {part.saturated_at:g}% of a core): " + ", ".join(
+                        f"{p} ~{v:.0f}%" for p, v in need.items())
+                    + f"; the load core's own share only, under {SATURATED:g}% for an honest "
+                    "figure (--h3-quota scales it)")
+    for p, ok in honest.items():
+        if not ok:
+            m = med[p]
+            info.append(f"{p}: not an honest figure: lameduck at {m['proxy_cpu_pct']:.0f}% of "
+                        f"a core (saturated from {part.saturated_at:g}%), cpu{args.load_cpu} "
+                        f"at {m['load_pct']:.0f}% (free below {SATURATED:g}%)"
+                        + ("; the load core was busy: a lower --h3-quota leaves it more room "
+                           "(unless other jobs took it)" if m["load_pct"] >= SATURATED else ""))
+    info.append(h3_anchor_note())
+    return rows, info, failures
+
+
+H3_HEADERS = ["protocol", "client", "req/s (median)", "CPU µs/req", "proxy CPU", "of quota",
+              "load CPU", "client µs/req", "origin µs/req", "vs HAProxy", "errors", "limit"]
+
+
+def h3_title(part: H3Part, args: argparse.Namespace) -> str:
+    _, conns, streams = H3_SHAPE
+    quota = (f"lameduck capped at {part.quota_pct}% of CPU {args.proxy_cpu}"
+             if part.quota_pct and part.quota_pct < 100 else
+             f"lameduck uncapped on CPU {args.proxy_cpu}")
+    return (f"HTTP/3 beside HTTP/2 over TLS, one lameduck ({quota}; -c{conns} -m{streams}; "
+            f"{args.h3_duration:g} s rounds; origin: {args.origin})")
+
+
+def print_h3(part: H3Part, args: argparse.Namespace) -> tuple[list[list[str]], list[str],
+                                                                  list[str]]:
+    rows, info, failures = summarize_h3(part, args)
+    print()
+    print(h3_title(part, args))
+    print(text_table(rows, H3_HEADERS, left=2))
+    print()
+    print(f"no target for HTTP/3 (informational); h3load: {part.client or '?'}:")
+    for x in info:
+        print("  " + x)
+    for f in failures:
+        print("  failed: " + f)
+    for n in part.notes:
+        print("note: " + n)
+    return rows, info, failures
+
+
+def h3_markdown(part: H3Part, summary: tuple[list[list[str]], list[str], list[str]],
+                args: argparse.Namespace) -> list[str]:
+    rows, info, failures = summary
+    _, conns, streams = H3_SHAPE
+    warm = f" (after a {args.h3_warmup:g} s warm-up)" if args.h3_warmup > 0 else ""
+    rounds = [[str(s.round), s.protocol, "FAILED" if s.failed else f"{s.rps:,.0f}",
+               f"{s.cpu_us_per_req:.1f}", f"{s.proxy_cpu_pct:.0f}%",
+               f"{s.cpu_pct.get(args.load_cpu, 0):.0f}%", f"{s.client_us_per_req:.1f}",
+               f"{s.origin_us_per_req:.1f}", str(s.errors)] for s in part.samples]
+    return [
+        "## HTTP/3 beside HTTP/2 over TLS",
+        "",
+        f"{h3_title(part, args)}. A lameduck of its own with one TLS listener (`alpn: [h2, "
+        "http/1.1]`, `http3: {}`: QUIC on the same port) to the first table's origin; each "
+        f"round runs bench/h3load.py ({part.client or '?'}) over HTTP/3 and h2load over "
+        f"HTTP/2 (TLS, ALPN h2), both -c{conns} -m{streams}, {args.h3_duration:g} s{warm}, on "
+        f"CPU {args.load_cpu}, their order alternating. lameduck counts as saturated at >= "
+        f"{part.saturated_at:g}% of a core (85% of its quota); a figure is honest when it is "
+        f"and the load core is under {SATURATED:g}%. *client µs/req* and *origin µs/req* are "
+        "the load tool's own CPU and the origin's over the same requests: what the load core "
+        "pays per request.",
+        "",
+        md_table(rows, H3_HEADERS),
+        "",
+        *[f"- {x}" for x in info],
+        *[f"- failed: {f}" for f in failures],
+        "",
+        *[f"Note: {n}.\n" for n in part.notes],
+        "### HTTP/3 rounds",
+        "",
+        md_table(rounds, ["round", "protocol", "req/s", "CPU µs/req", "proxy CPU",
+                          f"cpu{args.load_cpu} busy", "client µs/req", "origin µs/req",
+                          "errors"]),
+        "",
+    ]
+
+
+# --------------------------------------------------------------------------------------------
 # Report.
 # --------------------------------------------------------------------------------------------
 
@@ -1696,10 +2138,13 @@ def _versions(args: argparse.Namespace) -> dict[str, str]:
     }
 
 
-def bound_by(proxy_pct: float, load_pct: float, load_cpu: int) -> str:
-    """Which side limited the round: the proxy (at >= PROXY_SATURATED % of its core), the load
-    core (origin + client at >= SATURATED % busy), both, or neither (latency, other jobs)."""
-    sides = [n for n, hit in (("proxy", proxy_pct >= PROXY_SATURATED),
+def bound_by(proxy_pct: float, load_pct: float, load_cpu: int,
+             proxy_saturated: float | None = None) -> str:
+    """Which side limited the round: the proxy (at >= PROXY_SATURATED % of its core, or
+    ``proxy_saturated`` for a part with a quota of its own), the load core (origin + client at
+    >= SATURATED % busy), both, or neither (latency, other jobs)."""
+    at = PROXY_SATURATED if proxy_saturated is None else proxy_saturated
+    sides = [n for n, hit in (("proxy", proxy_pct >= at),
                               (f"cpu{load_cpu} (load)", load_pct >= SATURATED)) if hit]
     return " + ".join(sides) or "neither"
 
@@ -2221,7 +2666,7 @@ def pool_markdown(pool, args) -> list[str]:
 
 def write_markdown(path: Path, summary: Summary, samples, args, command: str,
                    notes: list[str], h2=None, h2up=None, pool=None, workers=None,
-                   shapes=None, tls=None) -> None:
+                   shapes=None, tls=None, h3=None) -> None:
     v = _versions(args)
     lines = [
         "# lameduck benchmark results",
@@ -2257,6 +2702,7 @@ def write_markdown(path: Path, summary: Summary, samples, args, command: str,
         *(h2up_markdown(h2up, args) if h2up else []),
         *(pool_markdown(pool, args) if pool else []),
         *(tls_markdown(tls, args) if tls else []),
+        *(h3_markdown(*h3, args) if h3 else []),
         *(workers_markdown(workers, args) if workers else []),
         "## Environment",
         "",
@@ -2337,6 +2783,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tls-warmup", type=float, default=None,
                    help="wrk warm-up seconds per proxy before those rounds (default: "
                    "--warmup, at most 1; 0 = none)")
+    p.add_argument("--h3", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the HTTP/3 rows: a lameduck of its own with a TLS listener "
+                   "serving HTTP/3 (http3: {}), loaded by bench/h3load.py over QUIC and, in "
+                   "the same rounds, by h2load over TLS (ALPN h2), both -c5 -m10, under one "
+                   "CPU quota (--h3-quota); no ratio: no HTTP/3 anchor runs here (default on)")
+    p.add_argument("--h3-duration", type=float, default=None,
+                   help="measured seconds per protocol and round (default: --duration, at "
+                   "most 5)")
+    p.add_argument("--h3-warmup", type=float, default=None,
+                   help="the clients' --warm-up-time before each of those (default: "
+                   "--warmup, at most 1; 0 = none)")
+    p.add_argument("--h3-quota", type=int, default=H3_QUOTA, metavar="PCT",
+                   help="cap the HTTP/3 part's lameduck (a cgroup of its own, CFS quota) at "
+                   "PCT %% of its core, for both protocols, so that it is the limit (at >= "
+                   "85%% of PCT) while the load core keeps room: over HTTP/2 h2load and the "
+                   "origin cost about what lameduck does per request (default "
+                   f"{H3_QUOTA}; 100 = no cap; below 100 needs root)")
     p.add_argument("--shapes", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the response-shape matrix in the HTTP/1.1 rounds: wrk "
                    "against lameduck and haproxy (those of --proxies) for each shape (plain, "
@@ -2391,7 +2854,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 "--workers-warmup not negative")
     if args.workers_only:  # the other parts and proxies off: --proxies is not read
         args.h2, args.h2_upstream, args.pool, args.shapes = False, False, False, False
-        args.tls = False
+        args.tls, args.h3 = False, False
         names = []
     else:
         names = [n.strip() for n in args.proxies.split(",") if n.strip()]
@@ -2416,6 +2879,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--rounds, --duration, --connections and --threads must be positive")
     if args.proxy_quota is not None and not 10 <= args.proxy_quota <= 100:
         p.error("--proxy-quota: a percentage of one core from 10 to 100")
+    if not 10 <= args.h3_quota <= 100:
+        p.error("--h3-quota: a percentage of one core from 10 to 100")
     # Each later part's measured and warm-up seconds: its own flag, else --duration capped at
     # the part's default (and --warmup at 1 s); its proxies among --proxies, when it runs.
     for part, flag, cap, on, proxies, duration, warmup in (
@@ -2426,7 +2891,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
              args.pool_warmup),
             ("shapes", "--shapes", 3.0, args.shapes, SHAPES_PROXIES, args.shapes_duration,
              args.shapes_warmup),
-            ("tls", "--tls", 5.0, args.tls, TLS_PROXIES, args.tls_duration, args.tls_warmup)):
+            ("tls", "--tls", 5.0, args.tls, TLS_PROXIES, args.tls_duration, args.tls_warmup),
+            ("h3", "--h3", 5.0, args.h3, H3_PROXIES, args.h3_duration, args.h3_warmup)):
         duration = min(args.duration, cap) if duration is None else duration
         warmup = max(0.0, min(args.warmup, 1.0)) if warmup is None else warmup
         if duration <= 0 or warmup < 0:
@@ -3399,15 +3865,15 @@ def main(argv: list[str] | None = None) -> int:
                  *(["haproxy"] if "haproxy" in args.names or args.shapes_names else []),
                  *(["nginx"] if "nginx" in args.names or args.h2up_names or args.shapes_names
                    or args.worker_counts or args.origin == "nginx" else []),
-                 *(["h2load"] if args.h2_names else []),
+                 *(["h2load"] if args.h2_names or args.h3_names else []),
                  *(["curl"] if args.h2up_names or args.h2_names else []),
-                 *(["openssl"] if args.tls_names else [])):
+                 *(["openssl"] if args.tls_names or args.h3_names else [])):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             print(f"bench: {tool} not found (make bench installs wrk, haproxy, nginx-light, "
                   "nghttp2-client; --no-h2 skips the h2load rows, --no-h2-upstream the rows "
                   "through the nginx h2c origin, which need curl as the h2 rows do; "
                   "--no-shapes the response-shape matrix, whose origins are nginx and "
-                  "HAProxy)",
+                  "HAProxy; --no-h3 the HTTP/3 rows, which need h2load and openssl)",
                   file=sys.stderr)
             return 2
     os.environ["PATH"] += os.pathsep + "/usr/sbin:/sbin"
@@ -3445,6 +3911,7 @@ def main(argv: list[str] | None = None) -> int:
     tls_skipped: dict[str, str] = {}  # proxy -> why its TLS row is FAILED
     tls_notes: list[str] = []
     tls_files: tuple[Path, Path, Path] | None = None
+    h3_part: H3Part | None = None
     shapes_part: ShapesPart | None = None
     workers: WorkersResult | None = None
     idle = background_load((args.proxy_cpu, args.load_cpu))
@@ -3516,14 +3983,17 @@ def main(argv: list[str] | None = None) -> int:
             if shapes_part.floor:
                 print(f"floor relay: pid {shapes_part.floor[0].pid} on "
                       f"127.0.0.1:{shapes_part.floor[1]} (CPU {args.proxy_cpu})")
-        if args.tls_names:
+        if args.tls_names or args.h3_names:
             try:
                 tls_files = make_tls_files(workdir)
             except (BenchError, OSError) as e:  # the other parts still run; these read FAILED
                 keep = True
                 for n in args.tls_names:
                     tls_skipped[n] = f"no certificate: {e}"
-                print(f"bench: warning: no TLS rounds: {e}", file=sys.stderr)
+                if args.h3_names:
+                    h3_part = H3Part(quota_pct=None, saturated_at=QUOTA_SATURATED,
+                                     failed=f"no certificate: {e}")
+                print(f"bench: warning: no TLS or HTTP/3 rounds: {e}", file=sys.stderr)
         proxies: dict[str, tuple[Proc, int]] = {}
         for name in args.names:
             kw: dict = {"h2": True} if name in args.h2_names else {}
@@ -3537,7 +4007,7 @@ def main(argv: list[str] | None = None) -> int:
             if shapes_part and name in args.shapes_names:
                 kw["shapes_origin_port"] = shapes_part.origins.get("nginx", (None, 0))[1]
                 kw["plain_origin_port"] = shapes_part.origins.get("plain", (None, 0))[1]
-            if tls_files and name in args.tls_names:
+            if tls_files and name in args.tls_names:  # (HTTP/3's lameduck is started later)
                 if name == "haproxy":
                     kw["tls_pem"] = tls_files[2]
                 else:
@@ -3630,7 +4100,7 @@ def main(argv: list[str] | None = None) -> int:
                 if lameduck and "lameduck" in args.pool_names:
                     print(f"bench: note: the pool checks failed; tail of {lameduck[0].log}:\n"
                           f"{lameduck[0].tail(40)}", file=sys.stderr)
-        if tls_files:
+        if tls_files and args.tls_names:
             negotiated = {}
             for n in args.tls_names:
                 try:
@@ -3652,6 +4122,10 @@ def main(argv: list[str] | None = None) -> int:
                     tls_notes.append("lameduck counters of its TLS listener after the run "
                                      "(warm-up and pre-checks included; a connection is a "
                                      "handshake): " + ", ".join(f"{k}={v}" for k, v in c.items()))
+        if tls_files and args.h3_names:
+            h3_part = run_h3_part(procs, args, workdir, origin, origin_port, tls_files)
+            if h3_part.failed or h3_part.skipped or any(s.failed for s in h3_part.samples):
+                keep = True
         if args.worker_counts:
             workers = run_workers(procs, args, workdir, origin, origin_port)
             if workers.failures or any(n.startswith("CHECK FAILED") for n in workers.notes):
@@ -3753,10 +4227,13 @@ def main(argv: list[str] | None = None) -> int:
         print_part(f"HTTPS keep-alive GET / (TLS in, plain HTTP/1.1 to the origin; wrk "
                    f"-t{args.threads} -c{args.connections}; {args.tls_duration:g} s rounds)",
                    tls_rows, TARGET_TLS_LINE, tls_info, tls_failures, tls_notes)
+    h3 = None
+    if h3_part is not None:
+        h3 = (h3_part, print_h3(h3_part, args))
     if workers is not None:
         print_workers(workers, args)
     write_markdown(args.out, summary, samples, args, command, notes, h2, h2up, pool, workers,
-                   (shapes, shapes_part) if shapes and shapes_part else None, tls)
+                   (shapes, shapes_part) if shapes and shapes_part else None, tls, h3)
     print(f"\nwritten {args.out}")
     return 0
 
