@@ -431,14 +431,15 @@ def test_top_counts_a_quic_connection_and_its_request(
 
     async def go() -> str:
         async with h3_connect(ld.addr) as c:
-            fut = c.send("GET", "/sleep?ms=3000")
+            # in flight until the client goes (after top's snapshot, however long top takes
+            # to start on a loaded machine)
+            c.send("GET", "/sleep?ms=60000")
             assert await asyncio.to_thread(
                 wait_until, lambda: ld.stat("http.ingress.downstream_rq_active") == 1, 10)
             r = await asyncio.to_thread(
                 subprocess.run, [sys.executable, "-m", "lameduck", "top",
                                  "--admin-address-path", str(ld.admin_path)],
-                capture_output=True, text=True, env=_env(), timeout=20)
-            assert (await fut).status == 200
+                capture_output=True, text=True, env=_env(), timeout=60)
             return r.stdout
 
     out = run(go())
