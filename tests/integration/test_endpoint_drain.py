@@ -605,9 +605,9 @@ def test_tcp_drain_stop_zero_and_drop_at_drain_end_sever_relays(shared, pool) ->
     try:
         xz = by_name(pool, tcp_ask(zero))
         xd = by_name(pool, tcp_ask(drop))
-        t0 = set_state(ld, "tcpzero", xz, "drain")
-        assert closed_how(zero, 5) in ("fin", "reset")
-        assert time.monotonic() - t0 < 1.0
+        set_state(ld, "tcpzero", xz, "drain")
+        assert closed_how(zero, 5) in ("fin", "reset")  # at once: relays are left alone
+        # otherwise, so the drain stop's drop (counted) is what closed it
         assert stat(ld, "cluster.tcpzero.upstream_cx_drain_stop_drop") == 1
 
         t0 = set_state(ld, "tcpdrop", xd, "drain")

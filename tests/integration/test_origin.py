@@ -255,15 +255,15 @@ def test_sleep_does_not_block_other_connections(base: str) -> None:
         async with httpx.AsyncClient() as client:
             t0 = time.monotonic()
             rs = await asyncio.gather(
-                client.get(base + "/sleep?ms=1000"), client.get(base + "/sleep?ms=1000")
+                client.get(base + "/sleep?ms=3000"), client.get(base + "/sleep?ms=3000")
             )
             elapsed = time.monotonic() - t0
-        assert [r.text for r in rs] == ["slept 1000 ms\n"] * 2
+        assert [r.text for r in rs] == ["slept 3000 ms\n"] * 2
         return elapsed
 
     elapsed = asyncio.run(run())
-    # side by side (1 s), not one after the other (2 s): the margin is 0.9 s, not 0.25
-    assert 1.0 <= elapsed < 1.9
+    # side by side (3 s), not one after the other (6 s): a margin of 2.5 s for a loaded machine
+    assert 3.0 <= elapsed < 5.5
 
 
 def test_reset_is_a_connection_error(base: str) -> None:
