@@ -22,7 +22,7 @@ from lameduck.proxy.admission import Client
 from lameduck.proxy.downstream import Downstream as ConnectionDownstream
 from lameduck.proxy.exchange import Exchange
 from lameduck.proxy.message import HTTP11, RequestHead
-from lameduck.stats import DrainStats, Http2Stats, HttpStats
+from lameduck.stats import DrainStats, Http2Stats, Http3Stats, HttpStats
 from lameduck.upstream.cluster import Cluster
 from lameduck.upstream.connector import Fields, UpstreamConn
 from lameduck.upstream.pool import Endpoint
@@ -304,6 +304,7 @@ class Listener(Context):
         self.drain = ListenerDrain("ingress", grace=grace)
         self.drain_stats = DrainStats()
         self.h2stats = Http2Stats()
+        self.h3stats = Http3Stats()
         self.h2_limits = H2Limits()
         if rng is not None:
             self.rng = rng  # type: ignore[method-assign]

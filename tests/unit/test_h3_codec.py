@@ -295,6 +295,7 @@ def test_goaway_sequence_as_the_client_sees_it(certs):
     link.pump()
     assert link.goaways() == [GOAWAY_ALL, last + 4]
     assert link.closed is None
+    assert link.server.stats.goaway_sent == 2  # the frames written, not the calls
 
 
 def test_a_stream_above_the_final_goaway_is_rejected(certs):
@@ -309,6 +310,7 @@ def test_a_stream_above_the_final_goaway_is_rejected(certs):
     assert link.of(StreamRefused, late) == [StreamRefused(late, H3_REQUEST_REJECTED)]
     assert link.resets[late] == H3_REQUEST_REJECTED  # RFC 9114 §4.1.1: safe to retry
     assert link.stops[late] == H3_REQUEST_REJECTED
+    assert link.server.stats.tx_reset == 1
     # the request below the GOAWAY id goes on
     link.h3.send_data(held, b" end", end_stream=True)
     link.pump()
@@ -326,6 +328,7 @@ def test_the_deadline_cancels_streams_then_closes_with_no_error(certs):
     link.server.drain_final()
     link.pump()
     assert link.resets[sid] == H3_REQUEST_CANCELLED
+    assert link.server.stats.tx_reset == 1
     assert link.server.unacked() == 0
     link.server.close()
     link.pump()

@@ -337,3 +337,25 @@ def test_two_requests_past_t_in_one_datagram_the_final_goaway_names_the_first(
     assert w.resets.get(second) == H3_REQUEST_REJECTED
     assert w.goaways() == [GOAWAY_ALL, first]
     assert ls.stats.downstream_rq_going_away == 2
+
+
+def test_a_client_that_resets_its_request_is_counted_and_its_upstream_request_ends(
+        certs: tuple[bytes, str]) -> None:
+    """A client that gives up a request whose head it has sent whole stops the response
+    (STOP_SENDING with H3_REQUEST_CANCELLED, RFC 9114 §4.1.1): the exchange ends (its upstream
+    request is let go, as Envoy resets the upstream stream), counted in
+    downstream_rq_rx_reset and the codec's rx_reset; the connection goes on."""
+    ls = Listener(ScriptedRng(0.5))
+    w = Wire(ls, certs)
+    sid = w.request()
+    assert ls.stats.downstream_rq_active == 1
+    w.client.stop_stream(sid, 0x10C)
+    w.pump()
+    assert ls.stats.downstream_rq_active == 0
+    assert ls.stats.downstream_rq_rx_reset == 1
+    assert ls.h3stats.rx_reset == 1 and ls.h3stats.tx_reset == 0
+    assert w.close_code is None
+    again = w.request()
+    answer(ls)
+    w.pump()
+    assert w.status(again) == 200

@@ -48,6 +48,7 @@ from typing import Final
 from lameduck.extras import missing_extra
 from lameduck.proxy.message import HTTP3, RequestHead
 from lameduck.proxy.sections import Malformed, outgoing, request_fields, trailers_ok
+from lameduck.stats import Http3Stats
 
 try:
     from aioquic.buffer import encode_uint_var
@@ -309,7 +310,8 @@ class H3Server:
 
     def __init__(self, configuration: QuicConfiguration,
                  original_destination_connection_id: bytes, max_streams: int = 0,
-                 max_field_section_size: int = 0, cid_prefix: bytes = b"") -> None:
+                 max_field_section_size: int = 0, cid_prefix: bytes = b"",
+                 stats: Http3Stats | None = None) -> None:
         """``configuration``: a server's (certificate loaded, ``alpn_protocols`` H3_ALPN);
         ``original_destination_connection_id``: the destination connection id of the
         client's first Initial packet (``aioquic.quic.packet.pull_quic_header``);
@@ -317,7 +319,8 @@ class H3Server:
         RFC 9000 §18.2; 0: aioquic's 128); ``max_field_section_size``: the largest request
         head taken (RFC 9114 §4.2.2, size as RFC 9113 §6.5.2 counts it; 0: no limit);
         ``cid_prefix``: the first bytes of every connection id this connection issues
-        (shorter than the configuration's ``connection_id_length``)."""
+        (shorter than the configuration's ``connection_id_length``); ``stats``: the
+        listener's, where the GOAWAYs and stream resets written here are counted."""
         assert len(cid_prefix) < configuration.connection_id_length
         self.quic: QuicConnection = _Quic(configuration, original_destination_connection_id,
                                           cid_prefix)
@@ -327,6 +330,7 @@ class H3Server:
             self._grant.sent = max_streams
         self.quic._local_max_streams_bidi = self._grant
         self.max_field_section_size = max_field_section_size
+        self.stats = stats if stats is not None else Http3Stats()
         self.h3: _H3 | None = None  # once ALPN chose h3
         self.streams: dict[int, _Stream] = {}
         self.last_processed = -1  # the highest stream id handed on
@@ -455,6 +459,7 @@ class H3Server:
     def _refuse(self, sid: int, code: int, out: list[Event]) -> None:
         """Reset and stop ``sid``: never handed on, or no longer (malformed trailers)."""
         self.quic.reset_stream(sid, code)
+        self.stats.tx_reset += 1
         self.streams.pop(sid, None)
         self._stop_receiving(sid, code)
         out.append(StreamRefused(sid, code))
@@ -556,6 +561,7 @@ class H3Server:
         if st is None or self.closing or self.closed:
             return
         self.quic.reset_stream(stream_id, code)
+        self.stats.tx_reset += 1
         if not st.request_done:
             self._stop_receiving(stream_id, code)
 
@@ -614,3 +620,4 @@ class H3Server:
         self.quic.send_stream_data(control, encode_frame(FrameType.GOAWAY,
                                                          encode_uint_var(gid)))
         self._goaway_written = gid
+        self.stats.goaway_sent += 1

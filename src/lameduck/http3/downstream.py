@@ -237,7 +237,9 @@ class H3Downstream(Downstream):
         elif t is StreamReset or t is StreamRefused:
             sid: int = ev.stream_id  # type: ignore[attr-defined]
             s = self.streams.get(sid)
-            if t is StreamRefused and ev.code == H3_REQUEST_REJECTED:  # type: ignore[attr-defined]
+            if t is StreamReset:
+                self.ctx.h3stats.rx_reset += 1
+            elif ev.code == H3_REQUEST_REJECTED:  # type: ignore[attr-defined]
                 return  # above the final GOAWAY: never ours
             if s is not None:
                 self.stats.downstream_rq_rx_reset += 1

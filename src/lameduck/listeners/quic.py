@@ -225,7 +225,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
             return
         dcid: bytes = header.destination_cid  # type: ignore[attr-defined]
         h3 = H3Server(self.configuration, dcid, self.max_streams, self.max_field_section,
-                      self.prefix)
+                      self.prefix, self.stats)
         conn = H3Downstream(listener, self, h3, addr)
         self.conns[dcid] = conn
         self.conns[h3.quic.host_cid] = conn

@@ -68,6 +68,11 @@ HELP: Final[dict[str, str]] = {
     "envoy_http2_flood":
         "HTTP/2 connections closed for a flood: rapid reset, PING, SETTINGS or empty frames.",
     # http.<listener>.http3. (label envoy_http_conn_manager_prefix)
+    "envoy_http3_goaway_sent": "HTTP/3 GOAWAY frames sent to clients (a drain sends two).",
+    "envoy_http3_rx_reset":
+        "HTTP/3 streams the client reset (RESET_STREAM) or stopped (STOP_SENDING).",
+    "envoy_http3_tx_reset":
+        "HTTP/3 streams lameduck reset: malformed, rejected after the final GOAWAY, or cut.",
     "envoy_http3_packets_forwarded":
         "QUIC packets handed to an older process after a hot restart (its connections).",
     "envoy_http3_packets_forward_dropped":

@@ -140,9 +140,13 @@ name_gauges(Http2Stats, set())
 @dataclass(slots=True)
 class Http3Stats:
     """The HTTP/3 side of one listener (``listeners[].http3``), rendered under
-    `http.<listener>.http3.`: QUIC packets that reached this process after a hot restart for
-    a connection an older process still drains, handed on to it over a Unix socket."""
+    `http.<listener>.http3.`: the codec's counts, named as the HTTP/2 codec's, and QUIC
+    packets that reached this process after a hot restart for a connection an older process
+    still drains, handed on to it over a Unix socket."""
 
+    goaway_sent: int = 0  # both GOAWAY frames of a drain count
+    rx_reset: int = 0  # streams the client reset (RESET_STREAM) or stopped (STOP_SENDING)
+    tx_reset: int = 0  # streams we reset: malformed, rejected past the final GOAWAY, cut
     packets_forwarded: int = 0
     packets_forward_dropped: int = 0  # that socket's buffer was full: lost, QUIC resends
 
