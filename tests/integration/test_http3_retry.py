@@ -49,7 +49,8 @@ class Request:
     """One request and what became of it: ``via`` the instance whose 200 it got, ``retried``
     why it went to B after A ("rejected": H3_REQUEST_REJECTED; "goaway": at or above the last
     GOAWAY when the connection ended; "unsent": A's new connection said GOAWAY at once, or A
-    left before it could be sent), ``failed`` how it ended otherwise."""
+    left before it could be sent; "idempotent": niquests failed it without saying why),
+    ``failed`` how it ended otherwise."""
 
     n: int
     target: str = "/"
@@ -251,6 +252,49 @@ def stalled_client(a: Lameduck, b_addr: str, upload: Request, late: list[Request
         ready.set()
 
 
+NIQUESTS_FROM = 100_000  # the ids of niquests' requests
+NIQUESTS_MAX = 3000
+
+
+def niquests_client(a: Lameduck, b: Lameduck, ca: str, out: list[Request],
+                    errors: list[BaseException]) -> None:
+    """An independent stack (niquests over qh3, HTTP/3 only) in a thread of its own: one GET
+    at a time to A, until A has left. niquests honours GOAWAY (no new stream on that
+    connection) but does not say which GOAWAY covered a request that failed: a rejection is
+    a ProtocolError naming the code (0x10b, H3_REQUEST_REJECTED); a connection A closed under
+    a request that crossed its final GOAWAY is a bare ProtocolError. A GET is idempotent
+    (RFC 9110 §9.2.2), so such a client sends it again elsewhere; whether A had processed it
+    is then the origin's log to say (each id seen once)."""
+    import niquests
+
+    try:
+        with niquests.Session(disable_http1=True, disable_http2=True) as sa, \
+                niquests.Session(disable_http1=True, disable_http2=True) as sb:
+            sa.quic_cache_layer.add_domain("127.0.0.1", a.port)
+            sb.quic_cache_layer.add_domain("127.0.0.1", b.port)
+            while a.proc is not None and a.proc.poll() is None and len(out) < NIQUESTS_MAX:
+                rq = Request(NIQUESTS_FROM + len(out))
+                out.append(rq)
+                try:
+                    r = sa.get(f"https://127.0.0.1:{a.port}{rq.path}", verify=ca,
+                               timeout=(30, 60))
+                except niquests.exceptions.ConnectionError as e:
+                    rq.retried = "rejected" if "0x10b" in str(e) else "idempotent"
+                else:
+                    if r.status_code == 200:
+                        rq.via = "A"
+                    else:
+                        rq.failed = f"A (niquests): status {r.status_code}"
+                    continue
+                r = sb.get(f"https://127.0.0.1:{b.port}{rq.path}", verify=ca, timeout=60)
+                if r.status_code == 200:
+                    rq.via = "B"
+                else:
+                    rq.failed = f"B (niquests): status {r.status_code}"
+    except BaseException as e:
+        errors.append(e)
+
+
 ID = re.compile(r"[?&]id=(\d+)")
 
 
@@ -260,11 +304,12 @@ def ids_in(lines: list[str]) -> Counter[int]:
 
 def test_sigterm_under_http3_load_retries_on_a_second_instance(
         started: Callable[..., Lameduck], origins: Callable[..., list[Origin]],  # noqa: F811
-        tmp_path: Path) -> None:
-    """>= 1,000 requests to A, SIGTERM part-way: every request is answered 200, by A or,
-    after A said it did not process it, by B; at least one was rejected by A and retried; no
-    retried request ever reached the origin through A (the origin saw each id once); A exits
-    0 with nothing cut."""
+        tmp_path: Path, tls_files: tuple[Path, Path, Path]) -> None:
+    """>= 1,000 requests to A (aioquic's clients, and niquests beside them), SIGTERM
+    part-way: every request is answered 200, by A or, after A said it did not process it (or
+    A left first), by B; the stalled client's requests were rejected and retried, every run;
+    no retried request reached the origin through A (the origin saw each id once, A's access
+    log shows it forwarded only those it answered); A exits 0 with nothing cut."""
     origin, = origins(1, log=True)
     a_log, b_log = tmp_path / "a-access.log", tmp_path / "b-access.log"
     a = started(origin.port, listener={"access_log": {"path": str(a_log)}},
@@ -280,19 +325,25 @@ def test_sigterm_under_http3_load_retries_on_a_second_instance(
     errors: list[BaseException] = []
     stalled = threading.Thread(target=stalled_client,
                                args=(a, b.addr, upload, late, ready, errors))
+    niq: list[Request] = []
+    niq_thread = threading.Thread(target=niquests_client,
+                                  args=(a, b, str(tls_files[0]), niq, errors))
     stalled.start()
     try:
         assert ready.wait(120)
         if not errors:
+            niq_thread.start()
             asyncio.run(asyncio.wait_for(load.run(), 300))
     finally:
         stalled.join(300)
-    assert not stalled.is_alive()
+        if niq_thread.ident is not None:
+            niq_thread.join(300)
+    assert not stalled.is_alive() and not niq_thread.is_alive()
     if errors:
         raise errors[0]
 
     assert a.wait(60) == 0, a.log()
-    rqs = load.requests
+    rqs = load.requests + niq
     failed = [(r.n, r.failed) for r in rqs if r.failed or r.via not in ("A", "B")]
     assert not failed, (len(failed), failed[:10])
     assert load.to_a >= MIN_TO_A, load.to_a
@@ -306,11 +357,15 @@ def test_sigterm_under_http3_load_retries_on_a_second_instance(
     seen = ids_in(origin.log_lines())
     assert sorted(seen) == sorted(r.n for r in rqs), (len(seen), len(rqs))
     assert set(seen.values()) == {1}, [n for n, k in seen.items() if k > 1][:10]
-    a_forwarded = {n for n, k in ids_in([ln for ln in a_log.read_text().splitlines()
-                                         if not ln.endswith('"-"')]).items()}
-    assert not a_forwarded & {r.n for r in retried}, sorted(a_forwarded & {r.n for r in retried})
+    # and A's access log: it forwarded exactly those it answered (upstream host not "-")
+    a_forwarded = set(ids_in([ln for ln in a_log.read_text().splitlines()
+                              if not ln.endswith('"-"')]))
+    assert a_forwarded == {r.n for r in rqs if r.via == "A"}, \
+        sorted(a_forwarded ^ {r.n for r in rqs if r.via == "A"})[:10]
     completed, refused, cut, _, _ = report_counts(a)
     assert cut == 0, a.log()
-    print(f"requests {len(rqs)} (to A {load.to_a} + {CROSSING + 1}), retried on B: "
-          f"{dict(Counter(r.retried for r in retried))}; A's drain report: "
+    print(f"requests {len(rqs)} (aioquic to A {load.to_a} + {CROSSING + 1}, niquests "
+          f"{len(niq)}), retried on B: aioquic "
+          f"{dict(Counter(r.retried for r in load.requests if r.retried))}, niquests "
+          f"{dict(Counter(r.retried for r in niq if r.retried))}; A's drain report: "
           f"completed={completed} refused={refused} cut={cut}")
