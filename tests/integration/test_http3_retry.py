@@ -37,7 +37,7 @@ from tests.integration.test_http3 import report_counts, started  # noqa: F401 (a
 from tests.procs import Lameduck, Origin, wait_until
 
 MIN_TO_A = 1000  # requests first sent to A
-SIGTERM_AFTER = 600  # responses from A before A is told to stop
+SIGTERM_AFTER = MIN_TO_A  # responses from A before A is told to stop: the load goes on to T
 MAX_REQUESTS = 20_000  # the bound on the load, whatever happens
 CLIENTS = 8  # each with its one connection to A at a time
 DEPTH = 8  # requests open at once on a connection (A grants 100 streams)
@@ -260,11 +260,12 @@ def niquests_client(a: Lameduck, b: Lameduck, ca: str, out: list[Request],
                     errors: list[BaseException]) -> None:
     """An independent stack (niquests over qh3, HTTP/3 only) in a thread of its own: one GET
     at a time to A, until A has left. niquests honours GOAWAY (no new stream on that
-    connection) but does not say which GOAWAY covered a request that failed: a rejection is
-    a ProtocolError naming the code (0x10b, H3_REQUEST_REJECTED); a connection A closed under
-    a request that crossed its final GOAWAY is a bare ProtocolError. A GET is idempotent
-    (RFC 9110 §9.2.2), so such a client sends it again elsewhere; whether A had processed it
-    is then the origin's log to say (each id seen once)."""
+    connection) and reports a rejection as a ProtocolError naming its code (0x10b,
+    H3_REQUEST_REJECTED); but a connection that ended under a request, or one to A that could
+    not be made after T, is a ProtocolError or a reset that does not say whether A processed
+    the request (niquests keeps no GOAWAY identifier to tell). A GET is idempotent (RFC 9110
+    §9.2.2), so such a client sends it again elsewhere; whether A had processed it is then
+    the origin's log to say (each id seen once)."""
     import niquests
 
     try:
