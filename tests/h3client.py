@@ -19,7 +19,7 @@ from typing import Any
 from aioquic.asyncio import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.buffer import Buffer, BufferReadError
-from aioquic.h3.connection import H3_ALPN, H3Connection
+from aioquic.h3.connection import H3_ALPN, ErrorCode, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic import events as qe
 from aioquic.quic.configuration import QuicConfiguration
@@ -107,18 +107,51 @@ class H3Client(QuicConnectionProtocol):
         if fut is not None and not fut.done():
             fut.set_result(self.replies[sid])
 
+    async def wait_connected(self) -> None:
+        """aioquic's, with the wait's ConnectionError read when a connect is given up
+        (cancelled): else asyncio logs "Future exception was never retrieved" once that
+        connection ends."""
+        try:
+            await super().wait_connected()
+        except asyncio.CancelledError:
+            waiter = self._connected_waiter
+            if waiter is not None:
+                waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise
+
+    def _fields(self, method: str, path: str, headers: list[tuple[bytes, bytes]] | None
+                ) -> list[tuple[bytes, bytes]]:
+        if method == "CONNECT":  # RFC 9114 §4.4: no :scheme, no :path
+            return [(b":method", b"CONNECT"), (b":authority", path.encode()), *(headers or [])]
+        return [(b":method", method.encode()), (b":scheme", b"https"),
+                (b":authority", self.authority), (b":path", path.encode()), *(headers or [])]
+
+    def begin(self, method: str, path: str, headers: list[tuple[bytes, bytes]] | None = None,
+              body: bytes = b"") -> tuple[int, asyncio.Future[Reply]]:
+        """Send a request's head (and the start of its body) now, not its end: an upload
+        under way, its stream open until ``more(sid, ..., end=True)``. Its stream id and the
+        future of its reply."""
+        sid = self._quic.get_next_available_stream_id()
+        self.h3.send_headers(sid, self._fields(method, path, headers), end_stream=False)
+        if body:
+            self.h3.send_data(sid, body, end_stream=False)
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self.replies[sid] = Reply()
+        self.waiters[sid] = fut
+        self.transmit()
+        return sid, fut
+
+    def more(self, sid: int, data: bytes, end: bool = False) -> None:
+        """More of an upload's body (``begin``); ``end`` ends the request."""
+        self.h3.send_data(sid, data, end_stream=end)
+        self.transmit()
+
     def send(self, method: str, path: str, headers: list[tuple[bytes, bytes]] | None = None,
              body: bytes = b"", trailers: list[tuple[bytes, bytes]] | None = None
              ) -> asyncio.Future[Reply]:
         """Send a request now; the future has its reply."""
         sid = self._quic.get_next_available_stream_id()
-        if method == "CONNECT":  # RFC 9114 §4.4: no :scheme, no :path
-            fields = [(b":method", b"CONNECT"), (b":authority", path.encode()),
-                      *(headers or [])]
-        else:
-            fields = [(b":method", method.encode()), (b":scheme", b"https"),
-                      (b":authority", self.authority), (b":path", path.encode()),
-                      *(headers or [])]
+        fields = self._fields(method, path, headers)
         self.h3.send_headers(sid, fields, end_stream=not body and not trailers)
         if body:
             self.h3.send_data(sid, body, end_stream=not trailers)
@@ -137,6 +170,23 @@ class H3Client(QuicConnectionProtocol):
         """The GOAWAY identifiers on the server's control stream, in order (aioquic's client
         parses GOAWAY but reports nothing of it)."""
         return goaway_ids(self.uni)
+
+    def went_away(self) -> bool:
+        """The server sent a GOAWAY (RFC 9114 §5.2), or the connection ended: a client opens
+        no new stream on it (those below the identifier still complete)."""
+        return self.terminated is not None or bool(self.goaways())
+
+    def unprocessed(self, sid: int, reply: Reply) -> bool:
+        """The server said it did not process stream ``sid``, so a client may send the request
+        again elsewhere, whatever its method: reset with H3_REQUEST_REJECTED (RFC 9114 §4.1.1),
+        or ended without a response at or above the last GOAWAY's identifier (§5.2: "were not
+        processed"). Anything else that ended without a response may have been processed."""
+        if reply.status:
+            return False
+        if reply.reset == ErrorCode.H3_REQUEST_REJECTED:
+            return True
+        ids = self.goaways()
+        return bool(ids) and sid >= ids[-1]
 
     def settings(self) -> dict[int, int]:
         return dict(self.h3._received_settings or {})
