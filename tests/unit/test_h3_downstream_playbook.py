@@ -359,3 +359,23 @@ def test_a_client_that_resets_its_request_is_counted_and_its_upstream_request_en
     answer(ls)
     w.pump()
     assert w.status(again) == 200
+
+
+def test_a_connection_accepted_after_its_window_is_closed_at_t_and_counted(
+        certs: tuple[bytes, str]) -> None:
+    """Accepted after 2T/3 it has no proactive moment; at T (the process takes no new work)
+    it gets both GOAWAYs and, idle, the close. The drain report counts it (closed at the
+    drain's end), as it counts every connection the drain closed."""
+    ls = Listener(ScriptedRng(0.5))
+    ls.drain_starts([])
+    ls.loop.advance(19.0)
+    w = Wire(ls, certs)
+    w.at(21.9)
+    assert w.goaways() == [] and w.close_code is None
+    w.at(22.0)
+    w.conn.no_new_work()  # T: the shell's word to every connection
+    w.pump()
+    assert w.goaways() == [GOAWAY_ALL, 0]
+    assert w.close_code == H3_NO_ERROR
+    ds = ls.drain_stats
+    assert (ds.cx_drained_by_response, ds.cx_drained_proactive, ds.cx_closed_at_end) == (0, 0, 1)

@@ -432,11 +432,17 @@ class Downstream(asyncio.Protocol):
         With ``drain.idle_close: on_response`` an idle connection whose client has not been told
         is left alone: that answer tells it, or the drain's end (T + G) closes it."""
         if not self.closing:
-            if not self.busy() and self.drain.holds_open(self.loop.time()):
+            now = self.loop.time()
+            if not self.busy() and self.drain.holds_open(now):
                 return
             self.final_notice()
             if self.final_sent and not self.busy():
-                self.staged_close()  # the last word is said and nothing is in flight
+                # the last word is said and nothing is in flight: closed by the drain's end
+                # (a connection accepted after its proactive window had none; counted as
+                # close_at_end counts, or the drain report would not know it)
+                if self.drain.drain_at_end(now):
+                    self.ctx.drain_stats.cx_closed_at_end += 1
+                self.staged_close()
 
     def close_at_end(self) -> None:
         """The drain is over: the last notice now; the connection closes once it is idle."""
