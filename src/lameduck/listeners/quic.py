@@ -38,6 +38,7 @@ try:
     from aioquic.buffer import Buffer
     from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
     from aioquic.quic.connection import NetworkAddress
+    from aioquic.quic.crypto import CryptoError, CryptoPair
     from aioquic.quic.packet import (
         QuicPacketType,
         encode_quic_version_negotiation,
@@ -66,6 +67,22 @@ FORWARD_BUFFER: Final = 1 << 20
 # Packet types whose destination connection id is one the server issued (RFC 9000 §17.2.4,
 # §17.3.1); an Initial or 0-RTT packet carries the id the client chose.
 _OURS: Final = (QuicPacketType.ONE_RTT, QuicPacketType.HANDSHAKE)
+
+
+def opens_connection(data: bytes, header: object, offset: int) -> bool:
+    """Whether the Initial packet at the start of ``data`` (its header parsed, its packet
+    number at ``offset``) is a client's first flight: Initial packets are protected with keys
+    drawn from the destination id of the client's first one (RFC 9001 §5.2), so one that
+    names an id the server chose since (RFC 9000 §7.2) does not open under keys drawn from
+    that id."""
+    crypto = CryptoPair()
+    crypto.setup_initial(cid=header.destination_cid, is_client=False,  # type: ignore[attr-defined]
+                         version=header.version)  # type: ignore[attr-defined]
+    try:
+        crypto.decrypt_packet(data[:header.packet_length], offset, 0)  # type: ignore[attr-defined]
+    except CryptoError:
+        return False
+    return True
 
 
 def generation_mark(generation: int) -> int:
@@ -169,8 +186,9 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: NetworkAddress) -> None:  # type: ignore[override]
+        buf = Buffer(data=data)
         try:
-            header = pull_quic_header(Buffer(data=data), host_cid_length=self.cid_length)
+            header = pull_quic_header(buf, host_cid_length=self.cid_length)
         except ValueError:
             return  # not QUIC
         dcid = header.destination_cid
@@ -178,8 +196,13 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if conn is not None:
             conn.datagram_received(data, addr)
             return
-        if (self.forward and dcid and dcid[0] != self.mark
-                and header.packet_type in _OURS and not self.reading_inbox):
+        if (self.forward and dcid and dcid[0] != self.mark and not self.reading_inbox
+                and dcid[0] in self.forward
+                and (header.packet_type in _OURS
+                     # a handshake under way there: the client's Initial names the id the
+                     # server chose, its Handshake packet often in the same datagram
+                     or (header.packet_type == QuicPacketType.INITIAL
+                         and not opens_connection(data, header, buf.tell())))):
             self._forward(dcid[0], data, addr)
             return
         self._new(data, addr, header)
