@@ -3,6 +3,8 @@ forwarded datagram's framing, and what a forwarding socket does once its reader 
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 pytest.importorskip("aioquic")
@@ -35,8 +37,8 @@ def test_a_forwarding_socket_fails_once_its_reader_has_exited():
     outlet.send(pack_forwarded(("127.0.0.1", 1), b"x"))
     assert unpack_forwarded(inbox.recv(65536)) == (("127.0.0.1", 1), b"x")
     inbox.close()
-    with pytest.raises(ConnectionRefusedError):
-        outlet.send(b"y")
+    with pytest.raises(BrokenPipeError):
+        outlet.send(b"y", socket.MSG_NOSIGNAL)
     outlet.close()
 
 
@@ -71,7 +73,6 @@ def _newer_endpoint(server_pem: str, older_mark: int):
     """The endpoint of the process after generation ``older_mark``, forwarding that one's
     packets to a socketpair (returned: the end the older process would read); ``_new`` only
     records what it would have taken as a new connection."""
-    import socket
     from types import SimpleNamespace
 
     from aioquic.quic.configuration import QuicConfiguration
@@ -140,3 +141,53 @@ def test_a_new_connection_whose_id_looks_like_an_older_generation_is_taken_here(
     finally:
         endpoint.close()
         inbox.close()
+
+
+def test_the_old_process_reads_its_socket_again_once_no_newer_one_forwards(server_pem):
+    """The newest process may exit (stopped, crashed) while an older one still drains: with
+    nobody left to forward its packets, the older one reads the UDP socket again rather than
+    leave its connections to die at their idle timeout."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from aioquic.quic.configuration import QuicConfiguration
+
+    from lameduck.http3 import H3_ALPN
+    from lameduck.listeners.quic import QuicEndpoint
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        udp.setblocking(False)
+        where = udp.getsockname()
+        qc = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
+        qc.load_cert_chain(server_pem, server_pem)
+        listener = SimpleNamespace(cfg=SimpleNamespace(http2=SimpleNamespace(
+            max_concurrent_streams=100)), max_request_headers=0, name="h3", loop=loop)
+        ep = QuicEndpoint(listener, qc, udp, 0)  # type: ignore[arg-type]
+        got: list[bytes] = []
+        ep.datagram_received = lambda data, addr: got.append(data)  # type: ignore[method-assign]
+        await loop.create_datagram_endpoint(lambda: ep, sock=udp)
+        ep.conns[b"\x00" * 8] = object()  # type: ignore[assignment]  # one still draining
+        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            _, forward = ep.handover()
+            successors = forward[0].dup()  # its copy, as SCM_RIGHTS gave it
+            ep.handed_over()
+            assert ep.transport is None  # the successor reads the socket now
+            successors.close()  # ... until it exits
+            for _ in range(100):
+                client.sendto(b"after", where)
+                await asyncio.sleep(0.01)
+                if got:
+                    break
+            assert got and got[0] == b"after"
+            assert ep.sock is not None  # and it still sends from its copy
+        finally:
+            client.close()
+            ep.conns.clear()
+            ep.close()
+            await asyncio.sleep(0)
+
+    asyncio.run(main())

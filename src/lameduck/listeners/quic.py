@@ -15,9 +15,10 @@ on only the newest process reads it; an older one still sends from it (the same 
 port its clients know). Every connection id a process issues begins with its generation
 (the hot restart epoch, one byte: ``H3Server``'s ``cid_prefix``), so a packet for a
 connection of an older process is known by its first byte. The reader hands such a packet,
-with its client's address, to that process over a Unix datagram socket (a socketpair each
+with its client's address, to that process over a Unix seqpacket socket (a socketpair each
 process makes at its handover and gives its successor, which passes it on to its own), until
-sending fails because that process has exited. As Envoy forwards QUIC packets to the process
+sending fails because that process has exited; an older process whose newer ones have all
+exited reads the socket again. As Envoy forwards QUIC packets to the process
 it replaces during a hot restart; counted in ``http.<listener>.http3.packets_forwarded``.
 """
 
@@ -106,8 +107,11 @@ def unpack_forwarded(msg: bytes) -> tuple[NetworkAddress, bytes]:
 
 
 def forward_pair() -> tuple[socket.socket, socket.socket]:
-    """(the end a process reads forwarded datagrams from, the end its successor sends to)."""
-    inbox, outlet = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    """(the end a process reads forwarded datagrams from, the end its successor sends to).
+    SOCK_SEQPACKET: datagrams kept whole as with SOCK_DGRAM, and the reading end sees end of
+    file once every copy of the sending end has closed (unix(7)): no newer process is left
+    to forward, so the socket is read here again."""
+    inbox, outlet = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for s in (inbox, outlet):
         s.setblocking(False)
     with contextlib.suppress(OSError):
@@ -213,11 +217,11 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if out is None:
             return  # no process of that generation: a connection long gone
         try:
-            out.send(pack_forwarded(addr, data))
+            out.send(pack_forwarded(addr, data), socket.MSG_NOSIGNAL)
         except BlockingIOError:
             self.stats.packets_forward_dropped += 1
             return
-        except OSError:  # it has exited (ECONNREFUSED): nobody to forward to any more
+        except OSError:  # it has exited (EPIPE): nobody to forward to any more
             del self.forward[mark]
             out.close()
             return
@@ -326,14 +330,47 @@ class QuicEndpoint(asyncio.DatagramProtocol):
                 return
             except OSError:
                 return
-            if not msg:
-                continue
+            if not msg:  # end of file: no newer process forwards to us any more
+                self._read_again()
+                return
             try:
                 addr, data = unpack_forwarded(msg)
             except (ValueError, IndexError, UnicodeDecodeError):
                 continue
             self.datagram_received(data, addr)
             inbox = self.inbox  # closed by the last connection's end
+
+    def _read_again(self) -> None:
+        """Every newer process has exited (stopped, or died) while we still have connections:
+        nobody reads the UDP socket, so we do, from our copy, rather than let them end at
+        their idle timeout. We take no new connections (``accepting`` stays off)."""
+        inbox = self.inbox
+        if inbox is not None:
+            self.listener.loop.remove_reader(inbox.fileno())
+            inbox.close()
+            self.inbox = None
+        self.reading_inbox = False
+        if self.sock is None:
+            return
+        log.warning("listener %s: no newer process reads the UDP socket any more; this one "
+                    "reads it again for its %d HTTP/3 connection id(s)", self.listener.name,
+                    len(self.conns))
+        self.listener.loop.create_task(self._resume_reading())
+
+    async def _resume_reading(self) -> None:
+        if self.sock is None:
+            return
+        sock = self.sock.dup()
+        try:
+            await self.listener.loop.create_datagram_endpoint(lambda: self, sock=sock)
+        except OSError as e:
+            sock.close()
+            log.warning("listener %s: cannot read the UDP socket again: %s",
+                        self.listener.name, e)
+            return
+        if self.sock is None and self.transport is not None:  # closed meanwhile
+            self.transport.close()
+            self.transport = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def stop_accepting(self) -> None:
