@@ -206,6 +206,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
                      # a handshake under way there: the client's Initial names the id the
                      # server chose, its Handshake packet often in the same datagram
                      or (header.packet_type == QuicPacketType.INITIAL
+                         and header.version in self.versions
                          and not opens_connection(data, header, buf.tell())))):
             self._forward(dcid[0], data, addr)
             return
