@@ -191,3 +191,50 @@ def test_the_old_process_reads_its_socket_again_once_no_newer_one_forwards(serve
             await asyncio.sleep(0)
 
     asyncio.run(main())
+
+
+def test_a_successor_that_dies_before_its_drain_changes_nothing(server_pem):
+    """Handed the sockets, the new process may die before it is ready: the old one never got
+    "drain", goes on reading the UDP socket itself, and the next successor gets a fresh
+    forwarding pair (the first one's closed, not leaked)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from aioquic.quic.configuration import QuicConfiguration
+
+    from lameduck.http3 import H3_ALPN
+    from lameduck.listeners.quic import QuicEndpoint
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        udp.setblocking(False)
+        where = udp.getsockname()
+        qc = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
+        qc.load_cert_chain(server_pem, server_pem)
+        listener = SimpleNamespace(cfg=SimpleNamespace(http2=SimpleNamespace(
+            max_concurrent_streams=100)), max_request_headers=0, name="h3", loop=loop)
+        ep = QuicEndpoint(listener, qc, udp, 0)  # type: ignore[arg-type]
+        got: list[bytes] = []
+        ep.datagram_received = lambda data, addr: got.append(data)  # type: ignore[method-assign]
+        await loop.create_datagram_endpoint(lambda: ep, sock=udp)
+        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            _, forward = ep.handover()
+            first = ep.inbox
+            forward[0].dup().close()  # the successor's copy, gone with it
+            client.sendto(b"still ours", where)
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if got:
+                    break
+            assert got == [b"still ours"] and ep.transport is not None
+            ep.handover()  # the next would-be successor
+            assert first is not None and first.fileno() == -1
+        finally:
+            client.close()
+            ep.close()
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
