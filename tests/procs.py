@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -493,11 +494,17 @@ def _serving_pid(ld: Lameduck) -> int | None:
         return None
 
 
-def _reaped(pid: int, codes: dict[int, int]) -> bool:
-    """``pid`` (a child of this process, or adopted by it) has exited; its code in ``codes``."""
+def _reaped(pid: int, codes: dict[int, int], log: Callable[[], str] | None = None) -> bool:
+    """``pid`` (a child of this process, or adopted by it) has exited; its code in ``codes``.
+    One that exited before the process that started it was reaped by that one, which logged
+    its code (``log``)."""
     try:
         got, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
+        m = None if log is None or pid in codes else re.search(
+            rf"pid {pid}, which took over from this one, exited with (-?\d+)", log())
+        if m is not None:
+            codes[pid] = int(m.group(1))
         return pid in codes
     if got == 0:
         return False
@@ -534,7 +541,7 @@ def exited_cleanly(ld: Lameduck, pid: int, codes: dict[int, int], timeout: float
     if pid == ld.pid:  # the first one is our child: Popen reaps it
         assert ld.wait(timeout) == 0, ld.log()
     else:  # later ones were adopted (subreaper) when the one that started them exited
-        assert wait_until(lambda: _reaped(pid, codes), timeout, 0.01), ld.log()
+        assert wait_until(lambda: _reaped(pid, codes, ld.log), timeout, 0.01), ld.log()
         assert codes[pid] == 0, (pid, codes[pid], ld.log())
 
 

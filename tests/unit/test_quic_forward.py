@@ -3,6 +3,8 @@ forwarded datagram's framing, and what a forwarding socket does once its reader 
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 pytest.importorskip("aioquic")
@@ -35,6 +37,204 @@ def test_a_forwarding_socket_fails_once_its_reader_has_exited():
     outlet.send(pack_forwarded(("127.0.0.1", 1), b"x"))
     assert unpack_forwarded(inbox.recv(65536)) == (("127.0.0.1", 1), b"x")
     inbox.close()
-    with pytest.raises(ConnectionRefusedError):
-        outlet.send(b"y")
+    with pytest.raises(BrokenPipeError):
+        outlet.send(b"y", socket.MSG_NOSIGNAL)
     outlet.close()
+
+
+# -- a connection in its handshake at the handover -------------------------------------------
+
+@pytest.fixture(scope="module")
+def server_pem(tmp_path_factory: pytest.TempPathFactory) -> str:
+    import trustme
+
+    path = tmp_path_factory.mktemp("h3fwd") / "server.pem"
+    trustme.CA().issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(str(path))
+    return str(path)
+
+
+def _client(odcid: bytes | None = None):
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import QuicConnection
+
+    from lameduck.http3 import H3_ALPN
+
+    cfg = QuicConfiguration(is_client=True, alpn_protocols=list(H3_ALPN),
+                            server_name="localhost", verify_mode=0)
+    client = QuicConnection(configuration=cfg)
+    if odcid is not None:  # the id a client picks for its first Initial (RFC 9000 §7.2)
+        client._peer_cid.cid = odcid
+        client._original_destination_connection_id = odcid
+    client.connect(("10.0.0.2", 443), now=1000.0)
+    return client
+
+
+def _newer_endpoint(server_pem: str, older_mark: int):
+    """The endpoint of the process after generation ``older_mark``, forwarding that one's
+    packets to a socketpair (returned: the end the older process would read); ``_new`` only
+    records what it would have taken as a new connection."""
+    from types import SimpleNamespace
+
+    from aioquic.quic.configuration import QuicConfiguration
+
+    from lameduck.http3 import H3_ALPN
+    from lameduck.listeners.quic import QuicEndpoint
+
+    qc = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
+    qc.load_cert_chain(server_pem, server_pem)
+    listener = SimpleNamespace(cfg=SimpleNamespace(http2=SimpleNamespace(
+        max_concurrent_streams=100)), max_request_headers=0, name="h3")
+    inbox, outlet = forward_pair()
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    endpoint = QuicEndpoint(listener, qc, udp, older_mark + 1,  # type: ignore[arg-type]
+                            {older_mark: outlet})
+    udp.close()
+    taken: list[bytes] = []
+    endpoint._new = lambda data, addr, header: taken.append(data)  # type: ignore[method-assign]
+    return endpoint, inbox, taken
+
+
+def test_a_handshake_in_flight_at_the_handover_goes_on_in_the_older_process(server_pem):
+    """The client's Initial packets after the server's first flight name the id the server
+    chose (RFC 9000 §7.2), and its Handshake packet rides in the same datagram behind one:
+    the newer process must hand that datagram to the older one, not take it for a new
+    connection (which would then capture every later packet of that id)."""
+    from aioquic.quic.configuration import QuicConfiguration
+
+    from lameduck.http3 import H3_ALPN, H3Server
+
+    client = _client()
+    first = client.datagrams_to_send(1000.0)
+    scfg = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
+    scfg.load_cert_chain(server_pem, server_pem)
+    old = H3Server(scfg, client._original_destination_connection_id, cid_prefix=b"\x05")
+    for data, _ in first:
+        old.receive_datagram(data, ("10.0.0.1", 4433), 1000.0)
+    for data, _ in old.quic.datagrams_to_send(1000.0):
+        client.receive_datagram(data, ("10.0.0.2", 443), 1000.0)
+    second = [data for data, _ in client.datagrams_to_send(1000.0)]
+    assert second and second[0][0] & 0x30 == 0  # long header, Initial (RFC 9000 §17.2.2)
+
+    endpoint, inbox, taken = _newer_endpoint(server_pem, 5)
+    try:
+        endpoint.datagram_received(second[0], ("10.0.0.1", 4433))
+        assert taken == []
+        assert unpack_forwarded(inbox.recv(65536)) == (("10.0.0.1", 4433), second[0])
+        assert endpoint.stats.packets_forwarded == 1
+    finally:
+        endpoint.close()
+        inbox.close()
+
+
+def test_a_new_connection_whose_id_looks_like_an_older_generation_is_taken_here(server_pem):
+    """A client picks its first destination id at random (RFC 9000 §7.2): one beginning with
+    an older process's mark still opens a connection in the newest one, which alone takes
+    new connections."""
+    client = _client(odcid=b"\x05" + bytes(range(1, 8)))
+    first = client.datagrams_to_send(1000.0)[0][0]
+    endpoint, inbox, taken = _newer_endpoint(server_pem, 5)
+    try:
+        endpoint.datagram_received(first, ("10.0.0.1", 4433))
+        assert taken == [first]
+        with pytest.raises(BlockingIOError):
+            inbox.recv(65536)
+    finally:
+        endpoint.close()
+        inbox.close()
+
+
+def test_the_old_process_reads_its_socket_again_once_no_newer_one_forwards(server_pem):
+    """The newest process may exit (stopped, crashed) while an older one still drains: with
+    nobody left to forward its packets, the older one reads the UDP socket again rather than
+    leave its connections to die at their idle timeout."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from aioquic.quic.configuration import QuicConfiguration
+
+    from lameduck.http3 import H3_ALPN
+    from lameduck.listeners.quic import QuicEndpoint
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        udp.setblocking(False)
+        where = udp.getsockname()
+        qc = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
+        qc.load_cert_chain(server_pem, server_pem)
+        listener = SimpleNamespace(cfg=SimpleNamespace(http2=SimpleNamespace(
+            max_concurrent_streams=100)), max_request_headers=0, name="h3", loop=loop)
+        ep = QuicEndpoint(listener, qc, udp, 0)  # type: ignore[arg-type]
+        got: list[bytes] = []
+        ep.datagram_received = lambda data, addr: got.append(data)  # type: ignore[method-assign]
+        await loop.create_datagram_endpoint(lambda: ep, sock=udp)
+        ep.conns[b"\x00" * 8] = object()  # type: ignore[assignment]  # one still draining
+        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            _, forward = ep.handover()
+            successors = forward[0].dup()  # its copy, as SCM_RIGHTS gave it
+            ep.handed_over()
+            assert ep.transport is None  # the successor reads the socket now
+            successors.close()  # ... until it exits
+            for _ in range(100):
+                client.sendto(b"after", where)
+                await asyncio.sleep(0.01)
+                if got:
+                    break
+            assert got and got[0] == b"after"
+            assert ep.sock is not None  # and it still sends from its copy
+        finally:
+            client.close()
+            ep.conns.clear()
+            ep.close()
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+
+
+def test_a_successor_that_dies_before_its_drain_changes_nothing(server_pem):
+    """Handed the sockets, the new process may die before it is ready: the old one never got
+    "drain", goes on reading the UDP socket itself, and the next successor gets a fresh
+    forwarding pair (the first one's closed, not leaked)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from aioquic.quic.configuration import QuicConfiguration
+
+    from lameduck.http3 import H3_ALPN
+    from lameduck.listeners.quic import QuicEndpoint
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        udp.setblocking(False)
+        where = udp.getsockname()
+        qc = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
+        qc.load_cert_chain(server_pem, server_pem)
+        listener = SimpleNamespace(cfg=SimpleNamespace(http2=SimpleNamespace(
+            max_concurrent_streams=100)), max_request_headers=0, name="h3", loop=loop)
+        ep = QuicEndpoint(listener, qc, udp, 0)  # type: ignore[arg-type]
+        got: list[bytes] = []
+        ep.datagram_received = lambda data, addr: got.append(data)  # type: ignore[method-assign]
+        await loop.create_datagram_endpoint(lambda: ep, sock=udp)
+        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            _, forward = ep.handover()
+            first = ep.inbox
+            forward[0].dup().close()  # the successor's copy, gone with it
+            client.sendto(b"still ours", where)
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if got:
+                    break
+            assert got == [b"still ours"] and ep.transport is not None
+            ep.handover()  # the next would-be successor
+            assert first is not None and first.fileno() == -1
+        finally:
+            client.close()
+            ep.close()
+            await asyncio.sleep(0)
+
+    asyncio.run(main())

@@ -15,9 +15,10 @@ on only the newest process reads it; an older one still sends from it (the same 
 port its clients know). Every connection id a process issues begins with its generation
 (the hot restart epoch, one byte: ``H3Server``'s ``cid_prefix``), so a packet for a
 connection of an older process is known by its first byte. The reader hands such a packet,
-with its client's address, to that process over a Unix datagram socket (a socketpair each
+with its client's address, to that process over a Unix seqpacket socket (a socketpair each
 process makes at its handover and gives its successor, which passes it on to its own), until
-sending fails because that process has exited. As Envoy forwards QUIC packets to the process
+sending fails because that process has exited; an older process whose newer ones have all
+exited reads the socket again. As Envoy forwards QUIC packets to the process
 it replaces during a hot restart; counted in ``http.<listener>.http3.packets_forwarded``.
 """
 
@@ -38,6 +39,7 @@ try:
     from aioquic.buffer import Buffer
     from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
     from aioquic.quic.connection import NetworkAddress
+    from aioquic.quic.crypto import CryptoError, CryptoPair
     from aioquic.quic.packet import (
         QuicPacketType,
         encode_quic_version_negotiation,
@@ -68,6 +70,22 @@ FORWARD_BUFFER: Final = 1 << 20
 _OURS: Final = (QuicPacketType.ONE_RTT, QuicPacketType.HANDSHAKE)
 
 
+def opens_connection(data: bytes, header: object, offset: int) -> bool:
+    """Whether the Initial packet at the start of ``data`` (its header parsed, its packet
+    number at ``offset``) is a client's first flight: Initial packets are protected with keys
+    drawn from the destination id of the client's first one (RFC 9001 §5.2), so one that
+    names an id the server chose since (RFC 9000 §7.2) does not open under keys drawn from
+    that id."""
+    crypto = CryptoPair()
+    crypto.setup_initial(cid=header.destination_cid, is_client=False,  # type: ignore[attr-defined]
+                         version=header.version)  # type: ignore[attr-defined]
+    try:
+        crypto.decrypt_packet(data[:header.packet_length], offset, 0)  # type: ignore[attr-defined]
+    except CryptoError:
+        return False
+    return True
+
+
 def generation_mark(generation: int) -> int:
     """The first byte of every connection id a process of this hot restart epoch issues."""
     return generation & 0xFF
@@ -89,8 +107,11 @@ def unpack_forwarded(msg: bytes) -> tuple[NetworkAddress, bytes]:
 
 
 def forward_pair() -> tuple[socket.socket, socket.socket]:
-    """(the end a process reads forwarded datagrams from, the end its successor sends to)."""
-    inbox, outlet = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    """(the end a process reads forwarded datagrams from, the end its successor sends to).
+    SOCK_SEQPACKET: datagrams kept whole as with SOCK_DGRAM, and the reading end sees end of
+    file once every copy of the sending end has closed (unix(7)): no newer process is left
+    to forward, so the socket is read here again."""
+    inbox, outlet = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for s in (inbox, outlet):
         s.setblocking(False)
     with contextlib.suppress(OSError):
@@ -169,8 +190,9 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: NetworkAddress) -> None:  # type: ignore[override]
+        buf = Buffer(data=data)
         try:
-            header = pull_quic_header(Buffer(data=data), host_cid_length=self.cid_length)
+            header = pull_quic_header(buf, host_cid_length=self.cid_length)
         except ValueError:
             return  # not QUIC
         dcid = header.destination_cid
@@ -178,8 +200,14 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if conn is not None:
             conn.datagram_received(data, addr)
             return
-        if (self.forward and dcid and dcid[0] != self.mark
-                and header.packet_type in _OURS and not self.reading_inbox):
+        if (self.forward and dcid and dcid[0] != self.mark and not self.reading_inbox
+                and dcid[0] in self.forward
+                and (header.packet_type in _OURS
+                     # a handshake under way there: the client's Initial names the id the
+                     # server chose, its Handshake packet often in the same datagram
+                     or (header.packet_type == QuicPacketType.INITIAL
+                         and header.version in self.versions
+                         and not opens_connection(data, header, buf.tell())))):
             self._forward(dcid[0], data, addr)
             return
         self._new(data, addr, header)
@@ -190,11 +218,11 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if out is None:
             return  # no process of that generation: a connection long gone
         try:
-            out.send(pack_forwarded(addr, data))
+            out.send(pack_forwarded(addr, data), socket.MSG_NOSIGNAL)
         except BlockingIOError:
             self.stats.packets_forward_dropped += 1
             return
-        except OSError:  # it has exited (ECONNREFUSED): nobody to forward to any more
+        except OSError:  # it has exited (EPIPE): nobody to forward to any more
             del self.forward[mark]
             out.close()
             return
@@ -303,14 +331,47 @@ class QuicEndpoint(asyncio.DatagramProtocol):
                 return
             except OSError:
                 return
-            if not msg:
-                continue
+            if not msg:  # end of file: no newer process forwards to us any more
+                self._read_again()
+                return
             try:
                 addr, data = unpack_forwarded(msg)
             except (ValueError, IndexError, UnicodeDecodeError):
                 continue
             self.datagram_received(data, addr)
             inbox = self.inbox  # closed by the last connection's end
+
+    def _read_again(self) -> None:
+        """Every newer process has exited (stopped, or died) while we still have connections:
+        nobody reads the UDP socket, so we do, from our copy, rather than let them end at
+        their idle timeout. We take no new connections (``accepting`` stays off)."""
+        inbox = self.inbox
+        if inbox is not None:
+            self.listener.loop.remove_reader(inbox.fileno())
+            inbox.close()
+            self.inbox = None
+        self.reading_inbox = False
+        if self.sock is None:
+            return
+        log.warning("listener %s: no newer process reads the UDP socket any more; this one "
+                    "reads it again for its %d HTTP/3 connection id(s)", self.listener.name,
+                    len(self.conns))
+        self.listener.loop.create_task(self._resume_reading())
+
+    async def _resume_reading(self) -> None:
+        if self.sock is None:
+            return
+        sock = self.sock.dup()
+        try:
+            await self.listener.loop.create_datagram_endpoint(lambda: self, sock=sock)
+        except OSError as e:
+            sock.close()
+            log.warning("listener %s: cannot read the UDP socket again: %s",
+                        self.listener.name, e)
+            return
+        if self.sock is None and self.transport is not None:  # closed meanwhile
+            self.transport.close()
+            self.transport = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def stop_accepting(self) -> None:

@@ -13,7 +13,7 @@ length); the one that carries descriptors sends them with its first byte.
                  "definitions": {name: listener config},
                  "quic": [[name, address, [generation mark, ...]], ...]}
                 + fds: the listeners', then the admin's, then for each "quic" entry its UDP
-                  socket and one Unix datagram socket per mark (where that process's QUIC
+                  socket and one Unix seqpacket socket per mark (where that process's QUIC
                   packets are forwarded: listeners.quic)
     new → old   {"op": "drain", "quic": [name, ...]}   once the new process is ready; the
                                        listeners whose UDP socket it reads from now on

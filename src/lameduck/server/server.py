@@ -345,6 +345,9 @@ class Server:
             log.error("SIGHUP: the new process pid %d exited with %d before taking over; "
                       "this one keeps serving", pid, code)
             self.notifier.ready()
+        else:  # it drained faster than this one (restarts overlap)
+            log.info("hot restart: pid %d, which took over from this one, exited with %d",
+                     pid, code)
 
     def _housekeep(self) -> None:
         self.plane.housekeep()
