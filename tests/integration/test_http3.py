@@ -334,6 +334,35 @@ def test_a_request_in_flight_at_the_deadline_is_cut_and_counted(
     assert cut == 1, ld.log()
 
 
+def test_after_t_a_new_quic_client_is_refused_at_once(started: Callable[..., Lameduck],
+                                                     origin_port: int) -> None:
+    """Past T the listener takes no new connection. Over TCP a connect is refused; over
+    QUIC the first Initial is answered with CONNECTION_CLOSE(CONNECTION_REFUSED) (RFC 9000
+    §5.2.2), so the client gives up at once and tries elsewhere, rather than resending until
+    its own timeout (60 s here, beyond the test's 30 s bound) as a silent drop would make it."""
+    from tests.procs import refused
+
+    ld = started(origin_port, drain={"time": "3s", "strategy": "immediate"},
+                 shutdown={"deadline": "60s", "min_drain": "0s"},
+                 hot_restart={"parent_shutdown_time": "60s"})
+
+    async def go() -> None:
+        async with h3_connect(ld.addr) as c:
+            c.send("GET", "/sleep?ms=60000")  # keeps the process past T until we go
+            assert await asyncio.to_thread(
+                wait_until, lambda: ld.stat("http.ingress.downstream_rq_active") == 1, 10)
+            ld.signal(signal.SIGTERM)
+            assert await asyncio.to_thread(wait_until, lambda: refused(ld.addr), 30)
+            with pytest.raises(ConnectionError):
+                async with asyncio.timeout(30):
+                    async with h3_connect(ld.addr):
+                        pass
+            assert ld.stat("http.ingress.http3.connections_refused") >= 1
+
+    run(go())
+    assert ld.wait(30) == 0, ld.log()
+
+
 def test_alt_svc_advertises_h3_then_clear_during_a_drain(
         started: Callable[..., Lameduck], origin_port: int,
         tls_files: tuple[Path, Path, Path]) -> None:

@@ -238,3 +238,32 @@ def test_a_successor_that_dies_before_its_drain_changes_nothing(server_pem):
             await asyncio.sleep(0)
 
     asyncio.run(main())
+
+
+def test_a_refused_client_reads_connection_refused_from_the_servers_initial():
+    """The refusal is a server Initial sealed with the keys of the client's own first id, so
+    a real client (aioquic's) decrypts it and ends with CONNECTION_REFUSED at once."""
+    from aioquic.buffer import Buffer
+    from aioquic.quic import events as qe
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import QuicConnection
+    from aioquic.quic.packet import QuicErrorCode, pull_quic_header
+
+    from lameduck.listeners.quic import refusal
+
+    client = QuicConnection(configuration=QuicConfiguration(is_client=True, alpn_protocols=["h3"]))
+    server = ("127.0.0.1", 443)
+    client.connect(server, now=1.0)
+    first = client.datagrams_to_send(1.0)[0][0]
+    reply = refusal(pull_quic_header(Buffer(data=first), host_cid_length=8))
+    assert len(reply) < len(first)  # no amplification (RFC 9000 §8)
+    client.receive_datagram(reply, server, now=1.01)
+    events = []
+    while (ev := client.next_event()) is not None:
+        events.append(ev)
+    ended = [e for e in events if isinstance(e, qe.ConnectionTerminated)]
+    if not ended:  # aioquic reports the end after its draining period (RFC 9000 §10.2.2)
+        client.handle_timer(client.get_timer() or 2.0)
+        ended = [e for e in iter(client.next_event, None)
+                 if isinstance(e, qe.ConnectionTerminated)]
+    assert ended and ended[0].error_code == QuicErrorCode.CONNECTION_REFUSED, events

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 from typing import TYPE_CHECKING, Final
 
@@ -41,10 +42,13 @@ try:
     from aioquic.quic.connection import NetworkAddress
     from aioquic.quic.crypto import CryptoError, CryptoPair
     from aioquic.quic.packet import (
+        QuicErrorCode,
+        QuicFrameType,
         QuicPacketType,
         encode_quic_version_negotiation,
         pull_quic_header,
     )
+    from aioquic.quic.packet_builder import QuicPacketBuilder
 except ModuleNotFoundError as e:  # pragma: no cover - the codec's import said it first
     from lameduck.extras import missing_extra
 
@@ -104,6 +108,32 @@ def unpack_forwarded(msg: bytes) -> tuple[NetworkAddress, bytes]:
     parts = msg[1:1 + n].decode().split("|")
     addr: NetworkAddress = (parts[0], *map(int, parts[1:]))  # type: ignore[assignment]
     return addr, msg[1 + n:]
+
+
+def refusal(header: object) -> bytes:
+    """A server's Initial packet with CONNECTION_CLOSE(CONNECTION_REFUSED), for a client's
+    first Initial that this socket will not take (RFC 9000 §5.2.2: a server that refuses a
+    connection SHOULD say so in an Initial): the client stops at once and tries elsewhere,
+    as after a refused TCP connect, instead of resending until its own timeout. Sealed with
+    the Initial keys of the client's own destination id (RFC 9001 §5.2); smaller than the
+    client's padded Initial, so it amplifies nothing."""
+    version: int = header.version  # type: ignore[attr-defined]
+    crypto = CryptoPair()
+    crypto.setup_initial(cid=header.destination_cid,  # type: ignore[attr-defined]
+                         is_client=False, version=version)
+    builder = QuicPacketBuilder(host_cid=os.urandom(8),
+                                peer_cid=header.source_cid,  # type: ignore[attr-defined]
+                                version=version, is_client=False,
+                                max_datagram_size=SMALLEST_MAX_DATAGRAM_SIZE)
+    builder.start_packet(QuicPacketType.INITIAL, crypto)
+    reason = b"not accepting new connections"
+    buf = builder.start_frame(QuicFrameType.TRANSPORT_CLOSE, capacity=len(reason) + 16)
+    buf.push_uint_var(QuicErrorCode.CONNECTION_REFUSED)
+    buf.push_uint_var(0)  # no frame type to blame
+    buf.push_uint_var(len(reason))
+    buf.push_bytes(reason)
+    datagrams, _ = builder.flush()
+    return datagrams[0]
 
 
 def forward_pair() -> tuple[socket.socket, socket.socket]:
@@ -246,10 +276,13 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if ptype != QuicPacketType.INITIAL or len(data) < SMALLEST_MAX_DATAGRAM_SIZE:
             return
         listener = self.listener
-        if not self.accepting:
-            return  # as a closed TCP port: the client tries elsewhere (or TCP)
-        if not listener.has_room():
-            listener.overflowed()
+        if not self.accepting or not listener.has_room():
+            # as a refused TCP connect: the client tries elsewhere (or TCP) at once
+            if self.accepting:
+                listener.overflowed()
+            self.stats.connections_refused += 1
+            with contextlib.suppress(ValueError, AssertionError):  # a header not sealable
+                self.sendto(refusal(header), addr)
             return
         dcid: bytes = header.destination_cid  # type: ignore[attr-defined]
         h3 = H3Server(self.configuration, dcid, self.max_streams, self.max_field_section,

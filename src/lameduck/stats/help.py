@@ -71,6 +71,8 @@ HELP: Final[dict[str, str]] = {
     "envoy_http3_goaway_sent": "HTTP/3 GOAWAY frames sent to clients (a drain sends two).",
     "envoy_http3_rx_reset":
         "HTTP/3 streams the client reset (RESET_STREAM) or stopped (STOP_SENDING).",
+    "envoy_http3_connections_refused":
+        "New QUIC connections refused with CONNECTION_CLOSE (draining, or no room left).",
     "envoy_http3_tx_reset":
         "HTTP/3 streams lameduck reset: malformed, rejected after the final GOAWAY, or cut.",
     "envoy_http3_packets_forwarded":

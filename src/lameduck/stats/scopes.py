@@ -147,6 +147,7 @@ class Http3Stats:
     goaway_sent: int = 0  # both GOAWAY frames of a drain count
     rx_reset: int = 0  # streams the client reset (RESET_STREAM) or stopped (STOP_SENDING)
     tx_reset: int = 0  # streams we reset: malformed, rejected past the final GOAWAY, cut
+    connections_refused: int = 0  # a new connection refused (draining, or no room)
     packets_forwarded: int = 0
     packets_forward_dropped: int = 0  # that socket's buffer was full: lost, QUIC resends
 
