@@ -126,6 +126,7 @@ class H3Downstream(Downstream):
         self.rx_at = 0.0
         self.quic_timer: asyncio.TimerHandle | None = None
         self.quic_timer_at = 0.0
+        self.flush_soon = False  # a flush is scheduled for the end of this pass of the loop
         self.cids: set[bytes] = set()  # its connection ids the endpoint routes by
         self.body_at: dict[int, float] = {}  # loop time of a stream's last body byte
         self.paused: set[int] = set()  # streams whose upstream waits for QUIC's send buffer
@@ -169,11 +170,22 @@ class H3Downstream(Downstream):
         self.kick()
 
     def kick(self) -> None:
-        if not self.corked:
-            self.flush()
+        """Send what is queued once this pass of the loop is over: the datagrams read in one
+        pass (a read burst) and the responses that ended in it leave in the fewest packets,
+        with one ACK for them all (RFC 9000 §13.2.1 lets a receiver acknowledge several
+        packets at once), instead of a flush per datagram and per response."""
+        if not self.corked and not self.flush_soon:
+            self.flush_soon = True
+            self.loop.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        self.flush_soon = False
+        self.flush()
 
     def flush(self) -> None:
-        """Send what QUIC queued, and follow its one timer (loss recovery, ACK delay, idle)."""
+        """Send what QUIC queued, and follow its one timer (loss recovery, ACK delay, idle):
+        re-armed only when it must fire sooner (fired early, aioquic's ``handle_timer`` does
+        nothing that is not due, and the timer is armed anew from there)."""
         if self.gone:
             return
         h3 = self.h3
@@ -187,7 +199,7 @@ class H3Downstream(Downstream):
             if self.quic_timer is not None:
                 self.quic_timer.cancel()
                 self.quic_timer = None
-        elif self.quic_timer is None or at != self.quic_timer_at:
+        elif self.quic_timer is None or at < self.quic_timer_at:
             if self.quic_timer is not None:
                 self.quic_timer.cancel()
             self.quic_timer_at = at
