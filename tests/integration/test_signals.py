@@ -19,11 +19,13 @@ from tests.procs import Lameduck, RawConn, wait_until
 pytestmark = pytest.mark.usefixtures("workers")
 
 
-def _in_flight(ld: Lameduck, ms: int = 1000) -> RawConn:
-    """A request the origin answers after ``ms``, once lameduck counts it active."""
-    c = RawConn(ld.addr, timeout=15)
+def _in_flight(ld: Lameduck, ms: int = 4000) -> RawConn:
+    """A request the origin answers after ``ms``, once lameduck counts it active (with
+    workers, as their reports reach the main process: seconds, so that a loaded machine
+    still sees it in flight)."""
+    c = RawConn(ld.addr, timeout=30)
     c.send(f"/sleep?ms={ms}")
-    assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 1, 5)
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 1, 15)
     return c
 
 
