@@ -4,6 +4,7 @@ forwarded datagram's framing, and what a forwarding socket does once its reader 
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import pytest
 
@@ -143,10 +144,9 @@ def test_a_new_connection_whose_id_looks_like_an_older_generation_is_taken_here(
         inbox.close()
 
 
-def test_the_old_process_reads_its_socket_again_once_no_newer_one_forwards(server_pem):
-    """The newest process may exit (stopped, crashed) while an older one still drains: with
-    nobody left to forward its packets, the older one reads the UDP socket again rather than
-    leave its connections to die at their idle timeout."""
+async def _serving_endpoint(server_pem: str) -> tuple[Any, tuple[str, int], list[bytes]]:
+    """A QuicEndpoint of generation 0 serving a UDP socket on the running loop, as a listener
+    would start it; what it reads is kept (in order) instead of handled."""
     import asyncio
     from types import SimpleNamespace
 
@@ -155,20 +155,29 @@ def test_the_old_process_reads_its_socket_again_once_no_newer_one_forwards(serve
     from lameduck.http3 import H3_ALPN
     from lameduck.listeners.quic import QuicEndpoint
 
+    loop = asyncio.get_running_loop()
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    udp.setblocking(False)
+    qc = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
+    qc.load_cert_chain(server_pem, server_pem)
+    listener = SimpleNamespace(cfg=SimpleNamespace(http2=SimpleNamespace(
+        max_concurrent_streams=100)), max_request_headers=0, name="h3", loop=loop)
+    ep = QuicEndpoint(listener, qc, udp, 0)  # type: ignore[arg-type]
+    got: list[bytes] = []
+    ep.datagram_received = lambda data, addr: got.append(data)  # type: ignore[method-assign]
+    await loop.create_datagram_endpoint(lambda: ep, sock=udp)
+    return ep, udp.getsockname(), got
+
+
+def test_the_old_process_reads_its_socket_again_once_no_newer_one_forwards(server_pem):
+    """The newest process may exit (stopped, crashed) while an older one still drains: with
+    nobody left to forward its packets, the older one reads the UDP socket again rather than
+    leave its connections to die at their idle timeout."""
+    import asyncio
+
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        udp.bind(("127.0.0.1", 0))
-        udp.setblocking(False)
-        where = udp.getsockname()
-        qc = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
-        qc.load_cert_chain(server_pem, server_pem)
-        listener = SimpleNamespace(cfg=SimpleNamespace(http2=SimpleNamespace(
-            max_concurrent_streams=100)), max_request_headers=0, name="h3", loop=loop)
-        ep = QuicEndpoint(listener, qc, udp, 0)  # type: ignore[arg-type]
-        got: list[bytes] = []
-        ep.datagram_received = lambda data, addr: got.append(data)  # type: ignore[method-assign]
-        await loop.create_datagram_endpoint(lambda: ep, sock=udp)
+        ep, where, got = await _serving_endpoint(server_pem)
         ep.conns[b"\x00" * 8] = object()  # type: ignore[assignment]  # one still draining
         client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
@@ -198,27 +207,9 @@ def test_a_successor_that_dies_before_its_drain_changes_nothing(server_pem):
     "drain", goes on reading the UDP socket itself, and the next successor gets a fresh
     forwarding pair (the first one's closed, not leaked)."""
     import asyncio
-    from types import SimpleNamespace
-
-    from aioquic.quic.configuration import QuicConfiguration
-
-    from lameduck.http3 import H3_ALPN
-    from lameduck.listeners.quic import QuicEndpoint
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        udp.bind(("127.0.0.1", 0))
-        udp.setblocking(False)
-        where = udp.getsockname()
-        qc = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
-        qc.load_cert_chain(server_pem, server_pem)
-        listener = SimpleNamespace(cfg=SimpleNamespace(http2=SimpleNamespace(
-            max_concurrent_streams=100)), max_request_headers=0, name="h3", loop=loop)
-        ep = QuicEndpoint(listener, qc, udp, 0)  # type: ignore[arg-type]
-        got: list[bytes] = []
-        ep.datagram_received = lambda data, addr: got.append(data)  # type: ignore[method-assign]
-        await loop.create_datagram_endpoint(lambda: ep, sock=udp)
+        ep, where, got = await _serving_endpoint(server_pem)
         client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             _, forward = ep.handover()
