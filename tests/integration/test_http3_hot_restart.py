@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import threading
 import time
 from pathlib import Path
@@ -156,3 +157,46 @@ def test_five_sighup_hot_restarts_under_http3_load_fail_no_request(
     assert load.long_ok >= RESTARTS, report
     assert forwarded > 0, report  # the connections in flight were served across restarts
     assert stats["http.ingress.downstream_rq_5xx"] == 0, report
+
+
+def test_a_supervise_reload_carries_an_http3_request_in_flight(
+        tmp_path: Path, origin_port: int, tls_files: tuple[Path, Path, Path]) -> None:
+    """`lameduck supervise` (the container entry point) on SIGHUP starts a new child that
+    hot-restarts from the running one: the same handover, so a 3 s HTTP/3 request in flight
+    at the SIGHUP ends with its 200 from the old child (its packets forwarded by the new
+    one), and a new connection is the new child's."""
+    from tests.integration.test_hot_restart import _epoch
+    from tests.integration.test_http3 import run
+    from tests.procs import children_of
+
+    cfg: dict[str, Any] = base_config(origin_port, listener=h3_listener(tls_files))
+    cfg["workers"] = 1
+    cfg["drain"] = {"time": "3s", "strategy": "gradual", "connection_grace": "3s"}
+    cfg["shutdown"] = {"deadline": "30s", "min_drain": "0s"}
+    cfg["hot_restart"] = {"socket": str(tmp_path / "restart.sock"),
+                          "parent_shutdown_time": "30s"}
+    sup = Lameduck(cfg, tmp_path).start(command="supervise")
+    try:
+        async def go() -> Any:
+            async with h3_connect(sup.addr) as c:
+                long = c.send("GET", "/sleep?ms=3000")
+                assert await asyncio.to_thread(
+                    wait_until, lambda: sup.stat("http.ingress.downstream_rq_active") == 1, 15)
+                sup.signal(signal.SIGHUP)
+                assert await asyncio.to_thread(wait_until, lambda: _epoch(sup) == 1, 30)
+                async with asyncio.timeout(30):
+                    reply = await long
+                async with h3_connect(sup.addr) as c2:
+                    fresh = await c2.request("GET", "/")
+            return reply, fresh
+
+        reply, fresh = run(go())
+        assert reply.status == 200 and reply.body == b"slept 3000 ms\n", sup.log()
+        assert fresh.status == 200, sup.log()
+        assert wait_until(lambda: len(children_of(sup.pid)) == 1, 30), sup.log()
+        assert sup.stat("http.ingress.http3.packets_forwarded") > 0, sup.log()
+        sup.signal(signal.SIGTERM)
+        assert sup.wait(30) == 0, sup.log()
+    finally:
+        sup.kill()
+    assert "Traceback" not in sup.log(), sup.log()
