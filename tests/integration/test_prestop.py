@@ -452,6 +452,12 @@ def test_deregister_first_order(lameduck, haproxy) -> None:
             if "DOWN" not in first and h.server_states()["s1"] == "DOWN":
                 first["DOWN"] = now
             time.sleep(0.02)
+    # the prestop client leaves as soon as it reads CLOSED, which a loaded machine may show
+    # after this loop's last look: one more look, after it has gone
+    st = poller.stat("server.prestop_state")
+    if st > 0 and (not states or states[-1] != st):
+        states.append(st)
+        first.setdefault(f"state {st}", time.monotonic() - t0)
     poller.close()
     out, err = proc.communicate(timeout=5)
     assert long_req is not None, (states, out, err)
