@@ -159,11 +159,7 @@ def client_requests(body: bytes) -> list[bytes]:
             # A GET's WebSocket Upgrade hands the connection to the tunnel, and a CONNECT to
             # its destination; any other Upgrade the codec strips (RFC 9110 §7.8: a server
             # may ignore it) and reads on, the next request from where llhttp stopped.
-            up, conn = upgrade
-            websocket = (up is not None and up.strip().lower() == b"websocket"
-                         and b"upgrade" in [t.strip().lower() for t in (conn or b"").split(b",")])
-            if (websocket and methods[-1:] == [b"GET"]) or methods[-1:] == [b"CONNECT"] \
-                    or not e.args:
+            if tunnels(methods, upgrade) or not e.args:
                 return methods
             rest = rest[e.args[0]:]
             if not rest:
@@ -192,10 +188,27 @@ def client_requests(body: bytes) -> list[bytes]:
             if len(methods) > extended and methods[extended] == STAND_IN:
                 methods[extended] = method
             return methods
-        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+        except httptools.HttpParserUpgrade:
+            if tunnels(methods, upgrade):
+                return methods
+            # stripped, as above: the next request begins after this head
+            ends.append(i + 1)
+            upgrade[:] = [None, None]
+            parser = httptools.HttpRequestParser(Cb())
+        except httptools.HttpParserError:
             return methods
         i += 1
     return methods
+
+
+def tunnels(methods: list[bytes], upgrade: list[bytes | None]) -> bool:
+    """The request llhttp stopped at hands the connection over: a GET's WebSocket Upgrade
+    (to the tunnel) or a CONNECT (to its destination). ``upgrade``: its Upgrade and
+    Connection values."""
+    up, conn = upgrade
+    websocket = (up is not None and up.strip().lower() == b"websocket"
+                 and b"upgrade" in [t.strip().lower() for t in (conn or b"").split(b",")])
+    return (websocket and methods[-1:] == [b"GET"]) or methods[-1:] == [b"CONNECT"]
 
 
 def check_responses(out: bytes, methods: list[bytes]) -> int:
