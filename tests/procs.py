@@ -546,8 +546,11 @@ def exited_cleanly(ld: Lameduck, pid: int, codes: dict[int, int], timeout: float
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """True if something listens on host:port (or the port cannot be bound)."""
+    """True if something listens on host:port (or the port cannot be bound). SO_REUSEADDR,
+    as every server here binds: connections of a process gone, left in TIME_WAIT on that
+    port (60 s after the side that closed first), do not keep it from binding."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
