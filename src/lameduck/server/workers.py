@@ -178,10 +178,12 @@ class WorkerSet:
             self._kill(w)
             raise OSError(f"worker {w.index} (pid {w.pid}) did not start serving within "
                           f"{READY_TIMEOUT:.0f}s") from None
-        if w.proc is None or w.proc.poll() is not None:
+        # its channel read to the end (the worker has gone, maybe not yet reaped): the same
+        channel = w.channel
+        if w.proc is None or w.proc.poll() is not None or channel is None:
             raise OSError(f"worker {w.index} exited while starting")
         for msg in [*self.greeting(), *self.replay]:
-            w.channel.send(msg)
+            channel.send(msg)
 
     def _message(self, w: Worker, msg: Message) -> None:
         op = msg.get("op")
