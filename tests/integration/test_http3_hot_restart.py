@@ -113,19 +113,25 @@ class Load:
                 f"{self.failed[:5]}")
 
 
-@pytest.mark.timeout(HARD_CAP + 120)
-def test_five_sighup_hot_restarts_under_http3_load_fail_no_request(
-        tmp_path: Path, origin_port: int, tls_files: tuple[Path, Path, Path],
-        subreaper: list[int]) -> None:
+def _config(origin_port: int, tmp_path: Path, tls_files: tuple[Path, Path, Path],
+            ) -> dict[str, Any]:
+    """One process (it owns the UDP socket); a connection grace long enough for a request
+    in flight at the first GOAWAY to end below the final one; the deadline far beyond a
+    long request."""
     cfg: dict[str, Any] = base_config(origin_port, listener=h3_listener(tls_files))
     cfg["workers"] = 1
-    # a connection grace long enough for a request in flight at the first GOAWAY to end
-    # below the final one; the deadline far beyond a long request
     cfg["drain"] = {"time": "3s", "strategy": "gradual", "connection_grace": "3s"}
     cfg["shutdown"] = {"deadline": "30s", "min_drain": "0s"}
     cfg["hot_restart"] = {"socket": str(tmp_path / "restart.sock"),
                           "parent_shutdown_time": "30s"}
-    ld = Lameduck(cfg, tmp_path).start()
+    return cfg
+
+
+@pytest.mark.timeout(HARD_CAP + 120)
+def test_five_sighup_hot_restarts_under_http3_load_fail_no_request(
+        tmp_path: Path, origin_port: int, tls_files: tuple[Path, Path, Path],
+        subreaper: list[int]) -> None:
+    ld = Lameduck(_config(origin_port, tmp_path, tls_files), tmp_path).start()
     pid = ld.pid
     olds: list[int] = []
     codes: dict[int, int] = {}
@@ -169,13 +175,8 @@ def test_a_supervise_reload_carries_an_http3_request_in_flight(
     from tests.integration.test_http3 import run
     from tests.procs import children_of
 
-    cfg: dict[str, Any] = base_config(origin_port, listener=h3_listener(tls_files))
-    cfg["workers"] = 1
-    cfg["drain"] = {"time": "3s", "strategy": "gradual", "connection_grace": "3s"}
-    cfg["shutdown"] = {"deadline": "30s", "min_drain": "0s"}
-    cfg["hot_restart"] = {"socket": str(tmp_path / "restart.sock"),
-                          "parent_shutdown_time": "30s"}
-    sup = Lameduck(cfg, tmp_path).start(command="supervise")
+    sup = Lameduck(_config(origin_port, tmp_path, tls_files), tmp_path).start(
+        command="supervise")
     try:
         async def go() -> Any:
             async with h3_connect(sup.addr) as c:
