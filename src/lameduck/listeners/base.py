@@ -100,6 +100,8 @@ class Listener:
     # What TCP responses advertise HTTP/3 with (``h3=":PORT"; ma=N``, RFC 7838), on a
     # listener that serves it too (listeners[].http3), else None.
     alt_svc: bytes | None = None
+    # Its UDP socket's ``listeners.quic.QuicEndpoint`` when it serves HTTP/3, else None.
+    quic: Any = None
     # Every listener of this process (the downstream cap counts their connections together).
     running: weakref.WeakSet[Listener] = weakref.WeakSet()
     cap: int = downstream_cap()

@@ -117,7 +117,6 @@ class HttpListener(Listener):
         self.drain_stats = drain_stats
         self.rng = rng
         self.connections: set[Any] = set()  # H1Downstream, H2Downstream, H3Downstream
-        self.quic: Any = None  # the UDP socket's QuicEndpoint (listeners[].http3)
         self.h3stats = h3stats if h3stats is not None else Http3Stats()
         # hot restart: this process's epoch (it marks the QUIC connection ids issued here),
         # the UDP socket the previous process read, and where to forward the packets of

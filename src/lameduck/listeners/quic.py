@@ -74,17 +74,23 @@ FORWARD_BUFFER: Final = 1 << 20
 _OURS: Final = (QuicPacketType.ONE_RTT, QuicPacketType.HANDSHAKE)
 
 
+def server_initial_keys(header: object) -> CryptoPair:
+    """The server's Initial keys of a connection whose client's first Initial named
+    ``header``'s destination id (RFC 9001 §5.2: drawn from that id alone)."""
+    crypto = CryptoPair()
+    crypto.setup_initial(cid=header.destination_cid, is_client=False,  # type: ignore[attr-defined]
+                         version=header.version)  # type: ignore[attr-defined]
+    return crypto
+
+
 def opens_connection(data: bytes, header: object, offset: int) -> bool:
     """Whether the Initial packet at the start of ``data`` (its header parsed, its packet
     number at ``offset``) is a client's first flight: Initial packets are protected with keys
     drawn from the destination id of the client's first one (RFC 9001 §5.2), so one that
     names an id the server chose since (RFC 9000 §7.2) does not open under keys drawn from
     that id."""
-    crypto = CryptoPair()
-    crypto.setup_initial(cid=header.destination_cid, is_client=False,  # type: ignore[attr-defined]
-                         version=header.version)  # type: ignore[attr-defined]
     try:
-        crypto.decrypt_packet(data[:header.packet_length], offset, 0)  # type: ignore[attr-defined]
+        server_initial_keys(header).decrypt_packet(data[:header.packet_length], offset, 0)  # type: ignore[attr-defined]
     except CryptoError:
         return False
     return True
@@ -117,15 +123,11 @@ def refusal(header: object) -> bytes:
     as after a refused TCP connect, instead of resending until its own timeout. Sealed with
     the Initial keys of the client's own destination id (RFC 9001 §5.2); smaller than the
     client's padded Initial, so it amplifies nothing."""
-    version: int = header.version  # type: ignore[attr-defined]
-    crypto = CryptoPair()
-    crypto.setup_initial(cid=header.destination_cid,  # type: ignore[attr-defined]
-                         is_client=False, version=version)
     builder = QuicPacketBuilder(host_cid=os.urandom(8),
                                 peer_cid=header.source_cid,  # type: ignore[attr-defined]
-                                version=version, is_client=False,
-                                max_datagram_size=SMALLEST_MAX_DATAGRAM_SIZE)
-    builder.start_packet(QuicPacketType.INITIAL, crypto)
+                                version=header.version,  # type: ignore[attr-defined]
+                                is_client=False, max_datagram_size=SMALLEST_MAX_DATAGRAM_SIZE)
+    builder.start_packet(QuicPacketType.INITIAL, server_initial_keys(header))
     reason = b"not accepting new connections"
     buf = builder.start_frame(QuicFrameType.TRANSPORT_CLOSE, capacity=len(reason) + 16)
     buf.push_uint_var(QuicErrorCode.CONNECTION_REFUSED)
@@ -166,8 +168,9 @@ def quic_configuration(cfg: ListenerConfig) -> QuicConfiguration:
 
 
 def bind_udp(listener: HttpListener, port: int) -> socket.socket:
-    """The UDP socket on the listener's host and ``port`` (its TCP port). SO_REUSEPORT: a
-    hot restart's new process binds it while the old one still drains on its own."""
+    """The UDP socket on the listener's host and ``port`` (its TCP port), when no previous
+    process hands one over. SO_REUSEPORT: a listener renamed over a hot restart binds the
+    port beside the old process's socket, which drains its own connections there."""
     from lameduck.listeners.base import ListenError
 
     host = listener.cfg.address.host
@@ -213,7 +216,6 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         self.stats = stats if stats is not None else Http3Stats()
         self.inbox: socket.socket | None = None  # forwarded to us, once handed over
         self.outlet: socket.socket | None = None  # its other end, until the successor has it
-        self.reading_inbox = False
 
     # -- asyncio ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -230,8 +232,8 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if conn is not None:
             conn.datagram_received(data, addr)
             return
-        if (self.forward and dcid and dcid[0] != self.mark and not self.reading_inbox
-                and dcid[0] in self.forward
+        # (handed over, a process forwards nothing: ``forward`` is empty from then on)
+        if (self.forward and dcid and dcid[0] != self.mark and dcid[0] in self.forward
                 and (header.packet_type in _OURS
                      # a handshake under way there: the client's Initial names the id the
                      # server chose, its Handshake packet often in the same datagram
@@ -348,7 +350,6 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if self.transport is not None:
             self.transport.close()  # closes its descriptor; self.sock keeps the socket
             self.transport = None
-        self.reading_inbox = True
         self.listener.loop.add_reader(inbox.fileno(), self._inbox_readable)
         if not self.conns:
             self.close()
@@ -360,9 +361,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
                 return
             try:
                 msg = inbox.recv(65536)
-            except BlockingIOError:
-                return
-            except OSError:
+            except OSError:  # nothing more now (BlockingIOError), or the socket failed
                 return
             if not msg:  # end of file: no newer process forwards to us any more
                 self._read_again()
@@ -383,7 +382,6 @@ class QuicEndpoint(asyncio.DatagramProtocol):
             self.listener.loop.remove_reader(inbox.fileno())
             inbox.close()
             self.inbox = None
-        self.reading_inbox = False
         if self.sock is None:
             return
         log.warning("listener %s: no newer process reads the UDP socket any more; this one "
@@ -418,8 +416,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
             self.transport.close()
             self.transport = None
         if self.inbox is not None:
-            if self.reading_inbox:
-                self.listener.loop.remove_reader(self.inbox.fileno())
+            self.listener.loop.remove_reader(self.inbox.fileno())  # (if it was read)
             self.inbox.close()
             self.inbox = None
         for s in (self.outlet, self.sock, *self.forward.values()):

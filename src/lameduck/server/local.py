@@ -58,7 +58,7 @@ class LocalPlane:
     def handover_quic(self) -> list[tuple[str, str, HasFileno, dict[int, HasFileno]]]:
         out: list[tuple[str, str, HasFileno, dict[int, HasFileno]]] = []
         for ls in self.listeners:
-            quic = getattr(ls, "quic", None)
+            quic = ls.quic
             if quic is not None and quic.sock is not None and quic.accepting:
                 udp, forward = quic.handover()
                 out.append((ls.name, str(ls.cfg.address), udp, forward))
@@ -66,9 +66,8 @@ class LocalPlane:
 
     def quic_handed_over(self, names: list[str]) -> None:
         for ls in self.listeners:
-            quic = getattr(ls, "quic", None)
-            if quic is not None and ls.name in names:
-                quic.handed_over()
+            if ls.quic is not None and ls.name in names:
+                ls.quic.handed_over()
 
     # -- counts -----------------------------------------------------------------------------
     def connections(self) -> int:
