@@ -179,6 +179,16 @@ def answer(ls: Listener, body: bytes = b"ok") -> None:
     up.sink.on_response_complete()
 
 
+def busy_in_a_drain(certs: tuple[bytes, str]) -> tuple[Listener, Wire, int]:
+    """A connection draining from 10 (its moment 19.5), with a request sent at 19.0 and not
+    answered yet: the listener, the wire, the request's stream id."""
+    ls = Listener(ScriptedRng(0.5))
+    w = Wire(ls, certs)
+    ls.drain_starts([w.conn])
+    w.at(19.0)
+    return ls, w, w.request()
+
+
 def test_idle_connection_gets_goaway_at_its_moment_the_final_one_g_later_then_close(
         certs: tuple[bytes, str]) -> None:
     ls = Listener(ScriptedRng(0.5))
@@ -203,11 +213,7 @@ def test_idle_connection_gets_goaway_at_its_moment_the_final_one_g_later_then_cl
 
 def test_busy_connection_gets_the_final_goaway_g_later_then_closes_when_idle(
         certs: tuple[bytes, str]) -> None:
-    ls = Listener(ScriptedRng(0.5))
-    w = Wire(ls, certs)
-    ls.drain_starts([w.conn])
-    w.at(19.0)
-    sid = w.request()
+    ls, w, sid = busy_in_a_drain(certs)
     w.at(19.5)
     assert w.goaways() == [GOAWAY_ALL]
     granted = w.client._remote_max_streams_bidi
@@ -278,11 +284,7 @@ def test_a_drained_connection_closes_only_once_its_last_response_is_acknowledged
     """The datagrams carrying the last response of a drained connection are lost: its close
     waits (aioquic resends no stream data once CONNECTION_CLOSE is queued), QUIC's loss
     recovery sends the response again, and CONNECTION_CLOSE comes once it is acknowledged."""
-    ls = Listener(ScriptedRng(0.5))
-    w = Wire(ls, certs)
-    ls.drain_starts([w.conn])
-    w.at(19.0)
-    sid = w.request()
+    ls, w, sid = busy_in_a_drain(certs)
     w.at(20.5)
     assert w.goaways() == [GOAWAY_ALL, sid + 4]
     answer(ls, b"the end of the last response")
@@ -301,11 +303,7 @@ def test_a_drained_connection_closes_only_once_its_last_response_is_acknowledged
 def test_a_close_waits_for_acks_no_longer_than_linger(certs: tuple[bytes, str]) -> None:
     """A client that acknowledges nothing more does not hold the connection open: LINGER
     after the close was asked for, CONNECTION_CLOSE goes anyway."""
-    ls = Listener(ScriptedRng(0.5))
-    w = Wire(ls, certs)
-    ls.drain_starts([w.conn])
-    w.at(19.0)
-    sid = w.request()
+    ls, w, sid = busy_in_a_drain(certs)
     w.at(20.5)
     answer(ls)
     asked = ls.loop.time()
