@@ -218,3 +218,12 @@ async def h3_connect(addr: str, ca: str | None = None) -> AsyncIterator[H3Client
     async with connect(host, int(port), configuration=client_configuration(ca),
                        create_protocol=H3Client, wait_connected=True) as client:
         yield client  # type: ignore[misc]
+
+
+async def counted_active(ld: Any, timeout: float = 15.0) -> bool:
+    """Wait (off the loop) until the lameduck ``ld`` counts one request in flight: the one
+    just sent has reached it."""
+    from tests.procs import wait_until
+
+    return await asyncio.to_thread(
+        wait_until, lambda: ld.stat("http.ingress.downstream_rq_active") == 1, timeout)

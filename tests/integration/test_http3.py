@@ -20,7 +20,7 @@ import pytest
 
 from lameduck.http3 import GOAWAY_ALL, H3_NO_ERROR, H3_REQUEST_REJECTED
 from tests.capture import CaptureOrigin
-from tests.h3client import h3_connect
+from tests.h3client import counted_active, h3_connect
 from tests.procs import H2Origin, Lameduck, base_config, wait_until
 
 CHUNKED_WITH_TRAILERS = (
@@ -322,8 +322,7 @@ def test_a_request_in_flight_at_the_deadline_is_cut_and_counted(
     async def go() -> Any:
         async with h3_connect(ld.addr) as c:
             fut = c.send("GET", "/hang")
-            assert await asyncio.to_thread(
-                wait_until, lambda: ld.stat("http.ingress.downstream_rq_active") == 1, 10)
+            assert await counted_active(ld, 10)
             ld.signal(signal.SIGTERM)
             reply = await fut
             return reply, c.goaways()
@@ -351,8 +350,7 @@ def test_after_t_a_new_quic_client_is_refused_at_once(started: Callable[..., Lam
     async def go() -> None:
         async with h3_connect(ld.addr) as c:
             c.send("GET", "/sleep?ms=60000")  # keeps the process past T until we go
-            assert await asyncio.to_thread(
-                wait_until, lambda: ld.stat("http.ingress.downstream_rq_active") == 1, 10)
+            assert await counted_active(ld, 10)
             ld.signal(signal.SIGTERM)
             assert await asyncio.to_thread(wait_until, lambda: refused(ld.addr), 30)
             with pytest.raises(ConnectionError):
@@ -465,8 +463,7 @@ def test_top_counts_a_quic_connection_and_its_request(
             # in flight until the client goes (after top's snapshot, however long top takes
             # to start on a loaded machine)
             c.send("GET", "/sleep?ms=60000")
-            assert await asyncio.to_thread(
-                wait_until, lambda: ld.stat("http.ingress.downstream_rq_active") == 1, 10)
+            assert await counted_active(ld, 10)
             r = await asyncio.to_thread(
                 subprocess.run, [sys.executable, "-m", "lameduck", "top",
                                  "--admin-address-path", str(ld.admin_path)],

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from lameduck.http3 import H3_REQUEST_REJECTED
-from tests.h3client import H3Client, h3_connect
+from tests.h3client import H3Client, counted_active, h3_connect
 from tests.integration.test_http3 import h3_listener
 from tests.procs import Lameduck, base_config, exited_cleanly, sighup_restart, wait_until
 
@@ -181,8 +181,7 @@ def test_a_supervise_reload_carries_an_http3_request_in_flight(
         async def go() -> Any:
             async with h3_connect(sup.addr) as c:
                 long = c.send("GET", "/sleep?ms=3000")
-                assert await asyncio.to_thread(
-                    wait_until, lambda: sup.stat("http.ingress.downstream_rq_active") == 1, 15)
+                assert await counted_active(sup, 15)
                 sup.signal(signal.SIGHUP)
                 assert await asyncio.to_thread(wait_until, lambda: _epoch(sup) == 1, 30)
                 async with asyncio.timeout(30):

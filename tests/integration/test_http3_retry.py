@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lameduck.http3 import H3_REQUEST_REJECTED
-from tests.h3client import H3Client, Reply, h3_connect
+from tests.h3client import H3Client, Reply, counted_active, h3_connect
 from tests.integration.test_http3 import report_counts, started  # noqa: F401 (a fixture)
 from tests.procs import Lameduck, Origin, wait_until
 
@@ -224,8 +224,7 @@ def stalled_client(a: Lameduck, b_addr: str, upload: Request, late: list[Request
     async def go() -> None:
         async with h3_connect(a.addr) as c, h3_connect(b_addr) as b:
             sid, done = c.begin("POST", upload.path, body=UPLOAD[0])
-            assert await asyncio.to_thread(
-                wait_until, lambda: a.stat("http.ingress.downstream_rq_active") == 1, 60)
+            assert await counted_active(a, 60)
             ready.set()
             # the stall: this loop reads nothing until the requests below are sent
             assert wait_until(lambda: "drain time reached: no new work" in a.log(), 120)
