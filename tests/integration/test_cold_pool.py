@@ -120,8 +120,11 @@ def _config(origin_port: int, tmp_path: Path, cluster: dict[str, Any]) -> dict[s
 # The control: no cap on connects under way and no retry, as before the fixes. The same load
 # and restarts must then fail requests, or this test could not see the bug; a restart drops a
 # connect often but not always, so the control goes on (up to three times as many restarts)
-# until its first failed request.
-CONTROL = {"max_connecting": 0, "retry_policy": {"num_retries": 0}}
+# until its first failed request. A connect the kernel dropped (its SYN, the accept queue full)
+# is sent again only after the initial retransmission timeout of 1 s (RFC 6298 section 2), the
+# cluster's default connect_timeout too: the two raced, and a CI run where the retransmission won
+# fifteen restarts running saw no failure. At 500 ms every dropped connect is a connect timeout.
+CONTROL = {"max_connecting": 0, "retry_policy": {"num_retries": 0}, "connect_timeout": "500ms"}
 
 
 # The suite's 120 s per test guards against hangs; five restarts (the control: up to fifteen)
@@ -173,6 +176,7 @@ def test_sighup_hot_restarts_against_a_backlog_5_origin_fail_no_request(
     assert clients.total("connections") > 100, report  # new connections were made throughout
     if control:
         assert clients.total("failed") > 0, report
+        assert books["upstream_cx_connect_timeout"] > 0, report  # the dropped connects failed
         assert books["upstream_rq_retry"] == books["upstream_rq_pending_total"] == 0, report
     else:
         assert restarts == RESTARTS
