@@ -119,6 +119,24 @@ class H3Client(QuicConnectionProtocol):
                 waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise
 
+    async def rebind(self) -> None:
+        """Go on from a new local port, as after a NAT rebinding (RFC 9000 §9.3): the same
+        connection, its packets from another address; the old socket closed."""
+        old = self._transport
+        loop = asyncio.get_running_loop()
+        host = old.get_extra_info("sockname")[0]  # type: ignore[union-attr]
+        client = self
+
+        class _Relay(asyncio.DatagramProtocol):
+            def datagram_received(self, data: bytes, addr: Any) -> None:
+                client.datagram_received(data, addr)
+
+        transport, _ = await loop.create_datagram_endpoint(_Relay, local_addr=(host, 0))
+        self._transport = transport  # type: ignore[assignment]
+        old.close()  # type: ignore[union-attr]
+        self._quic.send_ping(0)  # a packet from the new address at once
+        self.transmit()
+
     def _fields(self, method: str, path: str, headers: list[tuple[bytes, bytes]] | None
                 ) -> list[tuple[bytes, bytes]]:
         if method == "CONNECT":  # RFC 9114 §4.4: no :scheme, no :path

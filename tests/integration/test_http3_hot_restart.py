@@ -23,11 +23,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from lameduck.http3 import H3_REQUEST_REJECTED
 from tests.h3client import H3Client, counted_active, h3_connect
 from tests.integration.test_http3 import h3_listener
-from tests.procs import Lameduck, base_config, exited_cleanly, sighup_restart, wait_until
+from tests.procs import (
+    Lameduck,
+    base_config,
+    children_of,
+    exited_cleanly,
+    sighup_restart,
+    wait_until,
+)
 
 RESTARTS = 5
 SHORT, LONG = 4, 3  # client tasks: short requests; requests that take LONG_MS at the origin
@@ -114,12 +122,12 @@ class Load:
 
 
 def _config(origin_port: int, tmp_path: Path, tls_files: tuple[Path, Path, Path],
-            ) -> dict[str, Any]:
-    """One process (it owns the UDP socket); a connection grace long enough for a request
-    in flight at the first GOAWAY to end below the final one; the deadline far beyond a
-    long request."""
+            workers: int = 1) -> dict[str, Any]:
+    """One process (it owns the UDP socket), or a main process and its workers (a UDP
+    socket each); a connection grace long enough for a request in flight at the first
+    GOAWAY to end below the final one; the deadline far beyond a long request."""
     cfg: dict[str, Any] = base_config(origin_port, listener=h3_listener(tls_files))
-    cfg["workers"] = 1
+    cfg["workers"] = workers
     cfg["drain"] = {"time": "3s", "strategy": "gradual", "connection_grace": "3s"}
     cfg["shutdown"] = {"deadline": "30s", "min_drain": "0s"}
     cfg["hot_restart"] = {"socket": str(tmp_path / "restart.sock"),
@@ -128,10 +136,17 @@ def _config(origin_port: int, tmp_path: Path, tls_files: tuple[Path, Path, Path]
 
 
 @pytest.mark.timeout(HARD_CAP + 120)
+@pytest.mark.parametrize("workers", [(1, 1), (2, 2), (2, 1)],
+                         ids=["one-process", "workers2", "workers2-then-1-then-2"])
 def test_five_sighup_hot_restarts_under_http3_load_fail_no_request(
         tmp_path: Path, origin_port: int, tls_files: tuple[Path, Path, Path],
-        subreaper: list[int]) -> None:
-    ld = Lameduck(_config(origin_port, tmp_path, tls_files), tmp_path).start()
+        subreaper: list[int], workers: tuple[int, int]) -> None:
+    """Generation g runs ``workers[g % 2]`` workers. ``workers: 2``: each new main process
+    takes the group of UDP sockets over, and its worker i forwards to the older processes'
+    workers the packets whose ids name them. From 2 to 1 and back: one process reads every
+    socket of the group; the next main process binds a second socket beside the first."""
+    cfg = _config(origin_port, tmp_path, tls_files, workers[0])
+    ld = Lameduck(cfg, tmp_path).start()
     pid = ld.pid
     olds: list[int] = []
     codes: dict[int, int] = {}
@@ -144,6 +159,10 @@ def test_five_sighup_hot_restarts_under_http3_load_fail_no_request(
             assert wait_until(lambda: load.long_in_flight > 0 or bool(load.failed), 30,
                               0.01), load.report()
             olds.append(pid)
+            subreaper.extend(children_of(pid))  # its workers, adopted here once it exits
+            if workers[epoch % 2] != cfg["workers"]:
+                cfg["workers"] = workers[epoch % 2]
+                ld.path.write_text(yaml.safe_dump(cfg))
             pid = sighup_restart(ld, pid, epoch, subreaper, codes, wait_exit=False)
             assert load.more(50), load.report()  # the new process serves the load
         for old in olds:  # each drained its connections, the long requests too, and left
@@ -154,10 +173,12 @@ def test_five_sighup_hot_restarts_under_http3_load_fail_no_request(
     elapsed = time.monotonic() - t0
     stats = ld.stats()  # the last process's, with every earlier one's carried over
     forwarded = stats["http.ingress.http3.packets_forwarded"]
-    report = (f"{RESTARTS} restarts: {load.report()} in {elapsed:.1f} s; packets forwarded "
+    report = (f"workers {workers}, {RESTARTS} restarts: {load.report()} in {elapsed:.1f} s; "
+              f"packets forwarded "
               f"{forwarded}, dropped {stats['http.ingress.http3.packets_forward_dropped']}")
     print(report)
     log = ld.log()
+    subreaper.extend(children_of(pid))
     assert "Traceback" not in log, log
     assert not load.failed, report
     assert load.long_ok >= RESTARTS, report

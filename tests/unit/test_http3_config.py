@@ -1,5 +1,5 @@
-"""``listeners[].http3``: only on a TLS HTTP listener, only with one process, and a missing
-aioquic named as the extra to install; each refusal names the field."""
+"""``listeners[].http3``: only on a TLS HTTP listener, with one process or with workers, and a
+missing aioquic named as the extra to install; each refusal names the field."""
 
 from __future__ import annotations
 
@@ -48,9 +48,12 @@ def test_http3_without_tls_is_refused() -> None:
         "encrypted, RFC 9001)")
 
 
-def test_http3_with_workers_is_refused(pem: str) -> None:
-    assert "listeners[0].http3: not with workers other than 1 yet" in problem(config(
-        f"    tls: {{certificate: {pem}, key: {pem}}}\n    http3: {{}}\n", "workers: 2\n"))
+@pytest.mark.parametrize("workers", ["2", "auto"])
+def test_http3_with_workers(pem: str, workers: str) -> None:
+    """A UDP socket per worker, steered by connection id (docs/http3.md, Workers)."""
+    cfg = load_config_text(config(f"    tls: {{certificate: {pem}, key: {pem}}}\n"
+                                  "    http3: {}\n", f"workers: {workers}\n"))
+    assert cfg.listeners[0].http3 is not None
 
 
 def test_http3_without_aioquic_names_the_extra(pem: str, monkeypatch: pytest.MonkeyPatch,

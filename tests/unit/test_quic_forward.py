@@ -14,6 +14,7 @@ from lameduck.listeners.quic import (
     forward_pair,
     generation_mark,
     pack_forwarded,
+    route,
     unpack_forwarded,
 )
 
@@ -70,10 +71,11 @@ def _client(odcid: bytes | None = None):
     return client
 
 
-def _newer_endpoint(server_pem: str, older_mark: int):
-    """The endpoint of the process after generation ``older_mark``, forwarding that one's
-    packets to a socketpair (returned: the end the older process would read); ``_new`` only
-    records what it would have taken as a new connection."""
+def _newer_endpoint(server_pem: str, older_mark: int, older_workers: int = 1):
+    """The endpoint of the process after generation ``older_mark``, forwarding the packets
+    of that one's worker 0 to a socketpair (returned: the end the older process would read)
+    and those of its other workers (``older_workers``) to others (``endpoint.inboxes``);
+    ``_new`` only records what it would have taken as a new connection."""
     from types import SimpleNamespace
 
     from aioquic.quic.configuration import QuicConfiguration
@@ -85,10 +87,12 @@ def _newer_endpoint(server_pem: str, older_mark: int):
     qc.load_cert_chain(server_pem, server_pem)
     listener = SimpleNamespace(cfg=SimpleNamespace(http2=SimpleNamespace(
         max_concurrent_streams=100)), max_request_headers=0, name="h3")
-    inbox, outlet = forward_pair()
+    pairs = [forward_pair() for _ in range(older_workers)]
+    inbox = pairs[0][0]
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     endpoint = QuicEndpoint(listener, qc, udp, older_mark + 1,  # type: ignore[arg-type]
-                            {older_mark: outlet})
+                            {route(older_mark, w): out for w, (_, out) in enumerate(pairs)})
+    endpoint.inboxes = [i for i, _ in pairs]  # type: ignore[attr-defined]
     udp.close()
     taken: list[bytes] = []
     endpoint._new = lambda data, addr, header: taken.append(data)  # type: ignore[method-assign]
@@ -108,7 +112,7 @@ def test_a_handshake_in_flight_at_the_handover_goes_on_in_the_older_process(serv
     first = client.datagrams_to_send(1000.0)
     scfg = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
     scfg.load_cert_chain(server_pem, server_pem)
-    old = H3Server(scfg, client._original_destination_connection_id, cid_prefix=b"\x05")
+    old = H3Server(scfg, client._original_destination_connection_id, cid_prefix=b"\x05\x00")
     for data, _ in first:
         old.receive_datagram(data, ("10.0.0.1", 4433), 1000.0)
     for data, _ in old.quic.datagrams_to_send(1000.0):
@@ -127,11 +131,30 @@ def test_a_handshake_in_flight_at_the_handover_goes_on_in_the_older_process(serv
         inbox.close()
 
 
+def test_a_packet_goes_to_the_worker_its_connection_id_names(server_pem):
+    """With workers, an id's second byte names the worker that issued it: a 1-RTT packet of
+    an older process's worker 1 goes to that worker, not to its worker 0."""
+    endpoint, inbox, taken = _newer_endpoint(server_pem, 5, older_workers=2)
+    one_rtt = bytes((0x40,)) + b"\x05\x01" + bytes(range(6)) + b"\x00" * 40  # RFC 9000 §17.3.1
+    try:
+        endpoint.datagram_received(one_rtt, ("10.0.0.1", 4433))
+        assert taken == []
+        with pytest.raises(BlockingIOError):
+            inbox.recv(65536)  # worker 0's
+        assert unpack_forwarded(endpoint.inboxes[1].recv(65536)) == (("10.0.0.1", 4433),
+                                                                     one_rtt)
+        assert endpoint.stats.packets_forwarded == 1
+    finally:
+        endpoint.close()
+        for i in endpoint.inboxes:
+            i.close()
+
+
 def test_a_new_connection_whose_id_looks_like_an_older_generation_is_taken_here(server_pem):
     """A client picks its first destination id at random (RFC 9000 §7.2): one beginning with
     an older process's mark still opens a connection in the newest one, which alone takes
     new connections."""
-    client = _client(odcid=b"\x05" + bytes(range(1, 8)))
+    client = _client(odcid=b"\x05\x00" + bytes(range(2, 8)))
     first = client.datagrams_to_send(1000.0)[0][0]
     endpoint, inbox, taken = _newer_endpoint(server_pem, 5)
     try:
@@ -182,7 +205,7 @@ def test_the_old_process_reads_its_socket_again_once_no_newer_one_forwards(serve
         client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             _, forward = ep.handover()
-            successors = forward[0].dup()  # its copy, as SCM_RIGHTS gave it
+            successors = forward[route(0, 0)].dup()  # its copy, as SCM_RIGHTS gave it
             ep.handed_over()
             assert ep.transport is None  # the successor reads the socket now
             successors.close()  # ... until it exits

@@ -897,11 +897,6 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Self:
-        if self.workers != 1:
-            _fail("Config", [(("listeners", i, "http3"), "not with workers other than 1 yet: "
-                              "one process owns the UDP socket and its QUIC connections",
-                              "...") for i, ln in enumerate(self.listeners)
-                             if ln.http3 is not None])
         _fail("Config", cross_problems(self.admin, self.drain, self.shutdown, self.hot_restart,
                                        list(enumerate(self.listeners)),
                                        list(enumerate(self.clusters))))

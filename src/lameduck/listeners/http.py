@@ -119,11 +119,16 @@ class HttpListener(Listener):
         self.connections: set[Any] = set()  # H1Downstream, H2Downstream, H3Downstream
         self.h3stats = h3stats if h3stats is not None else Http3Stats()
         # hot restart: this process's epoch (it marks the QUIC connection ids issued here),
-        # the UDP socket the previous process read, and where to forward the packets of
-        # each older process still draining (by generation mark); set before ``start``
+        # the UDP socket the previous process read (and the rest of its SO_REUSEPORT group,
+        # read here too), and where to forward the packets of each older process (and worker)
+        # still draining (by listeners.quic.route); with workers, this worker's index and the
+        # end its successor forwards to; set before ``start``
         self.generation = 0
         self.quic_socket: socket.socket | None = None
+        self.quic_extra: list[socket.socket] = []
         self.quic_forward: dict[int, socket.socket] = {}
+        self.quic_worker = 0
+        self.quic_inbox: socket.socket | None = None
         hc = cfg.health_check_path
         self.health_check_path = hc.encode() if hc else None
         lp = cfg.lb_probes
@@ -230,11 +235,14 @@ class HttpListener(Listener):
         self.quic_socket = None
         try:
             endpoint = QuicEndpoint(self, quic_configuration(self.cfg), udp, self.generation,
-                                    self.quic_forward, self.h3stats)
-            self.quic_forward = {}
+                                    self.quic_forward, self.h3stats, self.quic_worker,
+                                    self.quic_extra, self.quic_inbox)
+            self.quic_forward, self.quic_extra, self.quic_inbox = {}, [], None
             await self.loop.create_datagram_endpoint(lambda: endpoint, sock=udp)
         except BaseException:
             udp.close()
+            for s in (*self.quic_extra, *self.quic_forward.values()):
+                s.close()
             raise
         self.quic = endpoint
         h3 = self.cfg.http3

@@ -20,15 +20,25 @@ process makes at its handover and gives its successor, which passes it on to its
 sending fails because that process has exited; an older process whose newer ones have all
 exited reads the socket again. As Envoy forwards QUIC packets to the process
 it replaces during a hot restart; counted in ``http.<listener>.http3.packets_forwarded``.
+
+Workers. With ``workers`` > 1 the main process holds one UDP socket per worker, all in one
+SO_REUSEPORT group on the port, and every connection id's second byte names the worker that
+issued it. A classic BPF program on the group (``steering_program``, SO_ATTACH_REUSEPORT_CBPF,
+socket(7)) hands each datagram to the socket of the worker its destination id names, as
+Envoy steers QUIC packets to its workers; a client's first Initial, whose id the client drew,
+goes where that id's byte points, or where the kernel's hash puts it. Forwarding is by
+(generation, worker): a route, ``route(mark, worker)``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import socket
+import struct
 from typing import TYPE_CHECKING, Final
 
 from lameduck.config import ListenerConfig
@@ -99,6 +109,52 @@ def opens_connection(data: bytes, header: object, offset: int) -> bool:
 def generation_mark(generation: int) -> int:
     """The first byte of every connection id a process of this hot restart epoch issues."""
     return generation & 0xFF
+
+
+def route(mark: int, worker: int) -> int:
+    """Where a connection id's first two bytes send its packets: the process generation and
+    the worker in it (a process without workers is worker 0)."""
+    return mark << 8 | (worker & 0xFF)
+
+
+# setsockopt option (asm-generic/socket.h; not in Python's socket module)
+SO_ATTACH_REUSEPORT_CBPF: Final = 51
+# The most workers a connection id's worker byte can name.
+MAX_QUIC_WORKERS: Final = 256
+
+
+def steering_program() -> bytes:
+    """A classic BPF program for an SO_REUSEPORT group of UDP sockets: the index of the
+    socket a QUIC datagram goes to is the second byte of its destination connection id, read
+    at offset 2 of a short header (RFC 9000 §17.3: one byte, then the id) and at offset 7 of a
+    long one (§17.2: one byte, the version, the id's length, then the id) when that id has two
+    bytes or more. The kernel runs it on the UDP payload; an index past the group's last
+    socket, or the program's "none" (0xffffffff), falls back to its hash of the addresses."""
+    def ins(code: int, jt: int, jf: int, k: int) -> bytes:
+        return struct.pack("HBBI", code, jt, jf, k)
+    ld_b_abs, ret_a, ret_k = 0x30, 0x16, 0x06  # BPF_LD|BPF_B|BPF_ABS, BPF_RET|BPF_A, |BPF_K
+    jset_k, jge_k = 0x45, 0x35  # BPF_JMP|BPF_JSET|BPF_K, BPF_JMP|BPF_JGE|BPF_K
+    return b"".join((
+        ins(ld_b_abs, 0, 0, 0),      # 0: A = the first byte
+        ins(jset_k, 2, 0, 0x80),     # 1: long header? to 4
+        ins(ld_b_abs, 0, 0, 2),      # 2: short: A = the id's second byte
+        ins(ret_a, 0, 0, 0),         # 3
+        ins(ld_b_abs, 0, 0, 5),      # 4: long: A = the id's length
+        ins(jge_k, 0, 2, 2),         # 5: two bytes or more? else to 8
+        ins(ld_b_abs, 0, 0, 7),      # 6: A = the id's second byte
+        ins(ret_a, 0, 0, 0),         # 7
+        ins(ret_k, 0, 0, 0xFFFFFFFF),  # 8: the kernel's hash decides
+    ))
+
+
+def steer_by_worker(sock: socket.socket) -> None:
+    """Attach ``steering_program`` to the SO_REUSEPORT group ``sock`` is in (the group's,
+    not the socket's: every socket of the group, and every later one, is steered by it).
+    OSError where the kernel does not have it."""
+    code = steering_program()
+    buf = ctypes.create_string_buffer(code, len(code))
+    fprog = struct.pack("HL", len(code) // 8, ctypes.addressof(buf))  # struct sock_fprog
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)
 
 
 def pack_forwarded(addr: NetworkAddress, data: bytes) -> bytes:
@@ -193,11 +249,16 @@ class QuicEndpoint(asyncio.DatagramProtocol):
     def __init__(self, listener: HttpListener, configuration: QuicConfiguration,
                  sock: socket.socket, generation: int = 0,
                  forward: dict[int, socket.socket] | None = None,
-                 stats: Http3Stats | None = None) -> None:
+                 stats: Http3Stats | None = None, worker: int = 0,
+                 extra: list[socket.socket] | None = None,
+                 inbox: socket.socket | None = None) -> None:
         """``sock``: the UDP socket (kept as a copy of its own: what a successor is handed,
         and what this process sends from once it no longer reads); ``generation``: this
-        process's hot restart epoch; ``forward``: the older processes still draining, by
-        generation mark, each the socket to send their packets to."""
+        process's hot restart epoch; ``forward``: the older processes (and their workers)
+        still draining, by ``route``, each the socket to send their packets to; ``worker``:
+        this worker's index; ``extra``: more sockets of the port's SO_REUSEPORT group read
+        here (a group made for more workers than read it now); ``inbox``: in a worker, the
+        end its successor's packets for it arrive on, made by the main process."""
         self.listener = listener
         self.configuration = configuration
         self.cid_length = configuration.connection_id_length
@@ -211,15 +272,38 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         self.sock: socket.socket | None = sock.dup()
         self.sock.setblocking(False)
         self.mark = generation_mark(generation)
-        self.prefix = bytes((self.mark,))
+        self.prefix = bytes((self.mark, worker & 0xFF))
+        self.route = route(self.mark, worker)
         self.forward = dict(forward or {})
         self.stats = stats if stats is not None else Http3Stats()
-        self.inbox: socket.socket | None = None  # forwarded to us, once handed over
+        self.inbox: socket.socket | None = inbox  # forwarded to us, once handed over
         self.outlet: socket.socket | None = None  # its other end, until the successor has it
+        self.extra: list[socket.socket] = list(extra or [])
+        self._extra_read = False
 
     # -- asyncio ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._read_extra(True)
+
+    def _read_extra(self, on: bool) -> None:
+        if on == self._extra_read:
+            return
+        self._extra_read = on
+        loop = self.listener.loop
+        for s in self.extra:
+            if on:
+                loop.add_reader(s.fileno(), self._extra_readable, s)
+            else:
+                loop.remove_reader(s.fileno())
+
+    def _extra_readable(self, sock: socket.socket) -> None:
+        for _ in range(64):  # a bounded batch, as the transport reads
+            try:
+                data, addr = sock.recvfrom(65536)
+            except OSError:  # nothing more now
+                return
+            self.datagram_received(data, addr)
 
     def datagram_received(self, data: bytes, addr: NetworkAddress) -> None:  # type: ignore[override]
         buf = Buffer(data=data)
@@ -233,20 +317,20 @@ class QuicEndpoint(asyncio.DatagramProtocol):
             conn.datagram_received(data, addr)
             return
         # (handed over, a process forwards nothing: ``forward`` is empty from then on)
-        if (self.forward and dcid and dcid[0] != self.mark and dcid[0] in self.forward
-                and (header.packet_type in _OURS
+        if (self.forward and len(dcid) > 1 and dcid[0] != self.mark
+                and (dcid[0] << 8 | dcid[1]) in self.forward and (header.packet_type in _OURS
                      # a handshake under way there: the client's Initial names the id the
                      # server chose, its Handshake packet often in the same datagram
                      or (header.packet_type == QuicPacketType.INITIAL
                          and header.version in self.versions
                          and not opens_connection(data, header, buf.tell())))):
-            self._forward(dcid[0], data, addr)
+            self._forward(dcid[0] << 8 | dcid[1], data, addr)
             return
         self._new(data, addr, header)
 
-    def _forward(self, mark: int, data: bytes, addr: NetworkAddress) -> None:
+    def _forward(self, to: int, data: bytes, addr: NetworkAddress) -> None:
         """A packet for a connection of an older process: to that process, while it lives."""
-        out = self.forward.get(mark)
+        out = self.forward.get(to)
         if out is None:
             return  # no process of that generation: a connection long gone
         try:
@@ -255,7 +339,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
             self.stats.packets_forward_dropped += 1
             return
         except OSError:  # it has exited (EPIPE): nobody to forward to any more
-            del self.forward[mark]
+            del self.forward[to]
             out.close()
             return
         self.stats.packets_forwarded += 1
@@ -332,7 +416,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
             if s is not None:
                 s.close()
         self.inbox, self.outlet = forward_pair()
-        return self.sock, {**self.forward, self.mark: self.outlet}
+        return self.sock, {**self.forward, self.route: self.outlet}
 
     def handed_over(self) -> None:
         """The successor reads the UDP socket from now on: stop reading it (the same socket,
@@ -350,6 +434,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if self.transport is not None:
             self.transport.close()  # closes its descriptor; self.sock keeps the socket
             self.transport = None
+        self._read_extra(False)
         self.listener.loop.add_reader(inbox.fileno(), self._inbox_readable)
         if not self.conns:
             self.close()
@@ -403,6 +488,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if self.sock is None and self.transport is not None:  # closed meanwhile
             self.transport.close()
             self.transport = None
+            self._read_extra(False)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def stop_accepting(self) -> None:
@@ -415,6 +501,10 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if self.transport is not None:
             self.transport.close()
             self.transport = None
+        self._read_extra(False)
+        for extra in self.extra:
+            extra.close()
+        self.extra = []
         if self.inbox is not None:
             self.listener.loop.remove_reader(self.inbox.fileno())  # (if it was read)
             self.inbox.close()

@@ -11,10 +11,12 @@ length); the one that carries descriptors sends them with its first byte.
     old → new   {"op": "sockets", "epoch": E, "pid": P, "listeners": [[name, address], ...],
                  "admin": address or null, "counters": {...}, "started": wall,
                  "definitions": {name: listener config},
-                 "quic": [[name, address, [generation mark, ...]], ...]}
+                 "quic": [[name, address, [route, ...]], ...]}
                 + fds: the listeners', then the admin's, then for each "quic" entry its UDP
-                  socket and one Unix seqpacket socket per mark (where that process's QUIC
-                  packets are forwarded: listeners.quic)
+                  socket and one Unix seqpacket socket per route (generation mark and worker:
+                  where that process's, or that worker's, QUIC packets are forwarded:
+                  listeners.quic); a port's SO_REUSEPORT group of UDP sockets (one per
+                  worker) is the entries "name", "name@1", "name@2", ...
     new → old   {"op": "drain", "quic": [name, ...]}   once the new process is ready; the
                                        listeners whose UDP socket it reads from now on
     old → new   {"op": "released"}     the old one stopped accepting and left the rendezvous
@@ -130,7 +132,7 @@ class Inherited:
     definitions: dict[str, Any]  # the old process's listener configs, by name
     link: socket.socket
     reader: _Reader = field(default_factory=_Reader)
-    # name → (address as configured, UDP socket, {generation mark: forwarding socket})
+    # name → (address as configured, UDP socket, {route: forwarding socket})
     quic: dict[str, tuple[str, socket.socket, dict[int, socket.socket]]] = field(
         default_factory=dict)
     quic_taken: list[str] = field(default_factory=list)  # the UDP sockets read here now
@@ -338,8 +340,9 @@ class Source(Protocol):
         ...
 
     def handover_quic(self) -> list[tuple[str, str, HasFileno, dict[int, HasFileno]]]:
-        """[(listener name, configured address, UDP socket, {generation mark: the socket
-        that process's QUIC packets are forwarded to})]: this process's among them."""
+        """[(listener name, configured address, UDP socket, {route (generation mark and
+        worker): the socket that process's QUIC packets are forwarded to})]: this process's
+        among them."""
         ...
 
     def quic_handed_over(self, names: list[str]) -> None:

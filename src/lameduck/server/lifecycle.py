@@ -65,8 +65,8 @@ class DataPlane(Protocol):
         ...
 
     def handover_quic(self) -> list[tuple[str, str, HasFileno, dict[int, HasFileno]]]:
-        """[(name, configured address, UDP socket, {generation mark: forwarding socket})]
-        for a hot-restart successor (restart.hot.Source.handover_quic)."""
+        """[(name, configured address, UDP socket, {route: forwarding socket})] for a
+        hot-restart successor (restart.hot.Source.handover_quic; listeners.quic.route)."""
         ...
 
     def quic_handed_over(self, names: list[str]) -> None:

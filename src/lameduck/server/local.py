@@ -62,6 +62,9 @@ class LocalPlane:
             if quic is not None and quic.sock is not None and quic.accepting:
                 udp, forward = quic.handover()
                 out.append((ls.name, str(ls.cfg.address), udp, forward))
+                # the rest of the port's SO_REUSEPORT group read here (made for workers)
+                out += [(f"{ls.name}@{i}", str(ls.cfg.address), extra, {})
+                        for i, extra in enumerate(quic.extra, 1)]
         return out
 
     def quic_handed_over(self, names: list[str]) -> None:

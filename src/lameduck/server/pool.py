@@ -24,9 +24,11 @@ from lameduck.drain.probers import ProbeTracker
 from lameduck.drain.timeline import Reading
 from lameduck.listeners import Listener
 from lameduck.listeners.base import accept_queue, probe_trackers
+from lameduck.listeners.http import HttpListener
 from lameduck.restart.hot import HasFileno, Inherited
 from lameduck.server.build import Built
 from lameduck.server.channel import Message
+from lameduck.server.quicgroup import QuicGroup, quic_group
 from lameduck.server.views import add_cluster_counts, clusters_view, fmt_addr
 from lameduck.server.worker import DRAIN_COUNTS, apply_endpoints, endpoint_facts
 from lameduck.server.workers import Worker, WorkerSet
@@ -79,6 +81,7 @@ class WorkerPool:
         # listener name → its listening sockets: one every worker accepts on, or one per
         # worker in an SO_REUSEPORT group (worker i takes the i-th)
         self.held: dict[str, list[socket.socket]] = {}
+        self.quic: dict[str, QuicGroup] = {}  # HTTP/3 listeners' UDP sockets, by name
         self.workers: WorkerSet | None = None
         self.lost_requests = 0  # in flight in a worker that died
         # the counters of workers that died, as last reported: counters do not go back
@@ -100,10 +103,17 @@ class WorkerPool:
 
     async def serve(self, listener: Listener, sock: socket.socket) -> None:
         """Held here; with ``reuse_port``, the rest of the group too (taken over from the
-        previous process, else bound now, beside the first socket)."""
+        previous process, else bound now, beside the first socket). HTTP/3: its UDP
+        sockets, one per worker, always in a group (``quic_group``)."""
         socks = [sock]
         listener.sockname = sock.getsockname()
         self.held[listener.name] = socks
+        if isinstance(listener, HttpListener) and listener.cfg.http3 is not None:
+            try:
+                self.quic[listener.name] = quic_group(listener, self.count)
+            except OSError:
+                sock.close()
+                raise
         if not listener.cfg.reuse_port:
             return
         if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT):
@@ -133,7 +143,7 @@ class WorkerPool:
         """The workers start, each with its sockets, and serve."""
         self.workers = WorkerSet(self.loop, self.count, self.cfg.model_dump(mode="json"),
                                  self.held, self.worker_argv, self._status, self._lost,
-                                 self._endpoints_found)
+                                 self._endpoints_found, self.quic)
         self.workers.greeting = lambda: [
             {"op": "endpoints", "cluster": c.name, "hosts": endpoint_facts(c)}
             for c in self.clusters.values()]
@@ -152,10 +162,26 @@ class WorkerPool:
                 for i, sock in enumerate(self.held[ls.name])]
 
     def handover_quic(self) -> list[tuple[str, str, HasFileno, dict[int, HasFileno]]]:
-        return []  # HTTP/3 runs with workers: 1 only (config refuses it here)
+        """Each HTTP/3 listener's group of UDP sockets, in its order (``name``, ``name@1``,
+        ...), the first with every route: this process's workers' and the older ones'."""
+        out: list[tuple[str, str, HasFileno, dict[int, HasFileno]]] = []
+        for name, g in self.quic.items():
+            address = next(str(ls.cfg.address) for ls in self.listeners if ls.name == name)
+            for i, udp in enumerate(g.udp):
+                routes: dict[int, HasFileno] = dict(g.routes()) if i == 0 else {}
+                out.append((name if i == 0 else f"{name}@{i}", address, udp, routes))
+        return out
 
     def quic_handed_over(self, names: list[str]) -> None:
-        """Nothing was handed over (``handover_quic``)."""
+        """The workers read what the successor forwards, not the UDP sockets; the sending
+        ends held here are the successor's now (our copies closed, so that a worker sees end
+        of file once no newer process is left)."""
+        if self.workers is not None:
+            self.workers.broadcast({"op": "quic_handed_over", "names": names}, replay=True)
+        for name in names:
+            g = self.quic.get(name)
+            if g is not None:
+                g.handed_over()
 
     def _cluster_changed(self, cluster: Cluster) -> Any:
         def changed() -> None:
@@ -359,6 +385,8 @@ class WorkerPool:
         await self.workers.wait_exited(limit - self.loop.time() + 2.0)
         for name in list(self.held):
             self._close_held(name)
+        for g in self.quic.values():
+            g.close()
 
     # -- admin ------------------------------------------------------------------------------
     def refresh(self) -> Awaitable[None] | None:

@@ -197,12 +197,19 @@ class Server:
         inh = self.inherited
         if inh is None or listener.cfg.http3 is None:
             return
-        taken = inh.take_quic(listener.name, str(listener.cfg.address))
+        address = str(listener.cfg.address)
+        taken = inh.take_quic(listener.name, address)
         if taken is not None:
             listener.quic_socket, listener.quic_forward = taken
-            log.info("listener %s takes over the UDP socket of pid %d (HTTP/3; packets of "
-                     "%d older generation(s) forwarded)", listener.name, inh.parent_pid,
-                     len(taken[1]))
+            # the rest of the port's SO_REUSEPORT group (one socket per worker there)
+            i = 1
+            while (more := inh.take_quic(f"{listener.name}@{i}", address)) is not None:
+                listener.quic_extra.append(more[0])
+                listener.quic_forward.update(more[1])
+                i += 1
+            log.info("listener %s takes over the UDP socket%s of pid %d (HTTP/3; packets of "
+                     "%d older process(es) or worker(s) forwarded)", listener.name,
+                     "s" if i > 1 else "", inh.parent_pid, len(listener.quic_forward))
 
     async def _take_over(self, inh: Inherited) -> None:
         """Ready: the previous process stops accepting and drains; we follow its status."""

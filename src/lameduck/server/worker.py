@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any
 
 from lameduck.config import Config, parse_duration
@@ -33,6 +34,7 @@ from lameduck.drain import Cause, Step
 from lameduck.drain.endpoint import AdminState
 from lameduck.drain.retry import RetryBudget
 from lameduck.listeners import TcpListener
+from lameduck.listeners.http import HttpListener
 from lameduck.server.build import build
 from lameduck.server.channel import Channel, Message, encode, open_channel, read_one
 from lameduck.server.inflight import InFlight
@@ -57,6 +59,16 @@ DRAIN_COUNTS = ("completed", "refused", "cut", "cut_before_response", "cut_reset
                 "cx_drained_by_response", "cx_drained_proactive", "cx_closed_at_end")
 
 
+@dataclass
+class QuicFds:
+    """An HTTP/3 listener's sockets in this worker (server.quicgroup)."""
+
+    generation: int
+    udp: list[socket.socket]
+    inbox: socket.socket | None
+    forward: dict[int, socket.socket]
+
+
 class WorkerProcess:
     """One worker: the data plane ``build`` makes, in this process (``LocalPlane``), driven
     over ``channel`` by the main process's messages."""
@@ -68,6 +80,7 @@ class WorkerProcess:
         self.index = index
         # listener name → its listening socket (a duplicate of the main process's)
         self.sockets = sockets
+        self.quic: dict[str, QuicFds] = {}  # HTTP/3 listeners' UDP sockets, by name
         built = build(cfg, loop, random.random, self._changed)
         self.process = built.process
         self.registry = built.registry
@@ -109,6 +122,11 @@ class WorkerProcess:
         for listener in self.plane.listeners:
             sock = self.sockets.pop(listener.name)
             sock.setblocking(False)
+            q = self.quic.pop(listener.name, None)
+            if q is not None and isinstance(listener, HttpListener) and q.udp:
+                listener.generation, listener.quic_worker = q.generation, self.index
+                listener.quic_socket, *listener.quic_extra = q.udp
+                listener.quic_inbox, listener.quic_forward = q.inbox, q.forward
             # The main process holds the socket too: closing ours resets nothing; the main
             # process counts what its own close resets.
             listener.socket_shared = listener.socket_shared_by_workers = True
@@ -248,6 +266,11 @@ class WorkerProcess:
             self._shutdown(self.loop.time(), Cause.HOT_RESTART,
                            self.cfg.hot_restart.parent_shutdown_time, notify=True)
             log.debug("worker %d: drain started (%s)", self.index, Cause.HOT_RESTART.value)
+
+    def _do_quic_handed_over(self, msg: Message) -> None:
+        """The main process's successor reads the UDP sockets: its workers forward us our
+        connections' packets."""
+        self.plane.quic_handed_over([str(n) for n in msg["names"]])
 
     def _do_shutdown(self, msg: Message) -> None:
         if self.process.shutdown is not None:
@@ -472,6 +495,26 @@ def apply_endpoints(cluster: Cluster, hosts: list[dict[str, Any]], now: float) -
             cluster.refresh()
 
 
+def _quic_fds(q: dict[str, Any], index: int, count: int) -> QuicFds:
+    """Of an HTTP/3 listener's group (server.quicgroup): this worker's UDP sockets (its own,
+    and those of a group made for more workers: ``j % count == index``), its inbox, and every
+    older route; the other descriptors closed."""
+    udp: list[socket.socket] = []
+    for j, fd in enumerate(q["udp"]):
+        if j % count == index:
+            udp.append(socket.socket(fileno=fd))
+        else:
+            os.close(fd)
+    inbox = None
+    for j, fd in enumerate(q["inbox"]):
+        if j == index:
+            inbox = socket.socket(fileno=fd)
+        else:
+            os.close(fd)
+    forward = {int(r): socket.socket(fileno=fd) for r, fd in q["forward"].items()}
+    return QuicFds(int(q["generation"]), udp, inbox, forward)
+
+
 def _stat_out(s: Stat) -> list[Any]:
     if s.hist is None:
         return [s.name, s.value, s.kind]
@@ -505,6 +548,8 @@ async def serve(control: socket.socket) -> int:
             if fd != keep:
                 os.close(fd)  # the other workers' sockets of the group
         server.sockets[name] = socket.socket(fileno=keep)
+    for name, q in first.get("quic", {}).items():
+        server.quic[name] = _quic_fds(q, index, count)
     server.install_signal_handlers()
     await server.start(control)
     log.info("worker %d (pid %d) serving", index, os.getpid())

@@ -19,10 +19,13 @@ import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lameduck.server.channel import Channel, Message, encode, open_channel
 from lameduck.server.inflight import InFlight
+
+if TYPE_CHECKING:
+    from lameduck.server.quicgroup import QuicGroup
 
 log = logging.getLogger("lameduck")
 
@@ -88,10 +91,12 @@ class WorkerSet:
                  sockets: dict[str, list[socket.socket]], argv: list[str],
                  on_status: Callable[[Worker], None],
                  on_lost: Callable[[Worker, Message, int], None],
-                 on_endpoints: Callable[[Message], None]) -> None:
+                 on_endpoints: Callable[[Message], None],
+                 quic: dict[str, QuicGroup] | None = None) -> None:
         self.loop = loop
         self.config = config
         self.sockets = sockets
+        self.quic = quic if quic is not None else {}  # HTTP/3 listeners' UDP sockets
         self.argv = argv
         self.on_status = on_status
         self.on_lost = on_lost
@@ -138,13 +143,17 @@ class WorkerSet:
         fds = {name: [s.fileno() for s in socks] if spare
                else [socks[w.index % len(socks)].fileno()]
                for name, socks in self.sockets.items()}
+        # HTTP/3: every worker is given the whole group and keeps its own (worker.serve)
+        quic = {name: g.for_workers() for name, g in self.quic.items()}
         argv = [sys.executable, "-m", "lameduck.server.worker", "--control-fd",
                 str(theirs.fileno()), "--index", str(w.index), *self.argv]
         w.lost()
         w.inflight = InFlight()
         try:
             w.proc = subprocess.Popen(argv, pass_fds=[theirs.fileno(), w.inflight.fd,
-                                                      *(fd for fl in fds.values() for fd in fl)],
+                                                      *(fd for fl in fds.values() for fd in fl),
+                                                      *(fd for g in self.quic.values()
+                                                        for fd in g.fds())],
                                       stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
@@ -155,7 +164,7 @@ class WorkerSet:
             w.pidfd = os.pidfd_open(w.proc.pid)
             self.loop.add_reader(w.pidfd, self._exited, w)
         ours.sendall(encode({"config": self.config, "index": None if spare else w.index,
-                             "count": len(self.workers), "fds": fds,
+                             "count": len(self.workers), "fds": fds, "quic": quic,
                              "inflight_fd": w.inflight.fd}))
         w.waiting = self.loop.create_future()
         holder: list[Channel] = []
