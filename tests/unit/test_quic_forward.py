@@ -225,6 +225,66 @@ def test_the_old_process_reads_its_socket_again_once_no_newer_one_forwards(serve
     asyncio.run(main())
 
 
+def test_with_two_older_processes_left_the_newer_reads_and_forwards_to_the_oldest(server_pem):
+    """Generations 0 and 1 drain, and generation 2 (the only reader) exits: generation 1
+    reads the UDP socket again and forwards generation 0's packets to it, as 2 did;
+    generation 0 sees no end of file (1 still holds its socket), so it does not read the
+    UDP socket too, where it would take 1's packets and drop them. Once 1 has exited, 0
+    reads it."""
+    import asyncio
+
+    from aioquic.quic.configuration import QuicConfiguration
+
+    from lameduck.http3 import H3_ALPN
+    from lameduck.listeners.quic import QuicEndpoint
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        a, where, got_a = await _serving_endpoint(server_pem)
+        a.conns[b"\x00" * 8] = object()  # type: ignore[assignment]  # one still draining
+        udp_a, fwd_a = a.handover()
+        qc = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
+        qc.load_cert_chain(server_pem, server_pem)
+        udp_b = udp_a.dup()  # as SCM_RIGHTS gives it
+        b = QuicEndpoint(a.listener, qc, udp_b, 1,
+                         {r: out.dup() for r, out in fwd_a.items()})
+        b.conns[b"\x01" + b"\x00" * 7] = object()  # type: ignore[assignment]
+        await loop.create_datagram_endpoint(lambda: b, sock=udp_b)
+        a.handed_over()
+        _, fwd_b = b.handover()
+        newest = [out.dup() for out in fwd_b.values()]  # generation 2's copies
+        b.handed_over()
+        client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        one_rtt = bytes((0x40,)) + b"\x00\x00" + bytes(range(6)) + b"\x00" * 40
+        try:
+            assert a.transport is None and b.transport is None  # generation 2 reads
+            for out in newest:
+                out.close()  # generation 2 exits
+            for _ in range(300):
+                client.sendto(one_rtt, where)
+                await asyncio.sleep(0.01)
+                if got_a:
+                    break
+            assert got_a and got_a[0] == one_rtt  # by way of generation 1
+            assert b.transport is not None and b.stats.packets_forwarded >= 1
+            assert a.transport is None and a.inbox is not None  # 0 reads only its inbox
+            b.conns.clear()
+            b.close()  # generation 1 exits
+            for _ in range(300):
+                await asyncio.sleep(0.01)
+                if a.transport is not None:
+                    break
+            assert a.transport is not None  # now 0 reads the socket itself
+        finally:
+            client.close()
+            a.conns.clear()
+            a.close()
+            b.close()
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+
+
 def test_a_successor_that_dies_before_its_drain_changes_nothing(server_pem):
     """Handed the sockets, the new process may die before it is ready: the old one never got
     "drain", goes on reading the UDP socket itself, and the next successor gets a fresh

@@ -18,7 +18,8 @@ connection of an older process is known by its first byte. The reader hands such
 with its client's address, to that process over a Unix seqpacket socket (a socketpair each
 process makes at its handover and gives its successor, which passes it on to its own), until
 sending fails because that process has exited; an older process whose newer ones have all
-exited reads the socket again. As Envoy forwards QUIC packets to the process
+exited reads the socket again, forwarding to the older ones still draining. As Envoy
+forwards QUIC packets to the process
 it replaces during a hot restart; counted in ``http.<listener>.http3.packets_forwarded``.
 
 Workers. With ``workers`` > 1 the main process holds one UDP socket per worker, all in one
@@ -316,7 +317,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if conn is not None:
             conn.datagram_received(data, addr)
             return
-        # (handed over, a process forwards nothing: ``forward`` is empty from then on)
+        # (handed over, a process is sent only its own packets: nothing here is forwarded)
         if (self.forward and len(dcid) > 1 and dcid[0] != self.mark
                 and (dcid[0] << 8 | dcid[1]) in self.forward and (header.packet_type in _OURS
                      # a handshake under way there: the client's Initial names the id the
@@ -425,9 +426,10 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         inbox = self.inbox
         if inbox is None or self.sock is None:
             return
-        for out in self.forward.values():
-            out.close()  # the successor forwards to them now
-        self.forward.clear()
+        # The older processes' sockets are kept (the successor forwards to them now, from its
+        # own copies): should every newer process exit, this one reads the UDP socket again
+        # and forwards to them, so two older ones never read it at once; and each of them
+        # sees end of file only once no newer process is left.
         if self.outlet is not None:
             self.outlet.close()  # the successor's copy is the only one: our exit shows
             self.outlet = None

@@ -45,12 +45,12 @@ class QuicGroup:
         return [s.fileno() for s in (*self.udp, *self.inboxes, *self.forward.values())]
 
     def handed_over(self) -> None:
-        """The successor has the sending ends, and forwards to the older processes itself:
-        our copies go, so that each reader sees end of file once no newer process is left."""
-        for s in (*self.outlets, *self.forward.values()):
+        """The successor has the sending ends to our workers: our copies go, so that each
+        worker sees end of file once no newer process is left. Those to the older processes
+        stay, as in each worker (listeners.quic.QuicEndpoint.handed_over)."""
+        for s in self.outlets:
             s.close()
         self.outlets = []
-        self.forward = {}
 
     def close(self) -> None:
         for s in (*self.udp, *self.inboxes, *self.outlets, *self.forward.values()):
