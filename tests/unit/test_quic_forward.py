@@ -95,7 +95,7 @@ def _newer_endpoint(server_pem: str, older_mark: int, older_workers: int = 1):
     endpoint.inboxes = [i for i, _ in pairs]  # type: ignore[attr-defined]
     udp.close()
     taken: list[bytes] = []
-    endpoint._new = lambda data, addr, header: taken.append(data)  # type: ignore[method-assign]
+    endpoint._new = lambda *a: taken.append(a[0])  # type: ignore[method-assign]
     return endpoint, inbox, taken
 
 
@@ -148,6 +148,38 @@ def test_a_packet_goes_to_the_worker_its_connection_id_names(server_pem):
         endpoint.close()
         for i in endpoint.inboxes:
             i.close()
+
+
+def test_an_initial_addressed_to_another_processes_id_opens_no_connection(server_pem):
+    """During a handover both processes read the socket a moment: a client's second Initial,
+    addressed to the id the other process chose (RFC 9000 §7.2), may reach the one that has
+    no such connection and nowhere to forward it. It does not open under keys drawn from
+    that id (RFC 9001 §5.2), so it opens no connection (which could never decrypt a packet,
+    and would hold a draining process to its idle timeout): dropped, and resent by the
+    client."""
+    from aioquic.quic.configuration import QuicConfiguration
+
+    from lameduck.http3 import H3_ALPN, H3Server
+
+    client = _client()
+    first = client.datagrams_to_send(1000.0)
+    scfg = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
+    scfg.load_cert_chain(server_pem, server_pem)
+    other = H3Server(scfg, client._original_destination_connection_id, cid_prefix=b"\x09\x00")
+    for data, _ in first:
+        other.receive_datagram(data, ("10.0.0.1", 4433), 1000.0)
+    for data, _ in other.quic.datagrams_to_send(1000.0):
+        client.receive_datagram(data, ("10.0.0.2", 443), 1000.0)
+    second = [data for data, _ in client.datagrams_to_send(1000.0)]
+    endpoint, inbox, _ = _newer_endpoint(server_pem, 5)
+    del endpoint._new  # the real one
+    try:
+        endpoint.datagram_received(second[0], ("10.0.0.1", 4433))
+        assert endpoint.conns == {}
+        assert endpoint.stats.packets_forwarded == 0
+    finally:
+        endpoint.close()
+        inbox.close()
 
 
 def test_a_new_connection_whose_id_looks_like_an_older_generation_is_taken_here(server_pem):

@@ -327,7 +327,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
                          and not opens_connection(data, header, buf.tell())))):
             self._forward(dcid[0] << 8 | dcid[1], data, addr)
             return
-        self._new(data, addr, header)
+        self._new(data, addr, header, buf.tell())
 
     def _forward(self, to: int, data: bytes, addr: NetworkAddress) -> None:
         """A packet for a connection of an older process: to that process, while it lives."""
@@ -348,8 +348,12 @@ class QuicEndpoint(asyncio.DatagramProtocol):
     def error_received(self, exc: Exception) -> None:
         log.debug("listener %s: UDP error: %s", self.listener.name, exc)
 
-    def _new(self, data: bytes, addr: NetworkAddress, header: object) -> None:
-        """A datagram for no connection of ours: a new connection's Initial, or dropped."""
+    def _new(self, data: bytes, addr: NetworkAddress, header: object, offset: int) -> None:
+        """A datagram for no connection of ours: a new connection's Initial, or dropped.
+        Only a client's first flight opens one (``opens_connection``): an Initial addressed
+        to an id some other process chose (read here during a hot restart's handover, when
+        both processes read the socket) would make a connection that can never decrypt a
+        packet, and keep a draining process alive until its idle timeout."""
         ptype = header.packet_type  # type: ignore[attr-defined]
         version = header.version  # type: ignore[attr-defined]
         if (ptype != QuicPacketType.VERSION_NEGOTIATION and version is not None
@@ -360,7 +364,8 @@ class QuicEndpoint(asyncio.DatagramProtocol):
                     destination_cid=header.source_cid,  # type: ignore[attr-defined]
                     supported_versions=self.versions), addr)
             return
-        if ptype != QuicPacketType.INITIAL or len(data) < SMALLEST_MAX_DATAGRAM_SIZE:
+        if (ptype != QuicPacketType.INITIAL or len(data) < SMALLEST_MAX_DATAGRAM_SIZE
+                or not opens_connection(data, header, offset)):
             return
         listener = self.listener
         if not self.accepting or not listener.has_room():
