@@ -336,7 +336,8 @@ class Downstream(ConnectionDownstream):
         self.log: list[tuple[Any, ...]] = []
         self.held = False
 
-    def answer(self, ex: Exchange, status: int, body: bytes) -> None:
+    def answer(self, ex: Exchange, status: int, body: bytes,
+               extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         self.log.append(("answer", status))
         ex.response_begun()
         ex.finish()

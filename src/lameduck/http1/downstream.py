@@ -633,7 +633,8 @@ class H1Downstream(Downstream):
         if pending.eof and self.relay is not None:
             self.relay.eof(Flow.TO_CLIENT)  # the destination half-closed before the relay began
 
-    def answer(self, ex: Exchange, status: int, body: bytes) -> None:
+    def answer(self, ex: Exchange, status: int, body: bytes,
+               extra: tuple[tuple[bytes, bytes], ...]) -> None:
         # Sent when its turn comes, and the connection closed after it: for a client that
         # asked to close (``Connection: close``, HTTP/1.0 without keep-alive; RFC 9112 §9.6);
         # one that sent "Expect: 100-continue" will not send the body it held back (RFC 9110
@@ -641,7 +642,7 @@ class H1Downstream(Downstream):
         h = cast(H1Exchange, ex)
         if ex.expect or ex.upgrade or ex.flags & DPE or not h.keep_alive:
             h.close = True
-        h.reply = simple_response(status, body, close=h.close, head_only=h.is_head)
+        h.reply = simple_response(status, body, close=h.close, head_only=h.is_head, extra=extra)
 
     def going_away(self, ex: Exchange) -> None:
         h = cast(H1Exchange, ex)

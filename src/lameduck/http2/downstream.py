@@ -256,8 +256,9 @@ class H2Downstream(Downstream):
             side.gone()
         s.detach()
 
-    def answer(self, ex: Exchange, status: int, body: bytes) -> None:
-        self.respond(ex, status, body)
+    def answer(self, ex: Exchange, status: int, body: bytes,
+               extra: tuple[tuple[bytes, bytes], ...]) -> None:
+        self.respond(ex, status, body, extra)
         ex.finish()
 
     def going_away(self, ex: Exchange) -> None:

@@ -295,8 +295,9 @@ class H3Downstream(Downstream):
         return bool(self.streams)
 
     # -- DownstreamPort: an exchange's decisions, in HTTP/3 ------------------------------------
-    def answer(self, ex: Exchange, status: int, body: bytes) -> None:
-        self.respond(ex, status, body)
+    def answer(self, ex: Exchange, status: int, body: bytes,
+               extra: tuple[tuple[bytes, bytes], ...]) -> None:
+        self.respond(ex, status, body, extra)
         ex.finish()
 
     def going_away(self, ex: Exchange) -> None:

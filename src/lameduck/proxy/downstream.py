@@ -277,6 +277,14 @@ class Downstream(asyncio.Protocol):
             self.arm_drain()  # its grace G is one of the drain's moments
         return True
 
+    def local_fields(self) -> tuple[tuple[bytes, bytes], ...]:
+        """The fields every answer made here carries, as a proxied one does: on TCP, the
+        listener's Alt-Svc when it serves HTTP/3 (so a client that only ever got a health
+        check or an error still learns of it, and of its ``clear`` in a drain)."""
+        if self.alt_svc is None:
+            return ()
+        return ((b"alt-svc", self.alt_svc_value()),)
+
     def alt_svc_value(self) -> bytes:
         """The Alt-Svc field value for a response on this (TCP) connection whose listener
         serves HTTP/3 (``alt_svc`` set): its offer, or ``clear`` (RFC 7838 §3: forget every
@@ -456,9 +464,10 @@ class Downstream(asyncio.Protocol):
     # -- what an exchange asks of its connection: the codec carries it out ----------------------
     # (The exchange holds its connection as this native class: its reads of ``closing`` or
     # ``loop`` and these calls are direct, not lookups by name through a protocol.)
-    def answer(self, ex: Exchange, status: int, body: bytes) -> None:
-        """Admission refused ``ex`` (no route, health check, ...): send this answer (the
-        exchange has booked it)."""
+    def answer(self, ex: Exchange, status: int, body: bytes,
+               extra: tuple[tuple[bytes, bytes], ...]) -> None:
+        """Admission refused ``ex`` (no route, health check, ...): send this answer with the
+        ``extra`` fields (the exchange has booked it)."""
         raise NotImplementedError
 
     def going_away(self, ex: Exchange) -> None:

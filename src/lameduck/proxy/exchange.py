@@ -371,7 +371,7 @@ class Exchange(ExchangeSink):
         """Answered from here, not by an upstream (admission refused it, or the codec could
         not read it as a request): booked here, sent by the codec."""
         self.answer_here(status, len(body))
-        self.down.answer(self, status, body)
+        self.down.answer(self, status, body, self.down.local_fields())
 
     def _on_books(self, ctx: ExchangeContext) -> bool:
         """Counted in flight, or (past the drain time) turned away "going away"."""
@@ -987,7 +987,8 @@ class Exchange(ExchangeSink):
             return  # cut at the deadline meanwhile: its answer went out already
         self.answer_here(status, len(body))
         self.resp_started = True
-        down.send_local(self, status, body, extra)
+        alt = down.local_fields()
+        down.send_local(self, status, body, (*extra, *alt) if alt else extra)
         self.finish()
 
     def pause_request_body(self) -> None:
