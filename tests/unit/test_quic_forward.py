@@ -99,11 +99,9 @@ def _newer_endpoint(server_pem: str, older_mark: int, older_workers: int = 1):
     return endpoint, inbox, taken
 
 
-def test_a_handshake_in_flight_at_the_handover_goes_on_in_the_older_process(server_pem):
-    """The client's Initial packets after the server's first flight name the id the server
-    chose (RFC 9000 §7.2), and its Handshake packet rides in the same datagram behind one:
-    the newer process must hand that datagram to the older one, not take it for a new
-    connection (which would then capture every later packet of that id)."""
+def _second_initial(server_pem: str, prefix: bytes) -> list[bytes]:
+    """A client's datagrams after a server whose ids begin with ``prefix`` answered its first
+    Initial: the first of them an Initial addressed to the id that server chose."""
     from aioquic.quic.configuration import QuicConfiguration
 
     from lameduck.http3 import H3_ALPN, H3Server
@@ -112,13 +110,22 @@ def test_a_handshake_in_flight_at_the_handover_goes_on_in_the_older_process(serv
     first = client.datagrams_to_send(1000.0)
     scfg = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
     scfg.load_cert_chain(server_pem, server_pem)
-    old = H3Server(scfg, client._original_destination_connection_id, cid_prefix=b"\x05\x00")
+    server = H3Server(scfg, client._original_destination_connection_id, cid_prefix=prefix)
     for data, _ in first:
-        old.receive_datagram(data, ("10.0.0.1", 4433), 1000.0)
-    for data, _ in old.quic.datagrams_to_send(1000.0):
+        server.receive_datagram(data, ("10.0.0.1", 4433), 1000.0)
+    for data, _ in server.quic.datagrams_to_send(1000.0):
         client.receive_datagram(data, ("10.0.0.2", 443), 1000.0)
     second = [data for data, _ in client.datagrams_to_send(1000.0)]
     assert second and second[0][0] & 0x30 == 0  # long header, Initial (RFC 9000 §17.2.2)
+    return second
+
+
+def test_a_handshake_in_flight_at_the_handover_goes_on_in_the_older_process(server_pem):
+    """The client's Initial packets after the server's first flight name the id the server
+    chose (RFC 9000 §7.2), and its Handshake packet rides in the same datagram behind one:
+    the newer process must hand that datagram to the older one, not take it for a new
+    connection (which would then capture every later packet of that id)."""
+    second = _second_initial(server_pem, b"\x05\x00")
 
     endpoint, inbox, taken = _newer_endpoint(server_pem, 5)
     try:
@@ -157,20 +164,7 @@ def test_an_initial_addressed_to_another_processes_id_opens_no_connection(server
     that id (RFC 9001 §5.2), so it opens no connection (which could never decrypt a packet,
     and would hold a draining process to its idle timeout): dropped, and resent by the
     client."""
-    from aioquic.quic.configuration import QuicConfiguration
-
-    from lameduck.http3 import H3_ALPN, H3Server
-
-    client = _client()
-    first = client.datagrams_to_send(1000.0)
-    scfg = QuicConfiguration(is_client=False, alpn_protocols=list(H3_ALPN))
-    scfg.load_cert_chain(server_pem, server_pem)
-    other = H3Server(scfg, client._original_destination_connection_id, cid_prefix=b"\x09\x00")
-    for data, _ in first:
-        other.receive_datagram(data, ("10.0.0.1", 4433), 1000.0)
-    for data, _ in other.quic.datagrams_to_send(1000.0):
-        client.receive_datagram(data, ("10.0.0.2", 443), 1000.0)
-    second = [data for data, _ in client.datagrams_to_send(1000.0)]
+    second = _second_initial(server_pem, b"\x09\x00")
     endpoint, inbox, _ = _newer_endpoint(server_pem, 5)
     del endpoint._new  # the real one
     try:
