@@ -42,8 +42,10 @@ def slow_request(ld: Lameduck, ms: int) -> threading.Thread:
 
 def test_snapshot_when_stdout_is_not_a_terminal(lameduck: Callable[..., Lameduck]) -> None:
     ld = lameduck()
-    slow_request(ld, 4000)
-    assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 1, timeout=5)
+    # far longer than the snapshot takes: a loaded machine took 4 s from the start to it, and
+    # the endpoint's row showed the request ended while the listener's still had it
+    slow_request(ld, 30_000)
+    assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 1, timeout=30)
     r = subprocess.run([*TOP, "--admin-address-path", str(ld.admin_path)], capture_output=True,
                        text=True, env=_env(), timeout=20)
     assert r.returncode == 0, r.stderr
