@@ -383,6 +383,13 @@ def test_alt_svc_advertises_h3_then_clear_during_a_drain(
             assert r1.status_code == r2.status_code == status, (u, r1, r2)
             assert r1.headers.get("alt-svc") == offer, (u, r1.headers)
             assert r2.headers.get("alt-svc") == offer, (u, r2.headers)
+
+        async def over_h3() -> list[Any]:
+            async with h3_connect(ld.addr) as c:
+                return [await c.request("GET", p) for p in ("/", "/health_check.html")]
+
+        for r in run(over_h3()):  # not over HTTP/3 itself, proxied or not
+            assert r.status == 200 and r.header(b"alt-svc") is None, r.headers
         assert ld.admin("POST", "/drain_listeners?graceful&skip_exit").status_code == 200
         for u, status in ((url, 200), (hc, 200)):  # (the health check fails in a shutdown)
             r1, r2 = h1.get(u), h2.get(u)

@@ -251,12 +251,16 @@ def test_the_old_process_reads_its_socket_again_once_no_newer_one_forwards(serve
     asyncio.run(main())
 
 
-def test_with_two_older_processes_left_the_newer_reads_and_forwards_to_the_oldest(server_pem):
+@pytest.mark.parametrize("busy", [True, False], ids=["with-connections", "idle"])
+def test_with_two_older_processes_left_the_newer_reads_and_forwards_to_the_oldest(server_pem,
+                                                                                  busy):
     """Generations 0 and 1 drain, and generation 2 (the only reader) exits: generation 1
     reads the UDP socket again and forwards generation 0's packets to it, as 2 did;
     generation 0 sees no end of file (1 still holds its socket), so it does not read the
     UDP socket too, where it would take 1's packets and drop them. Once 1 has exited, 0
-    reads it."""
+    reads it. ``idle``: generation 1 (or, with workers, one of its workers) has no
+    connection left, and still keeps its endpoint for 0's sake: with workers, its process
+    lives on while its other workers drain, and nobody else would read its sockets."""
     import asyncio
 
     from aioquic.quic.configuration import QuicConfiguration
@@ -274,7 +278,8 @@ def test_with_two_older_processes_left_the_newer_reads_and_forwards_to_the_oldes
         udp_b = udp_a.dup()  # as SCM_RIGHTS gives it
         b = QuicEndpoint(a.listener, qc, udp_b, 1,
                          {r: out.dup() for r, out in fwd_a.items()})
-        b.conns[b"\x01" + b"\x00" * 7] = object()  # type: ignore[assignment]
+        if busy:
+            b.conns[b"\x01" + b"\x00" * 7] = object()  # type: ignore[assignment]
         await loop.create_datagram_endpoint(lambda: b, sock=udp_b)
         a.handed_over()
         _, fwd_b = b.handover()

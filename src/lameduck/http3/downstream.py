@@ -115,6 +115,7 @@ class H3Downstream(Downstream):
     def __init__(self, ctx: Any, endpoint: QuicEndpointPort, h3: H3Server,
                  peer: NetworkAddress) -> None:
         super().__init__(ctx)
+        self.alt_svc = None  # Alt-Svc advertises HTTP/3 on TCP, not over HTTP/3 itself
         self.stats = ctx.stats
         self.endpoint = endpoint
         self.h3 = h3

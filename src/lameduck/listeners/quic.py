@@ -342,6 +342,8 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         except OSError:  # it has exited (EPIPE): nobody to forward to any more
             del self.forward[to]
             out.close()
+            if not self.accepting and self._done():
+                self.close()
             return
         self.stats.packets_forwarded += 1
 
@@ -410,8 +412,14 @@ class QuicEndpoint(asyncio.DatagramProtocol):
             if self.conns.get(cid) is conn:
                 del self.conns[cid]
         conn.cids.clear()
-        if not self.accepting and not self.conns:
+        if not self.accepting and self._done():
             self.close()
+
+    def _done(self) -> bool:
+        """Nothing left for this endpoint to do: no connection of its own, and no older
+        process it forwards to (or would forward to, reading the socket again once every
+        newer process has exited: so with workers, each worker's sockets stay read)."""
+        return not self.conns and not self.forward
 
     # -- hot restart --------------------------------------------------------------------------
     def handover(self) -> tuple[socket.socket, dict[int, socket.socket]]:
@@ -443,7 +451,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
             self.transport = None
         self._read_extra(False)
         self.listener.loop.add_reader(inbox.fileno(), self._inbox_readable)
-        if not self.conns:
+        if self._done():
             self.close()
 
     def _inbox_readable(self) -> None:
@@ -499,9 +507,10 @@ class QuicEndpoint(asyncio.DatagramProtocol):
 
     # -- lifecycle ----------------------------------------------------------------------------
     def stop_accepting(self) -> None:
-        """No new connections; the socket closes once the last one has ended."""
+        """No new connections; the socket closes once the last one has ended (and no older
+        process is left to forward to)."""
         self.accepting = False
-        if not self.conns:
+        if self._done():
             self.close()
 
     def close(self) -> None:
