@@ -13,8 +13,10 @@ pytest.importorskip("aioquic")
 from lameduck.listeners.quic import (
     forward_pair,
     generation_mark,
+    live_routes,
     pack_forwarded,
     route,
+    still_read,
     unpack_forwarded,
 )
 
@@ -26,6 +28,25 @@ def test_a_forwarded_datagram_keeps_its_address_as_asyncio_gave_it(addr):
     come out as it went in, IPv6's flow info and scope id too."""
     data = bytes(range(256)) * 5
     assert unpack_forwarded(pack_forwarded(addr, data)) == (addr, data)
+
+
+def test_a_route_whose_reader_has_exited_is_dropped_at_the_next_handover():
+    """Each handover passes on every route to an older process: without dropping those
+    whose process has exited, a chain of restarts piles descriptors up (a route per worker
+    per generation) until the handover itself fails."""
+    gone_in, gone_out = forward_pair()
+    live_in, live_out = forward_pair()
+    kept = live_in.dup()  # another copy of the reader: it still lives while one is open
+    try:
+        assert still_read(gone_out) and still_read(live_out)
+        gone_in.close()
+        live_in.close()
+        assert not still_read(gone_out) and still_read(live_out)
+        assert live_routes({1: gone_out, 2: live_out}) == {2: live_out}
+        assert gone_out.fileno() == -1  # closed, not leaked
+    finally:
+        for s in (gone_out, live_out, kept):
+            s.close()
 
 
 def test_the_mark_is_the_epoch_in_one_byte():

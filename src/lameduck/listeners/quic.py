@@ -38,6 +38,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import select
 import socket
 import struct
 from typing import TYPE_CHECKING, Final
@@ -207,6 +208,27 @@ def forward_pair() -> tuple[socket.socket, socket.socket]:
         outlet.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, FORWARD_BUFFER)
         inbox.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, FORWARD_BUFFER)
     return inbox, outlet
+
+
+def still_read(out: socket.socket) -> bool:
+    """Whether a forwarding socket's reader lives: once every copy of the reading end has
+    closed (that process, or worker, has exited), poll says the peer hung up (unix(7)).
+    Routes to exited processes are dropped before each handover, so they do not pile up
+    over a chain of restarts."""
+    p = select.poll()
+    p.register(out, select.POLLOUT)
+    return not any(ev & (select.POLLHUP | select.POLLERR) for _, ev in p.poll(0))
+
+
+def live_routes(forward: dict[int, socket.socket]) -> dict[int, socket.socket]:
+    """``forward`` without the routes whose reader has exited (those sockets closed)."""
+    live = {}
+    for r, out in forward.items():
+        if still_read(out):
+            live[r] = out
+        else:
+            out.close()
+    return live
 
 
 def quic_configuration(cfg: ListenerConfig) -> QuicConfiguration:
@@ -430,6 +452,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
             if s is not None:
                 s.close()
         self.inbox, self.outlet = forward_pair()
+        self.forward = live_routes(self.forward)
         return self.sock, {**self.forward, self.route: self.outlet}
 
     def handed_over(self) -> None:

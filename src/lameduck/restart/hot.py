@@ -54,6 +54,7 @@ log = logging.getLogger("lameduck.restart")
 STATUS_EVERY: Final = 0.5
 MAX_MESSAGE: Final = 16 << 20
 MAX_FDS: Final = 512
+FDS_PER_SEND: Final = 250  # below SCM_MAX_FD (253), the most one sendmsg may carry
 _LEN: Final = struct.Struct(">I")
 
 
@@ -502,11 +503,17 @@ class Rendezvous:
                "started": src.started_all, "definitions": src.listener_definitions(),
                "quic": [[name, addr, list(forward)] for name, addr, _, forward in quic]}
         data = _frame(msg)
-        # One message, once; bounded, so a successor that does not read cannot stall us.
+        # One message, once; bounded, so a successor that does not read cannot stall us. The
+        # descriptors ride its first bytes, FDS_PER_SEND per byte: the kernel takes at most
+        # SCM_MAX_FD (253) in one sendmsg (unix(7)), and a group of sockets per worker, each
+        # with its forwarding sockets, passes that; the successor gathers them as it reads.
+        chunks = [fds[i:i + FDS_PER_SEND] for i in range(0, len(fds), FDS_PER_SEND)]
+        assert len(chunks) < len(data)
         conn.settimeout(2.0)
         try:
-            socket.send_fds(conn, [data[:1]], fds)
-            conn.sendall(data[1:])
+            for i, chunk in enumerate(chunks):
+                socket.send_fds(conn, [data[i:i + 1]], chunk)
+            conn.sendall(data[len(chunks):])
         except OSError as e:
             log.warning("hot restart: could not hand the sockets to pid %d: %s", pid, e)
             self._drop(conn)

@@ -29,9 +29,11 @@ class QuicGroup:
     forward: dict[int, socket.socket] = field(default_factory=dict)  # older processes'
 
     def routes(self) -> dict[int, socket.socket]:
-        """Where a successor forwards: each of our workers, and every older route."""
-        from lameduck.listeners.quic import generation_mark, route
+        """Where a successor forwards: each of our workers, and every older route whose
+        process still lives."""
+        from lameduck.listeners.quic import generation_mark, live_routes, route
 
+        self.forward = live_routes(self.forward)
         mark = generation_mark(self.generation)
         return {**self.forward, **{route(mark, i): out for i, out in enumerate(self.outlets)}}
 
