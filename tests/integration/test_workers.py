@@ -364,3 +364,36 @@ def test_a_drain_that_keeps_the_listeners_keeps_the_spare(lameduck) -> None:
     info = ld.server_info()
     assert all(ls["accepting"] for ls in info["listeners"]), info["listeners"]
     assert (info["spare_worker"] or {}).get("pid") == spare, info
+
+
+def test_a_worker_replaced_after_its_listener_closed_starts_without_it(lameduck) -> None:
+    """In a shutdown the listening sockets close at the drain's end while a request is still
+    in flight; a worker that dies then is replaced by one that starts without them (before,
+    the replacement died at start-up on the socket it was not given, and was replaced
+    again, and again)."""
+    ld: Lameduck = lameduck(workers=2,
+                            drain={"time": "1s", "strategy": "immediate",
+                                   "connection_grace": "200ms"},
+                            shutdown={"deadline": "120s", "min_drain": "0s",
+                                      "stop_accepting": "at_drain_end"})
+    c = RawConn(ld.addr, timeout=120)
+    try:
+        # in flight until the test sends the rest of its body
+        c.sock.sendall(f"POST / HTTP/1.1\r\nHost: {ld.addr}\r\nContent-Length: 10\r\n\r\n"
+                       "12345".encode())
+        assert wait_until(lambda: ld.stat("http.ingress.downstream_rq_active") == 1, 30)
+        ld.signal(signal.SIGTERM)
+        assert wait_until(lambda: "listener ingress stopped accepting" in ld.log(), 60), \
+            ld.log()
+        ws = ld.server_info()["workers"]
+        idle = next(w for w in ws if w["connections"] == 0)
+        os.kill(idle["pid"], signal.SIGKILL)
+        assert wait_until(lambda: re.search(r"worker \d replaced by pid", ld.log()), 60), \
+            ld.log()
+        assert "listener ingress: closed before this worker started" in ld.log()
+        c.sock.sendall(b"67890")
+        assert c.read_response().status == 200
+    finally:
+        c.sock.close()
+    assert ld.wait(60) == 0, ld.log()
+    assert "Traceback" not in ld.log(), ld.log()

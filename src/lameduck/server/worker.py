@@ -68,6 +68,10 @@ class QuicFds:
     inbox: socket.socket | None
     forward: dict[int, socket.socket]
 
+    def close(self) -> None:
+        for s in (*self.udp, *self.forward.values(), *([self.inbox] if self.inbox else [])):
+            s.close()
+
 
 class WorkerProcess:
     """One worker: the data plane ``build`` makes, in this process (``LocalPlane``), driven
@@ -120,13 +124,22 @@ class WorkerProcess:
     # -- start ------------------------------------------------------------------------------
     async def start(self, control: socket.socket) -> None:
         for listener in self.plane.listeners:
-            sock = self.sockets.pop(listener.name)
-            sock.setblocking(False)
+            sock = self.sockets.pop(listener.name, None)
             q = self.quic.pop(listener.name, None)
+            if sock is None:
+                # closed in the main process (its drain ended, or a successor has it) before
+                # this worker replaced one that died: it takes no connection there
+                if q is not None:
+                    q.close()
+                log.info("listener %s: closed before this worker started", listener.name)
+                continue
+            sock.setblocking(False)
             if q is not None and isinstance(listener, HttpListener) and q.udp:
                 listener.generation, listener.quic_worker = q.generation, self.index
                 listener.quic_socket, *listener.quic_extra = q.udp
                 listener.quic_inbox, listener.quic_forward = q.inbox, q.forward
+            elif q is not None:
+                q.close()
             # The main process holds the socket too: closing ours resets nothing; the main
             # process counts what its own close resets.
             listener.socket_shared = listener.socket_shared_by_workers = True
