@@ -221,3 +221,42 @@ def test_a_supervise_reload_carries_an_http3_request_in_flight(
     finally:
         sup.kill()
     assert "Traceback" not in sup.log(), sup.log()
+
+
+def test_an_http3_listener_renamed_over_a_hot_restart_takes_its_sockets_over(
+        tmp_path: Path, origin_port: int, tls_files: tuple[Path, Path, Path],
+        subreaper: list[int]) -> None:
+    """With workers, the port's UDP sockets are one SO_REUSEPORT group steered by connection
+    id: a renamed listener that bound sockets of its own beside the old ones would have its
+    packets steered to the old process's. It takes the old listener's sockets over instead:
+    a request in flight at the SIGHUP ends in the old process, new connections are the new
+    one's."""
+    from tests.integration.test_http3 import run
+
+    cfg = _config(origin_port, tmp_path, tls_files, workers=2)
+    ld = Lameduck(cfg, tmp_path).start()
+    codes: dict[int, int] = {}
+    subreaper.extend(children_of(ld.pid))
+
+    addr = ld.addr  # the same port under its new name
+
+    async def go() -> tuple[Any, list[int]]:
+        async with h3_connect(addr) as c:
+            long = c.send("GET", "/sleep?ms=3000")
+            assert await counted_active(ld, 15)
+            cfg["listeners"][0]["name"] = "edge"
+            ld.path.write_text(yaml.safe_dump(cfg))
+            await asyncio.to_thread(sighup_restart, ld, ld.pid, 1, subreaper, codes, False)
+            fresh = []
+            for _ in range(8):
+                async with asyncio.timeout(15), h3_connect(addr) as c2:
+                    fresh.append((await c2.request("GET", "/")).status)
+            async with asyncio.timeout(30):
+                return await long, fresh
+
+    reply, fresh = run(go())
+    assert reply.status == 200 and reply.body == b"slept 3000 ms\n", ld.log()
+    assert fresh == [200] * 8, ld.log()
+    assert ld.stat("http.edge.http3.packets_forwarded") > 0, ld.log()
+    exited_cleanly(ld, ld.pid, codes, timeout=60)
+    assert "Traceback" not in ld.log(), ld.log()

@@ -153,6 +153,20 @@ class Inherited:
         self.quic_taken.append(name)
         return sock, forward
 
+    def renamed_quic(self, address: str, names: set[str],
+                     ) -> tuple[str, tuple[socket.socket, dict[int, socket.socket]]] | None:
+        """The UDP socket (and forwarding sockets) of an old listener at ``address`` whose
+        name is none of ``names`` (the new config's listeners): a listener renamed over the
+        restart. Taken, not bound anew beside it: a second group of sockets on the port
+        would share the kernel's SO_REUSEPORT group with the old one, and the steering by
+        connection id (listeners.quic) would send this process's packets to the old one's."""
+        for name, (addr, _, _) in list(self.quic.items()):
+            if addr == address and "@" not in name and name not in names:
+                taken = self.take_quic(name, address)
+                if taken is not None:
+                    return name, taken
+        return None
+
     def close_unused(self) -> None:
         for _, sock in self.listeners.values():
             sock.close()

@@ -198,12 +198,17 @@ class Server:
         if inh is None or listener.cfg.http3 is None:
             return
         address = str(listener.cfg.address)
-        taken = inh.take_quic(listener.name, address)
+        name = listener.name
+        taken = inh.take_quic(name, address)
+        if taken is None:  # renamed over the restart: the same port's sockets all the same
+            renamed = inh.renamed_quic(address, {ln.name for ln in self.cfg.listeners})
+            if renamed is not None:
+                name, taken = renamed
         if taken is not None:
             listener.quic_socket, listener.quic_forward = taken
             # the rest of the port's SO_REUSEPORT group (one socket per worker there)
             i = 1
-            while (more := inh.take_quic(f"{listener.name}@{i}", address)) is not None:
+            while (more := inh.take_quic(f"{name}@{i}", address)) is not None:
                 listener.quic_extra.append(more[0])
                 listener.quic_forward.update(more[1])
                 i += 1
