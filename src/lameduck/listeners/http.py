@@ -232,17 +232,20 @@ class HttpListener(Listener):
 
         udp = self.quic_socket if self.quic_socket is not None else bind_udp(
             self, self.sockname[1])
-        self.quic_socket = None
+        extra, forward, inbox = self.quic_extra, self.quic_forward, self.quic_inbox
+        self.quic_socket, self.quic_extra, self.quic_forward, self.quic_inbox = None, [], {}, None
+        endpoint: QuicEndpoint | None = None
         try:
             endpoint = QuicEndpoint(self, quic_configuration(self.cfg), udp, self.generation,
-                                    self.quic_forward, self.h3stats, self.quic_worker,
-                                    self.quic_extra, self.quic_inbox)
-            self.quic_forward, self.quic_extra, self.quic_inbox = {}, [], None
+                                    forward, self.h3stats, self.quic_worker, extra, inbox)
             await self.loop.create_datagram_endpoint(lambda: endpoint, sock=udp)
         except BaseException:
             udp.close()
-            for s in (*self.quic_extra, *self.quic_forward.values()):
-                s.close()
+            if endpoint is not None:
+                endpoint.close()  # its copy of the socket, the extras, forward, inbox
+            else:
+                for s in (*extra, *forward.values(), *([inbox] if inbox else [])):
+                    s.close()
             raise
         self.quic = endpoint
         h3 = self.cfg.http3

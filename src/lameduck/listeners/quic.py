@@ -131,7 +131,9 @@ def steering_program() -> bytes:
     at offset 2 of a short header (RFC 9000 §17.3: one byte, then the id) and at offset 7 of a
     long one (§17.2: one byte, the version, the id's length, then the id) when that id has two
     bytes or more. The kernel runs it on the UDP payload; an index past the group's last
-    socket, or the program's "none" (0xffffffff), falls back to its hash of the addresses."""
+    socket, or the program's "none" (0xffffffff), falls back to its hash of the addresses.
+    A datagram too short to hold the byte it reads ends the program with 0: the group's
+    first socket (no QUIC packet is that short)."""
     def ins(code: int, jt: int, jf: int, k: int) -> bytes:
         return struct.pack("HBBI", code, jt, jf, k)
     ld_b_abs, ret_a, ret_k = 0x30, 0x16, 0x06  # BPF_LD|BPF_B|BPF_ABS, BPF_RET|BPF_A, |BPF_K
